@@ -1,0 +1,218 @@
+"""Distinct, common and undetermined context tokens from co-occurrence statistics.
+
+*Local* (Sec. 7), for each query m: Omega_m(l) = {n : C(m, n, l) > 0}.  *Global* (Sec. 3.2):
+Omega(l) = {n : sum_m C(m, n, l) > 0}.  The paper calls l distinct iff |Omega| = 1 and common
+iff |Omega| > 1.  On real text nearly every frequent token meets several next tokens, so:
+
+  * ``min_support``: l needs at least this many context occurrences (with m) to be judged;
+  * ``purity``: l is distinct when its top next token takes at least this share of its
+    occurrences (1.0: the paper's |Omega| = 1), common otherwise;
+  * ``guard``: a token that passes the purity test must also be significant: a one-sided
+    binomial test of its top next token's count against the base next-token distribution of
+    the query (the share of all context positions of m that precede n), Bonferroni over the
+    query's next tokens, then Benjamini-Hochberg over all candidates at level ``alpha``.  A
+    token that looks distinct only because it is rare becomes *undetermined*.
+
+``classify(stats, purity=1.0, min_support=1, guard=False)`` is exactly the paper's definition.
+Counts are context occurrences, so repeats of l in one window count more than once.
+
+>>> from scansnap_lens.corpus import cooccurrence
+>>> rows = torch.tensor([[5, 0, 1, 2], [6, 0, 1, 3], [5, 6, 1, 2]])
+>>> tc = classify(cooccurrence(rows, vocab_size=7), guard=False)
+>>> frame = tc.to_dataframe()
+>>> frame[frame["query"] == 1][["token", "label", "support"]].to_dict("list")
+{'token': [0, 5, 6], 'label': ['common', 'distinct', 'common'], 'support': [2, 2, 2]}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.stats import binom
+from torch import Tensor
+
+from .corpus import CooccurrenceStats
+
+__all__ = ["COMMON", "DISTINCT", "UNDETERMINED", "TokenClasses", "classify"]
+
+UNDETERMINED, DISTINCT, COMMON = 0, 1, 2
+LABELS = {UNDETERMINED: "undetermined", DISTINCT: "distinct", COMMON: "common"}
+
+
+@dataclass
+class TokenClasses:
+    """One entry per judged (query, context token) pair (``query`` is -1 when global).
+
+    Attributes (all [P]):
+        query, token: the query m (local) and the context token l.
+        label: UNDETERMINED, DISTINCT or COMMON.
+        next_token: l's most frequent next token (the one it is distinct for, if distinct).
+        support: occurrences of l in the contexts (of m), summed over next tokens.
+        num_next: |Omega|, the number of next tokens l co-occurs with.
+        purity: share of l's occurrences that go to ``next_token``.
+        p_value: adjusted p-value of the guard (NaN when the guard is off or l is common).
+    """
+
+    scope: str
+    vocab_size: int
+    query: Tensor
+    token: Tensor
+    label: Tensor
+    next_token: Tensor
+    support: Tensor
+    num_next: Tensor
+    purity: Tensor
+    p_value: Tensor
+    params: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.token.numel())
+
+    def _select(self, query: int | None) -> Tensor:
+        if self.scope == "global" or query is None:
+            return torch.ones(len(self), dtype=torch.bool)
+        return self.query == int(query)
+
+    def distinct_tokens(self, query: int | None = None, next_token: int | None = None) -> Tensor:
+        """Context tokens labelled distinct (for ``query``; for ``next_token`` if given)."""
+        keep = self._select(query) & (self.label == DISTINCT)
+        if next_token is not None:
+            keep &= self.next_token == int(next_token)
+        return self.token[keep]
+
+    def common_tokens(self, query: int | None = None) -> Tensor:
+        return self.token[self._select(query) & (self.label == COMMON)]
+
+    def label_map(self, query: int | None = None) -> Tensor:
+        """[V] label of every token (for ``query`` when local); unseen tokens UNDETERMINED."""
+        keep = self._select(query)
+        out = torch.full((self.vocab_size,), UNDETERMINED, dtype=torch.long)
+        out[self.token[keep]] = self.label[keep]
+        return out
+
+    def counts_by_query(self) -> pd.DataFrame:
+        """Number of distinct, common and undetermined tokens of each query."""
+        frame = self.to_dataframe()
+        table = frame.groupby(["query", "label"], observed=False).size().unstack(fill_value=0)
+        return table.reindex(columns=list(LABELS.values()), fill_value=0).reset_index()
+
+    def to_dataframe(self, decode=None) -> pd.DataFrame:
+        """One row per judged pair; ``decode`` (id -> str, or a tokenizer) adds strings."""
+        frame = pd.DataFrame(
+            {
+                "query": self.query.numpy(),
+                "token": self.token.numpy(),
+                "label": pd.Categorical.from_codes(self.label.numpy(), list(LABELS.values())),
+                "next": self.next_token.numpy(),
+                "support": self.support.numpy(),
+                "num_next": self.num_next.numpy(),
+                "purity": self.purity.numpy(),
+                "p_value": self.p_value.numpy(),
+            }
+        )
+        decode = _decoder(decode)
+        if decode is not None:
+            for col in ("query", "token", "next"):
+                frame[f"{col}_str"] = [decode(int(i)) if i >= 0 else "" for i in frame[col]]
+        return frame
+
+
+def _decoder(decode):
+    if decode is None or (callable(decode) and not hasattr(decode, "id_to_token")):
+        return decode
+    if hasattr(decode, "id_to_token"):  # tokenizers.Tokenizer
+        return decode.id_to_token
+    if hasattr(decode, "convert_ids_to_tokens"):  # transformers
+        return decode.convert_ids_to_tokens
+    raise TypeError(f"cannot decode token ids with {type(decode).__name__}")
+
+
+def _benjamini_hochberg(p: np.ndarray) -> np.ndarray:
+    """BH-adjusted p-values (monotone, capped at 1)."""
+    n = p.size
+    if n == 0:
+        return p
+    order = np.argsort(p)
+    ranked = p[order] * n / np.arange(1, n + 1)
+    adjusted = np.minimum.accumulate(ranked[::-1])[::-1]
+    out = np.empty(n)
+    out[order] = np.minimum(adjusted, 1.0)
+    return out
+
+
+def classify(
+    stats: CooccurrenceStats,
+    scope: str = "local",
+    min_support: int = 1,
+    purity: float = 1.0,
+    guard: bool = True,
+    alpha: float = 0.05,
+) -> TokenClasses:
+    """Label each context token distinct, common or undetermined (see the module docstring)."""
+    if scope not in ("local", "global"):
+        raise ValueError(f"scope must be 'local' or 'global', got {scope!r}")
+    if not 0.0 < purity <= 1.0:
+        raise ValueError(f"purity must lie in (0, 1], got {purity}")
+    if min_support < 1:
+        raise ValueError(f"min_support must be >= 1, got {min_support}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    V = stats.vocab_size
+    cls = stats.triple_class.numpy()
+    count = stats.count.numpy()
+    nxt = stats.next_token.numpy()[cls]
+    if scope == "local":
+        group = stats.query.numpy()[cls]  # base distribution per query
+        pair = group * V + stats.token.numpy()
+    else:
+        group = np.zeros_like(cls)
+        key, inv = np.unique(nxt * V + stats.token.numpy(), return_inverse=True)
+        count = np.bincount(inv, weights=count).astype(np.int64)
+        nxt, pair = key // V, key % V
+        group = np.zeros_like(nxt)
+    # base share of each (group, next token) among all context positions of the group
+    gn, gn_inv = np.unique(group * V + nxt, return_inverse=True)
+    gn_total = np.bincount(gn_inv, weights=count)
+    g_of_gn = gn // V
+    _, g_inv = np.unique(g_of_gn, return_inverse=True)
+    g_total = np.bincount(g_inv, weights=gn_total)
+    base = gn_total / g_total[g_inv]
+    next_per_group = np.bincount(g_inv)[g_inv]  # next tokens of the group, per (group, n)
+
+    order = np.lexsort((-count, pair))
+    pair_s, count_s, gn_s = pair[order], count[order], gn_inv[order]
+    starts = np.flatnonzero(np.r_[True, pair_s[1:] != pair_s[:-1]])
+    support = np.add.reduceat(count_s, starts)
+    top = count_s[starts]
+    top_gn = gn_s[starts]
+    num_next = np.diff(np.r_[starts, len(pair_s)])
+    share = top / support
+
+    judged = support >= min_support
+    looks_distinct = judged & (share >= purity - 1e-12)
+    p_value = np.full(len(starts), np.nan)
+    label = np.where(judged, COMMON, UNDETERMINED)
+    if guard:
+        raw = binom.sf(top - 1, support, base[top_gn]) * next_per_group[top_gn]
+        cand = np.flatnonzero(looks_distinct)
+        p_value[cand] = _benjamini_hochberg(np.minimum(raw[cand], 1.0))
+        label[cand] = np.where(p_value[cand] <= alpha, DISTINCT, UNDETERMINED)
+    else:
+        label[looks_distinct] = DISTINCT
+    first_pair = pair_s[starts]
+    return TokenClasses(
+        scope=scope,
+        vocab_size=V,
+        query=torch.from_numpy(first_pair // V if scope == "local" else np.full(len(starts), -1)),
+        token=torch.from_numpy(first_pair % V if scope == "local" else first_pair),
+        label=torch.from_numpy(label.astype(np.int64)),
+        next_token=torch.from_numpy((gn[top_gn] % V).astype(np.int64)),
+        support=torch.from_numpy(support.astype(np.int64)),
+        num_next=torch.from_numpy(num_next.astype(np.int64)),
+        purity=torch.from_numpy(share.astype(np.float64)),
+        p_value=torch.from_numpy(p_value),
+        params={"min_support": min_support, "purity": purity, "guard": guard, "alpha": alpha},
+    )

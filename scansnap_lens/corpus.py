@@ -1,0 +1,559 @@
+"""Co-occurrence statistics of a corpus: N(m, n), C(m, n, l) and P(l | m, n).
+
+An *event* at position T of a row needs a context token and a next token: query m = x_T,
+next n = x_{T+1}, context x_t for max(first, T - W) <= t <= T - 1, where ``first`` is the row's
+first position, or its second when the BOS position is excluded.  Events never cross rows, so
+a row is a document (rows may have different lengths).
+
+    N(m, n)    = number of events with (x_T, x_{T+1}) = (m, n)       -> ``events``
+    C(m, n, l) = occurrences of l in the contexts of those events   -> ``count``
+
+Storage is sparse: one entry per class (m, n) seen and per distinct triple (m, n, l), in CSR
+form (``offsets`` into ``token`` / ``count``), never a dense [V, V, V] or [V * V, V] array.
+Counts add, so statistics of shards merge with ``+`` into those of the concatenated corpus.
+
+>>> rows = torch.tensor([[0, 1, 2, 1, 3], [2, 2, 1, 3, 0]])
+>>> stats = cooccurrence(rows, vocab_size=4, window=2)
+>>> stats.events_of(1, 3), stats.context_counts(1, 3)
+(2, (tensor([1, 2]), tensor([1, 3])))
+>>> (stats + stats).events_of(1, 3)
+4
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numba
+import numpy as np
+import pandas as pd
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from ._counting import distinct_per_class, fill_triples, find_events
+
+__all__ = ["CooccurrenceStats", "cooccurrence", "from_dataset"]
+
+FORMAT = "scansnap_lens.CooccurrenceStats/1"
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass
+class CooccurrenceStats:
+    """Sparse co-occurrence counts; build with `cooccurrence` or `from_dataset`.
+
+    Attributes:
+        vocab_size: V, token ids lie in [0, V).
+        window: W, the most context positions before the query (0: the whole row).
+        exclude_bos: whether the first position of each row was kept out of the context.
+        query, next_token, events: [C] the classes (m, n), sorted, and N(m, n).
+        offsets: [C + 1] where the triples of each class start in ``token`` / ``count``.
+        token, count: [P] context token l and C(m, n, l); within a class the tokens come in
+            order of first occurrence (``canonical()`` sorts them).
+        num_tokens, num_rows: size of the corpus counted.
+        fingerprint: order-free hash of the rows (merging combines it like the counts).
+        tracked_queries, tracked_next: the subsets tracked, or None for all tokens.
+        tokenizer: name of the tokenizer, if known.
+        min_count: triples with a count below this were pruned (1: nothing pruned).
+    """
+
+    vocab_size: int
+    window: int
+    exclude_bos: bool
+    query: Tensor
+    next_token: Tensor
+    events: Tensor
+    offsets: Tensor
+    token: Tensor
+    count: Tensor
+    num_tokens: int = 0
+    num_rows: int = 0
+    fingerprint: str = "0" * 16
+    tracked_queries: Tensor | None = None
+    tracked_next: Tensor | None = None
+    tokenizer: str | None = None
+    min_count: int = 1
+    _index: dict[tuple[int, int], int] | None = field(default=None, repr=False, compare=False)
+
+    # ----------------------------------------------------------------- accessors
+    @property
+    def num_classes(self) -> int:
+        return int(self.query.numel())
+
+    @property
+    def num_triples(self) -> int:
+        return int(self.token.numel())
+
+    @property
+    def triple_class(self) -> Tensor:
+        """[P] the class index of every triple."""
+        return torch.repeat_interleave(torch.arange(self.num_classes), torch.diff(self.offsets))
+
+    @property
+    def total_context(self) -> Tensor:
+        """[C] sum over l of C(m, n, l): the context positions counted for each class."""
+        return torch.zeros(self.num_classes, dtype=torch.long).index_add_(
+            0, self.triple_class, self.count
+        )
+
+    def class_index(self, query: int, next_token: int) -> int:
+        """Index of class (m, n); KeyError if it never occurs."""
+        if self._index is None:
+            self._index = {
+                (m, n): i
+                for i, (m, n) in enumerate(zip(self.query.tolist(), self.next_token.tolist()))
+            }
+        try:
+            return self._index[(int(query), int(next_token))]
+        except KeyError:
+            raise KeyError(f"class (query={query}, next={next_token}) does not occur") from None
+
+    def events_of(self, query: int, next_token: int) -> int:
+        """N(m, n)."""
+        return int(self.events[self.class_index(query, next_token)])
+
+    def context_counts(self, query: int, next_token: int) -> tuple[Tensor, Tensor]:
+        """(tokens l, C(m, n, l)) of one class."""
+        i = self.class_index(query, next_token)
+        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.token[lo:hi], self.count[lo:hi]
+
+    def p_context(self, query: int, next_token: int, dense: bool = False):
+        """P(l | m, n): (tokens, probabilities), or a dense [V] tensor with ``dense=True``."""
+        tokens, counts = self.context_counts(query, next_token)
+        probs = counts.double() / counts.sum()
+        if not dense:
+            return tokens, probs
+        return torch.zeros(self.vocab_size, dtype=torch.float64).index_put_((tokens,), probs)
+
+    def classes(self) -> pd.DataFrame:
+        """One row per class (m, n): events N(m, n), context positions and distinct tokens."""
+        return pd.DataFrame(
+            {
+                "query": self.query.numpy(),
+                "next": self.next_token.numpy(),
+                "events": self.events.numpy(),
+                "context": self.total_context.numpy(),
+                "distinct_context_tokens": torch.diff(self.offsets).numpy(),
+            }
+        )
+
+    def next_tokens_of(self, query: int) -> tuple[Tensor, Tensor]:
+        """(next tokens n, N(m, n)) of query m, most frequent first."""
+        rows = (self.query == int(query)).nonzero().flatten()
+        order = self.events[rows].argsort(descending=True, stable=True)
+        return self.next_token[rows[order]], self.events[rows[order]]
+
+    def top_next(self, query: int, k: int = 10) -> tuple[Tensor, Tensor]:
+        """The ``k`` most frequent next tokens of query m and their counts."""
+        tokens, counts = self.next_tokens_of(query)
+        return tokens[:k], counts[:k]
+
+    def query_counts(self) -> tuple[Tensor, Tensor]:
+        """(query tokens m, number of events), most frequent first."""
+        ids, inverse = self.query.unique(return_inverse=True)
+        totals = torch.zeros(ids.numel(), dtype=torch.long).index_add_(0, inverse, self.events)
+        order = totals.argsort(descending=True, stable=True)
+        return ids[order], totals[order]
+
+    def to_dataframe(self, decode=None) -> pd.DataFrame:
+        """Long form: one row per triple (query, next, token, count, events, p)."""
+        cls = self.triple_class
+        total = self.total_context[cls]
+        frame = pd.DataFrame(
+            {
+                "query": self.query[cls].numpy(),
+                "next": self.next_token[cls].numpy(),
+                "token": self.token.numpy(),
+                "count": self.count.numpy(),
+                "events": self.events[cls].numpy(),
+                "p": (self.count.double() / total).numpy(),
+            }
+        )
+        if decode is not None:
+            for col in ("query", "next", "token"):
+                frame[f"{col}_str"] = [decode(int(i)) for i in frame[col]]
+        return frame
+
+    def canonical(self) -> CooccurrenceStats:
+        """The same statistics with the tokens of every class in ascending order."""
+        order = torch.from_numpy(np.lexsort((self.token.numpy(), self.triple_class.numpy())))
+        return replace(self, token=self.token[order], count=self.count[order], _index=None)
+
+    # ----------------------------------------------------------------- algebra
+    def _check_compatible(self, other: CooccurrenceStats) -> None:
+        if not isinstance(other, CooccurrenceStats):
+            raise TypeError(f"cannot merge statistics with {type(other).__name__}")
+        for name in ("vocab_size", "window", "exclude_bos"):
+            a, b = getattr(self, name), getattr(other, name)
+            if a != b:
+                raise ValueError(f"cannot merge statistics with different {name}: {a} != {b}")
+        for name in ("tracked_queries", "tracked_next"):
+            a, b = getattr(self, name), getattr(other, name)
+            if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):
+                raise ValueError(f"cannot merge statistics with different {name}")
+        if self.min_count != 1 or other.min_count != 1:
+            raise ValueError("cannot merge pruned statistics: merge first, then prune")
+
+    def __add__(self, other: CooccurrenceStats) -> CooccurrenceStats:
+        self._check_compatible(other)
+        V = self.vocab_size
+        classes = torch.cat([self.query * V + self.next_token, other.query * V + other.next_token])
+        events = torch.cat([self.events, other.events])
+        keys, inverse = classes.unique(return_inverse=True)
+        merged_events = torch.zeros(keys.numel(), dtype=torch.long).index_add_(0, inverse, events)
+        triple_cls = inverse[torch.cat([self.triple_class, other.triple_class + self.num_classes])]
+        triple_key = triple_cls * V + torch.cat([self.token, other.token])
+        tkeys, tinv = triple_key.unique(return_inverse=True)
+        counts = torch.zeros(tkeys.numel(), dtype=torch.long).index_add_(
+            0, tinv, torch.cat([self.count, other.count])
+        )
+        per_class = torch.bincount(tkeys // V, minlength=keys.numel())
+        fingerprint = (int(self.fingerprint, 16) + int(other.fingerprint, 16)) & _MASK64
+        return replace(
+            self,
+            query=keys // V,
+            next_token=keys % V,
+            events=merged_events,
+            offsets=torch.cat([torch.zeros(1, dtype=torch.long), per_class.cumsum(0)]),
+            token=tkeys % V,
+            count=counts,
+            num_tokens=self.num_tokens + other.num_tokens,
+            num_rows=self.num_rows + other.num_rows,
+            fingerprint=f"{fingerprint:016x}",
+            tokenizer=self.tokenizer or other.tokenizer,
+            _index=None,
+        )
+
+    def prune(self, min_count: int) -> CooccurrenceStats:
+        """Drop triples with C(m, n, l) < ``min_count`` (N(m, n) is kept)."""
+        if min_count < 1:
+            raise ValueError(f"min_count must be >= 1, got {min_count}")
+        keep = self.count >= min_count
+        per_class = torch.zeros(self.num_classes, dtype=torch.long).index_add_(
+            0, self.triple_class, keep.long()
+        )
+        return replace(
+            self,
+            offsets=torch.cat([torch.zeros(1, dtype=torch.long), per_class.cumsum(0)]),
+            token=self.token[keep],
+            count=self.count[keep],
+            min_count=max(min_count, self.min_count),
+            _index=None,
+        )
+
+    # ----------------------------------------------------------------- files
+    def save(self, path: str | Path) -> Path:
+        """Write a safetensors file with the tensors and JSON metadata."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {
+            name: getattr(self, name).contiguous()
+            for name in ("query", "next_token", "events", "offsets", "token", "count")
+        }
+        for name in ("tracked_queries", "tracked_next"):
+            if getattr(self, name) is not None:
+                tensors[name] = getattr(self, name).contiguous()
+        meta = {
+            "vocab_size": self.vocab_size,
+            "window": self.window,
+            "exclude_bos": self.exclude_bos,
+            "num_tokens": self.num_tokens,
+            "num_rows": self.num_rows,
+            "fingerprint": self.fingerprint,
+            "tokenizer": self.tokenizer,
+            "min_count": self.min_count,
+        }
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        save_file(tensors, str(tmp), metadata={"format": FORMAT, "meta": json.dumps(meta)})
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> CooccurrenceStats:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no statistics file at {path}")
+        try:
+            with safe_open(str(path), "pt") as handle:
+                header = handle.metadata() or {}
+                tensors = {k: handle.get_tensor(k) for k in handle.keys()}
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ValueError(f"{path} is not a statistics file (not safetensors: {exc})") from exc
+        if header.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a statistics file (format={header.get('format')!r})")
+        meta = json.loads(header["meta"])
+        return cls(
+            query=tensors["query"],
+            next_token=tensors["next_token"],
+            events=tensors["events"],
+            offsets=tensors["offsets"],
+            token=tensors["token"],
+            count=tensors["count"],
+            tracked_queries=tensors.get("tracked_queries"),
+            tracked_next=tensors.get("tracked_next"),
+            **meta,
+        )
+
+
+# --------------------------------------------------------------------- building
+def _as_rows(tokens) -> list[np.ndarray]:
+    if isinstance(tokens, Tensor):
+        if tokens.ndim == 1:
+            tokens = tokens[None]
+        if tokens.ndim != 2:
+            raise ValueError(f"token tensor must be [batch, seq], got shape {tuple(tokens.shape)}")
+        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise ValueError(f"token ids must be integers, got {tokens.dtype}")
+        return list(tokens.cpu().numpy().astype(np.int64, copy=False))
+    if isinstance(tokens, np.ndarray) and tokens.ndim == 2:
+        return list(tokens.astype(np.int64, copy=False))
+    return [np.asarray(row, dtype=np.int64).ravel() for row in tokens]
+
+
+def _is_row(x) -> bool:
+    if isinstance(x, Tensor | np.ndarray):
+        return x.ndim == 1
+    return isinstance(x, list | tuple) and all(np.isscalar(v) for v in x[:1])
+
+
+def _fingerprint(rows: Sequence[np.ndarray]) -> int:
+    total = 0
+    for row in rows:
+        digest = hashlib.blake2b(np.ascontiguousarray(row).tobytes(), digest_size=8).digest()
+        total = (total + int.from_bytes(digest, "little")) & _MASK64
+    return total
+
+
+def _mask(ids, vocab_size: int, name: str) -> tuple[np.ndarray, Tensor | None]:
+    if ids is None:
+        return np.ones(vocab_size, np.bool_), None
+    ids = torch.as_tensor(list(ids) if not isinstance(ids, Tensor) else ids, dtype=torch.long)
+    ids = ids.flatten().unique()
+    if ids.numel() and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"{name} must lie in [0, {vocab_size})")
+    mask = np.zeros(vocab_size, np.bool_)
+    mask[ids.numpy()] = True
+    return mask, ids
+
+
+def _count_rows(
+    rows: list[np.ndarray],
+    vocab_size: int,
+    window: int,
+    exclude_bos: bool,
+    masks: tuple[np.ndarray, np.ndarray],
+    num_proc: int,
+) -> CooccurrenceStats:
+    lengths = np.fromiter((len(r) for r in rows), np.int64, len(rows))
+    flat = np.concatenate(rows) if rows else np.empty(0, np.int64)
+    if flat.size:
+        lo, hi = int(flat.min()), int(flat.max())
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            row = int(np.searchsorted(np.cumsum(lengths), int(np.argmax(flat == bad)), "right"))
+            raise ValueError(
+                f"token id {bad} (row {row}) is outside the vocabulary [0, {vocab_size})"
+            )
+    flat = flat.astype(np.int32 if vocab_size < 2**31 else np.int64)
+    row_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    positions, starts = find_events(flat, row_starts, window, int(exclude_bos), *masks)
+    classes = flat[positions].astype(np.int64) * vocab_size + flat[positions + 1]
+    order = np.argsort(classes, kind="stable")
+    positions, starts, classes = positions[order], starts[order], classes[order]
+    keys, first, events = np.unique(classes, return_index=True, return_counts=True)
+    bounds = np.append(first, len(classes)).astype(np.int64)
+    blocks = max(1, min(len(keys), 8 * num_proc))
+    previous = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(num_proc, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        distinct = distinct_per_class(flat, positions, starts, bounds, vocab_size, blocks)
+        offsets = np.concatenate([[0], np.cumsum(distinct)]).astype(np.int64)
+        token, count = fill_triples(flat, positions, starts, bounds, vocab_size, blocks, offsets)
+    finally:
+        numba.set_num_threads(previous)
+    return CooccurrenceStats(
+        vocab_size=vocab_size,
+        window=window,
+        exclude_bos=exclude_bos,
+        query=torch.from_numpy(keys // vocab_size),
+        next_token=torch.from_numpy(keys % vocab_size),
+        events=torch.from_numpy(events.astype(np.int64)),
+        offsets=torch.from_numpy(offsets),
+        token=torch.from_numpy(token.astype(np.int64)),
+        count=torch.from_numpy(count),
+        num_tokens=int(lengths.sum()),
+        num_rows=len(rows),
+        fingerprint=f"{_fingerprint(rows):016x}",
+    )
+
+
+def cooccurrence(
+    tokens: Tensor | np.ndarray | Iterable,
+    vocab_size: int | None = None,
+    window: int | None = None,
+    exclude_bos: bool = False,
+    queries: Iterable[int] | Tensor | None = None,
+    next_tokens: Iterable[int] | Tensor | None = None,
+    min_count: int = 1,
+    num_proc: int | None = None,
+    tokenizer: str | None = None,
+    chunk_tokens: int = 4_000_000,
+    progress: bool = False,
+) -> CooccurrenceStats:
+    """Count events and co-occurrences.
+
+    Args:
+        tokens: a LongTensor [batch, seq] of rows, a list of 1-D rows (documents of any length),
+            or an iterable of such batches (counted chunk by chunk and merged).
+        vocab_size: V; default 1 + the largest id (required for an iterable of batches).
+        window: W >= 1, the most context positions before the query; None: the whole row.
+        exclude_bos: keep the first position of every row out of the context.
+        queries, next_tokens: count only events whose query / next token is in these sets.
+        min_count: prune triples counted fewer times (after counting everything).
+        num_proc: threads for the counting kernel (default: all cores).
+        chunk_tokens: batches are gathered into chunks of about this many tokens.
+    """
+    if window is not None and window < 1:
+        raise ValueError(f"window W must be >= 1 (or None for the whole row), got {window}")
+    num_proc = num_proc or numba.config.NUMBA_NUM_THREADS
+    if isinstance(tokens, Tensor) and tokens.ndim == 2:
+        need = 3 + int(exclude_bos)
+        if tokens.shape[1] < need:
+            raise ValueError(
+                f"rows of length {tokens.shape[1]} are too short to hold an event"
+                f" (need >= {need}: context, query and next token)"
+            )
+    if isinstance(tokens, Tensor | np.ndarray) or (
+        isinstance(tokens, list | tuple) and all(_is_row(r) for r in tokens)
+    ):
+        chunks: Iterable = [_as_rows(tokens)]
+    else:
+        if vocab_size is None:
+            raise ValueError("vocab_size is required when counting an iterable of batches")
+        chunks = _chunked(tokens, chunk_tokens)
+    stats = None
+    for rows in tqdm(chunks, desc="co-occurrence", unit="chunk", disable=not progress):
+        if not rows:
+            continue
+        if vocab_size is None:
+            vocab_size = int(max((int(r.max()) for r in rows if r.size), default=-1) + 1)
+        masks = (
+            _mask(queries, vocab_size, "queries"),
+            _mask(next_tokens, vocab_size, "next_tokens"),
+        )
+        part = _count_rows(
+            rows, vocab_size, window or 0, exclude_bos, (masks[0][0], masks[1][0]), num_proc
+        )
+        part.tracked_queries, part.tracked_next = masks[0][1], masks[1][1]
+        stats = part if stats is None else stats + part
+    if stats is None or stats.num_tokens == 0:
+        raise ValueError("empty corpus: no tokens to count")
+    if stats.num_classes == 0:
+        raise ValueError(
+            "no event in the corpus: every row is too short (an event needs a context token,"
+            " the query and the next token) or no query/next token is tracked"
+        )
+    stats.tokenizer = tokenizer
+    return stats.prune(min_count) if min_count > 1 else stats
+
+
+def _chunked(batches: Iterable, chunk_tokens: int):
+    rows, size = [], 0
+    for batch in batches:
+        for row in _as_rows(batch):
+            rows.append(row)
+            size += len(row)
+        if size >= chunk_tokens:
+            yield rows
+            rows, size = [], 0
+    if rows:
+        yield rows
+
+
+# --------------------------------------------------------------------- datasets
+def _tokenizer_parts(tokenizer):
+    """(encode_batch(list[str]) -> list[list[int]], vocab_size, name) for supported tokenizers."""
+    if hasattr(tokenizer, "to_tokens") and hasattr(
+        tokenizer, "tokenizer"
+    ):  # a TransformerLens model
+        model = tokenizer
+        hf = model.tokenizer
+        encode, _, name = _tokenizer_parts(hf)
+        return encode, model.cfg.d_vocab, name
+    if hasattr(tokenizer, "encode_batch") and hasattr(tokenizer, "get_vocab_size"):  # tokenizers
+        return (
+            lambda texts: [e.ids for e in tokenizer.encode_batch(texts)],
+            tokenizer.get_vocab_size(),
+            "tokenizers.Tokenizer",
+        )
+    if callable(tokenizer) and hasattr(tokenizer, "name_or_path"):  # transformers
+        return (
+            lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"],
+            len(tokenizer),
+            tokenizer.name_or_path,
+        )
+    raise TypeError(
+        "tokenizer must be a Hugging Face tokenizer, a tokenizers.Tokenizer or a TransformerLens"
+        f" model, got {type(tokenizer).__name__}"
+    )
+
+
+def from_dataset(
+    dataset,
+    column: str = "input_ids",
+    text_column: str | None = None,
+    tokenizer=None,
+    vocab_size: int | None = None,
+    batch_size: int = 1000,
+    num_proc: int | None = None,
+    progress: bool = True,
+    **kwargs,
+) -> CooccurrenceStats:
+    """Statistics of a ``datasets.Dataset`` / ``IterableDataset``, one row per example.
+
+    Either a token column (``column``), or a ``text_column`` with a ``tokenizer`` (Hugging Face,
+    ``tokenizers`` or a TransformerLens model).  ``num_proc`` tokenises a map-style dataset in
+    parallel and sets the counting threads; other keyword arguments go to `cooccurrence`.
+    """
+    name = None
+    if text_column is not None:
+        if tokenizer is None:
+            raise ValueError("a text column needs a tokenizer")
+        encode, tok_vocab, name = _tokenizer_parts(tokenizer)
+        vocab_size = vocab_size or tok_vocab
+        if text_column not in (dataset.column_names or [text_column]):
+            raise ValueError(f"dataset has no column {text_column!r}: {dataset.column_names}")
+        column = "_scansnap_ids"
+        map_kwargs = {
+            "batched": True,
+            "batch_size": batch_size,
+            "remove_columns": dataset.column_names,
+        }
+        if num_proc and hasattr(dataset, "num_rows"):
+            map_kwargs["num_proc"] = num_proc
+        dataset = dataset.map(lambda b: {column: encode(list(b[text_column]))}, **map_kwargs)
+    elif dataset.column_names is not None and column not in dataset.column_names:
+        raise ValueError(f"dataset has no token column {column!r}: {dataset.column_names}")
+
+    def batches():
+        for batch in dataset.iter(batch_size=batch_size):
+            yield [np.asarray(row, dtype=np.int64) for row in batch[column] if len(row)]
+
+    if vocab_size is None:
+        raise ValueError("vocab_size is required for a dataset of token ids")
+    return cooccurrence(
+        batches(),
+        vocab_size=vocab_size,
+        num_proc=num_proc,
+        tokenizer=kwargs.pop("tokenizer_name", name),
+        progress=progress,
+        **kwargs,
+    )

@@ -1,0 +1,116 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scansnap_lens.classify import COMMON, DISTINCT, UNDETERMINED, classify
+from scansnap_lens.corpus import cooccurrence
+from scansnap_lens.synthetic import sequence_classes, syn_medium, syn_small
+
+
+def synthetic_stats(classes, n=3000, seed=0):
+    tokens, labels, _ = classes.sample(n, 64, torch.Generator().manual_seed(seed))
+    rows = torch.cat([tokens, labels[:, None]], 1)  # context..., query, next
+    return cooccurrence(rows, classes.vocab_size, queries=classes.query)
+
+
+def truth_matches(tc, classes, scope):
+    for m in classes.query.unique().tolist():
+        truth = classes.distinct_for_query(m) if scope == "local" else classes.distinct_for()
+        seen = (
+            classes.support()[classes.query == m].any(0)
+            if scope == "local"
+            else classes.support().any(0)
+        )
+        expected = torch.where(truth >= 0, DISTINCT, COMMON)[seen]
+        got = tc.label_map(m if scope == "local" else None)[seen]
+        if not torch.equal(got, expected):
+            return False
+        distinct = (truth >= 0) & seen
+        owner_next = classes.next_token[truth[distinct]]
+        assert set(
+            zip(
+                tc.distinct_tokens(m if scope == "local" else None).tolist(),
+                tc.next_token[
+                    tc._select(m if scope == "local" else None) & (tc.label == DISTINCT)
+                ].tolist(),
+            )
+        ) == set(zip(distinct.nonzero().flatten().tolist(), owner_next.tolist()))
+    return True
+
+
+@pytest.mark.parametrize("guard", [False, True])
+@pytest.mark.parametrize("scope", ["local", "global"])
+@pytest.mark.parametrize(
+    "classes",
+    [syn_medium(3), sequence_classes(2, 3, num_common=4, num_common_per_query=3)],
+    ids=["syn_medium3", "per_query_common"],
+)
+def test_recovers_the_synthetic_ground_truth(classes, scope, guard):
+    tc = classify(synthetic_stats(classes), scope=scope, guard=guard)
+    assert truth_matches(tc, classes, scope)
+
+
+def test_single_next_token_queries_are_locally_distinct_but_undetermined_under_the_guard():
+    stats = synthetic_stats(syn_small())
+    assert (classify(stats, guard=False).label == DISTINCT).all()  # |Omega_m(l)| = 1, trivially
+    assert (classify(stats, guard=True).label == UNDETERMINED).all()  # nothing to test against
+    assert truth_matches(classify(stats, scope="global", guard=True), syn_small(), "global")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 8), st.sampled_from([None, 1, 3]))
+def test_paper_definition_is_omega_size_one(seed, vocab, window):
+    rows = torch.randint(vocab, (6, 12), generator=torch.Generator().manual_seed(seed))
+    stats = cooccurrence(rows, vocab_size=vocab, window=window)
+    tc = classify(stats, guard=False)
+    frame = stats.to_dataframe()
+    omega = frame.groupby(["query", "token"])["next"].nunique()
+    for q, tok, label in zip(tc.query.tolist(), tc.token.tolist(), tc.label.tolist()):
+        assert label == (DISTINCT if omega[(q, tok)] == 1 else COMMON)
+
+
+def test_guard_marks_rare_lookalikes_undetermined_and_keeps_strong_distinct_tokens():
+    # query 0 -> next 1 or 2 equally; token 5 always precedes next 1 (many times),
+    # token 6 precedes next 1 once (pure, but could be chance)
+    rows = [[5, 0, 1]] * 40 + [[7, 0, 2]] * 40 + [[6, 0, 1]] + [[8, 0, 1], [8, 0, 2]] * 20
+    stats = cooccurrence(rows, vocab_size=9)
+    tc = classify(stats, guard=True)
+    lm = tc.label_map(0)
+    assert lm[5] == DISTINCT and lm[7] == DISTINCT and lm[6] == UNDETERMINED and lm[8] == COMMON
+    assert classify(stats, guard=False).label_map(0)[6] == DISTINCT
+    assert classify(stats, min_support=2, guard=False).label_map(0)[6] == UNDETERMINED
+    # purity below 1: a mostly-pure token counts as distinct
+    rows2 = rows + [[8, 0, 1]] * 200
+    assert (
+        classify(cooccurrence(rows2, vocab_size=9), purity=0.8, guard=False).label_map(0)[8]
+        == DISTINCT
+    )
+
+
+def test_dataframe_with_token_strings():
+    from scansnap_lens.text import encode_documents, word_level_tokenizer
+
+    docs = ["a b c d", "a b c e", "x b c d"]
+    tok = word_level_tokenizer(docs)
+    stats = cooccurrence(encode_documents(tok, docs), vocab_size=tok.get_vocab_size())
+    frame = classify(stats, guard=False).to_dataframe(tok)
+    row = frame[(frame.query_str == "c") & (frame.token_str == "x")].iloc[0]
+    assert row.label == "distinct" and row.next_str == "d"
+    assert set(classify(stats, guard=False).counts_by_query().columns) >= {
+        "distinct",
+        "common",
+        "undetermined",
+    }
+
+
+def test_bad_arguments():
+    stats = cooccurrence(torch.tensor([[0, 1, 2, 3]]), vocab_size=4)
+    for kwargs, match in [
+        ({"scope": "both"}, "scope"),
+        ({"purity": 0.0}, "purity"),
+        ({"min_support": 0}, "min_support"),
+        ({"alpha": 1.5}, "alpha"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            classify(stats, **kwargs)
