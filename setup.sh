@@ -8,6 +8,8 @@ TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 
 if [ -n "${VIRTUAL_ENV:-}" ]; then
     PY="$VIRTUAL_ENV/bin/python"
+    # the README's commands call .venv/bin/...: point .venv at the active environment
+    [ -e .venv ] || ln -s "$VIRTUAL_ENV" .venv
 else
     [ -x .venv/bin/python ] || python3 -m venv .venv
     PY=.venv/bin/python
