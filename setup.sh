@@ -21,9 +21,16 @@ if "$PY" -c "import torch" 2>/dev/null; then
 elif command -v nvidia-smi >/dev/null 2>&1; then
     "$PY" -m pip install "torch==${TORCH_VERSION}"
 else
-    # A local CPU wheel (pip's find-links) or PyTorch's CPU index; plain PyPI would give CUDA.
-    "$PY" -m pip install --no-index "torch==${TORCH_VERSION}" 2>/dev/null \
-        || "$PY" -m pip install "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu
+    # A CPU wheel on this machine (pip's find-links), else PyTorch's CPU index; plain PyPI
+    # would give a CUDA build.  The local wheel's own dependencies come from PyPI.
+    wheels=$(mktemp -d)
+    if "$PY" -m pip download --quiet --no-deps --no-index -d "$wheels" "torch==${TORCH_VERSION}" 2>/dev/null; then
+        "$PY" -m pip install "$wheels"/torch-*.whl
+    else
+        "$PY" -m pip install "torch==${TORCH_VERSION}" \
+            --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple
+    fi
+    rm -rf "$wheels"
 fi
 
 # transformer-lens 3.x keeps HookedTransformer (4.x has only TransformerBridge).
