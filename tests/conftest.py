@@ -20,3 +20,13 @@ def shared_dir() -> Path:
     if not (SHARED / "data" / "wikitext-2").is_dir():
         pytest.skip(f"shared data not found at {SHARED}")
     return SHARED
+
+
+@pytest.fixture(scope="session")
+def fake_hub():
+    """A hub cache holding EleutherAI/pythia-14m revisions step0, step1000, step2000."""
+    from scansnap_lens.testing import fake_hub_model
+
+    cache = os.environ["HF_HUB_CACHE"]
+    fake_hub_model(cache, "EleutherAI/pythia-14m", revisions=["step0", "step1000", "step2000"])
+    return cache

@@ -1,0 +1,256 @@
+"""What a recording tracks: query tokens, classes (m, n), and the slots of zbar and chat.
+
+A `RecordPlan` is built once from the evaluation tokens, which stay the same for every
+checkpoint.  Its slots are sparse, like `CooccurrenceStats`: one zbar slot per pair (m, l)
+and one chat slot per triple (m, n, l) that actually occurs in the evaluation text, so
+memory follows the text's co-occurrence structure, never V x V.
+
+>>> rows = torch.tensor([[0, 1, 2, 1, 3], [0, 2, 2, 1, 3]])
+>>> plan = plan_recording(rows, vocab_size=4, queries=[1])
+>>> plan.pair_query.tolist(), plan.pair_token.tolist(), plan.pair_count.tolist()
+([1, 1], [1, 2], [1, 3])
+>>> plan.class_query.tolist(), plan.class_next.tolist(), plan.class_events.tolist()
+([1], [3], [2])
+
+(The query 1 at position 1 makes no event: with BOS excluded it has no context.)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
+
+import torch
+from torch import Tensor
+
+from .corpus import CooccurrenceStats, cooccurrence
+
+__all__ = ["RecordPlan", "plan_recording", "select_queries"]
+
+
+@dataclass
+class RecordPlan:
+    """Tracked queries and classes, and the sparse slots the recorder fills.
+
+    Attributes:
+        vocab_size: V of the evaluation tokens (must equal the model's d_vocab).
+        exclude_bos: the first position of every row is not context.
+        include_self: the query's own position counts as context.
+        fingerprint: order-free hash of the evaluation rows the plan was built from.
+        queries: [Q] tracked query tokens, ascending.
+        query_events: [Q] events of each tracked query.
+        class_query, class_next, class_events: [C] tracked classes (m, n), sorted, and N(m, n).
+        pair_query, pair_token, pair_count: [Pz] zbar slots (m, l), sorted, and the number of
+            (T, t) position pairs averaged in each.
+        triple_class, triple_token, triple_count: [Pc] chat slots (class index, l), sorted, and
+            C(m, n, l) (occurrences of l in the contexts of the class).
+        token_strings: decoded strings of the ids the plan mentions, when a tokenizer was given.
+    """
+
+    vocab_size: int
+    exclude_bos: bool
+    include_self: bool
+    fingerprint: int
+    queries: Tensor
+    query_events: Tensor
+    class_query: Tensor
+    class_next: Tensor
+    class_events: Tensor
+    pair_query: Tensor
+    pair_token: Tensor
+    pair_count: Tensor
+    triple_class: Tensor
+    triple_token: Tensor
+    triple_count: Tensor
+    token_strings: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def num_queries(self) -> int:
+        return self.queries.numel()
+
+    @property
+    def num_classes(self) -> int:
+        return self.class_query.numel()
+
+    @property
+    def num_pairs(self) -> int:
+        return self.pair_query.numel()
+
+    @property
+    def num_triples(self) -> int:
+        return self.triple_class.numel()
+
+    @property
+    def pair_keys(self) -> Tensor:
+        """[Pz] m * V + l, ascending: the lookup key of each zbar slot."""
+        return self.pair_query * self.vocab_size + self.pair_token
+
+    @property
+    def class_keys(self) -> Tensor:
+        """[C] m * V + n, ascending."""
+        return self.class_query * self.vocab_size + self.class_next
+
+    @property
+    def triple_keys(self) -> Tensor:
+        """[Pc] class * V + l, ascending."""
+        return self.triple_class * self.vocab_size + self.triple_token
+
+    def triple_pair(self) -> Tensor:
+        """[Pc] the zbar slot (m, l) of every chat slot (m, n, l)."""
+        keys = self.class_query[self.triple_class] * self.vocab_size + self.triple_token
+        return torch.searchsorted(self.pair_keys, keys)
+
+    def decode(self, token: int) -> str:
+        return self.token_strings.get(int(token), str(int(token)))
+
+    # -- serialisation: tensors + JSON metadata, used by `trajectory` --------------------
+    def tensors(self) -> dict[str, Tensor]:
+        return {
+            f.name: getattr(self, f.name).contiguous()
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), Tensor)
+        }
+
+    def metadata(self) -> dict:
+        return {
+            "vocab_size": self.vocab_size,
+            "exclude_bos": self.exclude_bos,
+            "include_self": self.include_self,
+            "fingerprint": str(self.fingerprint),
+            "token_strings": {str(k): v for k, v in self.token_strings.items()},
+        }
+
+    @classmethod
+    def from_parts(cls, meta: dict, tensors: dict[str, Tensor]) -> RecordPlan:
+        return cls(
+            vocab_size=int(meta["vocab_size"]),
+            exclude_bos=bool(meta["exclude_bos"]),
+            include_self=bool(meta["include_self"]),
+            fingerprint=int(meta["fingerprint"]),
+            token_strings={int(k): v for k, v in meta.get("token_strings", {}).items()},
+            **tensors,
+        )
+
+    def same_as(self, other: RecordPlan) -> bool:
+        """True when both plans track the same slots of the same evaluation text."""
+        if json.dumps(self.metadata(), sort_keys=True) != json.dumps(
+            other.metadata(), sort_keys=True
+        ):
+            mine, theirs = self.metadata(), other.metadata()
+            mine.pop("token_strings"), theirs.pop("token_strings")
+            if mine != theirs:
+                return False
+        a, b = self.tensors(), other.tensors()
+        return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def select_queries(stats: CooccurrenceStats, coverage: float) -> Tensor:
+    """The most frequent query tokens that together hold at least `coverage` of all events."""
+    if not 0 < coverage <= 1:
+        raise ValueError(f"coverage must lie in (0, 1], got {coverage}")
+    query, events = stats.query_counts()
+    order = torch.argsort(events, descending=True, stable=True)
+    share = torch.cumsum(events[order].double(), 0) / events.sum()
+    k = int(torch.searchsorted(share, torch.tensor([coverage], dtype=share.dtype)).item()) + 1
+    return torch.sort(query[order[: min(k, order.numel())]]).values
+
+
+def plan_recording(
+    tokens: Tensor | Sequence,
+    vocab_size: int,
+    queries: Iterable[int] | Tensor | float | None = None,
+    classes: Iterable[tuple[int, int]] | None = None,
+    min_class_events: int = 1,
+    exclude_bos: bool = True,
+    include_self: bool = False,
+    tokenizer=None,
+) -> RecordPlan:
+    """Build the plan for evaluation `tokens` [N, T] (or a list of such batches).
+
+    Args:
+        queries: None tracks every query token; a float q in (0, 1] the most frequent queries
+            that cover a share q of the events; otherwise the token ids to track.
+        classes: (m, n) pairs whose per-token attention chat is kept (default: every class of a
+            tracked query); zbar always uses all events of a tracked query.
+        min_class_events: drop classes with fewer events from chat.
+        exclude_bos, include_self: the context convention (DESIGN section 2).
+        tokenizer: anything with ``decode([id])`` (HF tokenizer, TransformerLens model's
+            ``tokenizer``), for readable token strings.
+    """
+    rows = _rows(tokens)
+    if not rows:
+        raise ValueError("no evaluation tokens: the plan needs at least one row")
+    stats_all = cooccurrence(rows, vocab_size, exclude_bos=exclude_bos)
+    if isinstance(queries, float):
+        queries = select_queries(stats_all, queries)
+    stats = (
+        stats_all
+        if queries is None
+        else cooccurrence(rows, vocab_size, exclude_bos=exclude_bos, queries=queries)
+    )
+    stats = stats.canonical()
+    V = vocab_size
+    triple_cls = stats.triple_class
+    triple_m = stats.query[triple_cls]
+    triple_l = stats.token
+    triple_c = stats.count
+    if include_self:
+        # The query's own position adds one occurrence of m per event of (m, n).
+        triple_cls = torch.cat([triple_cls, torch.arange(stats.num_classes)])
+        triple_m = torch.cat([triple_m, stats.query])
+        triple_l = torch.cat([triple_l, stats.query])
+        triple_c = torch.cat([triple_c, stats.events])
+        keys, inverse = torch.unique(triple_cls * V + triple_l, return_inverse=True)
+        triple_c = torch.zeros(keys.numel(), dtype=torch.long).index_add_(0, inverse, triple_c)
+        triple_cls, triple_l = keys // V, keys % V
+        triple_m = stats.query[triple_cls]
+    pair_keys, inverse = torch.unique(triple_m * V + triple_l, return_inverse=True)
+    pair_count = torch.zeros(pair_keys.numel(), dtype=torch.long).index_add_(0, inverse, triple_c)
+
+    keep = stats.events >= min_class_events
+    if classes is not None:
+        wanted = torch.tensor([m * V + n for m, n in classes], dtype=torch.long)
+        keep &= torch.isin(stats.query * V + stats.next_token, wanted)
+    new_index = torch.cumsum(keep.long(), 0) - 1
+    triple_keep = keep[triple_cls]
+    tracked_q, q_events = _query_events(stats)
+    plan = RecordPlan(
+        vocab_size=V,
+        exclude_bos=exclude_bos,
+        include_self=include_self,
+        fingerprint=int(stats.fingerprint, 16),
+        queries=tracked_q,
+        query_events=q_events,
+        class_query=stats.query[keep],
+        class_next=stats.next_token[keep],
+        class_events=stats.events[keep],
+        pair_query=pair_keys // V,
+        pair_token=pair_keys % V,
+        pair_count=pair_count,
+        triple_class=new_index[triple_cls[triple_keep]],
+        triple_token=triple_l[triple_keep],
+        triple_count=triple_c[triple_keep],
+    )
+    if tokenizer is not None:
+        ids = torch.unique(torch.cat([plan.queries, plan.class_next, plan.pair_token]))
+        plan.token_strings = {int(i): tokenizer.decode([int(i)]) for i in ids}
+    return plan
+
+
+def _query_events(stats: CooccurrenceStats) -> tuple[Tensor, Tensor]:
+    query, events = stats.query_counts()
+    order = torch.argsort(query)
+    return query[order], events[order]
+
+
+def _rows(tokens) -> list:
+    if isinstance(tokens, Tensor):
+        if tokens.ndim != 2:
+            raise ValueError(f"evaluation tokens must be [batch, seq], got {tuple(tokens.shape)}")
+        return list(tokens)
+    rows = []
+    for batch in tokens:
+        batch = torch.as_tensor(batch)
+        rows.extend(batch if batch.ndim == 2 else [batch])
+    return rows

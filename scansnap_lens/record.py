@@ -1,0 +1,389 @@
+"""Record attention aggregates of a TransformerLens model with two hooks per layer.
+
+For every watched layer the recorder hooks ``blocks.{L}.attn.hook_attn_scores`` (scores S) and
+``blocks.{L}.attn.hook_pattern`` (weights A), gathers only the (query, context) position pairs
+its `RecordPlan` tracks, and adds them into sparse sums on the fly:
+
+    zbar[m, l]    = mean of S[T, t] over x_T = m, x_t = l, t in context(T)
+    chat[l|m, n]  = mean over events (m, n) of sum_{t: x_t = l} Ahat[T, t]
+    entropy[m, n] = mean over events (m, n) of the entropy of Ahat[T, :]
+
+with Ahat the weights renormalised over the context.  No activation cache is built and the
+forward pass stops after the last watched layer, so memory does not grow with the text.
+
+Context positions come from the causal structure (t < T, minus BOS, plus T if
+``include_self``), never from testing scores for -inf: masked scores are -inf on
+HookedTransformer and the dtype's minimum on TransformerBridge.  Where a bridge fires
+``hook_attn_scores`` with the softmax pattern, scores are rebuilt from ``hook_q``/``hook_k``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from .corpus import _fingerprint
+from .plan import RecordPlan
+
+__all__ = ["CheckpointRecord", "model_vocab_size", "record_checkpoint"]
+
+
+@dataclass
+class CheckpointRecord:
+    """Aggregates of one checkpoint; L = watched layers, H = watched heads.
+
+    zbar: [L, H, Pz] mean score of each pair slot (m, l).
+    chat: [L, H, Pc] per-token attention of each triple slot (m, n, l).
+    entropy: [L, H, C] mean entropy (nats) of the renormalised context attention per class.
+    query_entropy: [L, H, Q] the same per tracked query, over all its events.
+    """
+
+    step: int
+    zbar: Tensor
+    chat: Tensor
+    entropy: Tensor
+    query_entropy: Tensor
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {
+            "zbar": self.zbar,
+            "chat": self.chat,
+            "entropy": self.entropy,
+            "query_entropy": self.query_entropy,
+        }
+
+
+def model_vocab_size(model) -> int:
+    return int(model.cfg.d_vocab)
+
+
+def _attn_scale(model, layer: int) -> float:
+    cfg = model.cfg
+    if not getattr(cfg, "use_attn_scale", True):
+        scale = 1.0
+    else:
+        scale = float(getattr(cfg, "attn_scale", -1.0) or -1.0)
+        if scale <= 0:
+            scale = math.sqrt(cfg.d_head)
+    if getattr(cfg, "scale_attn_by_inverse_layer_idx", False):
+        scale *= layer + 1
+    return scale
+
+
+@dataclass
+class _Batch:
+    """Index tensors of the tracked position pairs of one batch (P pairs, E events)."""
+
+    flat: Tensor  # [H, P] flat index into a [B, n_heads, T, T] tensor
+    q_pos: Tensor  # [P] flat index (b * T + T_query) of each pair's query position
+    k_pos: Tensor  # [P] flat index (b * T + t) of each pair's key position
+    event: Tensor  # [P] event of each pair
+    pair_slot: Tensor  # [P] zbar slot
+    chat_pairs: Tensor  # [P'] the pairs whose class is tracked
+    triple_slot: Tensor  # [P'] their chat slot
+    event_query: Tensor  # [E] query slot of each event
+    event_class: Tensor  # [E] class slot, -1 when the class is not tracked
+    num_events: int
+
+
+class _Sums:
+    def __init__(self, plan: RecordPlan, n_layers: int, n_heads: int, device):
+        def zeros(n):
+            return torch.zeros(n_layers, n_heads, n, dtype=torch.float64, device=device)
+
+        self.zbar = zeros(plan.num_pairs)
+        self.chat = zeros(plan.num_triples)
+        self.entropy = zeros(plan.num_classes)
+        self.query_entropy = zeros(plan.num_queries)
+
+
+class _Recorder:
+    def __init__(self, model, plan: RecordPlan, layers, heads, device):
+        self.model, self.plan = model, plan
+        self.layers, self.heads = list(layers), torch.as_tensor(list(heads), device=device)
+        self.n_heads = int(model.cfg.n_heads)
+        self.device = device
+        self.sums = _Sums(plan, len(self.layers), len(self.heads), device)
+        self.pair_keys = plan.pair_keys.to(device)
+        self.class_keys = plan.class_keys.to(device)
+        self.triple_keys = plan.triple_keys.to(device)
+        V = plan.vocab_size
+        self.query_slot = torch.full((V,), -1, dtype=torch.long, device=device)
+        self.query_slot[plan.queries.to(device)] = torch.arange(plan.num_queries, device=device)
+        self.batch: _Batch | None = None
+        self.scores_from_qk: dict[int, bool] = {}
+        self.qk: dict[int, dict[str, Tensor]] = {}
+
+    # -- indices ---------------------------------------------------------------------
+    def index(self, x: Tensor) -> _Batch:
+        _B, T = x.shape
+        V, dev = self.plan.vocab_size, self.device
+        first = int(self.plan.exclude_bos)
+        own = int(self.plan.include_self)
+        pos = torch.arange(T, device=dev)
+        qslot = self.query_slot[x]
+        is_event = (qslot >= 0) & (pos >= first + 1) & (pos <= T - 2)
+        b_e, t_e = torch.nonzero(is_event, as_tuple=True)
+        E = b_e.numel()
+        m_e, n_e = x[b_e, t_e], x[b_e, t_e + 1]
+        cls_key = m_e * V + n_e
+        cls = torch.searchsorted(self.class_keys, cls_key).clamp_max(
+            max(len(self.class_keys) - 1, 0)
+        )
+        found = (
+            self.class_keys[cls] == cls_key
+            if len(self.class_keys)
+            else torch.zeros(E, dtype=torch.bool, device=dev)
+        )
+        event_class = torch.where(found, cls, -1)
+        n_ctx = t_e - first + own
+        event = torch.repeat_interleave(torch.arange(E, device=dev), n_ctx)
+        starts = torch.cumsum(n_ctx, 0) - n_ctx
+        t = torch.arange(event.numel(), device=dev) - starts[event] + first
+        b, tq = b_e[event], t_e[event]
+        key_l = x[b, t]
+        pair_key = m_e[event] * V + key_l
+        pair_slot = torch.searchsorted(self.pair_keys, pair_key)
+        if pair_slot.numel() and not torch.equal(
+            self.pair_keys[pair_slot.clamp_max(len(self.pair_keys) - 1)], pair_key
+        ):
+            raise ValueError(
+                "the evaluation tokens hold (query, token) pairs the plan does not know:"
+                " build the plan from the same tokens you record on"
+            )
+        base = (b * self.n_heads * T + tq) * T + t
+        flat = base[None, :] + (self.heads * T * T)[:, None]
+        cls_p = event_class[event]
+        chat_pairs = torch.nonzero(cls_p >= 0, as_tuple=True)[0]
+        triple_slot = torch.searchsorted(
+            self.triple_keys, cls_p[chat_pairs] * V + key_l[chat_pairs]
+        )
+        return _Batch(
+            flat=flat,
+            q_pos=b * T + tq,
+            k_pos=b * T + t,
+            event=event,
+            pair_slot=pair_slot,
+            chat_pairs=chat_pairs,
+            triple_slot=triple_slot,
+            event_query=qslot[b_e, t_e],
+            event_class=event_class,
+            num_events=E,
+        )
+
+    # -- hooks -------------------------------------------------------------------------
+    def scores_hook(self, i: int, layer: int):
+        def hook(scores: Tensor, hook=None):
+            if self.scores_from_qk[layer]:
+                return None
+            vals = scores.reshape(-1)[self.batch.flat]  # [H, P]
+            self.sums.zbar[i].index_add_(1, self.batch.pair_slot, vals.double())
+            return None
+
+        return hook
+
+    def qk_hook(self, layer: int, name: str):
+        def hook(act: Tensor, hook=None):
+            self.qk.setdefault(layer, {})[name] = act.detach()
+            return None
+
+        return hook
+
+    def pattern_hook(self, i: int, layer: int):
+        def hook(pattern: Tensor, hook=None):
+            bt = self.batch
+            if self.scores_from_qk.get(layer):
+                self._scores_from_qk(i, layer)
+            if pattern.shape[1] != self.n_heads:
+                raise RuntimeError(
+                    f"layer {layer}: hook_pattern has {pattern.shape[1]} heads,"
+                    f" the config says {self.n_heads}"
+                )
+            a = pattern.reshape(-1)[bt.flat].double()  # [H, P]
+            H = a.shape[0]
+            den = torch.zeros(H, bt.num_events, dtype=a.dtype, device=a.device)
+            den.index_add_(1, bt.event, a)
+            # An event whose context weights all underflow to 0 contributes zeros.
+            ahat = a / den.clamp_min(1e-300)[:, bt.event]
+            self.sums.chat[i].index_add_(1, bt.triple_slot, ahat[:, bt.chat_pairs])
+            ent = torch.zeros_like(den).index_add_(1, bt.event, -torch.special.xlogy(ahat, ahat))
+            self.sums.query_entropy[i].index_add_(1, bt.event_query, ent)
+            tracked = bt.event_class >= 0
+            self.sums.entropy[i].index_add_(1, bt.event_class[tracked], ent[:, tracked])
+            return None
+
+        return hook
+
+    def _scores_from_qk(self, i: int, layer: int) -> None:
+        acts = self.qk.pop(layer, {})
+        if "q" not in acts or "k" not in acts:
+            raise RuntimeError(
+                f"layer {layer}: hook_attn_scores carries the softmax pattern and no usable"
+                " hook_q/hook_k fired to rebuild the scores"
+            )
+        bt = self.batch
+        q = acts["q"].reshape(-1, self.n_heads, acts["q"].shape[-1])[:, self.heads]  # [B*T, H, d]
+        k = acts["k"].reshape(-1, self.n_heads, acts["k"].shape[-1])[:, self.heads]
+        vals = (q[bt.q_pos].double() * k[bt.k_pos].double()).sum(-1).T  # [H, P]
+        vals = vals / _attn_scale(self.model, layer)
+        self.sums.zbar[i].index_add_(1, bt.pair_slot, vals)
+
+    def hooks(self) -> list[tuple[str, object]]:
+        hooks = []
+        for i, layer in enumerate(self.layers):
+            hooks.append((f"blocks.{layer}.attn.hook_attn_scores", self.scores_hook(i, layer)))
+            if self.scores_from_qk.get(layer):
+                q_name, k_name = _qk_hook_names(self.model, layer)
+                hooks.append((q_name, self.qk_hook(layer, "q")))
+                hooks.append((k_name, self.qk_hook(layer, "k")))
+            hooks.append((f"blocks.{layer}.attn.hook_pattern", self.pattern_hook(i, layer)))
+        return hooks
+
+    def probe(self, x: Tensor) -> None:
+        """Find out, per layer, whether hook_attn_scores carries scores or the pattern."""
+
+        def probe_hook(layer):
+            def hook(scores: Tensor, hook=None):
+                self.scores_from_qk[layer] = _looks_like_pattern(scores)
+
+            return hook
+
+        hooks = [(f"blocks.{L}.attn.hook_attn_scores", probe_hook(L)) for L in self.layers]
+        self.model.run_with_hooks(
+            x, return_type=None, stop_at_layer=max(self.layers) + 1, fwd_hooks=hooks
+        )
+
+    def run(self, x: Tensor) -> None:
+        if len(self.scores_from_qk) < len(self.layers):
+            self.probe(x[:1])
+        self.batch = self.index(x)
+        self.model.run_with_hooks(
+            x, return_type=None, stop_at_layer=max(self.layers) + 1, fwd_hooks=self.hooks()
+        )
+        self.batch = None
+        self.qk.clear()
+
+
+def _looks_like_pattern(scores: Tensor) -> bool:
+    """True when a hook_attn_scores tensor holds softmax weights instead of masked scores."""
+    if scores.shape[-1] < 2:
+        raise ValueError("evaluation rows need at least 2 positions")
+    future = torch.triu(torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device), 1)
+    # Real causal scores are masked far below zero above the diagonal; a pattern holds 0 there.
+    if not bool((scores[..., future] == 0).all()):
+        return False
+    rows = scores.double().sum(-1)
+    return bool(((rows - 1).abs() < 1e-3).all()) and bool((scores >= 0).all())
+
+
+def _qk_hook_names(model, layer: int) -> tuple[str, str]:
+    names = set(model.hook_dict)
+    prefix = f"blocks.{layer}.attn."
+    if prefix + "hook_rot_q" in names and prefix + "hook_rot_k" in names:
+        return prefix + "hook_rot_q", prefix + "hook_rot_k"
+    if getattr(model.cfg, "positional_embedding_type", "standard") == "rotary":
+        raise RuntimeError(
+            f"layer {layer}: hook_attn_scores carries the softmax pattern, and this rotary model"
+            " exposes no rotated hook_rot_q/hook_rot_k to rebuild the scores from"
+        )
+    return prefix + "hook_q", prefix + "hook_k"
+
+
+def _batches(tokens, batch_size: int) -> Iterable[Tensor]:
+    if isinstance(tokens, Tensor):
+        for start in range(0, tokens.shape[0], batch_size):
+            yield tokens[start : start + batch_size]
+        return
+    for batch in tokens:
+        batch = torch.as_tensor(batch)
+        yield batch if batch.ndim == 2 else batch[None]
+
+
+def check_tokens(x: Tensor, vocab_size: int, plan: RecordPlan) -> None:
+    if x.ndim != 2:
+        raise ValueError(f"evaluation batches must be [batch, seq], got {tuple(x.shape)}")
+    if x.dtype.is_floating_point or x.dtype == torch.bool:
+        raise ValueError(f"token ids must be integers, got {x.dtype}")
+    if x.numel() and (int(x.min()) < 0 or int(x.max()) >= vocab_size):
+        raise ValueError(
+            f"token ids must lie in [0, {vocab_size}) for this model (d_vocab = {vocab_size});"
+            f" the evaluation tokens hold ids from {int(x.min())} to {int(x.max())}"
+        )
+
+
+@torch.no_grad()
+def record_checkpoint(
+    model,
+    tokens: Tensor | Iterable,
+    plan: RecordPlan,
+    step: int = 0,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    batch_size: int = 16,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+) -> CheckpointRecord:
+    """Run the evaluation tokens through `model` and aggregate its attention per `plan`.
+
+    tokens: [N, T] ids (or an iterable of [B, T] batches) -- the tokens the plan was built on.
+    layers, heads: what to watch (default: all).  Returns means as float32.
+    """
+    vocab = model_vocab_size(model)
+    if plan.vocab_size != vocab:
+        raise ValueError(
+            f"vocabulary mismatch: the plan was built for {plan.vocab_size} tokens and the"
+            f" model has d_vocab = {vocab}"
+        )
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    layers = list(range(n_layers)) if layers is None else [int(v) for v in layers]
+    heads = list(range(n_heads)) if heads is None else [int(v) for v in heads]
+    for name, values, n in (("layer", layers, n_layers), ("head", heads, n_heads)):
+        bad = [v for v in values if not 0 <= v < n]
+        if bad or not values:
+            raise ValueError(f"{name}s {bad or values} out of range: the model has {n}")
+    if device is None:
+        device = next(model.parameters()).device
+    recorder = _Recorder(model, plan, layers, heads, device)
+    was_training = model.training
+    model.eval()
+    fingerprint = 0
+    total = math.ceil(tokens.shape[0] / batch_size) if isinstance(tokens, Tensor) else None
+    try:
+        for x in tqdm(
+            _batches(tokens, batch_size),
+            total=total,
+            desc=f"record step {step}",
+            unit="batch",
+            disable=not progress,
+            leave=False,
+        ):
+            check_tokens(x, vocab, plan)
+            fingerprint = (fingerprint + _fingerprint(list(x.cpu().numpy().astype(np.int64)))) & (
+                (1 << 64) - 1
+            )
+            recorder.run(x.to(device))
+    finally:
+        model.train(was_training)
+    if fingerprint != plan.fingerprint:
+        raise ValueError(
+            "these evaluation tokens are not the ones the plan was built from"
+            " (fingerprints differ): build the plan with plan_recording(tokens, ...)"
+        )
+    sums = recorder.sums
+
+    def mean(total: Tensor, count: Tensor) -> Tensor:
+        return (total / count.to(total).clamp_min(1)).float().cpu()
+
+    return CheckpointRecord(
+        step=int(step),
+        zbar=mean(sums.zbar, plan.pair_count),
+        chat=mean(sums.chat, plan.class_events[plan.triple_class]),
+        entropy=mean(sums.entropy, plan.class_events),
+        query_entropy=mean(sums.query_entropy, plan.query_events),
+    )

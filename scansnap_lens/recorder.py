@@ -1,0 +1,159 @@
+"""Record a model's attention over its checkpoints into a resumable trajectory folder.
+
+    recorder = Recorder("out/traj", tokens, plan)
+    recorder.record(checkpoints.folder("runs/my_model"))
+    # or, inside your own training loop:
+    recorder.on_checkpoint(step, model)
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from .checkpoints import CheckpointError, CheckpointSource
+from .plan import RecordPlan, plan_recording
+from .record import CheckpointRecord, record_checkpoint
+from .trajectory import Trajectory, TrajectoryWriter, _read_manifest
+
+__all__ = ["Recorder", "record_trajectory"]
+
+
+class Recorder:
+    """Records checkpoints into ``out``; steps already recorded there are skipped.
+
+    tokens: the evaluation tokens [N, T] (or batches) the plan was built from.
+    layers, heads: what to watch (default: all); step_unit: "steps" or "tokens".
+    """
+
+    def __init__(
+        self,
+        out: str | Path,
+        tokens: Tensor,
+        plan: RecordPlan,
+        layers=None,
+        heads=None,
+        step_unit: str = "steps",
+        batch_size: int = 16,
+        device=None,
+        progress: bool = True,
+        meta: dict | None = None,
+    ):
+        self.out = Path(out)
+        self.tokens, self.plan = tokens, plan
+        self.layers, self.heads = layers, heads
+        self.step_unit = step_unit
+        self.batch_size, self.device, self.progress = batch_size, device, progress
+        self.meta = meta or {}
+        self._writer: TrajectoryWriter | None = None
+        self._skips: list[tuple[int, str, str]] = []
+        if (self.out / "manifest.json").exists():
+            # Resuming: check the folder against this plan now, before any model is loaded.
+            manifest = _read_manifest(self.out)
+            self.layers = manifest["layers"] if layers is None else layers
+            self.heads = manifest["heads"] if heads is None else heads
+            self._writer_for()
+
+    def _writer_for(self, model=None) -> TrajectoryWriter | None:
+        """The writer; it needs the layers and heads, so perhaps a model to count them."""
+        if self._writer is None:
+            if model is None and (self.layers is None or self.heads is None):
+                return None
+            layers = list(range(model.cfg.n_layers)) if self.layers is None else list(self.layers)
+            heads = list(range(model.cfg.n_heads)) if self.heads is None else list(self.heads)
+            self.layers, self.heads = layers, heads
+            self._writer = TrajectoryWriter(
+                self.out, self.plan, layers, heads, self.step_unit, self.meta
+            )
+        for skip in self._skips:
+            self._writer.skip(*skip)
+        self._skips = []
+        return self._writer
+
+    @property
+    def done(self) -> set[int]:
+        """Steps already recorded in the output folder."""
+        if self._writer is not None:
+            return self._writer.done
+        if (self.out / "manifest.json").exists():
+            return {c["step"] for c in _read_manifest(self.out)["checkpoints"]}
+        return set()
+
+    def on_checkpoint(self, step: int, model) -> CheckpointRecord | None:
+        """Record `model` as checkpoint `step` (for use inside a training loop)."""
+        writer = self._writer_for(model)
+        if int(step) in writer.done:
+            return None
+        record = record_checkpoint(
+            model,
+            self.tokens,
+            self.plan,
+            step=int(step),
+            layers=self.layers,
+            heads=self.heads,
+            batch_size=self.batch_size,
+            device=self.device,
+            progress=self.progress,
+        )
+        writer.write(record)
+        return record
+
+    def record(self, source: CheckpointSource, on_error: str = "raise") -> Trajectory:
+        """Record every checkpoint of `source` not yet done, one model in memory at a time.
+
+        on_error: "raise" stops at an unreadable checkpoint (everything recorded so far stays
+        saved); "skip" notes it in the manifest's ``skipped`` list and goes on.
+        """
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if source.step_unit != self.step_unit:
+            self.step_unit = source.step_unit
+        todo = [c for c in source if c.step not in self.done]
+        for checkpoint in tqdm(todo, desc="checkpoints", unit="ckpt", disable=not self.progress):
+            try:
+                model = checkpoint.load()
+            except CheckpointError as err:
+                if on_error == "raise":
+                    raise
+                self._skips.append((checkpoint.step, checkpoint.source, str(err)))
+                self._writer_for()
+                continue
+            self.on_checkpoint(checkpoint.step, model)
+            del model
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        if self._skips:
+            raise CheckpointError(
+                "no checkpoint could be read: "
+                + "; ".join(f"{source}: {error}" for _, source, error in self._skips)
+            )
+        return self.trajectory()
+
+    def trajectory(self) -> Trajectory:
+        return Trajectory.load(self.out)
+
+
+def record_trajectory(
+    source: CheckpointSource,
+    tokens: Tensor,
+    out: str | Path,
+    plan: RecordPlan | None = None,
+    queries=None,
+    on_error: str = "raise",
+    **kwargs,
+) -> Trajectory:
+    """Plan (unless given), record every checkpoint of `source` into `out`, and load the result."""
+    if plan is None:
+        first = source.checkpoints[0].load() if len(source) else None
+        if first is None:
+            raise ValueError("the checkpoint source is empty")
+        plan = plan_recording(
+            tokens, int(first.cfg.d_vocab), queries=queries, tokenizer=first.tokenizer
+        )
+        del first
+    return Recorder(out, tokens, plan, **kwargs).record(source, on_error=on_error)

@@ -1,0 +1,109 @@
+"""Offline stand-ins for the Hugging Face hub: tiny models and tokenizers built locally.
+
+`fake_hub_model` writes a randomly initialised GPT-NeoX (or GPT-2) with a word-level tokenizer
+into a hub cache folder, one revision per training step, in the layout `huggingface_hub` reads
+with ``HF_HUB_OFFLINE=1``.  TransformerLens then loads ``EleutherAI/pythia-14m`` checkpoints
+through its own code path, with no network and no mocking.
+
+>>> import os, tempfile
+>>> cache = tempfile.mkdtemp()
+>>> _ = fake_hub_model(cache, "EleutherAI/pythia-14m", revisions=["step0", "step1000"])
+>>> sorted(os.listdir(os.path.join(cache, "models--EleutherAI--pythia-14m", "refs")))
+['main', 'step0', 'step1000']
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+BOS = "<|endoftext|>"
+
+
+def word_tokenizer(vocab_size: int):
+    """A `PreTrainedTokenizerFast` over the words ``w1 .. w{V-1}`` with BOS = EOS = id 0."""
+    import tokenizers
+    import transformers
+    from tokenizers.models import WordLevel
+
+    vocab = {BOS: 0, **{f"w{i}": i for i in range(1, vocab_size)}}
+    tok = tokenizers.Tokenizer(WordLevel(vocab, unk_token=BOS))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BOS, eos_token=BOS, unk_token=BOS
+    )
+
+
+def tiny_hf_model(
+    arch: str = "gpt_neox",
+    vocab_size: int = 64,
+    n_ctx: int = 32,
+    d_model: int = 32,
+    n_layers: int = 2,
+    n_heads: int = 4,
+    seed: int = 0,
+):
+    """A randomly initialised Hugging Face causal LM (``gpt_neox`` or ``gpt2``), eval mode."""
+    import transformers
+
+    torch.manual_seed(seed)
+    if arch == "gpt_neox":
+        cfg = transformers.GPTNeoXConfig(
+            vocab_size=vocab_size,
+            max_position_embeddings=n_ctx,
+            hidden_size=d_model,
+            num_hidden_layers=n_layers,
+            num_attention_heads=n_heads,
+            intermediate_size=4 * d_model,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        model = transformers.GPTNeoXForCausalLM(cfg)
+    elif arch == "gpt2":
+        cfg = transformers.GPT2Config(
+            vocab_size=vocab_size,
+            n_positions=n_ctx,
+            n_embd=d_model,
+            n_layer=n_layers,
+            n_head=n_heads,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        model = transformers.GPT2LMHeadModel(cfg)
+    else:
+        raise ValueError(f"arch must be 'gpt_neox' or 'gpt2', got {arch!r}")
+    return model.eval()
+
+
+def fake_hub_model(
+    cache_dir: str | Path,
+    repo_id: str = "EleutherAI/pythia-14m",
+    revisions: Sequence[str] = ("step0", "step1000", "step2000"),
+    arch: str = "gpt_neox",
+    **model_kwargs,
+) -> Path:
+    """Write one randomly initialised model per revision into a hub cache; return the repo dir.
+
+    Every revision gets its own weights (seed = its position in `revisions`); ``main`` points
+    at the last one.  Use with ``HF_HUB_CACHE=cache_dir`` and ``HF_HUB_OFFLINE=1``.
+    """
+    repo = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    vocab_size = model_kwargs.setdefault("vocab_size", 64)
+    tokenizer = word_tokenizer(vocab_size)
+    for i, revision in enumerate(revisions):
+        commit = hashlib.sha1(f"{repo_id}@{revision}".encode()).hexdigest()
+        snapshot = repo / "snapshots" / commit
+        model = tiny_hf_model(arch, seed=i, **model_kwargs)
+        model.config.name_or_path = repo_id
+        model.save_pretrained(snapshot, safe_serialization=True)
+        tokenizer.save_pretrained(snapshot)
+        (repo / "refs" / revision).write_text(commit)
+        if i == len(revisions) - 1:
+            (repo / "refs" / "main").write_text(commit)
+    (repo / "fake_hub.json").write_text(json.dumps({"repo_id": repo_id, "revisions": revisions}))
+    return repo

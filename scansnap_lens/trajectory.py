@@ -1,0 +1,339 @@
+"""Recorded attention over checkpoints: in memory, on disk, resumable.
+
+On disk a trajectory is a folder, written one checkpoint at a time::
+
+    manifest.json                     steps done, skipped checkpoints, layers, heads, step unit
+    plan.safetensors                  the RecordPlan (tracked queries, classes, slots)
+    checkpoints/step_000001000.safetensors   zbar, chat, entropy, query_entropy
+
+Every file is written to a temporary name and renamed, so an interrupted recording leaves
+only whole files, and `TrajectoryWriter` resumes by skipping the steps already done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from .plan import RecordPlan
+from .record import CheckpointRecord
+
+__all__ = ["Trajectory", "TrajectoryWriter"]
+
+FORMAT = "scansnap_lens.Trajectory/1"
+_FIELDS = ("zbar", "chat", "entropy", "query_entropy")
+
+
+@dataclass
+class Trajectory:
+    """Aggregates of S checkpoints, L layers and H heads (see `record` for each quantity).
+
+    steps: [S] ascending, in ``step_unit`` ("steps" or "tokens").
+    zbar: [S, L, H, Pz]; chat: [S, L, H, Pc]; entropy: [S, L, H, C]; query_entropy: [S, L, H, Q].
+    skipped: checkpoints that could not be read: dicts with step, source and error.
+    """
+
+    plan: RecordPlan
+    steps: Tensor
+    layers: list[int]
+    heads: list[int]
+    zbar: Tensor
+    chat: Tensor
+    entropy: Tensor
+    query_entropy: Tensor
+    step_unit: str = "steps"
+    skipped: list[dict] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_steps(self) -> int:
+        return self.steps.numel()
+
+    @classmethod
+    def from_records(
+        cls, plan: RecordPlan, records: list[CheckpointRecord], layers, heads, **kwargs
+    ) -> Trajectory:
+        if not records:
+            raise ValueError("a trajectory needs at least one recorded checkpoint")
+        records = sorted(records, key=lambda r: r.step)
+        stacked = {k: torch.stack([getattr(r, k) for r in records]) for k in _FIELDS}
+        steps = torch.tensor([r.step for r in records], dtype=torch.long)
+        return cls(plan, steps, list(layers), list(heads), **stacked, **kwargs)
+
+    # -- selection -------------------------------------------------------------------
+    def select(self, steps=None, layers=None, heads=None, queries=None) -> Trajectory:
+        """A sub-trajectory: given step values, layer and head ids, and query tokens."""
+        s = _positions(self.steps.tolist(), steps, "step")
+        lay = _positions(self.layers, layers, "layer")
+        hd = _positions(self.heads, heads, "head")
+
+        def cut(x: Tensor) -> Tensor:
+            return x[s][:, lay][:, :, hd]
+
+        out = {k: cut(getattr(self, k)) for k in _FIELDS}
+        plan = self.plan
+        if queries is not None:
+            plan, keep = _plan_for_queries(plan, torch.as_tensor(list(queries)))
+            out = {k: v[..., keep[k]] for k, v in out.items()}
+        return Trajectory(
+            plan,
+            self.steps[s],
+            [self.layers[i] for i in lay],
+            [self.heads[i] for i in hd],
+            **out,
+            step_unit=self.step_unit,
+            skipped=list(self.skipped),
+            meta=dict(self.meta),
+        )
+
+    # -- tables ----------------------------------------------------------------------
+    def to_dataframe(self, decode: bool = False) -> pd.DataFrame:
+        """Long format: one row per (step, layer, head, query, next, token) of the tracked classes.
+
+        Columns: step, layer, head, query, next, token, zbar, chat, count (C(m, n, l)),
+        events (N(m, n)), pair_count (positions averaged in zbar); with ``decode`` also the
+        token strings.
+        """
+        plan = self.plan
+        _S, _L, _H, Pc = self.chat.shape
+        pair = plan.triple_pair()
+        idx = pd.MultiIndex.from_product(
+            [self.steps.tolist(), self.layers, self.heads, range(Pc)],
+            names=["step", "layer", "head", "slot"],
+        )
+        frame = idx.to_frame(index=False)
+        slot = frame.pop("slot").to_numpy()
+        cls = plan.triple_class.numpy()[slot]
+        frame["query"] = plan.class_query.numpy()[cls]
+        frame["next"] = plan.class_next.numpy()[cls]
+        frame["token"] = plan.triple_token.numpy()[slot]
+        frame["zbar"] = self.zbar[..., pair].reshape(-1).numpy()
+        frame["chat"] = self.chat.reshape(-1).numpy()
+        frame["count"] = plan.triple_count.numpy()[slot]
+        frame["events"] = plan.class_events.numpy()[cls]
+        frame["pair_count"] = plan.pair_count[pair].numpy()[slot]
+        if decode:
+            for col in ("query", "next", "token"):
+                frame[col + "_str"] = [plan.decode(t) for t in frame[col]]
+        return frame
+
+    def entropy_dataframe(self) -> pd.DataFrame:
+        """One row per (step, layer, head, query, next) with the mean attention entropy."""
+        _S, _L, _H, C = self.entropy.shape
+        idx = pd.MultiIndex.from_product(
+            [self.steps.tolist(), self.layers, self.heads, range(C)],
+            names=["step", "layer", "head", "cls"],
+        ).to_frame(index=False)
+        cls = idx.pop("cls").to_numpy()
+        idx["query"] = self.plan.class_query.numpy()[cls]
+        idx["next"] = self.plan.class_next.numpy()[cls]
+        idx["events"] = self.plan.class_events.numpy()[cls]
+        idx["entropy"] = self.entropy.reshape(-1).numpy()
+        return idx
+
+    # -- files -----------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Write the folder format (see the module docstring)."""
+        writer = TrajectoryWriter(
+            path, self.plan, self.layers, self.heads, self.step_unit, self.meta, resume=False
+        )
+        for i, step in enumerate(self.steps.tolist()):
+            writer.write(
+                CheckpointRecord(step, *(getattr(self, k)[i] for k in _FIELDS)),
+            )
+        for item in self.skipped:
+            writer.skip(item["step"], item["source"], item["error"])
+        return writer.path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Trajectory:
+        path = Path(path)
+        manifest = _read_manifest(path)
+        plan = _read_plan(path / "plan.safetensors")
+        records = [
+            _read_record(path / item["file"], item["step"]) for item in manifest["checkpoints"]
+        ]
+        if not records:
+            raise ValueError(f"{path}: no checkpoint has been recorded yet")
+        return cls.from_records(
+            plan,
+            records,
+            manifest["layers"],
+            manifest["heads"],
+            step_unit=manifest["step_unit"],
+            skipped=manifest["skipped"],
+            meta=manifest["meta"],
+        )
+
+
+class TrajectoryWriter:
+    """Writes one checkpoint file at a time and keeps the manifest up to date."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        plan: RecordPlan,
+        layers,
+        heads,
+        step_unit: str = "steps",
+        meta: dict | None = None,
+        resume: bool = True,
+    ):
+        self.path = Path(path)
+        self.plan = plan
+        manifest_path = self.path / "manifest.json"
+        if manifest_path.exists() and resume:
+            manifest = _read_manifest(self.path)
+            saved = _read_plan(self.path / "plan.safetensors")
+            if not saved.same_as(plan):
+                raise ValueError(
+                    f"{self.path} holds a recording with another plan (other evaluation tokens,"
+                    " queries or context convention); record into another folder"
+                )
+            if (manifest["layers"], manifest["heads"]) != (list(layers), list(heads)):
+                raise ValueError(
+                    f"{self.path} was recorded for layers {manifest['layers']} and heads"
+                    f" {manifest['heads']}, not {list(layers)} and {list(heads)}"
+                )
+            self.manifest = manifest
+        else:
+            if manifest_path.exists():
+                for item in _read_manifest(self.path)["checkpoints"]:
+                    (self.path / item["file"]).unlink(missing_ok=True)
+            (self.path / "checkpoints").mkdir(parents=True, exist_ok=True)
+            meta_json = json.dumps(plan.metadata())
+            _atomic(
+                self.path / "plan.safetensors",
+                lambda tmp: save_file(
+                    plan.tensors(), tmp, metadata={"format": FORMAT, "plan": meta_json}
+                ),
+            )
+            self.manifest = {
+                "format": FORMAT,
+                "step_unit": step_unit,
+                "layers": list(layers),
+                "heads": list(heads),
+                "meta": meta or {},
+                "checkpoints": [],
+                "skipped": [],
+            }
+            self._flush()
+
+    @property
+    def done(self) -> set[int]:
+        return {item["step"] for item in self.manifest["checkpoints"]}
+
+    def write(self, record: CheckpointRecord) -> None:
+        name = f"checkpoints/step_{record.step:012d}.safetensors"
+        tensors = {k: v.contiguous() for k, v in record.tensors().items()}
+        _atomic(
+            self.path / name,
+            lambda tmp: save_file(
+                tensors, tmp, metadata={"format": FORMAT, "step": str(record.step)}
+            ),
+        )
+        entries = [c for c in self.manifest["checkpoints"] if c["step"] != record.step]
+        entries.append({"step": record.step, "file": name})
+        self.manifest["checkpoints"] = sorted(entries, key=lambda c: c["step"])
+        self.manifest["skipped"] = [s for s in self.manifest["skipped"] if s["step"] != record.step]
+        self._flush()
+
+    def skip(self, step: int, source: str, error: str) -> None:
+        self.manifest["skipped"] = [s for s in self.manifest["skipped"] if s["step"] != step]
+        self.manifest["skipped"].append({"step": int(step), "source": source, "error": error})
+        self._flush()
+
+    def _flush(self) -> None:
+        text = json.dumps(self.manifest, indent=1)
+        _atomic(self.path / "manifest.json", lambda tmp: Path(tmp).write_text(text))
+
+
+def _atomic(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(str(tmp))
+    os.replace(tmp, path)
+
+
+def _read_manifest(path: Path) -> dict:
+    file = path / "manifest.json"
+    if not file.exists():
+        raise FileNotFoundError(f"{path} is not a trajectory folder: {file.name} is missing")
+    try:
+        manifest = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file}: corrupt manifest ({err})") from None
+    if manifest.get("format") != FORMAT:
+        raise ValueError(
+            f"{file}: not a scansnap_lens trajectory (format {manifest.get('format')!r})"
+        )
+    return manifest
+
+
+def _read_tensors(file: Path) -> tuple[dict, dict[str, Tensor]]:
+    if not file.exists():
+        raise FileNotFoundError(f"{file} is missing")
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"{file}: corrupt or truncated file ({err})") from None
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{file}: not a scansnap_lens trajectory file")
+    return meta, tensors
+
+
+def _read_plan(file: Path) -> RecordPlan:
+    meta, tensors = _read_tensors(file)
+    return RecordPlan.from_parts(json.loads(meta["plan"]), tensors)
+
+
+def _read_record(file: Path, step: int) -> CheckpointRecord:
+    _, tensors = _read_tensors(file)
+    return CheckpointRecord(step, *(tensors[k] for k in _FIELDS))
+
+
+def _positions(values: list, wanted, name: str) -> list[int]:
+    if wanted is None:
+        return list(range(len(values)))
+    wanted = [wanted] if isinstance(wanted, int) else list(wanted)
+    missing = [w for w in wanted if w not in values]
+    if missing:
+        raise KeyError(f"{name}s {missing} are not in this trajectory (it has {values})")
+    return [values.index(w) for w in wanted]
+
+
+def _plan_for_queries(plan: RecordPlan, queries: Tensor) -> tuple[RecordPlan, dict]:
+    q = torch.isin(plan.queries, queries)
+    c = torch.isin(plan.class_query, queries)
+    z = torch.isin(plan.pair_query, queries)
+    t = c[plan.triple_class]
+    new_class = torch.cumsum(c.long(), 0) - 1
+    sub = RecordPlan(
+        vocab_size=plan.vocab_size,
+        exclude_bos=plan.exclude_bos,
+        include_self=plan.include_self,
+        fingerprint=plan.fingerprint,
+        queries=plan.queries[q],
+        query_events=plan.query_events[q],
+        class_query=plan.class_query[c],
+        class_next=plan.class_next[c],
+        class_events=plan.class_events[c],
+        pair_query=plan.pair_query[z],
+        pair_token=plan.pair_token[z],
+        pair_count=plan.pair_count[z],
+        triple_class=new_class[plan.triple_class[t]],
+        triple_token=plan.triple_token[t],
+        triple_count=plan.triple_count[t],
+        token_strings=plan.token_strings,
+    )
+    keep = {"zbar": z, "chat": t, "entropy": c, "query_entropy": q}
+    return sub, keep

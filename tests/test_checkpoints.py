@@ -1,0 +1,223 @@
+"""Checkpoint sources, training with two rates, and resumable trajectories."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from scansnap_lens import checkpoints
+from scansnap_lens.checkpoints import CheckpointError, load_state_dict
+from scansnap_lens.plan import plan_recording
+from scansnap_lens.recorder import Recorder, record_trajectory
+from scansnap_lens.synthetic import syn_small
+from scansnap_lens.train import attention_only_model, train
+from scansnap_lens.trajectory import Trajectory
+
+V = 34
+
+
+def syn_data(batch_size, generator, seq_len=16):
+    """Syn-Small sequences with the next token appended: context..., query, next."""
+    classes = syn_small()
+    tokens, labels, _ = classes.sample(batch_size, seq_len, generator)
+    return torch.cat([tokens, labels[:, None]], 1)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    model = attention_only_model(V, d_model=32, n_heads=2, n_ctx=32, seed=0)
+    result = train(
+        model,
+        syn_data,
+        steps=30,
+        out=out,
+        lr=0.5,
+        lr_attention=0.5,
+        momentum=0.9,
+        batch_size=32,
+        checkpoints=[0, 5, 10, 20, 30],
+        loss_on="last",
+        progress=False,
+    )
+    eval_tokens = syn_data(8, torch.Generator().manual_seed(7))
+    return out, result, eval_tokens
+
+
+def test_train_saves_global_steps_and_learns(trained):
+    out, result, _ = trained
+    names = sorted(p.name for p in out.glob("step_*.safetensors"))
+    assert names == [f"step_{s:09d}.safetensors" for s in (0, 5, 10, 20, 30)]
+    assert json.loads((out / "config.json").read_text())["config"]["d_vocab"] == V
+    assert result.loss[0] > 0.5 and sum(result.loss[-5:]) / 5 < 0.5 * result.loss[0]
+    first, last = load_state_dict(out / names[0]), load_state_dict(out / names[-1])
+    assert torch.count_nonzero(last["pos_embed.W_pos"]) == 0  # no positional information
+    assert not torch.equal(first["blocks.0.attn.W_Q"], last["blocks.0.attn.W_Q"])
+
+
+def test_two_learning_rates_are_separate():
+    model = attention_only_model(V, d_model=16, n_heads=1, n_ctx=32, seed=1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    train(model, syn_data, steps=3, lr=0.5, lr_attention=0.0, checkpoints=[], progress=False)
+    after = model.state_dict()
+    for name in ("blocks.0.attn.W_Q", "blocks.0.attn.W_K", "blocks.0.attn.b_Q"):
+        assert torch.equal(before[name], after[name]), name
+    for name in ("blocks.0.attn.W_V", "embed.W_E", "unembed.W_U"):
+        assert not torch.equal(before[name], after[name]), name
+
+
+def test_folder_source_records_and_resumes(trained, tmp_path):
+    out, _, tokens = trained
+    plan = plan_recording(tokens, V, queries=syn_small().query.tolist())
+    source = checkpoints.folder(out)
+    assert source.steps == [0, 5, 10, 20, 30]
+    full = Recorder(tmp_path / "full", tokens, plan, progress=False).record(source)
+    assert full.steps.tolist() == [0, 5, 10, 20, 30]
+    assert full.zbar.shape == (5, 1, 2, plan.num_pairs)
+
+    # Interrupt after two checkpoints, then resume: finished steps are not loaded again.
+    loads = []
+
+    class Interrupt(Exception):
+        pass
+
+    def wrapped(source, stop_after=None):
+        for c in source.checkpoints:
+
+            def load(c=c, inner=c.loader):
+                if stop_after is not None and len(loads) == stop_after:
+                    raise Interrupt
+                loads.append(c.step)
+                return inner()
+
+            c.loader = load
+        return source
+
+    with pytest.raises(Interrupt):
+        Recorder(tmp_path / "resumed", tokens, plan, progress=False).record(
+            wrapped(checkpoints.folder(out), stop_after=2)
+        )
+    assert Trajectory.load(tmp_path / "resumed").steps.tolist() == [0, 5]
+    loads.clear()
+    resumed = Recorder(tmp_path / "resumed", tokens, plan, progress=False).record(
+        wrapped(checkpoints.folder(out))
+    )
+    assert loads == [10, 20, 30]
+    for name in ("zbar", "chat", "entropy", "query_entropy"):
+        assert torch.equal(getattr(resumed, name), getattr(full, name))
+
+    other = plan_recording(tokens, V)
+    with pytest.raises(ValueError, match="another plan"):
+        Recorder(tmp_path / "full", tokens, other, progress=False).record(source)
+
+
+def test_callback_and_memory_sources_match_folder(trained, tmp_path):
+    out, _, tokens = trained
+    plan = plan_recording(tokens, V, queries=syn_small().query.tolist())
+    folder_traj = Recorder(tmp_path / "a", tokens, plan, progress=False).record(
+        checkpoints.folder(out)
+    )
+    # Recording inside the training loop, without saving weights, sees the same models.
+    model = attention_only_model(V, d_model=32, n_heads=2, n_ctx=32, seed=0)
+    recorder = Recorder(tmp_path / "b", tokens, plan, progress=False)
+    train(
+        model,
+        syn_data,
+        steps=30,
+        lr=0.5,
+        lr_attention=0.5,
+        momentum=0.9,
+        batch_size=32,
+        checkpoints=[0, 5, 10, 20, 30],
+        loss_on="last",
+        progress=False,
+        on_checkpoint=recorder.on_checkpoint,
+    )
+    callback_traj = recorder.trajectory()
+    torch.testing.assert_close(callback_traj.zbar, folder_traj.zbar, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(callback_traj.chat, folder_traj.chat, atol=1e-6, rtol=1e-5)
+    mem = record_trajectory(
+        checkpoints.in_memory({30: model}), tokens, tmp_path / "c", plan=plan, progress=False
+    )
+    torch.testing.assert_close(mem.zbar[0], folder_traj.zbar[-1], atol=1e-5, rtol=1e-5)
+
+
+def test_corrupt_truncated_and_pickled_checkpoints(trained, tmp_path):
+    out, _, tokens = trained
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    (folder / "config.json").write_text((out / "config.json").read_text())
+    good = load_state_dict(out / "step_000000030.safetensors")
+    data = (out / "step_000000005.safetensors").read_bytes()
+    (folder / "step_000000005.safetensors").write_bytes(data[: len(data) // 2])
+    torch.save(good, folder / "model_10.pt")
+    (folder / "checkpoint-20").mkdir()
+    (folder / "checkpoint-20" / "model.safetensors").write_bytes(
+        (out / "step_000000020.safetensors").read_bytes()
+    )
+    torch.save({"state_dict": good, "note": object()}, folder / "model_30.pt")
+    source = checkpoints.folder(folder)
+    assert source.steps == [5, 10, 20, 30]
+
+    with pytest.raises(CheckpointError, match=r"step_000000005\.safetensors.*corrupt or truncated"):
+        source.checkpoints[0].load()
+    with pytest.raises(CheckpointError, match=r"model_30\.pt.*pickled payload"):
+        source.checkpoints[3].load()
+    trusted = checkpoints.folder(folder, trust_pickle=True).checkpoints[3].load()
+    torch.testing.assert_close(trusted.state_dict()["blocks.0.attn.W_Q"], good["blocks.0.attn.W_Q"])
+
+    plan = plan_recording(tokens, V, queries=syn_small().query.tolist())
+    with pytest.raises(CheckpointError, match="step_000000005"):
+        Recorder(tmp_path / "t1", tokens, plan, progress=False).record(source)
+    traj = Recorder(tmp_path / "t2", tokens, plan, progress=False).record(source, on_error="skip")
+    assert traj.steps.tolist() == [10, 20]
+    assert [s["step"] for s in traj.skipped] == [5, 30]
+    assert "model_30.pt" in traj.skipped[1]["source"]
+    assert Trajectory.load(tmp_path / "t2").skipped == traj.skipped
+
+
+def test_trajectory_save_load_select_dataframe(trained, tmp_path):
+    out, _, tokens = trained
+    plan = plan_recording(tokens, V, queries=syn_small().query.tolist())
+    traj = Recorder(tmp_path / "t", tokens, plan, progress=False).record(checkpoints.folder(out))
+    copy = Trajectory.load(traj.save(tmp_path / "copy"))
+    assert torch.equal(copy.chat, traj.chat) and copy.plan.same_as(traj.plan)
+    q = int(plan.queries[0])
+    sub = traj.select(steps=[5, 30], heads=[1], queries=[q])
+    assert sub.steps.tolist() == [5, 30] and sub.heads == [1]
+    assert set(sub.plan.class_query.tolist()) == {q}
+    frame = sub.to_dataframe()
+    assert set(frame["query"]) == {q}
+    row = frame[(frame.step == 30)].iloc[0]
+    j = int(
+        (
+            (traj.plan.class_query[traj.plan.triple_class] == row["query"])
+            & (traj.plan.class_next[traj.plan.triple_class] == row["next"])
+            & (traj.plan.triple_token == row["token"])
+        ).nonzero()[0]
+    )
+    assert row["chat"] == pytest.approx(float(traj.chat[-1, 0, 1, j]))
+    # chat of each (step, class) sums to one
+    sums = frame.groupby(["step", "query", "next"])["chat"].sum()
+    assert sums.to_numpy() == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(KeyError, match="steps"):
+        traj.select(steps=[7])
+
+
+def test_pretrained_labels_offline_hooked_and_bridge_agree(fake_hub, tmp_path):
+    tokens = torch.randint(1, 64, (4, 12), generator=torch.Generator().manual_seed(0))
+    source = checkpoints.pretrained("EleutherAI/pythia-14m", steps=[0, 1000, 2000])
+    assert source.step_unit == "steps" and source.steps == [0, 1000, 2000]
+    plan = plan_recording(tokens, 64)
+    hooked = Recorder(tmp_path / "h", tokens, plan, progress=False).record(source)
+    bridge = Recorder(tmp_path / "b", tokens, plan, progress=False).record(
+        checkpoints.pretrained("EleutherAI/pythia-14m", steps=[0, 1000, 2000], backend="bridge")
+    )
+    torch.testing.assert_close(hooked.zbar, bridge.zbar, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(hooked.chat, bridge.chat, atol=1e-5, rtol=1e-4)
+    # distinct revisions really are different weights
+    assert not torch.allclose(hooked.zbar[0], hooked.zbar[1])
+    with pytest.raises(ValueError, match="not available"):
+        checkpoints.pretrained("EleutherAI/pythia-14m", steps=[1500])

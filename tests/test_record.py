@@ -1,0 +1,184 @@
+"""The recorder's aggregates against a brute-force loop over `run_with_cache`."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import pytest
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from scansnap_lens.plan import plan_recording
+from scansnap_lens.record import _looks_like_pattern, record_checkpoint
+
+V = 13
+
+
+def tiny_model(positional="standard", seed=0, n_layers=2, attn_only=False):
+    cfg = HookedTransformerConfig(
+        n_layers=n_layers,
+        d_model=16,
+        n_heads=3,
+        d_head=8,
+        d_mlp=32,
+        d_vocab=V,
+        n_ctx=24,
+        act_fn="relu",
+        attn_only=attn_only,
+        positional_embedding_type=positional,
+        seed=seed,
+    )
+    model = HookedTransformer(cfg)
+    # Larger weights give peaked attention, where a renormalisation bug would show.
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.W_Q.mul_(4)
+            block.attn.W_K.mul_(4)
+    return model.eval()
+
+
+def brute_force(model, tokens, exclude_bos, include_self, queries=None):
+    """Dicts keyed by (layer, head, ...) computed with plain loops over a full cache."""
+    _, cache = model.run_with_cache(tokens)
+    zsum, zcnt = defaultdict(float), defaultdict(int)
+    csum, ev = defaultdict(float), defaultdict(int)
+    esum, qsum, qev = defaultdict(float), defaultdict(float), defaultdict(int)
+    first = int(exclude_bos)
+    for layer in range(model.cfg.n_layers):
+        S = cache[f"blocks.{layer}.attn.hook_attn_scores"].double()
+        A = cache[f"blocks.{layer}.attn.hook_pattern"].double()
+        for b, row in enumerate(tokens.tolist()):
+            for T in range(first + 1, len(row) - 1):
+                m, n = row[T], row[T + 1]
+                if queries is not None and m not in queries:
+                    continue
+                ctx = list(range(first, T)) + ([T] if include_self else [])
+                for h in range(model.cfg.n_heads):
+                    den = sum(A[b, h, T, t].item() for t in ctx)
+                    ent = 0.0
+                    for t in ctx:
+                        l = row[t]
+                        zsum[layer, h, m, l] += S[b, h, T, t].item()
+                        ahat = A[b, h, T, t].item() / den
+                        csum[layer, h, m, n, l] += ahat
+                        ent -= ahat * math.log(ahat) if ahat > 0 else 0.0
+                    esum[layer, h, m, n] += ent
+                    qsum[layer, h, m] += ent
+                    if layer == 0 and h == 0:
+                        ev[m, n] += 1
+                        qev[m] += 1
+                        for t in ctx:
+                            zcnt[m, row[t]] += 1
+    zbar = {k: v / zcnt[k[2:]] for k, v in zsum.items()}
+    chat = {k: v / ev[k[2:4]] for k, v in csum.items()}
+    ent = {k: v / ev[k[2:]] for k, v in esum.items()}
+    qent = {k: v / qev[k[2]] for k, v in qsum.items()}
+    return zbar, chat, ent, qent
+
+
+@pytest.mark.parametrize("exclude_bos", [True, False])
+@pytest.mark.parametrize("include_self", [False, True])
+def test_aggregates_equal_brute_force(exclude_bos, include_self):
+    model = tiny_model()
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, V, (5, 11), generator=g)
+    plan = plan_recording(tokens, V, exclude_bos=exclude_bos, include_self=include_self)
+    rec = record_checkpoint(model, tokens, plan, batch_size=2, progress=False)
+    zbar, chat, ent, qent = brute_force(model, tokens, exclude_bos, include_self)
+
+    L, H = 2, 3
+    assert rec.zbar.shape == (L, H, plan.num_pairs)
+    assert len(zbar) == L * H * plan.num_pairs
+    for j, (m, l) in enumerate(zip(plan.pair_query.tolist(), plan.pair_token.tolist())):
+        for layer in range(L):
+            for h in range(H):
+                assert rec.zbar[layer, h, j].item() == pytest.approx(zbar[layer, h, m, l], abs=1e-5)
+    assert len(chat) == L * H * plan.num_triples
+    for j in range(plan.num_triples):
+        c = plan.triple_class[j].item()
+        m, n = plan.class_query[c].item(), plan.class_next[c].item()
+        l = plan.triple_token[j].item()
+        for layer in range(L):
+            for h in range(H):
+                assert rec.chat[layer, h, j].item() == pytest.approx(
+                    chat[layer, h, m, n, l], abs=1e-5
+                )
+    for c in range(plan.num_classes):
+        m, n = plan.class_query[c].item(), plan.class_next[c].item()
+        assert rec.entropy[1, 2, c].item() == pytest.approx(ent[1, 2, m, n], abs=1e-5)
+    for q, m in enumerate(plan.queries.tolist()):
+        assert rec.query_entropy[0, 1, q].item() == pytest.approx(qent[0, 1, m], abs=1e-5)
+    # chat sums to 1 over the tokens of each class
+    per_class = torch.zeros(L, H, plan.num_classes).index_add_(2, plan.triple_class, rec.chat)
+    torch.testing.assert_close(per_class, torch.ones_like(per_class))
+
+
+def test_tracked_queries_classes_layers_heads():
+    model = tiny_model()
+    tokens = torch.randint(0, V, (4, 12), generator=torch.Generator().manual_seed(2))
+    queries = [3, 5, 7]
+    plan = plan_recording(tokens, V, queries=queries)
+    classes = list(zip(plan.class_query.tolist(), plan.class_next.tolist()))[:2]
+    plan_c = plan_recording(tokens, V, queries=queries, classes=classes)
+    assert plan_c.num_classes == 2 and plan_c.num_pairs == plan.num_pairs
+    rec = record_checkpoint(model, tokens, plan_c, layers=[1], heads=[2, 0], progress=False)
+    zbar, chat, _, _ = brute_force(model, tokens, True, False, queries=set(queries))
+    assert rec.zbar.shape == (1, 2, plan_c.num_pairs)
+    for j, (m, l) in enumerate(zip(plan_c.pair_query.tolist(), plan_c.pair_token.tolist())):
+        assert rec.zbar[0, 0, j].item() == pytest.approx(zbar[1, 2, m, l], abs=1e-5)
+        assert rec.zbar[0, 1, j].item() == pytest.approx(zbar[1, 0, m, l], abs=1e-5)
+    for j in range(plan_c.num_triples):
+        c = plan_c.triple_class[j].item()
+        key = (1, 2, classes[c][0], classes[c][1], plan_c.triple_token[j].item())
+        assert rec.chat[0, 0, j].item() == pytest.approx(chat[key], abs=1e-5)
+
+
+def test_pattern_in_scores_hook_is_detected_and_scores_rebuilt():
+    """A bridge-like model whose hook_attn_scores shows the softmax pattern."""
+    model = tiny_model()
+    tokens = torch.randint(0, V, (3, 10), generator=torch.Generator().manual_seed(3))
+    plan = plan_recording(tokens, V)
+    want = record_checkpoint(model, tokens, plan, progress=False)
+    stash = {}
+
+    def scores_to_pattern(scores, hook):
+        stash[hook.name] = torch.softmax(scores, -1)
+        return stash[hook.name]
+
+    def restore_pattern(pattern, hook):
+        return stash[hook.name.replace("hook_pattern", "hook_attn_scores")]
+
+    for layer in range(2):
+        model.add_perma_hook(f"blocks.{layer}.attn.hook_attn_scores", scores_to_pattern)
+        model.add_perma_hook(f"blocks.{layer}.attn.hook_pattern", restore_pattern)
+    _, cache = model.run_with_cache(tokens)
+    assert _looks_like_pattern(cache["blocks.0.attn.hook_attn_scores"])
+    got = record_checkpoint(model, tokens, plan, progress=False)
+    torch.testing.assert_close(got.zbar, want.zbar, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.chat, want.chat, atol=1e-6, rtol=1e-5)
+
+
+def test_bad_inputs_name_the_problem():
+    model = tiny_model()
+    tokens = torch.randint(0, V, (3, 10), generator=torch.Generator().manual_seed(4))
+    plan = plan_recording(tokens, V)
+    bad = tokens.clone()
+    bad[1, 4] = V + 5
+    with pytest.raises(ValueError, match=r"\[0, 13\).*18"):
+        record_checkpoint(model, bad, plan, progress=False)
+    with pytest.raises(ValueError, match="18"):
+        plan_recording(bad, V)
+    with pytest.raises(ValueError, match="vocabulary mismatch"):
+        record_checkpoint(model, tokens, plan_recording(tokens, V + 1), progress=False)
+    other = torch.randint(0, V, (3, 10), generator=torch.Generator().manual_seed(5))
+    with pytest.raises(ValueError, match=r"not the ones the plan was built from|does not know"):
+        record_checkpoint(model, other, plan, progress=False)
+    with pytest.raises(ValueError, match="layers"):
+        record_checkpoint(model, tokens, plan, layers=[2], progress=False)
+
+
+def test_coverage_selects_frequent_queries():
+    tokens = torch.tensor([[0, 1, 1, 1, 1, 2, 1, 3, 1, 4]])
+    plan = plan_recording(tokens, 5, queries=0.5)
+    assert plan.queries.tolist() == [1]
