@@ -147,9 +147,7 @@ def pretrained(
     "bridge" loads ``TransformerBridge.boot_transformers(name, checkpoint_value=s)``.
     load_kwargs go to the loader (``fold_ln``, ``dtype``, ...).
     """
-    from transformer_lens.loading_from_pretrained import get_checkpoint_labels
-
-    labels, unit = get_checkpoint_labels(name)
+    labels, unit = checkpoint_labels(name)
     chosen = select_steps(labels, steps)
     if backend == "hooked":
         try:
@@ -176,6 +174,15 @@ def pretrained(
     return CheckpointSource(
         name, [Checkpoint(s, f"{name}@{s}", loader(s)) for s in chosen], step_unit=unit
     )
+
+
+def checkpoint_labels(name: str) -> tuple[list[int], str]:
+    """TransformerLens's checkpoint labels of a model and their unit ("step" or "token")."""
+    try:  # transformer-lens 3.x
+        from transformer_lens.loading_from_pretrained import get_checkpoint_labels
+    except ImportError:  # 4.x moved it
+        from transformer_lens.tools.model_registry.checkpoints import get_checkpoint_labels
+    return get_checkpoint_labels(name)
 
 
 def _labelled(name, step, load, **kwargs):

@@ -76,31 +76,81 @@ def _attn_scale(model, layer: int) -> float:
     return scale
 
 
+class _Lookup:
+    """Slot of (row, col) among sorted keys row * V + col; -1 where absent.
+
+    A dense [rows, V] table when it is small (one memory read per lookup), else a binary
+    search in the sorted keys.
+    """
+
+    DENSE_LIMIT = 1 << 22  # entries: a 16 MB int32 table at most
+
+    def __init__(self, row: Tensor, col: Tensor, rows: int, V: int, device):
+        self.V = V
+        keys = row * V + col
+        if rows * V <= self.DENSE_LIMIT:
+            self.table = torch.full((rows * V,), -1, dtype=torch.int32, device=device)
+            self.table[keys.to(device)] = torch.arange(
+                keys.numel(), dtype=torch.int32, device=device
+            )
+            self.keys = None
+        else:
+            self.table = None
+            self.keys = keys.to(device)
+
+    def __call__(self, row: Tensor, col: Tensor) -> Tensor:
+        key = row * self.V + col
+        if self.table is not None:
+            return self.table[key].long()
+        if self.keys.numel() == 0:
+            return torch.full_like(key, -1)
+        slot = torch.searchsorted(self.keys, key).clamp_max_(self.keys.numel() - 1)
+        return torch.where(self.keys[slot] == key, slot, -1)
+
+
 @dataclass
 class _Batch:
     """Index tensors of the tracked position pairs of one batch (P pairs, E events)."""
 
-    flat: Tensor  # [H, P] flat index into a [B, n_heads, T, T] tensor
+    flat: Tensor  # [P, H] flat index into a [B, n_heads, T, T] tensor
     q_pos: Tensor  # [P] flat index (b * T + T_query) of each pair's query position
     k_pos: Tensor  # [P] flat index (b * T + t) of each pair's key position
     event: Tensor  # [P] event of each pair
     pair_slot: Tensor  # [P] zbar slot
     chat_pairs: Tensor  # [P'] the pairs whose class is tracked
     triple_slot: Tensor  # [P'] their chat slot
+    all_tracked: bool  # every pair's class is tracked (chat_pairs is everything)
     event_query: Tensor  # [E] query slot of each event
     event_class: Tensor  # [E] class slot, -1 when the class is not tracked
     num_events: int
 
 
 class _Sums:
-    def __init__(self, plan: RecordPlan, n_layers: int, n_heads: int, device):
-        def zeros(n):
-            return torch.zeros(n_layers, n_heads, n, dtype=torch.float64, device=device)
+    """Sums laid out [layer, slot, head], so that index_add_ adds contiguous head rows.
 
-        self.zbar = zeros(plan.num_pairs)
-        self.chat = zeros(plan.num_triples)
-        self.entropy = zeros(plan.num_classes)
-        self.query_entropy = zeros(plan.num_queries)
+    Each layer of a batch adds into one float32 buffer per quantity, which is then added to
+    the totals: a two-level sum, so rounding grows with the number of batches, not of
+    positions, and the scatter stays in cheap float32.
+    """
+
+    NAMES = ("zbar", "chat", "entropy", "query_entropy")
+
+    def __init__(self, plan: RecordPlan, n_layers: int, n_heads: int, device):
+        sizes = (plan.num_pairs, plan.num_triples, plan.num_classes, plan.num_queries)
+        self.total = {
+            k: torch.zeros(n_layers, n, n_heads, dtype=torch.float32, device=device)
+            for k, n in zip(self.NAMES, sizes)
+        }
+        self.buffer = {
+            k: torch.zeros(n, n_heads, dtype=torch.float32, device=device)
+            for k, n in zip(self.NAMES, sizes)
+        }
+
+    def add(self, name: str, layer: int, slot: Tensor, values: Tensor) -> None:
+        buffer = self.buffer[name]
+        buffer.index_add_(0, slot, values)
+        self.total[name][layer] += buffer
+        buffer.zero_()
 
 
 class _Recorder:
@@ -110,12 +160,14 @@ class _Recorder:
         self.n_heads = int(model.cfg.n_heads)
         self.device = device
         self.sums = _Sums(plan, len(self.layers), len(self.heads), device)
-        self.pair_keys = plan.pair_keys.to(device)
-        self.class_keys = plan.class_keys.to(device)
-        self.triple_keys = plan.triple_keys.to(device)
         V = plan.vocab_size
         self.query_slot = torch.full((V,), -1, dtype=torch.long, device=device)
         self.query_slot[plan.queries.to(device)] = torch.arange(plan.num_queries, device=device)
+        qs = self.query_slot.cpu()
+        Q, C = plan.num_queries, plan.num_classes
+        self.pair_lookup = _Lookup(qs[plan.pair_query], plan.pair_token, Q, V, device)
+        self.class_lookup = _Lookup(qs[plan.class_query], plan.class_next, Q, V, device)
+        self.triple_lookup = _Lookup(plan.triple_class, plan.triple_token, C, V, device)
         self.batch: _Batch | None = None
         self.scores_from_qk: dict[int, bool] = {}
         self.qk: dict[int, dict[str, Tensor]] = {}
@@ -123,7 +175,7 @@ class _Recorder:
     # -- indices ---------------------------------------------------------------------
     def index(self, x: Tensor) -> _Batch:
         _B, T = x.shape
-        V, dev = self.plan.vocab_size, self.device
+        dev = self.device
         first = int(self.plan.exclude_bos)
         own = int(self.plan.include_self)
         pos = torch.arange(T, device=dev)
@@ -131,39 +183,26 @@ class _Recorder:
         is_event = (qslot >= 0) & (pos >= first + 1) & (pos <= T - 2)
         b_e, t_e = torch.nonzero(is_event, as_tuple=True)
         E = b_e.numel()
-        m_e, n_e = x[b_e, t_e], x[b_e, t_e + 1]
-        cls_key = m_e * V + n_e
-        cls = torch.searchsorted(self.class_keys, cls_key).clamp_max(
-            max(len(self.class_keys) - 1, 0)
-        )
-        found = (
-            self.class_keys[cls] == cls_key
-            if len(self.class_keys)
-            else torch.zeros(E, dtype=torch.bool, device=dev)
-        )
-        event_class = torch.where(found, cls, -1)
+        qslot_e, n_e = qslot[b_e, t_e], x[b_e, t_e + 1]
+        event_class = self.class_lookup(qslot_e, n_e)
         n_ctx = t_e - first + own
         event = torch.repeat_interleave(torch.arange(E, device=dev), n_ctx)
         starts = torch.cumsum(n_ctx, 0) - n_ctx
         t = torch.arange(event.numel(), device=dev) - starts[event] + first
         b, tq = b_e[event], t_e[event]
         key_l = x[b, t]
-        pair_key = m_e[event] * V + key_l
-        pair_slot = torch.searchsorted(self.pair_keys, pair_key)
-        if pair_slot.numel() and not torch.equal(
-            self.pair_keys[pair_slot.clamp_max(len(self.pair_keys) - 1)], pair_key
-        ):
+        pair_slot = self.pair_lookup(qslot_e[event], key_l)
+        if bool((pair_slot < 0).any()):
             raise ValueError(
                 "the evaluation tokens hold (query, token) pairs the plan does not know:"
                 " build the plan from the same tokens you record on"
             )
         base = (b * self.n_heads * T + tq) * T + t
-        flat = base[None, :] + (self.heads * T * T)[:, None]
+        flat = base[:, None] + (self.heads * T * T)[None, :]
         cls_p = event_class[event]
         chat_pairs = torch.nonzero(cls_p >= 0, as_tuple=True)[0]
-        triple_slot = torch.searchsorted(
-            self.triple_keys, cls_p[chat_pairs] * V + key_l[chat_pairs]
-        )
+        all_tracked = chat_pairs.numel() == cls_p.numel()
+        triple_slot = self.triple_lookup(cls_p[chat_pairs], key_l[chat_pairs])
         return _Batch(
             flat=flat,
             q_pos=b * T + tq,
@@ -172,6 +211,7 @@ class _Recorder:
             pair_slot=pair_slot,
             chat_pairs=chat_pairs,
             triple_slot=triple_slot,
+            all_tracked=all_tracked,
             event_query=qslot[b_e, t_e],
             event_class=event_class,
             num_events=E,
@@ -182,8 +222,8 @@ class _Recorder:
         def hook(scores: Tensor, hook=None):
             if self.scores_from_qk[layer]:
                 return None
-            vals = scores.reshape(-1)[self.batch.flat]  # [H, P]
-            self.sums.zbar[i].index_add_(1, self.batch.pair_slot, vals.double())
+            vals = scores.reshape(-1)[self.batch.flat].float()  # [P, H]
+            self.sums.add("zbar", i, self.batch.pair_slot, vals)
             return None
 
         return hook
@@ -205,17 +245,17 @@ class _Recorder:
                     f"layer {layer}: hook_pattern has {pattern.shape[1]} heads,"
                     f" the config says {self.n_heads}"
                 )
-            a = pattern.reshape(-1)[bt.flat].double()  # [H, P]
-            H = a.shape[0]
-            den = torch.zeros(H, bt.num_events, dtype=a.dtype, device=a.device)
-            den.index_add_(1, bt.event, a)
+            a = pattern.reshape(-1)[bt.flat].float()  # [P, H]
+            den = torch.zeros(bt.num_events, a.shape[1], dtype=a.dtype, device=a.device)
+            den.index_add_(0, bt.event, a)
             # An event whose context weights all underflow to 0 contributes zeros.
-            ahat = a / den.clamp_min(1e-300)[:, bt.event]
-            self.sums.chat[i].index_add_(1, bt.triple_slot, ahat[:, bt.chat_pairs])
-            ent = torch.zeros_like(den).index_add_(1, bt.event, -torch.special.xlogy(ahat, ahat))
-            self.sums.query_entropy[i].index_add_(1, bt.event_query, ent)
+            ahat = a.div_(den.clamp_min_(1e-30)[bt.event])
+            sums = self.sums
+            sums.add("chat", i, bt.triple_slot, ahat if bt.all_tracked else ahat[bt.chat_pairs])
+            ent = den.zero_().index_add_(0, bt.event, torch.special.xlogy(ahat, ahat).neg_())
+            sums.add("query_entropy", i, bt.event_query, ent)
             tracked = bt.event_class >= 0
-            self.sums.entropy[i].index_add_(1, bt.event_class[tracked], ent[:, tracked])
+            sums.add("entropy", i, bt.event_class[tracked], ent[tracked])
             return None
 
         return hook
@@ -230,9 +270,9 @@ class _Recorder:
         bt = self.batch
         q = acts["q"].reshape(-1, self.n_heads, acts["q"].shape[-1])[:, self.heads]  # [B*T, H, d]
         k = acts["k"].reshape(-1, self.n_heads, acts["k"].shape[-1])[:, self.heads]
-        vals = (q[bt.q_pos].double() * k[bt.k_pos].double()).sum(-1).T  # [H, P]
+        vals = (q[bt.q_pos].float() * k[bt.k_pos].float()).sum(-1)  # [P, H]
         vals = vals / _attn_scale(self.model, layer)
-        self.sums.zbar[i].index_add_(1, bt.pair_slot, vals)
+        self.sums.add("zbar", i, bt.pair_slot, vals)
 
     def hooks(self) -> list[tuple[str, object]]:
         hooks = []
@@ -325,7 +365,7 @@ def record_checkpoint(
     step: int = 0,
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
-    batch_size: int = 16,
+    batch_size: int = 8,
     device: str | torch.device | None = None,
     progress: bool = True,
 ) -> CheckpointRecord:
@@ -375,15 +415,17 @@ def record_checkpoint(
             "these evaluation tokens are not the ones the plan was built from"
             " (fingerprints differ): build the plan with plan_recording(tokens, ...)"
         )
-    sums = recorder.sums
+    sums = recorder.sums.total
 
-    def mean(total: Tensor, count: Tensor) -> Tensor:
-        return (total / count.to(total).clamp_min(1)).float().cpu()
+    def mean(name: str, count: Tensor) -> Tensor:
+        total = sums[name]  # [L, slot, H]
+        avg = total.double() / count.double()[None, :, None].clamp_min(1)
+        return avg.transpose(1, 2).float().cpu().contiguous()  # [L, H, slot]
 
     return CheckpointRecord(
         step=int(step),
-        zbar=mean(sums.zbar, plan.pair_count),
-        chat=mean(sums.chat, plan.class_events[plan.triple_class]),
-        entropy=mean(sums.entropy, plan.class_events),
-        query_entropy=mean(sums.query_entropy, plan.query_events),
+        zbar=mean("zbar", plan.pair_count),
+        chat=mean("chat", plan.class_events[plan.triple_class]),
+        entropy=mean("entropy", plan.class_events),
+        query_entropy=mean("query_entropy", plan.query_events),
     )

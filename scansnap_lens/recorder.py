@@ -1,9 +1,9 @@
 """Record a model's attention over its checkpoints into a resumable trajectory folder.
 
-    recorder = Recorder("out/traj", tokens, plan)
-    recorder.record(checkpoints.folder("runs/my_model"))
-    # or, inside your own training loop:
-    recorder.on_checkpoint(step, model)
+recorder = Recorder("out/traj", tokens, plan)
+recorder.record(checkpoints.folder("runs/my_model"))
+# or, inside your own training loop:
+recorder.on_checkpoint(step, model)
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Recorder:
         layers=None,
         heads=None,
         step_unit: str = "steps",
-        batch_size: int = 16,
+        batch_size: int = 8,
         device=None,
         progress: bool = True,
         meta: dict | None = None,

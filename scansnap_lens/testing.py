@@ -107,3 +107,16 @@ def fake_hub_model(
             (repo / "refs" / "main").write_text(commit)
     (repo / "fake_hub.json").write_text(json.dumps({"repo_id": repo_id, "revisions": revisions}))
     return repo
+
+
+def bridge_from_hf(hf_model, name: str = "gpt2", tokenizer_dir: str | Path | None = None):
+    """A TransformerBridge around an in-memory Hugging Face model, with a local tokenizer."""
+    import tempfile
+
+    import transformers
+    from transformer_lens.model_bridge import TransformerBridge
+
+    folder = Path(tokenizer_dir or tempfile.mkdtemp(prefix="scansnap_tok_"))
+    word_tokenizer(hf_model.config.vocab_size).save_pretrained(folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    return TransformerBridge.boot_transformers(name, hf_model=hf_model, tokenizer=tokenizer)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
-
 import pytest
 import torch
+from _reference import assert_matches, brute_force
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from scansnap_lens.plan import plan_recording
@@ -38,45 +36,6 @@ def tiny_model(positional="standard", seed=0, n_layers=2, attn_only=False):
     return model.eval()
 
 
-def brute_force(model, tokens, exclude_bos, include_self, queries=None):
-    """Dicts keyed by (layer, head, ...) computed with plain loops over a full cache."""
-    _, cache = model.run_with_cache(tokens)
-    zsum, zcnt = defaultdict(float), defaultdict(int)
-    csum, ev = defaultdict(float), defaultdict(int)
-    esum, qsum, qev = defaultdict(float), defaultdict(float), defaultdict(int)
-    first = int(exclude_bos)
-    for layer in range(model.cfg.n_layers):
-        S = cache[f"blocks.{layer}.attn.hook_attn_scores"].double()
-        A = cache[f"blocks.{layer}.attn.hook_pattern"].double()
-        for b, row in enumerate(tokens.tolist()):
-            for T in range(first + 1, len(row) - 1):
-                m, n = row[T], row[T + 1]
-                if queries is not None and m not in queries:
-                    continue
-                ctx = list(range(first, T)) + ([T] if include_self else [])
-                for h in range(model.cfg.n_heads):
-                    den = sum(A[b, h, T, t].item() for t in ctx)
-                    ent = 0.0
-                    for t in ctx:
-                        l = row[t]
-                        zsum[layer, h, m, l] += S[b, h, T, t].item()
-                        ahat = A[b, h, T, t].item() / den
-                        csum[layer, h, m, n, l] += ahat
-                        ent -= ahat * math.log(ahat) if ahat > 0 else 0.0
-                    esum[layer, h, m, n] += ent
-                    qsum[layer, h, m] += ent
-                    if layer == 0 and h == 0:
-                        ev[m, n] += 1
-                        qev[m] += 1
-                        for t in ctx:
-                            zcnt[m, row[t]] += 1
-    zbar = {k: v / zcnt[k[2:]] for k, v in zsum.items()}
-    chat = {k: v / ev[k[2:4]] for k, v in csum.items()}
-    ent = {k: v / ev[k[2:]] for k, v in esum.items()}
-    qent = {k: v / qev[k[2]] for k, v in qsum.items()}
-    return zbar, chat, ent, qent
-
-
 @pytest.mark.parametrize("exclude_bos", [True, False])
 @pytest.mark.parametrize("include_self", [False, True])
 def test_aggregates_equal_brute_force(exclude_bos, include_self):
@@ -89,26 +48,8 @@ def test_aggregates_equal_brute_force(exclude_bos, include_self):
 
     L, H = 2, 3
     assert rec.zbar.shape == (L, H, plan.num_pairs)
-    assert len(zbar) == L * H * plan.num_pairs
-    for j, (m, l) in enumerate(zip(plan.pair_query.tolist(), plan.pair_token.tolist())):
-        for layer in range(L):
-            for h in range(H):
-                assert rec.zbar[layer, h, j].item() == pytest.approx(zbar[layer, h, m, l], abs=1e-5)
-    assert len(chat) == L * H * plan.num_triples
-    for j in range(plan.num_triples):
-        c = plan.triple_class[j].item()
-        m, n = plan.class_query[c].item(), plan.class_next[c].item()
-        l = plan.triple_token[j].item()
-        for layer in range(L):
-            for h in range(H):
-                assert rec.chat[layer, h, j].item() == pytest.approx(
-                    chat[layer, h, m, n, l], abs=1e-5
-                )
-    for c in range(plan.num_classes):
-        m, n = plan.class_query[c].item(), plan.class_next[c].item()
-        assert rec.entropy[1, 2, c].item() == pytest.approx(ent[1, 2, m, n], abs=1e-5)
-    for q, m in enumerate(plan.queries.tolist()):
-        assert rec.query_entropy[0, 1, q].item() == pytest.approx(qent[0, 1, m], abs=1e-5)
+    assert len(zbar) == L * H * plan.num_pairs and len(chat) == L * H * plan.num_triples
+    assert_matches(rec, plan, (zbar, chat, ent, qent), range(L), range(H))
     # chat sums to 1 over the tokens of each class
     per_class = torch.zeros(L, H, plan.num_classes).index_add_(2, plan.triple_class, rec.chat)
     torch.testing.assert_close(per_class, torch.ones_like(per_class))

@@ -1,0 +1,51 @@
+"""TransformerBridge recording; runs under transformer-lens 3.x and 4.x (no HookedTransformer)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _reference import assert_matches, brute_force
+
+from scansnap_lens import checkpoints
+from scansnap_lens.plan import plan_recording
+from scansnap_lens.record import CheckpointRecord, record_checkpoint
+from scansnap_lens.recorder import Recorder
+from scansnap_lens.testing import bridge_from_hf, tiny_hf_model
+
+
+@pytest.mark.parametrize("exclude_bos", [True, False])
+def test_gpt2_bridge_equals_brute_force(exclude_bos):
+    hf = tiny_hf_model("gpt2", vocab_size=20, n_ctx=16, d_model=16, n_layers=2, n_heads=2)
+    with torch.no_grad():  # peaked attention
+        for block in hf.transformer.h:
+            block.attn.c_attn.weight.mul_(8)
+    bridge = bridge_from_hf(hf, "gpt2")
+    tokens = torch.randint(0, 20, (3, 9), generator=torch.Generator().manual_seed(0))
+    plan = plan_recording(tokens, 20, exclude_bos=exclude_bos)
+    rec = record_checkpoint(bridge, tokens, plan, batch_size=2, progress=False)
+    ref = brute_force(bridge, tokens, exclude_bos=exclude_bos)
+    assert_matches(rec, plan, ref, range(2), range(2))
+
+
+def test_pythia_labels_through_the_bridge(fake_hub, tmp_path):
+    tokens = torch.randint(1, 64, (3, 10), generator=torch.Generator().manual_seed(1))
+    plan = plan_recording(tokens, 64, queries=0.5)
+    source = checkpoints.pretrained("EleutherAI/pythia-14m", steps="log:2", backend="bridge")
+    assert source.steps == [0, 143000]
+    source = checkpoints.pretrained("EleutherAI/pythia-14m", steps=[0, 2000], backend="bridge")
+    traj = Recorder(tmp_path / "t", tokens, plan, progress=False).record(source)
+    assert traj.steps.tolist() == [0, 2000]
+    model = source.checkpoints[-1].load()
+    ref = brute_force(model, tokens, queries=set(plan.queries.tolist()))
+    last = traj.select(steps=[2000])
+    rec = CheckpointRecord(2000, last.zbar[0], last.chat[0], last.entropy[0], last.query_entropy[0])
+    assert_matches(rec, plan, ref, range(2), range(4))
+
+
+def test_hooked_transformer_is_optional():
+    """The bridge path must not need HookedTransformer (absent in transformer-lens 4.x)."""
+    from importlib.metadata import version
+
+    if int(version("transformer-lens").split(".")[0]) >= 4:
+        with pytest.raises(ImportError):
+            checkpoints.pretrained("EleutherAI/pythia-14m", steps=[0], backend="hooked")
