@@ -1,11 +1,43 @@
-"""Measurements of scan and snap (DESIGN section 2), shared by the lab and real models."""
+"""Measurements of scan and snap (DESIGN section 2), shared by the lab and real models.
+
+Every function takes a `Trajectory` (zbar and chat over checkpoints, per layer and head) and
+`TokenGroups` (distinct tokens of each class with P(l|m, n), common tokens of each query) and
+returns a small result with ``to_dataframe()``.  dz = zbar(t) - zbar(t_first): softmax is
+shift-invariant, so only changes of the logits are compared, never raw levels.
+
+- `discriminative_bias`: mean dz of distinct minus common tokens of a query; AUROC of dz.
+- `frequency_bias`: Spearman(dz, P(l|m, n)) over the distinct tokens of a class.
+- `sparsity`: entropy of chat restricted to distinct tokens (Fig. 6), recall vs threshold.
+- `growth`: relative gain and growth factor of Theorem 3, and the deviation from it.
+- `snapping`: snap steps by path fraction and by rate threshold.
+- `summarize`: one row per layer and head.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
 import torch
+from scipy.stats import rankdata
 from torch import Tensor
 
-__all__ = ["restricted_entropy"]
+from .groups import TokenGroups
+from .trajectory import Trajectory
+
+__all__ = [
+    "discriminative_bias",
+    "frequency_bias",
+    "growth",
+    "predicted_snap",
+    "restricted_entropy",
+    "snap_steps",
+    "snapping",
+    "sparsity",
+    "summarize",
+]
 
 
 def restricted_entropy(attention: Tensor, mask: Tensor) -> Tensor:
@@ -28,3 +60,364 @@ def restricted_entropy(attention: Tensor, mask: Tensor) -> Tensor:
     kept = attention * mask.to(attention.dtype)
     p = kept / kept.sum(-1, keepdim=True)
     return -torch.special.xlogy(p, p).sum(-1)
+
+
+# ------------------------------------------------------------------ lookups
+def _dz(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """dz [S, L, H, n] of the pairs (query, l) the plan holds, and the mask of `tokens` held."""
+    plan = traj.plan
+    keys = query * plan.vocab_size + tokens
+    slot = torch.searchsorted(plan.pair_keys, keys).clamp_max(max(plan.num_pairs - 1, 0))
+    held = plan.pair_keys[slot] == keys if plan.num_pairs else torch.zeros_like(keys, dtype=bool)
+    z = traj.zbar[..., slot[held]].double()
+    return z - z[:1], held
+
+
+def _class_slot(traj: Trajectory, query: int, next_token: int) -> int | None:
+    plan = traj.plan
+    key = query * plan.vocab_size + next_token
+    c = int(torch.searchsorted(plan.class_keys, torch.tensor([key])))
+    return c if c < plan.num_classes and int(plan.class_keys[c]) == key else None
+
+
+def _chat(traj: Trajectory, c: int, tokens: Tensor) -> Tensor:
+    """chat [S, L, H, n] of class slot c for `tokens` (0 where l never occurred in its context)."""
+    plan = traj.plan
+    keys = c * plan.vocab_size + tokens
+    tk = plan.triple_keys
+    slot = torch.searchsorted(tk, keys).clamp_max(max(tk.numel() - 1, 0))
+    held = tk[slot] == keys
+    out = torch.zeros(*traj.chat.shape[:3], tokens.numel(), dtype=torch.float64)
+    out[..., held] = traj.chat[..., slot[held]].double()
+    return out
+
+
+def _class_chat(traj: Trajectory, c: int) -> Tensor:
+    """chat [S, L, H, n] over all tokens of class slot c."""
+    plan = traj.plan
+    return traj.chat[..., (plan.triple_class == c).nonzero().flatten()].double()
+
+
+def _frame(traj: Trajectory, values: dict[str, Tensor]) -> pd.DataFrame:
+    """Long table of [S, L, H] tensors."""
+    idx = pd.MultiIndex.from_product(
+        [traj.steps.tolist(), traj.layers, traj.heads], names=["step", "layer", "head"]
+    ).to_frame(index=False)
+    for name, v in values.items():
+        idx[name] = v.reshape(-1).numpy()
+    return idx
+
+
+def _weighted_nanmean(values: Tensor, weights: Tensor) -> Tensor:
+    """Mean over the last axis of `values`, weights [n], NaNs left out."""
+    w = weights.double().expand_as(values).clone()
+    ok = ~torch.isnan(values)
+    w[~ok] = 0
+    total = w.sum(-1)
+    return torch.where(total > 0, (torch.nan_to_num(values) * w).sum(-1) / total, math.nan)
+
+
+@dataclass
+class Measurement:
+    """Per (step, layer, head) values in ``table``, per query or class detail in ``detail``."""
+
+    name: str
+    table: pd.DataFrame
+    detail: pd.DataFrame | None = None
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.table
+
+    def final(self) -> pd.DataFrame:
+        """The rows of the last checkpoint."""
+        return self.table[self.table["step"] == self.table["step"].max()].reset_index(drop=True)
+
+
+# ------------------------------------------------------------------ scan
+def discriminative_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
+    """Mean dz of a query's distinct tokens minus its common tokens, and the AUROC of dz
+    separating them; averaged over queries with both kinds, weighted by their events."""
+    biases, aurocs, weights, rows = [], [], [], []
+    for m in groups.query.unique().tolist():
+        d_dz, _ = _dz(traj, m, groups.distinct_of_query(m))
+        c_dz, _ = _dz(traj, m, groups.common.get(m, torch.empty(0, dtype=torch.long)))
+        if d_dz.shape[-1] == 0 or c_dz.shape[-1] == 0:
+            continue
+        bias = d_dz.mean(-1) - c_dz.mean(-1)
+        auroc = _auroc(d_dz, c_dz)
+        biases.append(bias)
+        aurocs.append(auroc)
+        weights.append(float(groups.events[groups.query == m].sum()))
+        rows.append((m, d_dz.shape[-1], c_dz.shape[-1], float(bias[-1].mean()), weights[-1]))
+    if not biases:
+        raise ValueError("no query has both distinct and common tokens in the trajectory")
+    w = torch.tensor(weights, dtype=torch.float64)
+    table = _frame(
+        traj,
+        {
+            "bias": _weighted_nanmean(torch.stack(biases, -1), w),
+            "auroc": _weighted_nanmean(torch.stack(aurocs, -1), w),
+        },
+    )
+    table["bias_queries"] = len(biases)
+    detail = pd.DataFrame(
+        rows, columns=["query", "distinct", "common", "final_bias_mean_heads", "events"]
+    )
+    return Measurement("discriminative_bias", table, detail)
+
+
+def _auroc(pos: Tensor, neg: Tensor) -> Tensor:
+    """P(pos > neg) + P(pos = neg) / 2 along the last axis (Mann-Whitney, ties averaged)."""
+    both = torch.cat([pos, neg], -1).numpy()
+    ranks = torch.from_numpy(rankdata(both, axis=-1))
+    n_pos, n_neg = pos.shape[-1], neg.shape[-1]
+    u = ranks[..., :n_pos].sum(-1) - n_pos * (n_pos + 1) / 2
+    return u / (n_pos * n_neg)
+
+
+def frequency_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
+    """Spearman correlation of dz[m, l] with P(l|m, n) over the distinct tokens of each class,
+    averaged over classes with weights N(m, n).  Classes with fewer than two distinct tokens,
+    or with all P equal, have no correlation and are left out; so are steps where dz is flat."""
+    rhos, weights, rows = [], [], []
+    for k in range(groups.num_classes):
+        m = int(groups.query[k])
+        dz, held = _dz(traj, m, groups.distinct[k])
+        p = groups.distinct_p[k][held]
+        if p.numel() < 2 or bool((p == p[0]).all()):
+            continue
+        rho = _spearman(dz, p)
+        rhos.append(rho)
+        weights.append(float(groups.events[k]))
+        rows.append((m, int(groups.next_token[k]), p.numel(), float(np.nanmean(rho[-1]))))
+    if not rhos:
+        raise ValueError("no class has two distinct tokens with different P(l|m, n)")
+    rho = _weighted_nanmean(torch.stack(rhos, -1), torch.tensor(weights, dtype=torch.float64))
+    table = _frame(traj, {"spearman": rho})
+    table["spearman_classes"] = len(rhos)
+    detail = pd.DataFrame(rows, columns=["query", "next", "distinct", "final_spearman_mean"])
+    return Measurement("frequency_bias", table, detail)
+
+
+def _spearman(x: Tensor, p: Tensor) -> Tensor:
+    """Spearman correlation of x [..., n] with p [n] along the last axis; NaN if x is flat."""
+    rx = torch.from_numpy(rankdata(x.numpy(), axis=-1))
+    rp = torch.from_numpy(rankdata(p.numpy())).double()
+    rx = rx - rx.mean(-1, keepdim=True)
+    rp = rp - rp.mean()
+    den = torch.sqrt((rx**2).sum(-1) * (rp**2).sum())
+    return torch.where(den > 0, (rx * rp).sum(-1) / den.clamp_min(1e-300), math.nan)
+
+
+# ------------------------------------------------------------------ sparsity
+def sparsity(
+    traj: Trajectory, groups: TokenGroups, thresholds: Tensor | None = None
+) -> Measurement:
+    """Entropy of chat restricted to distinct tokens and renormalised (Fig. 6), averaged over
+    classes; also the attention mass on distinct tokens, the top distinct token's share of it,
+    and recall(threshold): the share of distinct tokens with chat >= threshold (Figs. 11, 12)."""
+    ents, masses, tops, recalls = [], [], [], []
+    if thresholds is None:
+        thresholds = torch.tensor([0.5, 1.0, 2.0]) / max(traj.plan.vocab_size, 1)
+    for k in range(groups.num_classes):
+        c = _class_slot(traj, int(groups.query[k]), int(groups.next_token[k]))
+        if c is None or groups.distinct[k].numel() == 0:
+            continue
+        chat = _chat(traj, c, groups.distinct[k])  # [S, L, H, D]
+        mass = chat.sum(-1)
+        p = chat / mass.clamp_min(1e-300)[..., None]
+        ent = torch.where(mass > 0, -torch.special.xlogy(p, p).sum(-1), math.nan)
+        ents.append(ent)
+        masses.append(mass)
+        tops.append(torch.where(mass > 0, p.max(-1).values, math.nan))
+        recalls.append(torch.stack([(chat >= t).double().mean(-1) for t in thresholds], -1))
+    if not ents:
+        raise ValueError("no tracked class has distinct tokens")
+    values = {
+        "entropy": torch.nanmean(torch.stack(ents, -1), -1),
+        "distinct_mass": torch.stack(masses, -1).mean(-1),
+        "top_share": torch.nanmean(torch.stack(tops, -1), -1),
+    }
+    recall = torch.stack(recalls, -2).mean(-2)  # [S, L, H, thresholds]
+    for j, t in enumerate(thresholds.tolist()):
+        values[f"recall@{t:.4g}"] = recall[..., j]
+    table = _frame(traj, values)
+    table["sparsity_classes"] = len(ents)
+    return Measurement("sparsity", table)
+
+
+# ------------------------------------------------------------------ Theorem 3
+def growth(traj: Trajectory, groups: TokenGroups) -> Measurement:
+    """Theorem 3 per class: l0 = the distinct token with the highest P(l|m, n); for every other
+    distinct l, r(t) = (ctilde_l0 / ctilde_l)^2 - 1 with ctilde = P exp(zbar), the growth factor
+    chi_l0(t) = exp(2 (z_l0(t) - z_l0(0))), and the relative deviation |r - r(0) chi| / r(0) chi.
+    The table keeps chi of l0 (mean over classes) and the worst deviation per step."""
+    chis, devs, rows = [], [], []
+    for k in range(groups.num_classes):
+        m = int(groups.query[k])
+        dz, held = _dz(traj, m, groups.distinct[k])
+        p = groups.distinct_p[k][held]
+        if p.numel() < 2:
+            continue
+        tokens = groups.distinct[k][held]
+        slots = torch.searchsorted(traj.plan.pair_keys, m * traj.plan.vocab_size + tokens)
+        z = traj.zbar[..., slots].double()
+        i0 = int(torch.argmax(p))
+        ctilde = p * torch.exp(z - z[..., i0 : i0 + 1])  # shift-free ratios
+        others = [j for j in range(p.numel()) if j != i0]
+        r = (ctilde[..., i0 : i0 + 1] / ctilde[..., others]) ** 2 - 1
+        chi = torch.exp(2 * dz[..., i0])
+        pred = r[:1] * chi[..., None]
+        dev = ((r - pred).abs() / pred.abs().clamp_min(1e-12)).amax(-1)
+        chis.append(chi)
+        devs.append(dev)
+        rows.append((m, int(groups.next_token[k]), int(tokens[i0]), float(dev.max())))
+    if not chis:
+        raise ValueError("no class has two distinct tokens")
+    table = _frame(
+        traj,
+        {
+            "chi_l0": torch.stack(chis, -1).mean(-1),
+            "max_deviation": torch.stack(devs, -1).amax(-1),
+        },
+    )
+    detail = pd.DataFrame(rows, columns=["query", "next", "l0", "max_deviation"])
+    return Measurement("growth", table, detail)
+
+
+# ------------------------------------------------------------------ snap
+def snap_steps(
+    steps: Tensor, moves: Tensor, fraction: float = 0.9, rate_fraction: float = 0.1
+) -> tuple[Tensor, Tensor]:
+    """Snap steps from the per-interval movement of an attention map.
+
+    steps: [S] ascending; moves: [..., S - 1] movement between consecutive checkpoints.
+    Returns (path, rate), each [...] in the unit of `steps`, NaN where undefined:
+    - path: the first checkpoint by which a share `fraction` of the total path is covered
+      (NaN for a frozen map: no movement at all);
+    - rate: the checkpoint after which the rate of movement per unit of log(1 + step) stays
+      below `rate_fraction` of its peak (NaN when it never settles: the last interval is still
+      above that).
+
+    >>> steps = torch.tensor([0, 1, 3, 7, 15])
+    >>> path, rate = snap_steps(steps, torch.tensor([0.5, 0.3, 0.15, 0.01]))
+    >>> path.item(), rate.item()
+    (7.0, 7.0)
+    """
+    steps = steps.double()
+    moves = moves.double()
+    total = moves.sum(-1, keepdim=True)
+    cum = torch.cumsum(moves, -1) / total.clamp_min(1e-300)
+    reached = cum >= fraction - 1e-12
+    first = reached.double().argmax(-1)
+    path = torch.where(total[..., 0] > 0, steps[1:][first], math.nan)
+    dlog = torch.diff(torch.log1p(steps - steps[0]))
+    rate = moves / dlog.clamp_min(1e-300)
+    peak = rate.amax(-1, keepdim=True)
+    above = rate >= rate_fraction * peak
+    # index of the last interval still above the threshold; the snap is its right end
+    n = above.shape[-1]
+    last_above = n - 1 - above.flip(-1).double().argmax(-1)
+    settled = (last_above < n - 1) & (peak[..., 0] > 0)
+    rate_step = torch.where(settled, steps[1:][last_above.clamp_max(n - 1)], math.nan)
+    return path, rate_step
+
+
+def snapping(
+    traj: Trajectory,
+    groups: TokenGroups | None = None,
+    fraction: float = 0.9,
+    rate_fraction: float = 0.1,
+) -> Measurement:
+    """Snap steps per head (table) and per class (detail), by both estimators.
+
+    The movement of a class between checkpoints is the total variation of its chat; a head's
+    movement is the events-weighted mean over classes (the classes of `groups` if given, else
+    every tracked class).
+    """
+    if traj.num_steps < 2:
+        raise ValueError("snapping needs at least two checkpoints")
+    plan = traj.plan
+    if groups is None:
+        slots = list(range(plan.num_classes))
+    else:
+        found = [_class_slot(traj, int(m), int(n)) for m, n in zip(groups.query, groups.next_token)]
+        slots = [c for c in found if c is not None]
+    if not slots:
+        raise ValueError("no tracked class to measure")
+    moves, weights, rows = [], [], []
+    for c in slots:
+        chat = _class_chat(traj, c)  # [S, L, H, n]
+        move = 0.5 * torch.diff(chat, dim=0).abs().sum(-1)  # [S-1, L, H]
+        move = move.permute(1, 2, 0)  # [L, H, S-1]
+        moves.append(move)
+        weights.append(float(plan.class_events[c]))
+        path, rate = snap_steps(traj.steps, move, fraction, rate_fraction)
+        m, n = int(plan.class_query[c]), int(plan.class_next[c])
+        for i, layer in enumerate(traj.layers):
+            for j, head in enumerate(traj.heads):
+                rows.append((layer, head, m, n, float(path[i, j]), float(rate[i, j])))
+    w = torch.tensor(weights, dtype=torch.float64)
+    head_move = (torch.stack(moves, -1) * w).sum(-1) / w.sum()  # [L, H, S-1]
+    path, rate = snap_steps(traj.steps, head_move, fraction, rate_fraction)
+    table = pd.MultiIndex.from_product([traj.layers, traj.heads], names=["layer", "head"]).to_frame(
+        index=False
+    )
+    table["snap_path"] = path.reshape(-1).numpy()
+    table["snap_rate"] = rate.reshape(-1).numpy()
+    table["step_unit"] = traj.step_unit
+    detail = pd.DataFrame(
+        rows, columns=["layer", "head", "query", "next", "snap_path", "snap_rate"]
+    )
+    return Measurement("snapping", table, detail)
+
+
+# ------------------------------------------------------------------ summary
+def predicted_snap(traj: Trajectory) -> list[float] | None:
+    """The theory's transition t0 per head, where the rates are known.
+
+    Known for the Y/Z lab (its ``meta`` has lr_z and ratio per run) and for models trained by
+    `scansnap_lens.train` (``meta`` has lr and lr_attention); K is the number of next tokens
+    and M the vocabulary size.  t0 = 2 (1 + delta') K ln M / eta_Y (Sec. 6).
+    """
+    from .theory import PhaseTransition
+
+    meta = traj.meta
+    K = int(traj.plan.class_next.unique().numel())
+    M = traj.plan.vocab_size
+    if "lr_z" in meta and "ratio" in meta:
+        rates = [(z * r, z) for z, r in zip(meta["lr_z"], meta["ratio"])]
+        rates = [rates[h] for h in traj.heads]
+    elif "lr" in meta and "lr_attention" in meta:
+        rates = [(meta["lr"], meta["lr_attention"])] * len(traj.heads)
+    else:
+        return None
+    return [PhaseTransition(K=K, M=M, lr_y=y, lr_z=z).t0 for y, z in rates]
+
+
+def summarize(traj: Trajectory, groups: TokenGroups, prediction=None) -> pd.DataFrame:
+    """One row per layer and head: scan scores and sparsity at the last checkpoint, snap steps,
+    and the theory's transition t0 (`prediction`: one value, one per head, or by default
+    `predicted_snap(traj)`; NaN where unknown)."""
+    snap = snapping(traj, groups).table
+    parts = [snap]
+    for measure in (discriminative_bias, frequency_bias, sparsity):
+        try:
+            final = measure(traj, groups).final()
+        except ValueError:
+            continue
+        parts.append(final.drop(columns=["step"]))
+    out = parts[0]
+    for part in parts[1:]:
+        out = out.merge(part, on=["layer", "head"], how="left")
+    out["final_step"] = int(traj.steps[-1])
+    if prediction is None:
+        prediction = predicted_snap(traj)
+    if prediction is None:
+        out["predicted_snap"] = math.nan
+    elif isinstance(prediction, int | float):
+        out["predicted_snap"] = float(prediction)
+    else:
+        by_head = dict(zip(traj.heads, prediction))
+        out["predicted_snap"] = out["head"].map(by_head).astype(float)
+    return out

@@ -131,6 +131,60 @@ class YZRun:
         """[S, R, K, M] the per-token attention c_n (Eq. 5) at every snapshot."""
         return per_token_attention(self.Z, self.classes)
 
+    def to_trajectory(self):
+        """The Z snapshots as a `Trajectory`: one layer, one "head" per run.
+
+        zbar[m, l] = Z[m, l] exactly, chat = Eq. 5's c[l|n]; the attention entropy over positions
+        is not defined for the population model and is NaN.  Steps are the snapshot steps.
+        """
+        from .plan import RecordPlan
+        from .trajectory import Trajectory
+
+        classes, M = self.classes, self.classes.vocab_size
+        order = torch.argsort(classes.query * M + classes.next_token)
+        support = classes.support()[order]  # [K, M] in plan class order
+        k_idx, l_idx = support.nonzero(as_tuple=True)
+        q_sorted = classes.query[order]
+        pair_keys, pair_count = torch.unique(q_sorted[k_idx] * M + l_idx, return_counts=True)
+        queries, query_events = torch.unique(classes.query, return_counts=True)
+        plan = RecordPlan(
+            vocab_size=M,
+            exclude_bos=False,
+            include_self=False,
+            fingerprint=0,
+            queries=queries,
+            query_events=query_events,
+            class_query=q_sorted,
+            class_next=classes.next_token[order],
+            class_events=torch.ones(classes.num_classes, dtype=torch.long),
+            pair_query=pair_keys // M,
+            pair_token=pair_keys % M,
+            pair_count=pair_count,
+            triple_class=k_idx,
+            triple_token=l_idx,
+            triple_count=torch.ones_like(k_idx),
+        )
+        S, R = self.Z.shape[:2]
+        zbar = self.Z[..., plan.pair_query, plan.pair_token]  # [S, R, Pz]
+        chat = self.attention()[:, :, order][:, :, k_idx, l_idx]  # [S, R, Pc]
+        nan = torch.full((S, 1, R, classes.num_classes), math.nan)
+        return Trajectory(
+            plan,
+            self.steps.clone(),
+            layers=[0],
+            heads=list(range(R)),
+            zbar=zbar[:, None].float(),
+            chat=chat[:, None].float(),
+            entropy=nan,
+            query_entropy=torch.full((S, 1, R, queries.numel()), math.nan),
+            meta={
+                "source": "yz",
+                "lr_z": self.lr_z.tolist(),
+                "ratio": self.ratio.tolist(),
+                "seeds": self.seeds.tolist(),
+            },
+        )
+
     def attention_dataframe(self) -> pd.DataFrame:
         """c_n in long form: one row per (step, run, class, context token of the class)."""
         attention = self.attention()  # [S, R, K, M]

@@ -1,0 +1,104 @@
+"""Token groups the measurements compare: per class (m, n) its distinct tokens with P(l|m, n),
+per query m its common tokens.
+
+They come from the synthetic truth (`TokenGroups.from_synthetic`) or from corpus statistics and
+a classification (`TokenGroups.from_classification`), so every measurement runs the same way
+on the lab and on real models.
+
+>>> from scansnap_lens.synthetic import syn_small
+>>> groups = TokenGroups.from_synthetic(syn_small())
+>>> groups.num_classes, len(groups.distinct[0]), groups.common[int(groups.query[0])].numel()
+(2, 10, 10)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["TokenGroups"]
+
+
+@dataclass
+class TokenGroups:
+    """Per class k = (query[k], next_token[k]) with weight events[k]:
+    distinct[k] ([D_k] token ids) and distinct_p[k] (P(l|m, n) of each); per query m:
+    common[m] ([C_m] token ids).  source: "synthetic" or "corpus"."""
+
+    query: Tensor
+    next_token: Tensor
+    events: Tensor
+    distinct: list[Tensor]
+    distinct_p: list[Tensor]
+    common: dict[int, Tensor]
+    source: str = "corpus"
+
+    @property
+    def num_classes(self) -> int:
+        return self.query.numel()
+
+    def distinct_of_query(self, query: int) -> Tensor:
+        """Union of the distinct tokens of the classes of `query`."""
+        parts = [d for d, m in zip(self.distinct, self.query.tolist()) if m == query]
+        return torch.unique(torch.cat(parts)) if parts else torch.empty(0, dtype=torch.long)
+
+    @classmethod
+    def from_synthetic(cls, classes) -> TokenGroups:
+        """The ground truth of `SequenceClasses`: distinct = owned by one class (Sec. 3.2)."""
+        owner = classes.distinct_for()
+        common_mask = classes.common_mask()
+        distinct, distinct_p, common = [], [], {}
+        for k in range(classes.num_classes):
+            tokens = (owner == k).nonzero().flatten()
+            distinct.append(tokens)
+            distinct_p.append(classes.probs[k, tokens].double())
+        for m in classes.query.unique().tolist():
+            rows = (classes.query == m).nonzero().flatten()
+            support = (classes.probs[rows] > 0).any(0)
+            common[m] = (support & common_mask).nonzero().flatten()
+        return cls(
+            classes.query.clone(),
+            classes.next_token.clone(),
+            torch.ones(classes.num_classes, dtype=torch.long),
+            distinct,
+            distinct_p,
+            common,
+            source="synthetic",
+        )
+
+    @classmethod
+    def from_classification(cls, token_classes, stats, queries=None, min_events: int = 1):
+        """Groups from `classify(stats)`: every class (m, n) of the statistics with a tracked
+        query, its tokens labelled distinct for n, and P(l|m, n) from the statistics."""
+        frame = stats.classes()
+        keep = frame["events"] >= min_events
+        if queries is not None:
+            keep &= frame["query"].isin([int(q) for q in queries])
+        frame = frame[keep]
+        if frame.empty:
+            raise ValueError("no class of the statistics passes the filters")
+        distinct, distinct_p, common = [], [], {}
+        local = token_classes.scope == "local"
+        for m, n in zip(frame["query"].tolist(), frame["next"].tolist()):
+            tokens = token_classes.distinct_tokens(m if local else None, n)
+            ctx, p = stats.p_context(m, n)
+            seen = torch.isin(tokens, ctx)
+            tokens = tokens[seen]
+            lookup = dict(zip(ctx.tolist(), p.tolist()))
+            distinct.append(tokens)
+            distinct_p.append(
+                torch.tensor([lookup[t] for t in tokens.tolist()], dtype=torch.float64)
+            )
+            if m not in common:
+                common[m] = token_classes.common_tokens(m if local else None)
+        return cls(
+            torch.tensor(frame["query"].to_numpy(), dtype=torch.long),
+            torch.tensor(frame["next"].to_numpy(), dtype=torch.long),
+            torch.tensor(frame["events"].to_numpy(), dtype=torch.long),
+            distinct,
+            distinct_p,
+            common,
+            source="corpus",
+        )
