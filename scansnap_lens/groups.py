@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pandas as pd
 import torch
 from torch import Tensor
 
@@ -69,13 +70,34 @@ class TokenGroups:
         )
 
     @classmethod
-    def from_classification(cls, token_classes, stats, queries=None, min_events: int = 1):
+    def from_classification(
+        cls, token_classes, stats, queries=None, min_events: int = 1, min_distinct: int = 0
+    ):
         """Groups from `classify(stats)`: every class (m, n) of the statistics with a tracked
-        query, its tokens labelled distinct for n, and P(l|m, n) from the statistics."""
+        query, its tokens labelled distinct for n, and P(l|m, n) from the statistics.
+
+        min_distinct: keep only classes with at least this many distinct tokens (real text has
+        many classes and few distinct tokens; common tokens are kept for every query).
+        """
         frame = stats.classes()
         keep = frame["events"] >= min_events
         if queries is not None:
             keep &= frame["query"].isin([int(q) for q in queries])
+        if min_distinct > 0:
+            from .classify import DISTINCT
+
+            d = token_classes.label == DISTINCT
+            q = token_classes.query[d] if token_classes.scope == "local" else None
+            n = token_classes.next_token[d]
+            pairs = pd.DataFrame({"query": q.numpy() if q is not None else -1, "next": n.numpy()})
+            sizes = pairs.value_counts().rename("n").reset_index()
+            sizes = sizes[sizes["n"] >= min_distinct]
+            if token_classes.scope == "local":
+                key = frame[["query", "next"]].merge(sizes, on=["query", "next"], how="left")
+            else:
+                key = frame[["next"]].merge(sizes.drop(columns="query"), on="next", how="left")
+            keep &= key["n"].notna().to_numpy()
+        all_queries = frame.loc[frame["events"] >= min_events, "query"].unique().tolist()
         frame = frame[keep]
         if frame.empty:
             raise ValueError("no class of the statistics passes the filters")
@@ -91,7 +113,8 @@ class TokenGroups:
             distinct_p.append(
                 torch.tensor([lookup[t] for t in tokens.tolist()], dtype=torch.float64)
             )
-            if m not in common:
+        for m in all_queries:
+            if queries is None or m in set(int(q) for q in queries):
                 common[m] = token_classes.common_tokens(m if local else None)
         return cls(
             torch.tensor(frame["query"].to_numpy(), dtype=torch.long),

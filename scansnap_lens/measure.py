@@ -399,7 +399,7 @@ def summarize(traj: Trajectory, groups: TokenGroups, prediction=None) -> pd.Data
     """One row per layer and head: scan scores and sparsity at the last checkpoint, snap steps,
     and the theory's transition t0 (`prediction`: one value, one per head, or by default
     `predicted_snap(traj)`; NaN where unknown)."""
-    snap = snapping(traj, groups).table
+    snap = snapping(traj).table  # attention movement of every tracked class
     parts = [snap]
     for measure in (discriminative_bias, frequency_bias, sparsity):
         try:

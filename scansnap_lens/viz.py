@@ -16,7 +16,14 @@ from matplotlib.figure import Figure
 from .theory import PhaseTransition
 from .yz import YZRun
 
-__all__ = ["plot_attention_heatmap", "plot_entropy_sweep", "plot_growth_factor", "plot_loss"]
+__all__ = [
+    "plot_attention_heatmap",
+    "plot_attention_maps",
+    "plot_entropy_sweep",
+    "plot_growth_factor",
+    "plot_loss",
+    "plot_over_steps",
+]
 
 
 def _finish(fig: Figure, path: str | Path | None) -> Figure:
@@ -108,4 +115,59 @@ def plot_entropy_sweep(summary: pd.DataFrame, path: str | Path | None = None) ->
         ax.set_xlabel(r"$\eta_Y / \eta_Z$")
     axes[0][0].set_ylabel(r"entropy of $c_n$ on distinct tokens")
     axes[0][0].legend(fontsize=7)
+    return _finish(fig, path)
+
+
+def plot_over_steps(
+    table: pd.DataFrame,
+    column: str,
+    by: Sequence[str] = ("layer", "head"),
+    snaps: pd.DataFrame | None = None,
+    title: str = "",
+    path: str | Path | None = None,
+) -> Figure:
+    """A measurement table (step, layer, head, column) as one line per layer and head, steps on
+    a log axis; with ``snaps`` (a `snapping` table) a marker at each head's snap step."""
+    fig = Figure(figsize=(6, 3.6))
+    ax = fig.subplots()
+    for key, part in table.groupby(list(by)):
+        label = ", ".join(f"{b} {k}" for b, k in zip(by, np.atleast_1d(key)))
+        line = ax.plot(part["step"] + 1, part[column], marker=".", label=label)[0]
+        if snaps is not None:
+            match = snaps
+            for b, k in zip(by, np.atleast_1d(key)):
+                match = match[match[b] == k]
+            for s in match["snap_path"].dropna():
+                ax.axvline(s + 1, color=line.get_color(), ls=":", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("step + 1")
+    ax.set_ylabel(column)
+    ax.set_title(title or column)
+    if table.groupby(list(by)).ngroups <= 12:
+        ax.legend(fontsize=6)
+    return _finish(fig, path)
+
+
+def plot_attention_maps(
+    patterns: Sequence[np.ndarray],
+    steps: Sequence[int],
+    tokens: Sequence[str] | None = None,
+    title: str = "",
+    path: str | Path | None = None,
+) -> Figure:
+    """Attention patterns [T, T] of one sequence at several checkpoints, side by side (Fig. 7)."""
+    n = len(patterns)
+    fig = Figure(figsize=(2.6 * n, 3.0))
+    axes = np.atleast_1d(fig.subplots(1, n))
+    for ax, pattern, step in zip(axes, patterns, steps):
+        ax.imshow(pattern, cmap="viridis", vmin=0, vmax=max(float(np.max(pattern)), 1e-9))
+        ax.set_title(f"step {step}", fontsize=8)
+        if tokens is not None and len(tokens) <= 24:
+            ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=5)
+            ax.set_yticks(range(len(tokens)), tokens, fontsize=5)
+        else:
+            ax.set_xticks([])
+            ax.set_yticks([])
+    if title:
+        fig.suptitle(title, fontsize=9)
     return _finish(fig, path)

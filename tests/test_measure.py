@@ -263,6 +263,12 @@ def test_trained_transformer_scans_and_snaps(tmp_path):
     corpus = data(512, torch.Generator().manual_seed(123))
     stats = cooccurrence(corpus, M, queries=classes.query.tolist())
     found = TokenGroups.from_classification(classify(stats, scope="global"), stats)
+    assert (
+        TokenGroups.from_classification(
+            classify(stats, scope="global"), stats, min_distinct=1
+        ).num_classes
+        == classes.num_classes
+    )
     truth = TokenGroups.from_synthetic(classes)
     for k in range(classes.num_classes):
         assert found.distinct[k].tolist() == truth.distinct[k].tolist()

@@ -1,0 +1,255 @@
+"""Scan and snap on WikiText-2 (the paper's Figs. 7 and 10, on models trained here).
+
+    python analyses/wikitext_scan_snap.py --out out/wikitext [--quick] [--shared ../shared]
+
+Word-level models (the most frequent words plus <unk>, standard positional embeddings), a
+1-layer and a 3-layer one, are trained with plain SGD (no momentum) on the valid split at
+several learning rates, with log-spaced checkpoints recorded in the training loop.  Evaluation
+text is the test split.  Classes come from the co-occurrence statistics of the training text
+(local classification with the binomial guard, whole-row window).  The tracked queries are
+mid-frequency words (frequency ranks 20 to 119): the most frequent words ("the", ",", ".")
+co-occur with so many next tokens that no context token is distinct for them.  Snap steps use
+the attention of every tracked class.
+
+Writes to --out: summary.csv (one row per model, lr, layer, head), scan.csv (discriminative and
+frequency bias per step), sparsity.csv, fig10_entropy_vs_lr.png (first-layer attention entropy
+at the end of training against the learning rate), fig7_attention_<model>.png (the first-layer
+attention of one test sequence over checkpoints), bias_over_steps_<model>_lr<lr>.png, and one
+trajectory folder per run under trajectories/.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from _common import parser
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from scansnap_lens import measure, viz
+from scansnap_lens.classify import classify
+from scansnap_lens.corpus import cooccurrence
+from scansnap_lens.groups import TokenGroups
+from scansnap_lens.plan import plan_recording
+from scansnap_lens.recorder import Recorder
+from scansnap_lens.text import encode_documents, wikitext_documents, word_level_tokenizer
+from scansnap_lens.train import train
+
+FULL = {
+    "vocab": 2000,
+    "n_ctx": 64,
+    "d_model": 128,
+    "steps": 1500,
+    "batch": 32,
+    "lrs": [0.1, 0.2, 0.4],
+    "eval_rows": 1024,
+    "checkpoints": "log:16",
+    "layers": [1, 3],
+    "query_ranks": (20, 120),
+}
+QUICK = {
+    "vocab": 2000,
+    "n_ctx": 32,
+    "d_model": 64,
+    "steps": 150,
+    "batch": 16,
+    "lrs": [0.1, 0.3],
+    "eval_rows": 512,
+    "checkpoints": "log:8",
+    "layers": [1, 3],
+    "query_ranks": (20, 120),
+}
+
+
+def rows_of(ids: list, n_ctx: int) -> torch.Tensor:
+    flat = torch.cat([torch.as_tensor(r) for r in ids])
+    n = flat.numel() // n_ctx
+    return flat[: n * n_ctx].reshape(n, n_ctx)
+
+
+def build_model(cfg: dict, n_layers: int, seed: int) -> HookedTransformer:
+    return HookedTransformer(
+        HookedTransformerConfig(
+            n_layers=n_layers,
+            d_model=cfg["d_model"],
+            n_heads=4,
+            d_head=cfg["d_model"] // 4,
+            d_mlp=4 * cfg["d_model"],
+            d_vocab=cfg["vocab"],
+            n_ctx=cfg["n_ctx"],
+            act_fn="gelu",
+            seed=seed,
+        )
+    )
+
+
+def main() -> None:
+    p = parser(__doc__, "out/wikitext")
+    p.add_argument("--quick", action="store_true", help="a reduced run of about a minute")
+    p.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    cfg = QUICK if args.quick else FULL
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+
+    data = args.shared / "data" / "wikitext-2"
+    train_docs = wikitext_documents(data / "valid.txt")
+    test_docs = wikitext_documents(data / "test.txt")
+    tok = word_level_tokenizer(train_docs, max_vocab=cfg["vocab"])
+    train_rows = rows_of(encode_documents(tok, train_docs), cfg["n_ctx"] + 1)
+    eval_rows = rows_of(encode_documents(tok, test_docs), cfg["n_ctx"])[: cfg["eval_rows"]]
+    V = tok.get_vocab_size()
+
+    # word-level ids are frequency ranks (0 is <unk>)
+    plan = plan_recording(eval_rows, V, queries=list(range(*cfg["query_ranks"])), exclude_bos=False)
+    queries = plan.queries.tolist()
+    stats = cooccurrence(train_rows, V, queries=queries)
+    token_classes = classify(stats, scope="local")
+    groups = TokenGroups.from_classification(token_classes, stats, min_distinct=1)
+    kept = sum(d.numel() > 0 for d in groups.distinct)
+    print(
+        f"vocab {V}, train rows {len(train_rows)}, eval rows {len(eval_rows)}, tracked queries"
+        f" {len(queries)} ({', '.join(tok.id_to_token(q) for q in queries[:12])} ...),"
+        f" classes with distinct tokens {kept}, distinct tokens"
+        f" {sum(d.numel() for d in groups.distinct)}"
+    )
+    sample = eval_rows[0]
+    words = [tok.id_to_token(int(t)) for t in sample]
+
+    summaries, scans, sparsities = [], [], []
+    for n_layers in cfg["layers"]:
+        name = f"{n_layers}layer"
+        for lr in cfg["lrs"]:
+            model = build_model(cfg, n_layers, args.seed)
+            folder = out / "trajectories" / f"{name}_lr{lr}"
+            shutil.rmtree(folder, ignore_errors=True)  # a fresh run, not a resumed one
+            recorder = Recorder(
+                folder,
+                eval_rows,
+                plan,
+                progress=False,
+                meta={"lr": lr, "lr_attention": lr, "model": name},
+            )
+            maps = {}
+
+            def on_checkpoint(step, model, recorder=recorder, maps=maps):
+                recorder.on_checkpoint(step, model)
+                with torch.no_grad():
+                    _, cache = model.run_with_cache(
+                        sample[None], names_filter="blocks.0.attn.hook_pattern"
+                    )
+                maps[step] = cache["blocks.0.attn.hook_pattern"][0, 0].numpy()
+
+            result = train(
+                model,
+                train_rows,
+                steps=cfg["steps"],
+                lr=lr,
+                momentum=0.0,
+                batch_size=cfg["batch"],
+                checkpoints=cfg["checkpoints"],
+                seed=args.seed,
+                progress=False,
+                on_checkpoint=on_checkpoint,
+            )
+            traj = recorder.trajectory()
+            loss = float(np.mean(result.loss[-20:]))
+            print(f"{name} lr {lr}: final loss {loss:.3f} ({time.time() - start:.0f} s)")
+            tag = {"model": name, "lr": lr}
+            summary = measure.summarize(traj, groups, prediction=float("nan"))
+            summaries.append(summary.assign(**tag, final_loss=loss))
+            disc = _table(measure.discriminative_bias, traj, groups, ["bias", "auroc"])
+            freq = _table(measure.frequency_bias, traj, groups, ["spearman"])
+            scan = disc.merge(freq, on=["step", "layer", "head"])
+            scans.append(scan.assign(**tag))
+            sparsity = _table(measure.sparsity, traj, groups, ["entropy"])
+            entropy = traj.entropy_dataframe()
+            attn_entropy = (
+                entropy.assign(w=entropy["events"] * entropy["entropy"])
+                .groupby(["step", "layer", "head"])[["w", "events"]]
+                .sum()
+            )
+            attn_entropy = (attn_entropy["w"] / attn_entropy["events"]).rename("attn_entropy")
+            sparsities.append(
+                sparsity.merge(attn_entropy.reset_index(), on=["step", "layer", "head"]).assign(
+                    **tag
+                )
+            )
+            viz.plot_over_steps(
+                scan,
+                "bias",
+                snaps=measure.snapping(traj).table,
+                title=f"{name}, lr {lr}: discriminative bias (dotted: snap)",
+                path=out / f"bias_over_steps_{name}_lr{lr}.png",
+            )
+            if lr == cfg["lrs"][-1]:
+                steps = sorted(maps)
+                picks = [steps[i] for i in np.linspace(0, len(steps) - 1, 4).round().astype(int)]
+                viz.plot_attention_maps(
+                    [maps[s][:24, :24] for s in picks],
+                    picks,
+                    words[:24],
+                    title=f"{name}, lr {lr}: layer 0 head 0 on a test sequence",
+                    path=out / f"fig7_attention_{name}.png",
+                )
+
+    summary = pd.concat(summaries, ignore_index=True)
+    scan = pd.concat(scans, ignore_index=True)
+    sparsity = pd.concat(sparsities, ignore_index=True)
+    summary.to_csv(out / "summary.csv", index=False)
+    scan.to_csv(out / "scan.csv", index=False)
+    sparsity.to_csv(out / "sparsity.csv", index=False)
+
+    final = sparsity[sparsity["step"] == sparsity.groupby(["model", "lr"])["step"].transform("max")]
+    first_layer = final[final["layer"] == 0]
+    fig10 = first_layer.groupby(["model", "lr"])[["attn_entropy", "entropy"]].mean().reset_index()
+    fig10.to_csv(out / "fig10_entropy_vs_lr.csv", index=False)
+    _plot_fig10(fig10, out / "fig10_entropy_vs_lr.png")
+    columns = ["snap_path", "snap_rate", "bias", "auroc", "spearman", "entropy", "final_loss"]
+    table = summary.reindex(columns=["model", "lr", *columns]).groupby(["model", "lr"]).mean()
+    print(table.round(3).to_string())
+    print(fig10.round(3).to_string(index=False))
+    meta = {"config": cfg, "seconds": round(time.time() - start, 1), "vocab": V}
+    (out / "run.json").write_text(json.dumps(meta, indent=1))
+    print(f"wrote {out} in {time.time() - start:.0f} s")
+
+
+def _table(measurement, traj, groups, columns) -> pd.DataFrame:
+    """The measurement's table, or NaN columns where the evaluation text lacks what it needs
+    (say, no distinct token of a query occurs in its evaluation contexts)."""
+    try:
+        return measurement(traj, groups).table
+    except ValueError as err:
+        print(f"  {measurement.__name__}: {err}")
+        idx = pd.MultiIndex.from_product(
+            [traj.steps.tolist(), traj.layers, traj.heads], names=["step", "layer", "head"]
+        ).to_frame(index=False)
+        return idx.assign(**{c: np.nan for c in columns})
+
+
+def _plot_fig10(table: pd.DataFrame, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 3.4))
+    ax = fig.subplots()
+    for model, part in table.groupby("model"):
+        ax.plot(part["lr"], part["attn_entropy"], marker="o", label=f"{model}: all context")
+        ax.plot(part["lr"], part["entropy"], marker="s", ls="--", label=f"{model}: distinct only")
+    ax.set_xscale("log")
+    ax.set_xlabel("SGD learning rate")
+    ax.set_ylabel("first-layer attention entropy (nats)")
+    ax.set_title("Fig. 10 analogue: entropy at the end of training")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
