@@ -221,7 +221,7 @@ def train(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        result.loss.append(float(loss))
+        result.loss.append(loss.item())
         if step % 10 == 0:
             bar.set_postfix(loss=f"{result.loss[-1]:.3f}")
         if step in save_at:
