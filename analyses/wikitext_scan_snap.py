@@ -56,11 +56,11 @@ QUICK = {
     "vocab": 2000,
     "n_ctx": 32,
     "d_model": 64,
-    "steps": 150,
+    "steps": 100,
     "batch": 16,
     "lrs": [0.1, 0.3],
     "eval_rows": 512,
-    "checkpoints": "log:8",
+    "checkpoints": "log:6",
     "layers": [1, 3],
     "query_ranks": (20, 120),
 }
