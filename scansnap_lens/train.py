@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
@@ -126,7 +127,7 @@ def _sampler(data, batch_size: int, generator: torch.Generator) -> Callable[[], 
         return lambda: data(batch_size, generator)
     if not isinstance(data, Tensor):
         column = "tokens" if "tokens" in getattr(data, "column_names", []) else "input_ids"
-        data = torch.as_tensor(data.with_format("torch")[column])
+        data = torch.as_tensor(np.stack(data.with_format("numpy")[column]))
     if data.ndim != 2 or data.shape[0] == 0:
         raise ValueError(
             f"training tokens must be a non-empty [N, T] tensor, got {tuple(data.shape)}"

@@ -221,3 +221,18 @@ def test_pretrained_labels_offline_hooked_and_bridge_agree(fake_hub, tmp_path):
     assert not torch.allclose(hooked.zbar[0], hooked.zbar[1])
     with pytest.raises(ValueError, match="not available"):
         checkpoints.pretrained("EleutherAI/pythia-14m", steps=[1500])
+
+
+def test_train_on_a_datasets_dataset(tmp_path):
+    import datasets
+
+    rows = syn_data(64, torch.Generator().manual_seed(3))
+    ds = datasets.Dataset.from_dict({"input_ids": rows.tolist()})
+    model = attention_only_model(V, d_model=16, n_heads=1, n_ctx=32, seed=2)
+    result = train(
+        model, ds, steps=20, out=tmp_path, lr=0.5, checkpoints=10, loss_on="last", progress=False
+    )
+    assert sorted(result.checkpoints) == [0, 10, 20]
+    assert result.to_dataframe()["loss"].iloc[-1] < result.loss[0]
+    with pytest.raises(ValueError, match="non-empty"):
+        train(model, torch.empty(0, 5, dtype=torch.long), steps=1, progress=False)
