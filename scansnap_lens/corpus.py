@@ -32,12 +32,11 @@ import numba
 import numpy as np
 import pandas as pd
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from ._counting import distinct_per_class, fill_triples, find_events
+from ._io import read_tensors, write_tensors
 
 __all__ = ["CooccurrenceStats", "cooccurrence", "from_dataset"]
 
@@ -271,24 +270,11 @@ class CooccurrenceStats:
             "tokenizer": self.tokenizer,
             "min_count": self.min_count,
         }
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        save_file(tensors, str(tmp), metadata={"format": FORMAT, "meta": json.dumps(meta)})
-        tmp.replace(path)
-        return path
+        return write_tensors(path, tensors, {"format": FORMAT, "meta": json.dumps(meta)})
 
     @classmethod
     def load(cls, path: str | Path) -> CooccurrenceStats:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"no statistics file at {path}")
-        try:
-            with safe_open(str(path), "pt") as handle:
-                header = handle.metadata() or {}
-                tensors = {k: handle.get_tensor(k) for k in handle.keys()}
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise ValueError(f"{path} is not a statistics file (not safetensors: {exc})") from exc
-        if header.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a statistics file (format={header.get('format')!r})")
+        header, tensors = read_tensors(path, FORMAT, "statistics file")
         meta = json.loads(header["meta"])
         return cls(
             query=tensors["query"],

@@ -63,13 +63,18 @@ def restricted_entropy(attention: Tensor, mask: Tensor) -> Tensor:
 
 
 # ------------------------------------------------------------------ lookups
-def _dz(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:
-    """dz [S, L, H, n] of the pairs (query, l) the plan holds, and the mask of `tokens` held."""
+def _z(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """zbar [S, L, H, n] of the pairs (query, l) the plan holds, and the mask of `tokens` held."""
     plan = traj.plan
     keys = query * plan.vocab_size + tokens
     slot = torch.searchsorted(plan.pair_keys, keys).clamp_max(max(plan.num_pairs - 1, 0))
     held = plan.pair_keys[slot] == keys if plan.num_pairs else torch.zeros_like(keys, dtype=bool)
-    z = traj.zbar[..., slot[held]].double()
+    return traj.zbar[..., slot[held]].double(), held
+
+
+def _dz(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """zbar(t) - zbar(t_first) of `_z`."""
+    z, held = _z(traj, query, tokens)
     return z - z[:1], held
 
 
@@ -255,13 +260,12 @@ def growth(traj: Trajectory, groups: TokenGroups) -> Measurement:
     chis, devs, rows = [], [], []
     for k in range(groups.num_classes):
         m = int(groups.query[k])
-        dz, held = _dz(traj, m, groups.distinct[k])
+        z, held = _z(traj, m, groups.distinct[k])
         p = groups.distinct_p[k][held]
         if p.numel() < 2:
             continue
         tokens = groups.distinct[k][held]
-        slots = torch.searchsorted(traj.plan.pair_keys, m * traj.plan.vocab_size + tokens)
-        z = traj.zbar[..., slots].double()
+        dz = z - z[:1]
         i0 = int(torch.argmax(p))
         ctilde = p * torch.exp(z - z[..., i0 : i0 + 1])  # shift-free ratios
         others = [j for j in range(p.numel()) if j != i0]

@@ -17,7 +17,6 @@ memory follows the text's co-occurrence structure, never V x V.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 
@@ -134,13 +133,10 @@ class RecordPlan:
 
     def same_as(self, other: RecordPlan) -> bool:
         """True when both plans track the same slots of the same evaluation text."""
-        if json.dumps(self.metadata(), sort_keys=True) != json.dumps(
-            other.metadata(), sort_keys=True
-        ):
-            mine, theirs = self.metadata(), other.metadata()
-            mine.pop("token_strings"), theirs.pop("token_strings")
-            if mine != theirs:
-                return False
+        mine, theirs = self.metadata(), other.metadata()
+        mine.pop("token_strings"), theirs.pop("token_strings")  # labels, not slots
+        if mine != theirs:
+            return False
         a, b = self.tensors(), other.tensors()
         return all(torch.equal(a[k], b[k]) for k in a)
 

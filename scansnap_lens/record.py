@@ -345,7 +345,7 @@ def _batches(tokens, batch_size: int) -> Iterable[Tensor]:
         yield batch if batch.ndim == 2 else batch[None]
 
 
-def check_tokens(x: Tensor, vocab_size: int, plan: RecordPlan) -> None:
+def check_tokens(x: Tensor, vocab_size: int) -> None:
     if x.ndim != 2:
         raise ValueError(f"evaluation batches must be [batch, seq], got {tuple(x.shape)}")
     if x.dtype.is_floating_point or x.dtype == torch.bool:
@@ -403,7 +403,7 @@ def record_checkpoint(
             disable=not progress,
             leave=False,
         ):
-            check_tokens(x, vocab, plan)
+            check_tokens(x, vocab)
             fingerprint = (fingerprint + _fingerprint(list(x.cpu().numpy().astype(np.int64)))) & (
                 (1 << 64) - 1
             )

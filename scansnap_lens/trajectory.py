@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import Tensor
 
+from ._io import read_tensors, write_tensors
 from .plan import RecordPlan
 from .record import CheckpointRecord
 
@@ -210,11 +209,10 @@ class TrajectoryWriter:
                     (self.path / item["file"]).unlink(missing_ok=True)
             (self.path / "checkpoints").mkdir(parents=True, exist_ok=True)
             meta_json = json.dumps(plan.metadata())
-            _atomic(
+            write_tensors(
                 self.path / "plan.safetensors",
-                lambda tmp: save_file(
-                    plan.tensors(), tmp, metadata={"format": FORMAT, "plan": meta_json}
-                ),
+                plan.tensors(),
+                {"format": FORMAT, "plan": meta_json},
             )
             self.manifest = {
                 "format": FORMAT,
@@ -233,12 +231,8 @@ class TrajectoryWriter:
 
     def write(self, record: CheckpointRecord) -> None:
         name = f"checkpoints/step_{record.step:012d}.safetensors"
-        tensors = {k: v.contiguous() for k, v in record.tensors().items()}
-        _atomic(
-            self.path / name,
-            lambda tmp: save_file(
-                tensors, tmp, metadata={"format": FORMAT, "step": str(record.step)}
-            ),
+        write_tensors(
+            self.path / name, record.tensors(), {"format": FORMAT, "step": str(record.step)}
         )
         entries = [c for c in self.manifest["checkpoints"] if c["step"] != record.step]
         entries.append({"step": record.step, "file": name})
@@ -252,14 +246,10 @@ class TrajectoryWriter:
         self._flush()
 
     def _flush(self) -> None:
-        text = json.dumps(self.manifest, indent=1)
-        _atomic(self.path / "manifest.json", lambda tmp: Path(tmp).write_text(text))
-
-
-def _atomic(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(str(tmp))
-    os.replace(tmp, path)
+        file = self.path / "manifest.json"
+        tmp = file.with_name(file.name + ".tmp")
+        tmp.write_text(json.dumps(self.manifest, indent=1))
+        os.replace(tmp, file)
 
 
 def _read_manifest(path: Path) -> dict:
@@ -278,17 +268,7 @@ def _read_manifest(path: Path) -> dict:
 
 
 def _read_tensors(file: Path) -> tuple[dict, dict[str, Tensor]]:
-    if not file.exists():
-        raise FileNotFoundError(f"{file} is missing")
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError) as err:
-        raise ValueError(f"{file}: corrupt or truncated file ({err})") from None
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{file}: not a scansnap_lens trajectory file")
-    return meta, tensors
+    return read_tensors(file, FORMAT, "trajectory file")
 
 
 def _read_plan(file: Path) -> RecordPlan:

@@ -35,10 +35,11 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ._io import read_tensors
 from .synthetic import SequenceClasses, syn_small
 
 __all__ = [
@@ -238,19 +239,7 @@ class YZRun:
 
     @classmethod
     def load(cls, path: str | Path) -> YZRun:
-        from safetensors import safe_open
-
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"no Y/Z run file at {path}")
-        try:
-            with safe_open(str(path), "pt") as handle:
-                meta = handle.metadata() or {}
-        except Exception as exc:  # safetensors raises several types for a corrupt header
-            raise ValueError(f"{path} is not a safetensors file: {exc}") from exc
-        if meta.get("format") != "scansnap_lens.YZRun/1":
-            raise ValueError(f"{path} is not a scansnap_lens Y/Z run (format={meta.get('format')})")
-        t = load_file(str(path))
+        meta, t = read_tensors(path, "scansnap_lens.YZRun/1", "Y/Z run file")
         classes = SequenceClasses(t["probs"], t["query"], t["next_token"])
         return cls(
             classes,

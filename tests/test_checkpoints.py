@@ -25,15 +25,13 @@ def syn_data(batch_size, generator, seq_len=16):
     return torch.cat([tokens, labels[:, None]], 1)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    out = tmp_path_factory.mktemp("run")
+def train_run(**kwargs):
+    """The run every test here shares: 30 SGD steps, checkpoints at 0, 5, 10, 20, 30."""
     model = attention_only_model(V, d_model=32, n_heads=2, n_ctx=32, seed=0)
     result = train(
         model,
         syn_data,
         steps=30,
-        out=out,
         lr=0.5,
         lr_attention=0.5,
         momentum=0.9,
@@ -41,7 +39,15 @@ def trained(tmp_path_factory):
         checkpoints=[0, 5, 10, 20, 30],
         loss_on="last",
         progress=False,
+        **kwargs,
     )
+    return model, result
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    _, result = train_run(out=out)
     eval_tokens = syn_data(8, torch.Generator().manual_seed(7))
     return out, result, eval_tokens
 
@@ -120,21 +126,8 @@ def test_callback_and_memory_sources_match_folder(trained, tmp_path):
         checkpoints.folder(out)
     )
     # Recording inside the training loop, without saving weights, sees the same models.
-    model = attention_only_model(V, d_model=32, n_heads=2, n_ctx=32, seed=0)
     recorder = Recorder(tmp_path / "b", tokens, plan, progress=False)
-    train(
-        model,
-        syn_data,
-        steps=30,
-        lr=0.5,
-        lr_attention=0.5,
-        momentum=0.9,
-        batch_size=32,
-        checkpoints=[0, 5, 10, 20, 30],
-        loss_on="last",
-        progress=False,
-        on_checkpoint=recorder.on_checkpoint,
-    )
+    model, _ = train_run(on_checkpoint=recorder.on_checkpoint)
     callback_traj = recorder.trajectory()
     torch.testing.assert_close(callback_traj.zbar, folder_traj.zbar, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(callback_traj.chat, folder_traj.chat, atol=1e-6, rtol=1e-5)
@@ -236,3 +229,18 @@ def test_train_on_a_datasets_dataset(tmp_path):
     assert result.to_dataframe()["loss"].iloc[-1] < result.loss[0]
     with pytest.raises(ValueError, match="non-empty"):
         train(model, torch.empty(0, 5, dtype=torch.long), steps=1, progress=False)
+
+
+def test_trajectory_files_that_cannot_be_read(trained, tmp_path):
+    out, _, tokens = trained
+    plan = plan_recording(tokens, V, queries=syn_small().query.tolist())
+    with pytest.raises(FileNotFoundError, match=r"manifest\.json is missing"):
+        Trajectory.load(tmp_path)
+    Recorder(tmp_path / "t", tokens, plan, progress=False).record(checkpoints.folder(out))
+    first = sorted((tmp_path / "t" / "checkpoints").iterdir())[0]
+    first.write_bytes(first.read_bytes()[:40])
+    with pytest.raises(ValueError, match=f"{first.name}.*corrupt or truncated"):
+        Trajectory.load(tmp_path / "t")
+    (tmp_path / "t" / "manifest.json").write_text("{not json")
+    with pytest.raises(ValueError, match="corrupt manifest"):
+        Trajectory.load(tmp_path / "t")

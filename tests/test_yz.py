@@ -204,7 +204,7 @@ def test_save_load_round_trip_and_bad_files(tmp_path):
     }
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"not a safetensors file")
-    with pytest.raises(ValueError, match="not a safetensors file"):
+    with pytest.raises(ValueError, match=r"not a Y/Z run file.*corrupt or truncated"):
         YZRun.load(bad)
     with pytest.raises(FileNotFoundError):
         YZRun.load(tmp_path / "missing.safetensors")

@@ -1,0 +1,35 @@
+"""safetensors files with a format tag: one reader and one atomic writer for every result."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+
+def write_tensors(path: str | Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> Path:
+    """Write to a temporary name, then rename: readers never see half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+    os.replace(tmp, path)
+    return path
+
+
+def read_tensors(path: str | Path, fmt: str, what: str) -> tuple[dict, dict[str, Tensor]]:
+    """(metadata, tensors) of a file tagged ``format = fmt``; clear errors naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no {what} at {path}")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            meta = handle.metadata() or {}
+            tensors = {k: handle.get_tensor(k) for k in handle.keys()}
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"{path} is not a {what} (corrupt or truncated: {err})") from None
+    if meta.get("format") != fmt:
+        raise ValueError(f"{path} is not a {what} (format={meta.get('format')!r})")
+    return meta, tensors
