@@ -1,4 +1,14 @@
-"""The ``scansnap`` command line: a thin layer over the library."""
+"""The ``scansnap`` command line: a thin layer over the library.
+
+    scansnap demo [--out DIR]                         the main job, end to end
+    scansnap stats CORPUS... --out stats.safetensors  co-occurrence statistics of a corpus
+    scansnap record --checkpoints DIR --tokens FILE --out TRAJ   attention over checkpoints
+    scansnap report TRAJ --stats STATS --out DIR      measurements, figures, circuitsvis views
+    scansnap theory --K 2 --M 33 --lr-y 0.1 --lr-z 3  the theory's transition and B_n curve
+
+Exit codes: 0 done, 2 bad input (the message names it), 130 interrupted (a recording keeps
+what it has; run the same command again to resume).
+"""
 
 from __future__ import annotations
 
@@ -8,36 +18,234 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
-from .lab import distinct_entropy, syn_small_experiment
-from .theory import PhaseTransition
+SUMMARY_COLUMNS = [
+    "layer",
+    "head",
+    "bias",
+    "auroc",
+    "spearman",
+    "entropy",
+    "distinct_mass",
+    "top_share",
+    "snap_path",
+    "snap_rate",
+    "predicted_snap",
+]
 
-DEMO_SETTINGS = {"lrY1_lrZ1": (1.0, 1.0), "lrY10_lrZ1": (1.0, 10.0)}
+
+def _print_summary(summary: pd.DataFrame) -> None:
+    columns = [c for c in SUMMARY_COLUMNS if c in summary]
+    print(summary[columns].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 
 
+# ------------------------------------------------------------------ demo
 def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
     start = time.perf_counter()
-    runs = syn_small_experiment(DEMO_SETTINGS, args.out, "sgd", args.steps, args.seed, "demo")
-    print(f"Syn-Small lab (Y/Z model, SGD momentum 0.9, zero init, {args.steps} steps)")
+    result = run_demo(args.out, data=args.data, steps=args.steps, seed=args.seed)
     print(
-        f"{'setting':<12} {'eta_Z':>6} {'eta_Y':>6} {'final loss':>11} {'entropy':>8}"
-        f" {'t0 (theory)':>12}"
+        f"Trained a 1-layer attention-only transformer (no positions) on {args.data} for"
+        f" {args.steps} steps: loss {result.training.loss[0]:.3f} -> {result.training.loss[-1]:.4f}"
     )
-    for label, run in runs.items():
-        classes = run.classes
-        lr_z, lr_y = run.lr_z[0].item(), run.lr_y[0].item()
-        theory = PhaseTransition(classes.num_classes, classes.vocab_size, lr_y, lr_z)
-        entropy = distinct_entropy(run)[0].mean().item()
-        print(
-            f"{label:<12} {lr_z:>6g} {lr_y:>6g} {run.loss[-1, 0].item():>11.2e}"
-            f" {entropy:>8.3f} {theory.t0:>12.1f}"
-        )
-    print("entropy: of c_n over each class's distinct tokens at the end (max ln 10 = 2.303)")
-    print(f"figures and CSVs in {Path(args.out).resolve()} ({time.perf_counter() - start:.1f} s)")
+    print(f"recorded {result.trajectory.num_steps} checkpoints; classes from the training corpus")
+    _print_summary(result.summary)
+    print(
+        "bias > 0: distinct tokens gained on common ones (scan); spearman > 0: frequency bias;"
+        " snap_path: step by which 90% of the attention's movement was done"
+    )
+    print(f"report: {result.report.path.resolve()} ({time.perf_counter() - start:.1f} s)")
     return 0
 
 
+# ------------------------------------------------------------------ stats
+def _corpus_rows(args: argparse.Namespace):
+    """(rows or dataset, vocab size, tokenizer name) of the inputs."""
+    from .text import wikitext_documents, word_level_tokenizer
+    from .tokens import TOKEN_SUFFIXES, encode, load_tokenizer, read_tokens
+
+    if args.dataset:
+        return None, args.vocab_size, None
+    if not args.inputs:
+        raise ValueError("give corpus files (text or token files) or --dataset")
+    texts = [Path(p) for p in args.inputs if not str(p).endswith(TOKEN_SUFFIXES)]
+    files = [Path(p) for p in args.inputs if str(p).endswith(TOKEN_SUFFIXES)]
+    if texts and files:
+        raise ValueError("give either text files or token files, not both")
+    if files:
+        rows = [r for f in files for r in read_tokens(f)]
+        return rows, args.vocab_size, None
+    docs = [d for p in texts for d in wikitext_documents(p)]
+    if args.tokenizer:
+        tokenizer = load_tokenizer(args.tokenizer)
+    else:
+        tokenizer = word_level_tokenizer(docs, max_vocab=args.max_vocab)
+        path = Path(args.out).with_suffix(".tokenizer.json")
+        tokenizer.save(str(path))
+        print(f"word-level tokenizer ({tokenizer.get_vocab_size()} words) saved to {path}")
+    size = tokenizer.get_vocab_size() if hasattr(tokenizer, "get_vocab_size") else len(tokenizer)
+    return encode(tokenizer, docs), args.vocab_size or size, args.tokenizer
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from .corpus import cooccurrence, from_dataset
+
+    common = {
+        "window": args.window,
+        "exclude_bos": args.exclude_bos,
+        "queries": args.queries,
+        "min_count": args.min_count,
+        "progress": True,
+    }
+    rows, vocab, name = _corpus_rows(args)
+    if args.dataset:
+        import datasets
+
+        path = Path(args.dataset)
+        if path.exists():
+            data = datasets.load_from_disk(str(path))
+        else:
+            data = datasets.load_dataset(args.dataset, split=args.split)
+        if isinstance(data, datasets.DatasetDict):
+            data = data[args.split]
+        tokenizer = None
+        if args.text_column:
+            from .tokens import load_tokenizer
+
+            if not args.tokenizer:
+                raise ValueError("--text-column needs --tokenizer")
+            tokenizer = load_tokenizer(args.tokenizer)
+        stats = from_dataset(
+            data,
+            column=args.column,
+            text_column=args.text_column,
+            tokenizer=tokenizer,
+            vocab_size=vocab,
+            **common,
+        )
+    else:
+        stats = cooccurrence(rows, vocab, tokenizer=name, **common)
+    if stats.num_classes == 0:
+        raise ValueError("the corpus holds no event (query followed by a next token)")
+    stats.save(args.out)
+    print(
+        f"{int(stats.events.sum())} events, {stats.num_classes} classes (m, n),"
+        f" {stats.num_triples} co-occurrences over a vocabulary of {stats.vocab_size}"
+    )
+    print(f"statistics: {Path(args.out).resolve()}")
+    return 0
+
+
+# ------------------------------------------------------------------ record
+def _eval_tokens(args: argparse.Namespace):
+    from .text import wikitext_documents
+    from .tokens import encode, load_tokenizer, read_tokens, rows_of
+
+    if bool(args.tokens) == bool(args.text):
+        raise ValueError("give the evaluation tokens with either --tokens FILE or --text FILE")
+    if args.tokens:
+        tokens = read_tokens(args.tokens)
+    else:
+        spec = args.tokenizer or args.model
+        if not spec:
+            raise ValueError("--text needs --tokenizer (a tokenizer.json or a hub name)")
+        docs = wikitext_documents(args.text)
+        tokens = rows_of(encode(load_tokenizer(spec), docs), args.seq_len)
+    if args.max_rows:
+        tokens = tokens[: args.max_rows]
+    return tokens
+
+
+def _record(args: argparse.Namespace) -> int:
+    from . import checkpoints
+    from .plan import plan_recording
+    from .recorder import Recorder
+
+    if bool(args.checkpoints) == bool(args.model):
+        raise ValueError("give either --checkpoints DIR or --model NAME")
+    tokens = _eval_tokens(args)
+    if args.checkpoints:
+        source = checkpoints.folder(
+            args.checkpoints, steps=args.steps, trust_pickle=args.trust_pickle, device=args.device
+        )
+    else:
+        source = checkpoints.pretrained(
+            args.model, steps=args.steps, backend=args.backend, device=args.device
+        )
+    if len(source) == 0:
+        raise ValueError(f"{source.name}: no checkpoint selected")
+    first = source.checkpoints[0].load()
+    vocab, tokenizer = int(first.cfg.d_vocab), getattr(first, "tokenizer", None)
+    del first
+    plan = plan_recording(
+        tokens,
+        vocab,
+        queries=args.queries,
+        exclude_bos=not args.include_bos,
+        tokenizer=tokenizer,
+    )
+    recorder = Recorder(
+        args.out,
+        tokens,
+        plan,
+        layers=args.layers,
+        heads=args.heads,
+        batch_size=args.batch_size,
+        device=args.device,
+        prompt_length=args.prompt_length,
+        meta={"source": source.name},
+    )
+    before = len(recorder.done)
+    traj = recorder.record(source, on_error=args.on_error)
+    print(
+        f"{traj.num_steps} checkpoints recorded ({traj.num_steps - before} new,"
+        f" {len(traj.skipped)} skipped), layers {traj.layers}, heads {traj.heads},"
+        f" {plan.num_queries} queries, {plan.num_classes} classes"
+    )
+    print(f"trajectory: {Path(args.out).resolve()}")
+    return 0
+
+
+# ------------------------------------------------------------------ report
+def _report(args: argparse.Namespace) -> int:
+    from .classify import classify
+    from .corpus import CooccurrenceStats
+    from .groups import TokenGroups
+    from .report import write_report
+    from .trajectory import Trajectory
+
+    traj = Trajectory.load(args.trajectory)
+    stats = CooccurrenceStats.load(args.stats)
+    if stats.vocab_size != traj.plan.vocab_size:
+        raise ValueError(
+            f"vocabulary mismatch: the statistics have {stats.vocab_size} tokens and the"
+            f" trajectory's model {traj.plan.vocab_size}"
+        )
+    classes = classify(
+        stats,
+        scope=args.scope,
+        min_support=args.min_support,
+        purity=args.purity,
+        guard=not args.no_guard,
+    )
+    groups = TokenGroups.from_classification(
+        classes, stats, queries=traj.plan.queries.tolist(), min_distinct=args.min_distinct
+    )
+    out = args.out or Path(args.trajectory) / "report"
+    report = write_report(traj, groups, out, title=args.title or f"scansnap_lens: {traj.meta}")
+    _print_summary(report.summary)
+    for what, why in report.not_measured.items():
+        print(f"not measured: {what}: {why}")
+    print(f"report: {report.path.resolve()}")
+    return 0
+
+
+# ------------------------------------------------------------------ theory
 def _theory(args: argparse.Namespace) -> int:
+    from .theory import PhaseTransition
+
     theory = PhaseTransition(args.K, args.M, args.lr_y, args.lr_z, args.rho0)
     print(f"K={args.K} M={args.M} eta_Y={args.lr_y:g} eta_Z={args.lr_z:g}")
     print(f"scanning ends   t0'  = K ln M / eta_Y           = {theory.t0_prime:.2f}")
@@ -59,15 +267,141 @@ def _theory(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scansnap", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+# ------------------------------------------------------------------ parser
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
 
-    demo = sub.add_parser("demo", help="run the paper's Syn-Small lab end to end and write figures")
+
+def _queries(text: str):
+    """A share of events covered (0 < q <= 1) or comma-separated token ids."""
+    if "," not in text and "." in text:
+        return float(text)
+    return _ints(text)
+
+
+def _steps(text: str):
+    if text in ("all",) or text.startswith("log:"):
+        return text
+    values = _ints(text)
+    return values[0] if len(values) == 1 and "," not in text else values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="scansnap",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser(
+        "demo",
+        help="train a small transformer, record, measure and report scan and snap",
+        description="The main job on an embedded default (about 20 s on 2 cores): a 1-layer"
+        " attention-only HookedTransformer without positions trained on synthetic sequence"
+        " classes, recorded at log-spaced checkpoints, token classes from the training corpus,"
+        " measurements and a self-contained HTML report.",
+    )
     demo.add_argument("--out", type=Path, default=Path("demo_out"), help="output folder")
-    demo.add_argument("--steps", type=int, default=100, help="training steps")
+    demo.add_argument(
+        "--data",
+        choices=["syn-medium", "syn-small"],
+        default="syn-medium",
+        help="Syn-Medium (1 query, 2 next tokens; default) or Syn-Small (each query its own"
+        " next token: the residual stream solves it and attention barely moves)",
+    )
+    demo.add_argument("--steps", type=int, default=250, help="training steps")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
+
+    stats = sub.add_parser(
+        "stats",
+        help="co-occurrence statistics of a corpus (text, token files or a datasets dataset)",
+        description="Count events (m, n) and co-occurrences C(m, n, l) of a corpus and save"
+        " them (safetensors). Text files are split into WikiText articles and tokenised with"
+        " --tokenizer, or by a word-level tokenizer built from them (saved beside --out).",
+    )
+    stats.add_argument(
+        "inputs", nargs="*", help=".txt files, or token files (.safetensors/.npy/.pt)"
+    )
+    stats.add_argument("--out", type=Path, required=True, help="statistics file (.safetensors)")
+    stats.add_argument(
+        "--dataset", help="a datasets dataset: a name, or a folder from save_to_disk"
+    )
+    stats.add_argument("--split", default="train", help="dataset split (default train)")
+    stats.add_argument("--column", default="input_ids", help="dataset column of token ids")
+    stats.add_argument("--text-column", help="dataset column of text (needs --tokenizer)")
+    stats.add_argument("--tokenizer", help="tokenizer.json or a Hugging Face tokenizer name")
+    stats.add_argument("--max-vocab", type=int, help="size of the word-level tokenizer built")
+    stats.add_argument("--vocab-size", type=int, help="vocabulary size of token ids")
+    stats.add_argument("--window", type=int, help="most context positions before the query")
+    stats.add_argument("--exclude-bos", action="store_true", help="keep position 0 out of context")
+    stats.add_argument("--queries", type=_ints, help="count only these query ids (a,b,c)")
+    stats.add_argument("--min-count", type=int, default=1, help="prune rarer co-occurrences")
+    stats.set_defaults(func=_stats)
+
+    record = sub.add_parser(
+        "record",
+        help="record attention over a model's checkpoints into a trajectory (resumable)",
+        description="Record zbar, chat and attention entropy of every selected checkpoint on"
+        " the evaluation tokens. Checkpoints come from a folder (step_*.safetensors, *.pt, with"
+        " config.json) or TransformerLens checkpoint labels (--model, e.g."
+        " EleutherAI/pythia-14m). Run the same command again to resume.",
+    )
+    record.add_argument("--checkpoints", type=Path, help="folder of checkpoints")
+    record.add_argument("--model", help="a TransformerLens model name with checkpoint labels")
+    record.add_argument("--backend", choices=["hooked", "bridge"], default="hooked")
+    record.add_argument(
+        "--steps", type=_steps, default="all", help="all, every k-th (k), log:N, or a,b,c"
+    )
+    record.add_argument("--tokens", type=Path, help="evaluation token file [rows, positions]")
+    record.add_argument("--text", type=Path, help="evaluation text file (with --tokenizer)")
+    record.add_argument("--tokenizer", help="tokenizer.json or name (default: --model's)")
+    record.add_argument("--seq-len", type=int, default=64, help="row length for --text")
+    record.add_argument("--max-rows", type=int, help="use only the first rows")
+    record.add_argument("--out", type=Path, required=True, help="trajectory folder")
+    record.add_argument(
+        "--queries",
+        type=_queries,
+        help="share of events covered by the most frequent queries (0.5) or ids (a,b,c);"
+        " default all",
+    )
+    record.add_argument("--layers", type=_ints, help="layers to watch (a,b); default all")
+    record.add_argument("--heads", type=_ints, help="heads to watch (a,b); default all")
+    record.add_argument("--include-bos", action="store_true", help="attend to position 0 too")
+    record.add_argument("--batch-size", type=int, default=8)
+    record.add_argument("--prompt-length", type=int, default=64, help="example prompt kept")
+    record.add_argument("--device", help="cpu, cuda, ...")
+    record.add_argument("--on-error", choices=["raise", "skip"], default="raise")
+    record.add_argument(
+        "--trust-pickle", action="store_true", help="allow pickled .pt files (trusted only)"
+    )
+    record.set_defaults(func=_record)
+
+    report = sub.add_parser(
+        "report",
+        help="measure a trajectory against corpus statistics and write an HTML report",
+        description="Classify context tokens from the statistics, measure scan and snap, and"
+        " write report.html (offline, self-contained), summary.json, CSVs and PNG figures.",
+    )
+    report.add_argument("trajectory", type=Path, help="trajectory folder (scansnap record)")
+    report.add_argument("--stats", type=Path, required=True, help="statistics (scansnap stats)")
+    report.add_argument("--out", type=Path, help="report folder (default TRAJECTORY/report)")
+    report.add_argument("--title")
+    report.add_argument("--scope", choices=["local", "global"], default="local")
+    report.add_argument("--min-support", type=int, default=1)
+    report.add_argument("--purity", type=float, default=1.0)
+    report.add_argument("--no-guard", action="store_true", help="no binomial guard")
+    report.add_argument(
+        "--min-distinct", type=int, default=1, help="classes need this many distinct tokens"
+    )
+    report.set_defaults(func=_report)
 
     theory = sub.add_parser("theory", help="predicted transition times and the B_n(t) curve")
     theory.add_argument("--K", type=int, required=True, help="number of next tokens")
@@ -83,12 +417,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .checkpoints import CheckpointError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"scansnap {args.command}: error: {exc}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, KeyError, CheckpointError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"scansnap {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            f"scansnap {args.command}: interrupted; what was recorded is kept (run again to"
+            " resume)",
+            file=sys.stderr,
+        )
+        return 130
 
 
 if __name__ == "__main__":

@@ -31,12 +31,14 @@ __all__ = [
     "discriminative_bias",
     "frequency_bias",
     "growth",
+    "known_rates",
     "predicted_snap",
     "restricted_entropy",
     "snap_steps",
     "snapping",
     "sparsity",
     "summarize",
+    "theory_of",
 ]
 
 
@@ -76,25 +78,6 @@ def _dz(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:
     """zbar(t) - zbar(t_first) of `_z`."""
     z, held = _z(traj, query, tokens)
     return z - z[:1], held
-
-
-def _class_slot(traj: Trajectory, query: int, next_token: int) -> int | None:
-    plan = traj.plan
-    key = query * plan.vocab_size + next_token
-    c = int(torch.searchsorted(plan.class_keys, torch.tensor([key])))
-    return c if c < plan.num_classes and int(plan.class_keys[c]) == key else None
-
-
-def _chat(traj: Trajectory, c: int, tokens: Tensor) -> Tensor:
-    """chat [S, L, H, n] of class slot c for `tokens` (0 where l never occurred in its context)."""
-    plan = traj.plan
-    keys = c * plan.vocab_size + tokens
-    tk = plan.triple_keys
-    slot = torch.searchsorted(tk, keys).clamp_max(max(tk.numel() - 1, 0))
-    held = tk[slot] == keys
-    out = torch.zeros(*traj.chat.shape[:3], tokens.numel(), dtype=torch.float64)
-    out[..., held] = traj.chat[..., slot[held]].double()
-    return out
 
 
 def _class_chat(traj: Trajectory, c: int) -> Tensor:
@@ -141,8 +124,9 @@ class Measurement:
 # ------------------------------------------------------------------ scan
 def discriminative_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
     """Mean dz of a query's distinct tokens minus its common tokens, and the AUROC of dz
-    separating them; averaged over queries with both kinds, weighted by their events."""
-    biases, aurocs, weights, rows = [], [], [], []
+    separating them; averaged over queries with both kinds, weighted by their events.
+    The table also keeps the two means, dz_distinct and dz_common (bias is their difference)."""
+    biases, aurocs, d_means, c_means, weights, rows = [], [], [], [], [], []
     for m in groups.query.unique().tolist():
         d_dz, _ = _dz(traj, m, groups.distinct_of_query(m))
         c_dz, _ = _dz(traj, m, groups.common.get(m, torch.empty(0, dtype=torch.long)))
@@ -152,6 +136,8 @@ def discriminative_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
         auroc = _auroc(d_dz, c_dz)
         biases.append(bias)
         aurocs.append(auroc)
+        d_means.append(d_dz.mean(-1))
+        c_means.append(c_dz.mean(-1))
         weights.append(float(groups.events[groups.query == m].sum()))
         rows.append((m, d_dz.shape[-1], c_dz.shape[-1], float(bias[-1].mean()), weights[-1]))
     if not biases:
@@ -162,6 +148,8 @@ def discriminative_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
         {
             "bias": _weighted_nanmean(torch.stack(biases, -1), w),
             "auroc": _weighted_nanmean(torch.stack(aurocs, -1), w),
+            "dz_distinct": _weighted_nanmean(torch.stack(d_means, -1), w),
+            "dz_common": _weighted_nanmean(torch.stack(c_means, -1), w),
         },
     )
     table["bias_queries"] = len(biases)
@@ -225,10 +213,10 @@ def sparsity(
     if thresholds is None:
         thresholds = torch.tensor([0.5, 1.0, 2.0]) / max(traj.plan.vocab_size, 1)
     for k in range(groups.num_classes):
-        c = _class_slot(traj, int(groups.query[k]), int(groups.next_token[k]))
+        c = traj.class_slot(int(groups.query[k]), int(groups.next_token[k]))
         if c is None or groups.distinct[k].numel() == 0:
             continue
-        chat = _chat(traj, c, groups.distinct[k])  # [S, L, H, D]
+        chat = traj.class_attention(c, groups.distinct[k])  # [S, L, H, D]
         mass = chat.sum(-1)
         p = chat / mass.clamp_min(1e-300)[..., None]
         ent = torch.where(mass > 0, -torch.special.xlogy(p, p).sum(-1), math.nan)
@@ -345,7 +333,7 @@ def snapping(
     if groups is None:
         slots = list(range(plan.num_classes))
     else:
-        found = [_class_slot(traj, int(m), int(n)) for m, n in zip(groups.query, groups.next_token)]
+        found = [traj.class_slot(int(m), int(n)) for m, n in zip(groups.query, groups.next_token)]
         slots = [c for c in found if c is not None]
     if not slots:
         raise ValueError("no tracked class to measure")
@@ -377,26 +365,39 @@ def snapping(
 
 
 # ------------------------------------------------------------------ summary
-def predicted_snap(traj: Trajectory) -> list[float] | None:
-    """The theory's transition t0 per head, where the rates are known.
+def known_rates(traj: Trajectory) -> list[tuple[float, float]] | None:
+    """(eta_Y, eta_Z) per head where the trajectory's ``meta`` knows them, else None.
 
-    Known for the Y/Z lab (its ``meta`` has lr_z and ratio per run) and for models trained by
-    `scansnap_lens.train` (``meta`` has lr and lr_attention); K is the number of next tokens
-    and M the vocabulary size.  t0 = 2 (1 + delta') K ln M / eta_Y (Sec. 6).
+    Known for the Y/Z lab (``meta`` has lr_z and ratio per run) and for models trained by
+    `scansnap_lens.train` (``meta`` has lr and lr_attention).
     """
-    from .theory import PhaseTransition
-
     meta = traj.meta
-    K = int(traj.plan.class_next.unique().numel())
-    M = traj.plan.vocab_size
     if "lr_z" in meta and "ratio" in meta:
         rates = [(z * r, z) for z, r in zip(meta["lr_z"], meta["ratio"])]
-        rates = [rates[h] for h in traj.heads]
-    elif "lr" in meta and "lr_attention" in meta:
-        rates = [(meta["lr"], meta["lr_attention"])] * len(traj.heads)
-    else:
+        return [rates[h] for h in traj.heads]
+    if "lr" in meta and "lr_attention" in meta:
+        return [(float(meta["lr"]), float(meta["lr_attention"]))] * len(traj.heads)
+    return None
+
+
+def theory_of(traj: Trajectory) -> list | None:
+    """A `theory.PhaseTransition` per head where the rates are known (`known_rates`); K is the
+    number of next tokens and M the vocabulary size."""
+    from .theory import PhaseTransition
+
+    rates = known_rates(traj)
+    if rates is None:
         return None
-    return [PhaseTransition(K=K, M=M, lr_y=y, lr_z=z).t0 for y, z in rates]
+    K = int(traj.plan.class_next.unique().numel())
+    M = traj.plan.vocab_size
+    return [PhaseTransition(K=K, M=M, lr_y=y, lr_z=z) for y, z in rates]
+
+
+def predicted_snap(traj: Trajectory) -> list[float] | None:
+    """The theory's transition t0 = 2 (1 + delta') K ln M / eta_Y (Sec. 6) per head, where
+    the rates are known (see `known_rates`)."""
+    theories = theory_of(traj)
+    return None if theories is None else [t.t0 for t in theories]
 
 
 def summarize(traj: Trajectory, groups: TokenGroups, prediction=None) -> pd.DataFrame:

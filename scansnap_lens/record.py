@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from .corpus import _fingerprint
 from .plan import RecordPlan
 
-__all__ = ["CheckpointRecord", "model_vocab_size", "record_checkpoint"]
+__all__ = ["CheckpointRecord", "model_vocab_size", "prompt_attention", "record_checkpoint"]
 
 
 @dataclass
@@ -42,6 +42,7 @@ class CheckpointRecord:
     chat: [L, H, Pc] per-token attention of each triple slot (m, n, l).
     entropy: [L, H, C] mean entropy (nats) of the renormalised context attention per class.
     query_entropy: [L, H, Q] the same per tracked query, over all its events.
+    prompt_pattern: [L, H, T, T] attention weights of one example prompt, or None.
     """
 
     step: int
@@ -49,14 +50,18 @@ class CheckpointRecord:
     chat: Tensor
     entropy: Tensor
     query_entropy: Tensor
+    prompt_pattern: Tensor | None = None
 
     def tensors(self) -> dict[str, Tensor]:
-        return {
+        out = {
             "zbar": self.zbar,
             "chat": self.chat,
             "entropy": self.entropy,
             "query_entropy": self.query_entropy,
         }
+        if self.prompt_pattern is not None:
+            out["prompt_pattern"] = self.prompt_pattern
+        return out
 
 
 def model_vocab_size(model) -> int:
@@ -368,11 +373,13 @@ def record_checkpoint(
     batch_size: int = 8,
     device: str | torch.device | None = None,
     progress: bool = True,
+    prompt: Tensor | None = None,
 ) -> CheckpointRecord:
     """Run the evaluation tokens through `model` and aggregate its attention per `plan`.
 
     tokens: [N, T] ids (or an iterable of [B, T] batches) -- the tokens the plan was built on.
     layers, heads: what to watch (default: all).  Returns means as float32.
+    prompt: [T'] ids of an example whose full attention weights are kept as well.
     """
     vocab = model_vocab_size(model)
     if plan.vocab_size != vocab:
@@ -428,4 +435,33 @@ def record_checkpoint(
         chat=mean("chat", plan.class_events[plan.triple_class]),
         entropy=mean("entropy", plan.class_events),
         query_entropy=mean("query_entropy", plan.query_events),
+        prompt_pattern=None if prompt is None else prompt_attention(model, prompt, layers, heads),
     )
+
+
+@torch.no_grad()
+def prompt_attention(model, prompt: Tensor, layers: Sequence[int], heads: Sequence[int]) -> Tensor:
+    """Attention weights [L, H, T, T] (float32, CPU) of one prompt [T] on the given layers and
+    heads: the maps of Fig. 7 and of the circuitsvis views."""
+    prompt = torch.as_tensor(prompt).reshape(1, -1)
+    check_tokens(prompt, model_vocab_size(model))
+    device = next(model.parameters()).device
+    kept: dict[int, Tensor] = {}
+    heads_idx = torch.as_tensor(list(heads))
+
+    def keep(layer: int):
+        def hook(pattern: Tensor, hook=None):
+            kept[layer] = pattern[0, heads_idx.to(pattern.device)].float().cpu()
+
+        return hook
+
+    hooks = [(f"blocks.{layer}.attn.hook_pattern", keep(layer)) for layer in layers]
+    was_training = model.training
+    model.eval()
+    try:
+        model.run_with_hooks(
+            prompt.to(device), return_type=None, stop_at_layer=max(layers) + 1, fwd_hooks=hooks
+        )
+    finally:
+        model.train(was_training)
+    return torch.stack([kept[layer] for layer in layers])

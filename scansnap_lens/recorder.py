@@ -28,6 +28,9 @@ class Recorder:
 
     tokens: the evaluation tokens [N, T] (or batches) the plan was built from.
     layers, heads: what to watch (default: all); step_unit: "steps" or "tokens".
+    prompt: [T'] ids whose full attention weights are kept at every checkpoint (for attention
+    maps and circuitsvis views); by default the first ``prompt_length`` tokens of the first
+    evaluation sequence (``prompt_length=0``: none).
     """
 
     def __init__(
@@ -42,8 +45,14 @@ class Recorder:
         device=None,
         progress: bool = True,
         meta: dict | None = None,
+        prompt: Tensor | None = None,
+        prompt_length: int = 64,
     ):
         self.out = Path(out)
+        default_prompt = prompt is None
+        if prompt is None and prompt_length > 0 and isinstance(tokens, Tensor):
+            prompt = tokens[0, :prompt_length]
+        self.prompt = None if prompt is None else torch.as_tensor(prompt).reshape(-1).cpu()
         self.tokens, self.plan = tokens, plan
         self.layers, self.heads = layers, heads
         self.step_unit = step_unit
@@ -56,6 +65,9 @@ class Recorder:
             manifest = _read_manifest(self.out)
             self.layers = manifest["layers"] if layers is None else layers
             self.heads = manifest["heads"] if heads is None else heads
+            if default_prompt:  # keep the prompt already recorded
+                saved = manifest.get("prompt")
+                self.prompt = None if saved is None else torch.tensor(saved, dtype=torch.long)
             self._writer_for()
 
     def _writer_for(self, model=None) -> TrajectoryWriter | None:
@@ -67,7 +79,7 @@ class Recorder:
             heads = list(range(model.cfg.n_heads)) if self.heads is None else list(self.heads)
             self.layers, self.heads = layers, heads
             self._writer = TrajectoryWriter(
-                self.out, self.plan, layers, heads, self.step_unit, self.meta
+                self.out, self.plan, layers, heads, self.step_unit, self.meta, prompt=self.prompt
             )
         for skip in self._skips:
             self._writer.skip(*skip)
@@ -98,6 +110,7 @@ class Recorder:
             batch_size=self.batch_size,
             device=self.device,
             progress=self.progress,
+            prompt=self.prompt,
         )
         writer.write(record)
         return record

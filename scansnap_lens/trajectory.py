@@ -5,6 +5,7 @@ On disk a trajectory is a folder, written one checkpoint at a time::
     manifest.json                     steps done, skipped checkpoints, layers, heads, step unit
     plan.safetensors                  the RecordPlan (tracked queries, classes, slots)
     checkpoints/step_000001000.safetensors   zbar, chat, entropy, query_entropy
+                                      (and prompt_pattern where a prompt is recorded)
 
 Every file is written to a temporary name and renamed, so an interrupted recording leaves
 only whole files, and `TrajectoryWriter` resumes by skipping the steps already done.
@@ -38,6 +39,8 @@ class Trajectory:
     steps: [S] ascending, in ``step_unit`` ("steps" or "tokens").
     zbar: [S, L, H, Pz]; chat: [S, L, H, Pc]; entropy: [S, L, H, C]; query_entropy: [S, L, H, Q].
     skipped: checkpoints that could not be read: dicts with step, source and error.
+    prompt: [T] ids of an example prompt, and prompt_pattern [S, L, H, T, T] its attention
+    weights at every checkpoint (None where no prompt was recorded).
     """
 
     plan: RecordPlan
@@ -51,6 +54,8 @@ class Trajectory:
     step_unit: str = "steps"
     skipped: list[dict] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+    prompt: Tensor | None = None
+    prompt_pattern: Tensor | None = None
 
     @property
     def num_steps(self) -> int:
@@ -65,7 +70,32 @@ class Trajectory:
         records = sorted(records, key=lambda r: r.step)
         stacked = {k: torch.stack([getattr(r, k) for r in records]) for k in _FIELDS}
         steps = torch.tensor([r.step for r in records], dtype=torch.long)
+        patterns = [r.prompt_pattern for r in records]
+        if kwargs.get("prompt") is not None and all(p is not None for p in patterns):
+            kwargs["prompt_pattern"] = torch.stack(patterns)
+        else:
+            kwargs["prompt"] = None
         return cls(plan, steps, list(layers), list(heads), **stacked, **kwargs)
+
+    # -- lookups ---------------------------------------------------------------------
+    def class_slot(self, query: int, next_token: int) -> int | None:
+        """Index of the class (query, next_token) in the plan, None if it is not tracked."""
+        plan = self.plan
+        key = int(query) * plan.vocab_size + int(next_token)
+        c = int(torch.searchsorted(plan.class_keys, torch.tensor([key])))
+        return c if c < plan.num_classes and int(plan.class_keys[c]) == key else None
+
+    def class_attention(self, c: int, tokens: Tensor) -> Tensor:
+        """chat [S, L, H, n] (float64) of class slot `c` for `tokens`; 0 where a token never
+        occurred in the context of the class."""
+        plan = self.plan
+        keys = c * plan.vocab_size + tokens
+        tk = plan.triple_keys
+        slot = torch.searchsorted(tk, keys).clamp_max(max(tk.numel() - 1, 0))
+        held = tk[slot] == keys
+        out = torch.zeros(*self.chat.shape[:3], tokens.numel(), dtype=torch.float64)
+        out[..., held] = self.chat[..., slot[held]].double()
+        return out
 
     # -- selection -------------------------------------------------------------------
     def select(self, steps=None, layers=None, heads=None, queries=None) -> Trajectory:
@@ -91,6 +121,8 @@ class Trajectory:
             step_unit=self.step_unit,
             skipped=list(self.skipped),
             meta=dict(self.meta),
+            prompt=self.prompt,
+            prompt_pattern=None if self.prompt_pattern is None else cut(self.prompt_pattern),
         )
 
     # -- tables ----------------------------------------------------------------------
@@ -142,12 +174,18 @@ class Trajectory:
     def save(self, path: str | Path) -> Path:
         """Write the folder format (see the module docstring)."""
         writer = TrajectoryWriter(
-            path, self.plan, self.layers, self.heads, self.step_unit, self.meta, resume=False
+            path,
+            self.plan,
+            self.layers,
+            self.heads,
+            self.step_unit,
+            self.meta,
+            resume=False,
+            prompt=self.prompt,
         )
         for i, step in enumerate(self.steps.tolist()):
-            writer.write(
-                CheckpointRecord(step, *(getattr(self, k)[i] for k in _FIELDS)),
-            )
+            pattern = None if self.prompt_pattern is None else self.prompt_pattern[i]
+            writer.write(CheckpointRecord(step, *(getattr(self, k)[i] for k in _FIELDS), pattern))
         for item in self.skipped:
             writer.skip(item["step"], item["source"], item["error"])
         return writer.path
@@ -170,6 +208,7 @@ class Trajectory:
             step_unit=manifest["step_unit"],
             skipped=manifest["skipped"],
             meta=manifest["meta"],
+            prompt=_prompt_tensor(manifest.get("prompt")),
         )
 
 
@@ -185,9 +224,11 @@ class TrajectoryWriter:
         step_unit: str = "steps",
         meta: dict | None = None,
         resume: bool = True,
+        prompt: Tensor | None = None,
     ):
         self.path = Path(path)
         self.plan = plan
+        prompt_ids = None if prompt is None else [int(t) for t in torch.as_tensor(prompt)]
         manifest_path = self.path / "manifest.json"
         if manifest_path.exists() and resume:
             manifest = _read_manifest(self.path)
@@ -201,6 +242,11 @@ class TrajectoryWriter:
                 raise ValueError(
                     f"{self.path} was recorded for layers {manifest['layers']} and heads"
                     f" {manifest['heads']}, not {list(layers)} and {list(heads)}"
+                )
+            if manifest.get("prompt") != prompt_ids:
+                raise ValueError(
+                    f"{self.path} was recorded with another example prompt"
+                    f" ({manifest.get('prompt')} against {prompt_ids})"
                 )
             self.manifest = manifest
         else:
@@ -220,6 +266,7 @@ class TrajectoryWriter:
                 "layers": list(layers),
                 "heads": list(heads),
                 "meta": meta or {},
+                "prompt": prompt_ids,
                 "checkpoints": [],
                 "skipped": [],
             }
@@ -278,7 +325,11 @@ def _read_plan(file: Path) -> RecordPlan:
 
 def _read_record(file: Path, step: int) -> CheckpointRecord:
     _, tensors = _read_tensors(file)
-    return CheckpointRecord(step, *(tensors[k] for k in _FIELDS))
+    return CheckpointRecord(step, *(tensors[k] for k in _FIELDS), tensors.get("prompt_pattern"))
+
+
+def _prompt_tensor(ids: list[int] | None) -> Tensor | None:
+    return None if ids is None else torch.tensor(ids, dtype=torch.long)
 
 
 def _positions(values: list, wanted, name: str) -> list[int]:

@@ -164,6 +164,7 @@ class YZRun:
             triple_class=k_idx,
             triple_token=l_idx,
             triple_count=torch.ones_like(k_idx),
+            token_strings=dict(enumerate(classes.token_labels())),
         )
         S, R = self.Z.shape[:2]
         zbar = self.Z[..., plan.pair_query, plan.pair_token]  # [S, R, Pz]

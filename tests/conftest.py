@@ -30,3 +30,19 @@ def fake_hub():
     cache = os.environ["HF_HUB_CACHE"]
     fake_hub_model(cache, "EleutherAI/pythia-14m", revisions=["step0", "step1000", "step2000"])
     return cache
+
+
+@pytest.fixture(scope="session")
+def demo_out(tmp_path_factory):
+    """`scansnap demo` run once for the session: (output folder, what it printed)."""
+    import contextlib
+    import io
+
+    from scansnap_lens.cli import main
+
+    out = tmp_path_factory.mktemp("demo")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["demo", "--out", str(out)])
+    assert code == 0
+    return out, printed.getvalue()

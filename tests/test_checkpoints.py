@@ -199,6 +199,28 @@ def test_trajectory_save_load_select_dataframe(trained, tmp_path):
         traj.select(steps=[7])
 
 
+def test_prompt_attention_kept_per_checkpoint(trained, tmp_path):
+    out, _, tokens = trained
+    plan = plan_recording(tokens, V, queries=syn_small().query.tolist())
+    source = checkpoints.folder(out)
+    traj = Recorder(tmp_path / "t", tokens, plan, prompt_length=10, progress=False).record(source)
+    assert torch.equal(traj.prompt, tokens[0, :10])
+    assert traj.prompt_pattern.shape == (5, 1, 2, 10, 10)
+    # the kept weights are the model's own hook_pattern, checkpoint by checkpoint
+    model = source.checkpoints[3].load()
+    _, cache = model.run_with_cache(tokens[:1, :10])
+    torch.testing.assert_close(traj.prompt_pattern[3, 0], cache["pattern", 0][0])
+    # they survive save, load and select, and a resume with another prompt is refused
+    copy = Trajectory.load(traj.save(tmp_path / "copy"))
+    assert torch.equal(copy.prompt_pattern, traj.prompt_pattern)
+    sub = copy.select(steps=[10, 30], heads=[1])
+    assert torch.equal(sub.prompt_pattern, traj.prompt_pattern[[2, 4]][:, :, [1]])
+    with pytest.raises(ValueError, match="another example prompt"):
+        Recorder(tmp_path / "t", tokens, plan, prompt=tokens[1, :10], progress=False)
+    # a plain resume keeps the recorded prompt
+    assert torch.equal(Recorder(tmp_path / "t", tokens, plan, progress=False).prompt, traj.prompt)
+
+
 def test_pretrained_labels_offline_hooked_and_bridge_agree(fake_hub, tmp_path):
     tokens = torch.randint(1, 64, (4, 12), generator=torch.Generator().manual_seed(0))
     source = checkpoints.pretrained("EleutherAI/pythia-14m", steps=[0, 1000, 2000])

@@ -1,52 +1,235 @@
+"""The `scansnap` commands on the demo, on a user's own checkpoints and corpora, and on bad
+input (exit code 2 and a message naming the problem)."""
+
+import json
 import subprocess
 import sys
 
+import pytest
+import torch
+
 from scansnap_lens.cli import main
+from scansnap_lens.demo import sequences
+from scansnap_lens.synthetic import syn_medium
+from scansnap_lens.tokens import save_tokens
+from scansnap_lens.train import attention_only_model, train
+from scansnap_lens.trajectory import Trajectory
 
 
-def test_demo_writes_figures_and_prints_the_summary(tmp_path, capsys):
-    assert main(["demo", "--out", str(tmp_path), "--steps", "30"]) == 0
-    out = capsys.readouterr().out
-    assert "lrY10_lrZ1" in out and "t0 (theory)" in out
-    for name in [
-        "demo_attention_lrY1_lrZ1.png",
-        "demo_loss.png",
-        "demo_attention.csv",
-        "demo_loss.csv",
-    ]:
-        assert (tmp_path / name).stat().st_size > 0
+def test_demo_shows_scan_and_snap(demo_out):
+    out, printed = demo_out
+    assert "report:" in printed and "bias" in printed
+    summary = json.loads((out / "report" / "summary.json").read_text())["summary"][0]
+    assert summary["bias"] > 0.5 and summary["auroc"] > 0.8  # the scan
+    assert summary["spearman"] > 0.2  # frequency bias
+    assert 0 < summary["snap_path"] <= 250  # the snap
+    assert summary["predicted_snap"] > 0
+    assert (out / "report" / "report.html").stat().st_size > 1_000_000  # the script inlined
+    assert len(Trajectory.load(out / "trajectory").steps) >= 10
 
 
-def test_theory_command_and_errors(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def own_run(tmp_path_factory):
+    """A user's own run: checkpoints in a folder, a training corpus and evaluation tokens."""
+    root = tmp_path_factory.mktemp("own")
+    classes = syn_medium(1)
+    sample = sequences(classes, seq_len=24)
+    model = attention_only_model(classes.vocab_size, d_model=16, n_ctx=32, seed=0)
+    train(
+        model,
+        sample,
+        steps=40,
+        lr=0.1,
+        lr_attention=3.0,
+        batch_size=32,
+        checkpoints=[0, 10, 20, 40],
+        out=root / "ckpt",
+        loss_on="last",
+        progress=False,
+    )
+    save_tokens(root / "corpus.safetensors", sample(256, torch.Generator().manual_seed(1)))
+    save_tokens(root / "eval.safetensors", sample(16, torch.Generator().manual_seed(2)))
+    return root, classes
+
+
+def test_stats_record_report_on_own_checkpoints(own_run, capsys):
+    root, classes = own_run
+    M, q = str(classes.vocab_size), str(int(classes.query[0]))
+    stats = root / "stats.safetensors"
     assert (
         main(
             [
-                "theory",
-                "--K",
-                "10",
-                "--M",
-                "1000",
-                "--lr-y",
-                "1",
-                "--lr-z",
-                "0.5",
-                "--csv",
-                str(tmp_path / "b.csv"),
+                "stats",
+                str(root / "corpus.safetensors"),
+                "--out",
+                str(stats),
+                "--vocab-size",
+                M,
+                "--queries",
+                q,
             ]
         )
         == 0
     )
+    assert "256 events" in capsys.readouterr().out
+    traj_dir = root / "traj"
+    record = [
+        "record",
+        "--checkpoints",
+        str(root / "ckpt"),
+        "--tokens",
+        str(root / "eval.safetensors"),
+    ]
+    record += ["--out", str(traj_dir), "--steps", "0,20,40"]
+    assert main(record) == 0
+    assert "3 new" in capsys.readouterr().out
+    assert main(record) == 0  # resumable: nothing left to do
+    assert "0 new" in capsys.readouterr().out
+    assert main([*record[:-1], "all"]) == 0  # and picks up what is missing
+    assert "1 new" in capsys.readouterr().out
+    assert Trajectory.load(traj_dir).steps.tolist() == [0, 10, 20, 40]
+
+    assert main(["report", str(traj_dir), "--stats", str(stats), "--out", str(root / "rep")]) == 0
+    printed = capsys.readouterr().out
+    assert "report:" in printed
+    saved = json.loads((root / "rep" / "summary.json").read_text())
+    assert saved["steps"] == [0, 10, 20, 40] and len(saved["summary"]) == 1
+    assert (root / "rep" / "figures" / "logit_change.png").stat().st_size > 0
+
+
+def test_stats_of_text_and_of_a_dataset(shared_dir, tmp_path, capsys):
+    text = shared_dir / "data" / "wikitext-2" / "test.txt"
+    out = tmp_path / "wiki.safetensors"
+    args = ["stats", str(text), "--out", str(out), "--max-vocab", "200", "--window", "8"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "word-level tokenizer (200 words)" in printed
+    assert (tmp_path / "wiki.tokenizer.json").is_file()
+
+    import datasets
+
+    rows = [[1, 2, 3, 4], [2, 3, 1, 4], [5, 1, 2]]
+    datasets.Dataset.from_dict({"input_ids": rows}).save_to_disk(str(tmp_path / "ds"))
+    out = tmp_path / "ds.safetensors"
+    assert (
+        main(["stats", "--dataset", str(tmp_path / "ds"), "--out", str(out), "--vocab-size", "6"])
+        == 0
+    )
+    assert "5 events" in capsys.readouterr().out  # T - 2 per row: a query needs context
+
+
+def test_record_pretrained_labels_offline(fake_hub, own_run, tmp_path, capsys):
+    tokens = torch.randint(0, 64, (4, 12), generator=torch.Generator().manual_seed(0))
+    save_tokens(tmp_path / "eval.safetensors", tokens)
+    args = ["record", "--model", "EleutherAI/pythia-14m", "--steps", "0,2000"]
+    args += ["--tokens", str(tmp_path / "eval.safetensors"), "--out", str(tmp_path / "t")]
+    assert main([*args, "--layers", "0", "--queries", "0.5"]) == 0
+    traj = Trajectory.load(tmp_path / "t")
+    assert traj.steps.tolist() == [0, 2000] and traj.layers == [0]
+
+
+def test_bad_input_gives_exit_code_2_and_names_the_problem(own_run, tmp_path, capsys):
+    root, _classes = own_run
+    ev = str(root / "eval.safetensors")
+
+    def fails(args, message):
+        assert main(args) == 2
+        assert message in capsys.readouterr().err
+
+    fails(
+        [
+            "record",
+            "--checkpoints",
+            str(tmp_path / "none"),
+            "--tokens",
+            ev,
+            "--out",
+            str(tmp_path / "t"),
+        ],
+        "does not exist",
+    )
+    fails(
+        ["record", "--checkpoints", str(root / "ckpt"), "--out", str(tmp_path / "t")],
+        "--tokens FILE or --text FILE",
+    )
+    (tmp_path / "bad.safetensors").write_bytes(b"not a tensor file")
+    fails(
+        [
+            "record",
+            "--checkpoints",
+            str(root / "ckpt"),
+            "--tokens",
+            str(tmp_path / "bad.safetensors"),
+            "--out",
+            str(tmp_path / "t"),
+        ],
+        "not a readable token file",
+    )
+    fails(
+        [
+            "record",
+            "--checkpoints",
+            str(root / "ckpt"),
+            "--tokens",
+            ev,
+            "--out",
+            str(tmp_path / "t"),
+            "--steps",
+            "0,15",
+        ],
+        "steps [15] are not available",
+    )
+    (tmp_path / "empty.txt").write_text("\n\n")
+    fails(
+        ["stats", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "s.safetensors")],
+        "holds no text",
+    )
+    # statistics of another vocabulary than the trajectory's model
+    save_tokens(tmp_path / "other.safetensors", torch.tensor([[1, 2, 3, 4]]))
+    other = tmp_path / "other_stats.safetensors"
+    assert (
+        main(
+            ["stats", str(tmp_path / "other.safetensors"), "--out", str(other), "--vocab-size", "5"]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    traj_dir = tmp_path / "traj"
+    assert (
+        main(
+            [
+                "record",
+                "--checkpoints",
+                str(root / "ckpt"),
+                "--tokens",
+                ev,
+                "--out",
+                str(traj_dir),
+                "--steps",
+                "0,40",
+            ]
+        )
+        == 0
+    )
+    fails(["report", str(traj_dir), "--stats", str(other)], "vocabulary mismatch")
+    fails(["report", str(tmp_path / "nothing"), "--stats", str(other)], "manifest.json is missing")
+
+
+def test_every_command_has_help():
+    for command in ("demo", "stats", "record", "report", "theory"):
+        done = subprocess.run(
+            [sys.executable, "-m", "scansnap_lens.cli", command, "--help"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert "usage: scansnap " + command in done.stdout
+
+
+def test_theory_command_and_errors(tmp_path, capsys):
+    args = ["theory", "--K", "10", "--M", "1000", "--lr-y", "1", "--lr-z", "0.5"]
+    assert main([*args, "--csv", str(tmp_path / "b.csv")]) == 0
     assert "182.34" in capsys.readouterr().out
     assert (tmp_path / "b.csv").read_text().startswith("t,B,xi,B_integral,chi_upper")
     assert main(["theory", "--K", "10", "--M", "1000", "--lr-y", "-1", "--lr-z", "0.5"]) == 2
     assert "lr_y must be positive" in capsys.readouterr().err
-
-
-def test_console_script_help():
-    done = subprocess.run(
-        [sys.executable, "-m", "scansnap_lens.cli", "demo", "--help"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert "--out" in done.stdout

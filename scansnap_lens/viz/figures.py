@@ -1,4 +1,4 @@
-"""Static figures (matplotlib, saved as PNG) for the lab and its theory.
+"""Static figures (matplotlib, saved as PNG) of trajectories, measurements, the lab and theory.
 
 Each function takes library results and returns a matplotlib ``Figure``; pass ``path`` to
 save it as a file as well.  In a notebook the returned figure renders inline.
@@ -11,16 +11,22 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 from matplotlib.figure import Figure
 
-from .theory import PhaseTransition
-from .yz import YZRun
+from ..groups import TokenGroups
+from ..measure import Measurement
+from ..theory import PhaseTransition
+from ..trajectory import Trajectory
+from ..yz import YZRun
 
 __all__ = [
     "plot_attention_heatmap",
     "plot_attention_maps",
+    "plot_class_attention",
     "plot_entropy_sweep",
     "plot_growth_factor",
+    "plot_logit_change",
     "plot_loss",
     "plot_over_steps",
 ]
@@ -34,32 +40,89 @@ def _finish(fig: Figure, path: str | Path | None) -> Figure:
     return fig
 
 
+def plot_class_attention(
+    traj: Trajectory,
+    groups: TokenGroups,
+    layer: int | None = None,
+    head: int | None = None,
+    classes: Sequence[int] | None = None,
+    title: str = "",
+    path: str | Path | None = None,
+) -> Figure:
+    """Fig. 4 layout: chat over checkpoints for each class (a panel per class), its query's
+    common tokens on top, then its distinct tokens by increasing P(l|m, n).
+
+    classes: indices into `groups` (default: the first four); layer, head: default the first
+    ones recorded.
+    """
+    layer = traj.layers[0] if layer is None else layer
+    head = traj.heads[0] if head is None else head
+    li, hi = traj.layers.index(layer), traj.heads.index(head)
+    classes = list(range(min(groups.num_classes, 4))) if classes is None else list(classes)
+    if not classes:
+        raise ValueError("no class to show: the token groups are empty")
+    fig = Figure(figsize=(8, 1.6 + 1.4 * len(classes)))
+    axes = np.atleast_1d(fig.subplots(len(classes), 1))
+    steps = traj.steps.numpy()
+    for k, ax in zip(classes, axes):
+        m, n = int(groups.query[k]), int(groups.next_token[k])
+        c = traj.class_slot(m, n)
+        if c is None:
+            raise ValueError(f"class (query {m}, next {n}) is not tracked by this trajectory")
+        tokens_of_class = traj.plan.triple_token[traj.plan.triple_class == c]
+        common = groups.common.get(m, torch.empty(0, dtype=torch.long))
+        common = common[torch.isin(common, tokens_of_class)]
+        order = torch.argsort(groups.distinct_p[k], stable=True)
+        rows = torch.cat([common, groups.distinct[k][order]])
+        data = traj.class_attention(c, rows)[:, li, hi].T.numpy()  # [rows, S]
+        im = ax.imshow(data, aspect="auto", cmap="viridis", interpolation="nearest")
+        ax.axhline(common.numel() - 0.5, color="white", lw=1)
+        if rows.numel() <= 40:
+            ax.set_yticks(range(rows.numel()), [traj.plan.decode(t) for t in rows], fontsize=6)
+        ticks = np.linspace(0, len(steps) - 1, min(len(steps), 6)).round().astype(int)
+        ax.set_xticks(ticks, steps[ticks])
+        ax.set_ylabel(f"{traj.plan.decode(m)} -> {traj.plan.decode(n)}\ncommon | distinct")
+        fig.colorbar(im, ax=ax, fraction=0.03)
+    axes[-1].set_xlabel(traj.step_unit)
+    axes[0].set_title(title or f"per-token attention over training (layer {layer}, head {head})")
+    return _finish(fig, path)
+
+
 def plot_attention_heatmap(
     run: YZRun, run_index: int = 0, title: str = "", path: str | Path | None = None
 ) -> Figure:
-    """Fig. 4 layout: c_n over steps for every class, its common tokens then its distinct
-    tokens (in index order, so P(l|n) grows to the right)."""
-    classes = run.classes
-    attention = run.attention()[:, run_index]  # [S, K, M]
-    common = classes.common_mask()
-    owner = classes.distinct_for()
-    names = classes.token_labels()
-    fig = Figure(figsize=(8, 1.6 + 1.4 * classes.num_classes))
-    axes = fig.subplots(classes.num_classes, 1)
-    axes = np.atleast_1d(axes)
-    steps = run.steps.numpy()
-    for k, ax in enumerate(axes):
-        cols = np.concatenate([common.nonzero().flatten(), (owner == k).nonzero().flatten()])
-        data = attention[:, k, cols].T.numpy()
-        im = ax.imshow(data, aspect="auto", cmap="viridis", interpolation="nearest")
-        ax.axhline(int(common.sum()) - 0.5, color="white", lw=1)
-        ax.set_yticks(range(len(cols)), [names[c] for c in cols], fontsize=6)
-        ticks = np.linspace(0, len(steps) - 1, min(len(steps), 6)).round().astype(int)
-        ax.set_xticks(ticks, steps[ticks])
-        ax.set_ylabel(f"class {k}\ncommon | distinct")
-        fig.colorbar(im, ax=ax, fraction=0.03)
-    axes[-1].set_xlabel("step")
-    axes[0].set_title(title or "per-token attention $c_n$ over training")
+    """Fig. 4 for a Y/Z run: `plot_class_attention` of every class of its trajectory."""
+    groups = TokenGroups.from_synthetic(run.classes)
+    traj = run.to_trajectory()
+    return plot_class_attention(
+        traj,
+        groups,
+        head=run_index,
+        classes=range(groups.num_classes),
+        title=title or "per-token attention $c_n$ over training",
+        path=path,
+    )
+
+
+def plot_logit_change(bias: Measurement, title: str = "", path: str | Path | None = None) -> Figure:
+    """The scan: mean logit change dz of distinct (solid) and common (dashed) tokens over
+    steps, one colour per layer and head (a `discriminative_bias` result)."""
+    table = bias.table
+    fig = Figure(figsize=(6, 3.6))
+    ax = fig.subplots()
+    for (layer, head), part in table.groupby(["layer", "head"]):
+        label = f"layer {layer}, head {head}"
+        line = ax.plot(part["step"] + 1, part["dz_distinct"], label=f"{label}: distinct")[0]
+        ax.plot(
+            part["step"] + 1, part["dz_common"], ls="--", color=line.get_color(), label="common"
+        )
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.set_xscale("log")
+    ax.set_xlabel("step + 1")
+    ax.set_ylabel(r"$\Delta \bar z$ since the first checkpoint")
+    ax.set_title(title or "logit change: distinct (solid) vs common (dashed)")
+    if table.groupby(["layer", "head"]).ngroups <= 6:
+        ax.legend(fontsize=6)
     return _finish(fig, path)
 
 
@@ -77,19 +140,26 @@ def plot_loss(runs: dict[str, YZRun], path: str | Path | None = None) -> Figure:
 
 
 def plot_growth_factor(
-    theories: Sequence[PhaseTransition], t: np.ndarray, path: str | Path | None = None
+    theories: Sequence[PhaseTransition],
+    t: np.ndarray,
+    path: str | Path | None = None,
+    measured: Sequence[float | None] = (),
 ) -> Figure:
-    """Fig. 3: the growth factor bound exp(2 eta_Z int_0^t xi) with the snap time t0 dotted."""
+    """Fig. 3: the growth factor bound exp(2 eta_Z int_0^t xi) with the snap time t0 dotted;
+    ``measured`` (one per theory) adds a measured snap step, dashed."""
     fig = Figure(figsize=(5.5, 3.6))
     ax = fig.subplots()
-    for theory in theories:
+    measured = list(measured) + [None] * (len(theories) - len(measured))
+    for theory, snap in zip(theories, measured):
         (line,) = ax.plot(t, theory.chi_bounds(t)[1], label=rf"$\eta_Y$={theory.lr_y:g}")
         ax.axvline(theory.t0, color=line.get_color(), ls=":", lw=1)
+        if snap is not None and np.isfinite(snap):
+            ax.axvline(snap, color=line.get_color(), ls="--", lw=1, label="measured snap")
     ax.set_xscale("log")
     ax.set_xlabel("t (steps)")
     ax.set_ylabel(r"growth factor bound $e^{2 \eta_Z \int_0^t \xi_n}$")
     first = theories[0]
-    ax.set_title(rf"K={first.K}, M={first.M}, $\eta_Z$={first.lr_z:g}; dotted: $t_0$")
+    ax.set_title(rf"K={first.K}, M={first.M}, $\eta_Z$={first.lr_z:g}; dotted: $t_0$", fontsize=9)
     ax.legend(fontsize=8)
     return _finish(fig, path)
 

@@ -1,0 +1,296 @@
+"""One self-contained HTML report of a trajectory: summary, figures, circuitsvis views.
+
+    report = write_report(traj, groups, "out/report")
+    report.path            # out/report/report.html: opens offline in any browser
+
+Beside ``report.html`` the folder holds ``summary.json`` (the summary rows, the trajectory's
+meta data, what could not be measured and why), one CSV per measurement, and the figures as
+PNG files.  In the HTML the figures are embedded and the circuitsvis script is included once
+for the whole page, so the report needs no network and no other file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import measure
+from .groups import TokenGroups
+from .trajectory import Trajectory
+
+__all__ = ["Report", "write_report"]
+
+HOW_TO_READ = """
+<ul>
+<li><b>bias</b>: mean change of the attention logit of a query's <i>distinct</i> tokens minus
+that of its <i>common</i> tokens since the first checkpoint; &gt; 0 is the scan's
+discriminative bias. <b>auroc</b>: how cleanly the change separates distinct from common
+(0.5: not at all, 1: perfectly).</li>
+<li><b>spearman</b>: rank correlation of the change of distinct tokens with P(l|m, n); &gt; 0 is
+the frequency bias (frequent co-occurrence gains more).</li>
+<li><b>entropy</b>: entropy (nats) of the attention over a class's distinct tokens,
+renormalised (lower is sparser); <b>distinct_mass</b>: attention on distinct tokens;
+<b>top_share</b>: the best distinct token's share of it (1 would be winner-takes-all).</li>
+<li><b>snap_path</b>: first checkpoint by which 90&nbsp;% of the attention's movement is done;
+<b>snap_rate</b>: checkpoint after which its movement per log-step stays under 10&nbsp;% of its
+peak (empty: it never settles); <b>predicted_snap</b>: the theory's t0 where the learning
+rates are known.</li>
+</ul>
+"""
+
+
+@dataclass
+class Report:
+    """A written report: the HTML file, the summary table and every file beside it."""
+
+    path: Path
+    summary: pd.DataFrame
+    files: dict[str, Path] = field(default_factory=dict)
+    not_measured: dict[str, str] = field(default_factory=dict)
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.summary
+
+    def _repr_html_(self) -> str:
+        return (
+            f"<p>Report: <a href='{self.path.as_uri()}'>{html.escape(str(self.path))}</a></p>"
+            + self.summary.to_html(index=False, float_format=lambda v: f"{v:.3g}")
+        )
+
+
+def _figure_tag(path: Path, caption: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return (
+        f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(caption)}'>"
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
+
+
+def _best_head(summary: pd.DataFrame) -> tuple[int, int]:
+    """The layer and head that scan most (largest final bias), else the first."""
+    if "bias" in summary and summary["bias"].notna().any():
+        row = summary.loc[summary["bias"].idxmax()]
+    else:
+        row = summary.iloc[0]
+    return int(row["layer"]), int(row["head"])
+
+
+def write_report(
+    traj: Trajectory,
+    groups: TokenGroups,
+    out: str | Path,
+    title: str = "scansnap_lens report",
+    prediction=None,
+    views: bool = True,
+    token_strings=None,
+) -> Report:
+    """Measure `traj` against `groups` and write the report folder `out`.
+
+    prediction: the theory's snap step (see `measure.summarize`); views: include the
+    circuitsvis views (they need the trajectory's example prompt); token_strings: strings of
+    the prompt's tokens for the views (default: the plan's).
+    """
+    from .viz import figures
+    from .viz import views as cv
+
+    out = Path(out)
+    figures_dir = out / "figures"
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Path] = {}
+    not_measured: dict[str, str] = {}
+
+    summary = measure.summarize(traj, groups, prediction)
+    results: dict[str, measure.Measurement] = {}
+    for name, fn in (
+        ("discriminative_bias", measure.discriminative_bias),
+        ("frequency_bias", measure.frequency_bias),
+        ("sparsity", measure.sparsity),
+        ("growth", measure.growth),
+    ):
+        try:
+            results[name] = fn(traj, groups)
+        except ValueError as err:
+            not_measured[name] = str(err)
+    snaps = measure.snapping(traj)
+    results["snapping"] = snaps
+
+    def csv(name: str, frame: pd.DataFrame) -> None:
+        files[name] = out / f"{name}.csv"
+        frame.to_csv(files[name], index=False)
+
+    csv("summary", summary)
+    for name, result in results.items():
+        csv(name, result.table)
+        if result.detail is not None:
+            csv(f"{name}_detail", result.detail)
+
+    # ---- figures
+    sections: list[str] = []
+
+    def figure(name: str, caption: str, make) -> None:
+        path = figures_dir / f"{name}.png"
+        try:
+            make(path)
+        except ValueError as err:
+            not_measured[f"figure {name}"] = str(err)
+            return
+        files[f"figure_{name}"] = path
+        sections.append(_figure_tag(path, caption))
+
+    if "discriminative_bias" in results:
+        figure(
+            "logit_change",
+            "The scan: logit change of distinct (solid) and common (dashed) tokens",
+            lambda p: figures.plot_logit_change(results["discriminative_bias"], path=p),
+        )
+    if "frequency_bias" in results:
+        figure(
+            "frequency_bias",
+            "Frequency bias: Spearman correlation of the logit change with P(l|m, n)",
+            lambda p: figures.plot_over_steps(
+                results["frequency_bias"].table, "spearman", title="frequency bias", path=p
+            ),
+        )
+    if "sparsity" in results:
+        table = results["sparsity"].table
+        figure(
+            "entropy",
+            "Entropy of the attention over distinct tokens; dotted: snap step (path fraction)",
+            lambda p: figures.plot_over_steps(
+                table, "entropy", snaps=snaps.table, title="entropy over distinct tokens", path=p
+            ),
+        )
+        figure(
+            "distinct_mass",
+            "Attention mass on distinct tokens; dotted: snap step",
+            lambda p: figures.plot_over_steps(
+                table, "distinct_mass", snaps=snaps.table, title="mass on distinct tokens", path=p
+            ),
+        )
+    layer, head = _best_head(summary)
+    order = np.argsort(-groups.events.numpy(), kind="stable")[:4].tolist()
+    figure(
+        "class_attention",
+        f"Per-token attention over training, layer {layer} head {head}"
+        " (Fig. 4 layout: common tokens above the line, distinct below by increasing P)",
+        lambda p: figures.plot_class_attention(traj, groups, layer, head, order, path=p),
+    )
+    if traj.prompt_pattern is not None:
+        chosen = cv._default_steps(traj, None, most=6)
+        figure(
+            "attention_maps",
+            f"Attention of the example prompt at several checkpoints (layer {layer}, head {head})",
+            lambda p: figures.plot_attention_maps(
+                [cv._pattern(traj, s, layer, head).numpy() for s in chosen],
+                chosen,
+                title=f"layer {layer}, head {head}",
+                path=p,
+            ),
+        )
+    predicted = summary["predicted_snap"].to_numpy(dtype=float)
+    if np.isfinite(predicted).any():
+        figure(
+            "theory",
+            "Theory: growth factor bound and t0 (dotted) against the measured snap (dashed)",
+            lambda p: _theory_figure(traj, summary, p),
+        )
+
+    # ---- circuitsvis views
+    view_parts: list[str] = []
+    if views and traj.prompt_pattern is not None:
+        made = [cv.attention_over_checkpoints(traj, layer, [head], token_strings=token_strings)]
+        try:
+            made.append(cv.token_classes(traj, groups, token_strings=token_strings))
+            made.append(
+                cv.query_attention(
+                    traj, groups, layer=layer, head=head, token_strings=token_strings
+                )
+            )
+        except ValueError as err:
+            not_measured["token views"] = str(err)
+        for i, view in enumerate(made):
+            view_parts.append(f"<h3>{html.escape(view.title)}</h3>\n{view.fragment(f'view-{i}')}")
+    elif views:
+        not_measured["views"] = "the trajectory holds no example prompt"
+
+    # ---- summary.json and the page
+    files["summary_json"] = out / "summary.json"
+    files["report"] = out / "report.html"
+    payload = {
+        "title": title,
+        "steps": traj.steps.tolist(),
+        "step_unit": traj.step_unit,
+        "layers": traj.layers,
+        "heads": traj.heads,
+        "meta": traj.meta,
+        "skipped": traj.skipped,
+        "summary": json.loads(summary.to_json(orient="records")),
+        "not_measured": not_measured,
+        "files": {
+            k: v.name if v.parent == out else str(v.relative_to(out)) for k, v in files.items()
+        },
+    }
+    files["summary_json"].write_text(json.dumps(payload, indent=1))
+    body = [
+        f"<h1>{html.escape(title)}</h1>",
+        _overview(traj, groups),
+        "<h2>Summary (one row per layer and head, at the last checkpoint)</h2>",
+        summary.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="–"),
+        "<h2>How to read it</h2>",
+        HOW_TO_READ,
+        "<h2>Figures</h2>",
+        *sections,
+    ]
+    if view_parts:
+        body += ["<h2>circuitsvis views</h2>", *view_parts]
+    if not_measured:
+        body.append("<h2>Not measured</h2><ul>")
+        body += [f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in not_measured.items()]
+        body.append("</ul>")
+    files["report"].write_text(cv.page(title, "\n".join(body), head=_STYLE), encoding="utf-8")
+    return Report(files["report"], summary, files, not_measured)
+
+
+def _overview(traj: Trajectory, groups: TokenGroups) -> str:
+    plan = traj.plan
+    steps = traj.steps.tolist()
+    items = {
+        "checkpoints": f"{len(steps)} ({traj.step_unit} {steps[0]} to {steps[-1]})",
+        "layers / heads": f"{traj.layers} / {traj.heads}",
+        "tracked": f"{plan.num_queries} queries, {plan.num_classes} classes (m, n)",
+        "token groups": f"{groups.num_classes} classes with distinct tokens ({groups.source})",
+        "skipped checkpoints": str(len(traj.skipped)),
+    }
+    items.update({k: str(v) for k, v in traj.meta.items() if not isinstance(v, dict | list)})
+    rows = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in items.items()
+    )
+    return f"<table class='overview'>{rows}</table>"
+
+
+def _theory_figure(traj: Trajectory, summary: pd.DataFrame, path: Path):
+    from .viz import figures
+
+    theories = {(t.lr_y, t.lr_z): t for t in measure.theory_of(traj)}
+    theories = list(theories.values())  # one curve per distinct pair of rates
+    measured = [float(summary["snap_path"].iloc[0])] if len(theories) == 1 else []
+    last = max(float(traj.steps[-1]), max(t.t0 for t in theories)) * 2
+    t = np.logspace(0, math.log10(max(last, 10.0)), 200)
+    return figures.plot_growth_factor(theories, t, path=path, measured=measured)
+
+
+_STYLE = """<style>
+body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; }
+table { border-collapse: collapse; font-size: 0.85em; }
+th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; }
+table.overview th { text-align: left; background: #f4f4f4; }
+figure { margin: 1.5em 0; } figure img { max-width: 100%; }
+figcaption { font-size: 0.9em; color: #444; }
+</style>"""

@@ -1,0 +1,115 @@
+"""Token inputs: token files, tokenizers, and text cut into evaluation rows.
+
+Token files hold int ids: ``.safetensors`` (a tensor named ``tokens``, or the only tensor),
+``.npy`` (read without pickle) or ``.pt`` (``torch.load(weights_only=True)``).
+
+>>> import tempfile, torch
+>>> path = save_tokens(tempfile.mkdtemp() + "/eval.safetensors", torch.arange(12).reshape(3, 4))
+>>> read_tokens(path).shape
+torch.Size([3, 4])
+>>> rows_of([np.arange(10), np.arange(5)], seq_len=4).tolist()
+[[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._io import write_tensors
+
+__all__ = ["load_tokenizer", "read_tokens", "rows_of", "save_tokens"]
+
+TOKEN_SUFFIXES = (".safetensors", ".npy", ".pt", ".pth")
+
+
+def save_tokens(path: str | Path, tokens: Tensor) -> Path:
+    """Write token ids [N, T] as a safetensors file (tensor ``tokens``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_tensors(path, {"tokens": torch.as_tensor(tokens).long()}, {"format": "tokens"})
+
+
+def read_tokens(path: str | Path) -> Tensor:
+    """Token ids [N, T] (int64) from a token file; clear errors for anything else."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no token file at {path}")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            tensors = load_file(str(path))
+            if "tokens" in tensors:
+                tokens = tensors["tokens"]
+            elif len(tensors) == 1:
+                tokens = next(iter(tensors.values()))
+            else:
+                raise ValueError(f"{path} holds {sorted(tensors)}: name the ids 'tokens'")
+        elif suffix == ".npy":
+            tokens = torch.from_numpy(np.load(path, allow_pickle=False))
+        elif suffix in (".pt", ".pth"):
+            tokens = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            raise ValueError(f"{path}: token files end in {', '.join(TOKEN_SUFFIXES)}")
+    except ValueError:
+        raise
+    except Exception as err:  # unreadable: corrupt, truncated, pickled objects
+        raise ValueError(f"{path} is not a readable token file ({err})") from None
+    if not isinstance(tokens, Tensor):
+        raise ValueError(f"{path} holds a {type(tokens).__name__}, not a tensor of token ids")
+    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise ValueError(f"{path} holds {tokens.dtype} values, not integer token ids")
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    if tokens.ndim != 2 or tokens.numel() == 0:
+        raise ValueError(f"{path}: token ids must be [rows, positions], got {tuple(tokens.shape)}")
+    if int(tokens.min()) < 0:
+        raise ValueError(f"{path} holds negative token ids")
+    return tokens.long()
+
+
+def load_tokenizer(spec: str | Path):
+    """A ``tokenizer.json`` file (``tokenizers``) or a Hugging Face tokenizer name or folder."""
+    path = Path(spec)
+    if path.is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path))
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(spec))
+    except OSError as err:
+        raise ValueError(
+            f"no tokenizer {spec!r}: not a file, and not found on the hub ({err})"
+        ) from None
+
+
+def encode(tokenizer, texts: Sequence[str]) -> list[np.ndarray]:
+    """Ids of each text with a ``tokenizers`` or Hugging Face tokenizer."""
+    if hasattr(tokenizer, "encode_batch"):
+        return [np.asarray(e.ids, dtype=np.int64) for e in tokenizer.encode_batch(list(texts))]
+    return [np.asarray(tokenizer(t)["input_ids"], dtype=np.int64) for t in texts]
+
+
+def rows_of(documents: Sequence[np.ndarray], seq_len: int, max_rows: int | None = None) -> Tensor:
+    """Cut documents into consecutive rows [N, seq_len] (a document's tail shorter than seq_len
+    is dropped); the first `max_rows` rows."""
+    if seq_len < 3:
+        raise ValueError(f"seq_len must be >= 3 (context, query, next token), got {seq_len}")
+    rows = [
+        np.asarray(doc[i : i + seq_len])
+        for doc in documents
+        for i in range(0, len(doc) - seq_len + 1, seq_len)
+    ]
+    if max_rows is not None:
+        rows = rows[:max_rows]
+    if not rows:
+        raise ValueError(f"no document holds {seq_len} tokens: the text is empty or too short")
+    return torch.from_numpy(np.stack(rows)).long()

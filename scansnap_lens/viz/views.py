@@ -1,0 +1,256 @@
+"""circuitsvis views of a trajectory: one function per view, each returning a `View`.
+
+A `View` renders inline in a notebook (through circuitsvis itself), saves to an HTML file
+that works offline (``view.save("attention.html")``), and goes into a report where the
+circuitsvis script is loaded once for the whole page (`page`).
+
+>>> view = View("ColoredTokens", {"tokens": ["a", "b"], "values": [0.5, 1.0]}, "demo")
+>>> "CircuitsVis.ColoredTokens" in view.fragment("v0")
+True
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..groups import TokenGroups
+from ..trajectory import Trajectory
+
+__all__ = [
+    "View",
+    "attention_over_checkpoints",
+    "default_position",
+    "page",
+    "query_attention",
+    "token_classes",
+]
+
+# Codes of `token_classes`: the colour scale runs from common (-1) to distinct (+1).
+DISTINCT_CODE, COMMON_CODE, OTHER_CODE = 1.0, -1.0, 0.0
+
+
+@dataclass
+class View:
+    """A circuitsvis element (e.g. ``"AttentionHeads"``) with its props."""
+
+    element: str
+    props: dict = field(default_factory=dict)
+    title: str = ""
+
+    def rendered(self):
+        """circuitsvis's own `RenderedHTML` of this view."""
+        from circuitsvis.utils.render import render
+
+        return render(self.element, **self.props)
+
+    def _repr_html_(self) -> str:
+        return self.rendered()._repr_html_()
+
+    def props_json(self) -> str:
+        """The props as a JavaScript literal that is safe inside a <script> element."""
+        from circuitsvis.utils.convert_props import convert_props
+
+        return convert_props(self.props).replace("</", "<\\/")
+
+    def fragment(self, div_id: str) -> str:
+        """HTML of this view for a page that has loaded the circuitsvis script (see `page`)."""
+        return (
+            f'<div id="{div_id}" class="circuitsvis-view"></div>\n'
+            f"<script>CircuitsVis.render({json.dumps(div_id)}, CircuitsVis.{self.element},"
+            f" {self.props_json()});</script>"
+        )
+
+    def save(self, path: str | Path) -> Path:
+        """A standalone HTML page of this view (the script inlined: it works offline)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = f"<h2>{html.escape(self.title)}</h2>\n" if self.title else ""
+        path.write_text(page(self.title or self.element, body + self.fragment("view-0")))
+        return path
+
+
+def circuitsvis_script() -> str:
+    """The circuitsvis browser bundle (about 1.3 MB) in a <script> element."""
+    from importlib.resources import files
+
+    source = files("circuitsvis").joinpath("dist/cdn/iife.js").read_text(encoding="utf-8")
+    return "<script>" + source.replace("</script>", "<\\/script>") + "</script>"
+
+
+def page(title: str, body: str, head: str = "") -> str:
+    """A whole HTML page: the circuitsvis script once in <head>, then `body` (fragments)."""
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title>\n{head}\n{circuitsvis_script()}\n</head>\n"
+        f"<body>\n{body}\n</body></html>\n"
+    )
+
+
+# ------------------------------------------------------------------ views
+def _prompt(traj: Trajectory) -> Tensor:
+    if traj.prompt is None or traj.prompt_pattern is None:
+        raise ValueError(
+            "this trajectory holds no example prompt: record it with Recorder(..., prompt=ids)"
+            " (by default the first evaluation sequence is kept)"
+        )
+    return traj.prompt
+
+
+def _strings(traj: Trajectory, ids: Tensor, token_strings: Sequence[str] | None) -> list[str]:
+    if token_strings is not None:
+        if len(token_strings) != ids.numel():
+            raise ValueError(
+                f"token_strings has {len(token_strings)} entries for a prompt of {ids.numel()}"
+            )
+        return list(token_strings)
+    return [traj.plan.decode(t) for t in ids.tolist()]
+
+
+def _default_steps(traj: Trajectory, steps, most: int = 8) -> list[int]:
+    if steps is not None:
+        steps = [int(s) for s in steps]
+        missing = [s for s in steps if s not in traj.steps.tolist()]
+        if missing:
+            raise KeyError(f"steps {missing} are not in this trajectory ({traj.steps.tolist()})")
+        return steps
+    index = np.unique(np.linspace(0, traj.num_steps - 1, min(most, traj.num_steps)).round())
+    return [int(traj.steps[int(i)]) for i in index]
+
+
+def _pattern(traj: Trajectory, step: int, layer: int, head: int) -> Tensor:
+    """[T, T] attention weights of the prompt."""
+    s = traj.steps.tolist().index(step)
+    return traj.prompt_pattern[s, traj.layers.index(layer), traj.heads.index(head)]
+
+
+def attention_over_checkpoints(
+    traj: Trajectory,
+    layer: int | None = None,
+    heads: Sequence[int] | None = None,
+    steps: Sequence[int] | None = None,
+    token_strings: Sequence[str] | None = None,
+) -> View:
+    """The example prompt's attention pattern at several checkpoints (circuitsvis
+    ``attention_heads``: one panel per checkpoint and head, labelled by step).
+
+    layer: default the first recorded; heads: default all recorded; steps: default up to 8
+    spread over the trajectory.
+    """
+    prompt = _prompt(traj)
+    layer = traj.layers[0] if layer is None else layer
+    heads = list(traj.heads) if heads is None else list(heads)
+    steps = _default_steps(traj, steps)
+    panels, names = [], []
+    for head in heads:
+        for step in steps:
+            panels.append(_pattern(traj, step, layer, head))
+            names.append(f"step {step}" if len(heads) == 1 else f"H{head} step {step}")
+    return View(
+        "AttentionHeads",
+        {
+            "attention": torch.stack(panels),
+            "tokens": _strings(traj, prompt, token_strings),
+            "attentionHeadNames": names,
+            "maskUpperTri": True,
+        },
+        f"Attention of the example prompt over training (layer {layer})",
+    )
+
+
+def _class_codes(prompt: Tensor, position: int, groups: TokenGroups) -> Tensor:
+    """+1 / -1 / 0 for each context token of the query at `position`: distinct for the class
+    (query, next token), common for the query, neither."""
+    m = int(prompt[position])
+    n = int(prompt[position + 1]) if position + 1 < prompt.numel() else None
+    codes = torch.full((position + 1,), OTHER_CODE)
+    common = groups.common.get(m, torch.empty(0, dtype=torch.long))
+    codes[torch.isin(prompt[: position + 1], common)] = COMMON_CODE
+    distinct = torch.empty(0, dtype=torch.long)
+    for k in range(groups.num_classes):
+        if int(groups.query[k]) == m and int(groups.next_token[k]) == n:
+            distinct = groups.distinct[k]
+    codes[torch.isin(prompt[: position + 1], distinct)] = DISTINCT_CODE
+    codes[position] = OTHER_CODE  # the query itself
+    return codes
+
+
+def default_position(traj: Trajectory, groups: TokenGroups) -> int:
+    """The last prompt position whose (token, next token) is a class of `groups`, else the last
+    position holding one of its queries."""
+    prompt = _prompt(traj)
+    keys = set(zip(groups.query.tolist(), groups.next_token.tolist()))
+    pairs = list(zip(prompt[:-1].tolist(), prompt[1:].tolist()))
+    for p in range(len(pairs) - 1, -1, -1):
+        if pairs[p] in keys:
+            return p
+    queries = set(groups.query.tolist())
+    for p in range(prompt.numel() - 1, -1, -1):
+        if int(prompt[p]) in queries:
+            return p
+    raise ValueError("the example prompt holds none of the queries of these token groups")
+
+
+def token_classes(
+    traj: Trajectory,
+    groups: TokenGroups,
+    position: int | None = None,
+    token_strings: Sequence[str] | None = None,
+) -> View:
+    """The prompt up to the query at `position`, coloured by class (circuitsvis
+    ``colored_tokens``): +1 distinct for (query, next token), -1 common, 0 neither."""
+    prompt = _prompt(traj)
+    position = default_position(traj, groups) if position is None else position
+    codes = _class_codes(prompt, position, groups)
+    strings = _strings(traj, prompt, token_strings)
+    return View(
+        "ColoredTokens",
+        {
+            "tokens": strings[: position + 1],
+            "values": codes,
+            "minValue": -1.0,
+            "maxValue": 1.0,
+            "positiveColor": "#1a9850",
+            "negativeColor": "#d73027",
+        },
+        f"Token classes for query {strings[position]!r} at position {position}:"
+        " green distinct, red common",
+    )
+
+
+def query_attention(
+    traj: Trajectory,
+    groups: TokenGroups,
+    position: int | None = None,
+    layer: int | None = None,
+    head: int | None = None,
+    steps: Sequence[int] | None = None,
+    token_strings: Sequence[str] | None = None,
+) -> View:
+    """The attention the query at `position` pays each earlier token, at several checkpoints,
+    beside the token classes (circuitsvis ``colored_tokens_multi``: pick a column to colour)."""
+    prompt = _prompt(traj)
+    position = default_position(traj, groups) if position is None else position
+    layer = traj.layers[0] if layer is None else layer
+    head = traj.heads[0] if head is None else head
+    steps = _default_steps(traj, steps)
+    codes = _class_codes(prompt, position, groups)
+    columns = [codes] + [_pattern(traj, s, layer, head)[position, : position + 1] for s in steps]
+    strings = _strings(traj, prompt, token_strings)
+    return View(
+        "ColoredTokensMulti",
+        {
+            "tokens": strings[: position + 1],
+            "values": torch.stack(columns, -1),
+            "labels": ["class (+1 distinct, -1 common)"] + [f"attention @ {s}" for s in steps],
+        },
+        f"Attention of query {strings[position]!r} (position {position}, layer {layer},"
+        f" head {head}) over training",
+    )

@@ -1,0 +1,124 @@
+"""The report and the circuitsvis views: contents against the trajectory, and the demo's report
+opened in headless Chromium (views mounted, no console errors, a screenshot)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from _browser import open_page, screenshot
+
+from scansnap_lens.groups import TokenGroups
+from scansnap_lens.report import write_report
+from scansnap_lens.trajectory import Trajectory
+from scansnap_lens.viz import View, attention_over_checkpoints, query_attention, token_classes
+from scansnap_lens.viz.views import default_position, page
+
+
+def _mounted(dom: str, div_id: str) -> str:
+    """The inner HTML that React rendered into the view's div ('' if nothing)."""
+    match = re.search(
+        rf'<div id="{div_id}" class="circuitsvis-view">(.*?)</div>\s*<script', dom, re.S
+    )
+    assert match, f"{div_id} is not in the page"
+    return match.group(1)
+
+
+def test_demo_report_opens_in_chromium(demo_out, tmp_path):
+    out, _ = demo_out
+    report = out / "report" / "report.html"
+    source = report.read_text()
+    assert source.count("var CircuitsVis=") == 1  # the script once for the whole page
+    assert not re.search(r"<script[^>]+src=", source)  # nothing loaded from elsewhere
+    assert not re.search(r"<img[^>]+src=['\"]http", source)
+    dom, console = open_page(report)
+    assert console == [], console
+    assert "Head Selector" in _mounted(dom, "view-0")  # attention_heads
+    assert "colored-tokens" in _mounted(dom, "view-1")  # colored_tokens
+    assert "attention @ 250" in _mounted(dom, "view-2")  # colored_tokens_multi
+    png = screenshot(report, tmp_path / "report.png")
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(png)
+    assert pixels.shape[0] > 1000 and pixels.std() > 0.05  # a page, not a blank
+    if os.environ.get("SCANSNAP_ARTIFACTS"):
+        shutil.copy(png, os.environ["SCANSNAP_ARTIFACTS"])
+
+
+def test_the_browser_check_catches_a_broken_view(tmp_path):
+    """The same checks on a page whose view cannot render: they fail."""
+    broken = View("NoSuchElement", {"tokens": ["a"]})
+    path = tmp_path / "broken.html"
+    path.write_text(page("broken", broken.fragment("view-0")))
+    dom, console = open_page(path, budget_ms=3000)
+    assert console and _mounted(dom, "view-0") == ""
+
+
+def test_report_contents_match_the_measurements(demo_out):
+    out, _ = demo_out
+    folder = out / "report"
+    saved = json.loads((folder / "summary.json").read_text())
+    summary = pd.read_csv(folder / "summary.csv")
+    assert saved["summary"][0]["bias"] == pytest.approx(summary["bias"].iloc[0])
+    bias = pd.read_csv(folder / "discriminative_bias.csv")
+    final = bias[bias["step"] == bias["step"].max()]
+    assert final["bias"].iloc[0] == pytest.approx(summary["bias"].iloc[0])
+    assert np.allclose(final["dz_distinct"] - final["dz_common"], final["bias"])
+    for name in ("logit_change", "frequency_bias", "entropy", "class_attention", "theory"):
+        assert (folder / "figures" / f"{name}.png").stat().st_size > 5000, name
+    assert saved["not_measured"] == {}
+    assert saved["steps"] == Trajectory.load(out / "trajectory").steps.tolist()
+
+
+def test_views_hold_the_recorded_attention(demo_out, tmp_path):
+    out, _ = demo_out
+    traj = Trajectory.load(out / "trajectory")
+    steps = traj.steps.tolist()
+    view = attention_over_checkpoints(traj, steps=[steps[0], steps[-1]])
+    attention = view.props["attention"]
+    assert attention.shape == (2, traj.prompt.numel(), traj.prompt.numel())
+    assert torch.equal(attention[1], traj.prompt_pattern[-1, 0, 0])
+    assert view.props["attentionHeadNames"] == [f"step {steps[0]}", f"step {steps[-1]}"]
+    saved = view.save(tmp_path / "view.html")
+    assert saved.read_text().count("var CircuitsVis=") == 1
+
+    # token classes of the prompt, by hand: the query is position 31, its label position 32
+    prompt = traj.prompt
+    groups = TokenGroups(
+        query=prompt[31:32],
+        next_token=prompt[32:33],
+        events=torch.tensor([1]),
+        distinct=[prompt[:2].unique()],
+        distinct_p=[torch.full((prompt[:2].unique().numel(),), 0.5, dtype=torch.float64)],
+        common={int(prompt[31]): prompt[2:3]},
+    )
+    assert default_position(traj, groups) == 31
+    codes = token_classes(traj, groups).props["values"]
+    expected = torch.zeros(32)
+    expected[torch.isin(prompt[:32], prompt[2:3])] = -1
+    expected[torch.isin(prompt[:32], prompt[:2])] = 1
+    expected[31] = 0
+    assert torch.equal(codes, expected)
+    multi = query_attention(traj, groups, steps=[steps[-1]]).props["values"]
+    assert torch.equal(multi[:, 0], expected)
+    torch.testing.assert_close(multi[:, 1], traj.prompt_pattern[-1, 0, 0, 31, :32])
+
+
+def test_report_without_prompt_says_what_is_missing(demo_out, tmp_path):
+    out, _ = demo_out
+    traj = Trajectory.load(out / "trajectory")
+    traj.prompt, traj.prompt_pattern = None, None
+    groups = TokenGroups.from_synthetic(
+        __import__("scansnap_lens.synthetic").synthetic.syn_medium(1)
+    )
+    report = write_report(traj, groups, tmp_path / "r", views=True)
+    assert "views" in report.not_measured
+    assert "circuitsvis-view" not in report.path.read_text()
+    with pytest.raises(ValueError, match="no example prompt"):
+        attention_over_checkpoints(traj)
