@@ -38,6 +38,7 @@ from scansnap_lens.groups import TokenGroups
 from scansnap_lens.plan import plan_recording
 from scansnap_lens.recorder import Recorder
 from scansnap_lens.text import encode_documents, wikitext_documents, word_level_tokenizer
+from scansnap_lens.tokens import rows_of
 from scansnap_lens.train import train
 
 FULL = {
@@ -64,12 +65,6 @@ QUICK = {
     "layers": [1, 3],
     "query_ranks": (20, 120),
 }
-
-
-def rows_of(ids: list, n_ctx: int) -> torch.Tensor:
-    flat = torch.cat([torch.as_tensor(r) for r in ids])
-    n = flat.numel() // n_ctx
-    return flat[: n * n_ctx].reshape(n, n_ctx)
 
 
 def build_model(cfg: dict, n_layers: int, seed: int) -> HookedTransformer:
@@ -103,8 +98,8 @@ def main() -> None:
     train_docs = wikitext_documents(data / "valid.txt")
     test_docs = wikitext_documents(data / "test.txt")
     tok = word_level_tokenizer(train_docs, max_vocab=cfg["vocab"])
-    train_rows = rows_of(encode_documents(tok, train_docs), cfg["n_ctx"] + 1)
-    eval_rows = rows_of(encode_documents(tok, test_docs), cfg["n_ctx"])[: cfg["eval_rows"]]
+    train_rows = rows_of(encode_documents(tok, train_docs), cfg["n_ctx"] + 1, join=True)
+    eval_rows = rows_of(encode_documents(tok, test_docs), cfg["n_ctx"], cfg["eval_rows"], join=True)
     V = tok.get_vocab_size()
 
     # word-level ids are frequency ranks (0 is <unk>)

@@ -80,7 +80,8 @@ def run_demo(
 
     corpus = sample(512, torch.Generator().manual_seed(seed + 1))  # the training distribution
     stats = cooccurrence(corpus, vocab, queries=queries)
-    groups = TokenGroups.from_classification(classify(stats), stats, min_distinct=1)
+    # distinct = seen with one next token only, across queries (Sec. 3.2: global scope)
+    groups = TokenGroups.from_classification(classify(stats, scope="global"), stats, min_distinct=1)
 
     eval_tokens = sample(64, torch.Generator().manual_seed(seed + 2))
     plan = plan_recording(eval_tokens, vocab, queries=queries, exclude_bos=False)

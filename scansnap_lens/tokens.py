@@ -9,6 +9,8 @@ Token files hold int ids: ``.safetensors`` (a tensor named ``tokens``, or the on
 torch.Size([3, 4])
 >>> rows_of([np.arange(10), np.arange(5)], seq_len=4).tolist()
 [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3]]
+>>> rows_of([np.arange(10), np.arange(5)], seq_len=4, join=True).tolist()
+[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1]]
 """
 
 from __future__ import annotations
@@ -98,11 +100,15 @@ def encode(tokenizer, texts: Sequence[str]) -> list[np.ndarray]:
     return [np.asarray(tokenizer(t)["input_ids"], dtype=np.int64) for t in texts]
 
 
-def rows_of(documents: Sequence[np.ndarray], seq_len: int, max_rows: int | None = None) -> Tensor:
+def rows_of(
+    documents: Sequence[np.ndarray], seq_len: int, max_rows: int | None = None, join: bool = False
+) -> Tensor:
     """Cut documents into consecutive rows [N, seq_len] (a document's tail shorter than seq_len
-    is dropped); the first `max_rows` rows."""
+    is dropped; with ``join`` the documents are concatenated first); the first `max_rows` rows."""
     if seq_len < 3:
         raise ValueError(f"seq_len must be >= 3 (context, query, next token), got {seq_len}")
+    if join:
+        documents = [np.concatenate([np.asarray(d) for d in documents])] if documents else []
     rows = [
         np.asarray(doc[i : i + seq_len])
         for doc in documents

@@ -215,15 +215,20 @@ def test_bad_input_gives_exit_code_2_and_names_the_problem(own_run, tmp_path, ca
     fails(["report", str(tmp_path / "nothing"), "--stats", str(other)], "manifest.json is missing")
 
 
-def test_every_command_has_help():
+def test_every_command_has_help(capsys):
     for command in ("demo", "stats", "record", "report", "theory"):
-        done = subprocess.run(
-            [sys.executable, "-m", "scansnap_lens.cli", command, "--help"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        assert "usage: scansnap " + command in done.stdout
+        with pytest.raises(SystemExit) as done:
+            main([command, "--help"])
+        assert done.value.code == 0
+        assert "usage: scansnap " + command in capsys.readouterr().out
+    # the console entry point itself
+    done = subprocess.run(
+        [sys.executable, "-m", "scansnap_lens.cli", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "scansnap demo" in done.stdout and "Exit codes" in done.stdout
 
 
 def test_theory_command_and_errors(tmp_path, capsys):

@@ -1,0 +1,79 @@
+"""The example notebooks, executed with nbclient in a reduced form: a cell after each one's
+``parameters`` cell sets smaller sizes and output folders, and a last cell checks results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def execute(name: str, overrides: str, checks: str, cwd: Path) -> nbformat.NotebookNode:
+    book = nbformat.read(EXAMPLES / name, as_version=4)
+    at = next(i for i, c in enumerate(book.cells) if "parameters" in c.metadata.get("tags", []))
+    book.cells.insert(at + 1, nbformat.v4.new_code_cell(overrides))
+    book.cells.append(nbformat.v4.new_code_cell(checks))
+    NotebookClient(
+        book, timeout=300, kernel_name="python3", resources={"metadata": {"path": cwd}}
+    ).execute()
+    return book
+
+
+def test_quick_start(tmp_path):
+    book = execute(
+        "01_quick_start.ipynb",
+        f"OUT = {str(tmp_path / 'qs')!r}",
+        "s = ss.measure.summarize(traj, groups).iloc[0]\n"
+        "assert s['bias'] > 0.5 and s['spearman'] > 0 and 0 < s['snap_path'] <= STEPS\n"
+        "assert report.path.is_file()",
+        EXAMPLES,
+    )
+    # the views rendered: circuitsvis HTML in the outputs
+    html = [o for c in book.cells for o in c.get("outputs", []) if "text/html" in o.get("data", {})]
+    assert any("AttentionHeads" in o["data"]["text/html"] for o in html)
+
+
+def synthetic_text(folder: Path) -> Path:
+    """valid.txt and test.txt in the words of the local hub's tokenizer (w1 .. w63): Syn-Medium
+    sequences, one article each, so that distinct and common tokens exist."""
+    import torch
+
+    from scansnap_lens.demo import sequences
+    from scansnap_lens.synthetic import syn_medium
+
+    sample = sequences(syn_medium(1), seq_len=11)  # + label + 4 header words = 16
+    folder.mkdir()
+    for name, seed in (("valid.txt", 1), ("test.txt", 2)):
+        rows = sample(200, torch.Generator().manual_seed(seed)) + 1  # id 0 is BOS there
+        lines = [
+            f" = Article {i} = \n" + " ".join(f"w{t}" for t in row.tolist())
+            for i, row in enumerate(rows)
+        ]
+        (folder / name).write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_your_checkpoints_against_a_local_hub(fake_hub, tmp_path):
+    text = synthetic_text(tmp_path / "text")
+    execute(
+        "02_your_checkpoints.ipynb",
+        f"STEPS = [0, 1000, 2000]\nSEQ_LEN = 16\nEVAL_ROWS = 32\nQUERIES = None\n"
+        f"OUT = {str(tmp_path / 'own')!r}\n"
+        f"SHARED = {str(text)!r}",
+        "assert traj.steps.tolist() == [0, 1000, 2000] and traj.layers == [0]\n"
+        "assert len(summary) == 4 and summary['bias'].notna().all()  # 4 heads, measured",
+        EXAMPLES,
+    )
+
+
+def test_wikitext(shared_dir, tmp_path):
+    execute(
+        "03_wikitext.ipynb",
+        "VOCAB = 1000\nN_CTX = 32\nD_MODEL = 16\nSTEPS = 20\nEVAL_ROWS = 256\n"
+        f"OUT = {str(tmp_path / 'wiki')!r}\nSHARED = {str(shared_dir / 'data' / 'wikitext-2')!r}",
+        "assert traj.steps.tolist()[-1] == STEPS and result.loss[-1] < result.loss[0]",
+        EXAMPLES,
+    )
