@@ -6,16 +6,20 @@ Word-level models (the most frequent words plus <unk>, standard positional embed
 1-layer and a 3-layer one, are trained with plain SGD (no momentum) on the valid split at
 several learning rates, with log-spaced checkpoints recorded in the training loop.  Evaluation
 text is the test split.  Classes come from the co-occurrence statistics of the training text
-(local classification with the binomial guard, whole-row window).  The tracked queries are
+(local classification, whole-row window), in two variants: "paper" (the paper's definition,
+a token seen with one next token of the query only, with a floor of 2 co-occurrences and
+purity 0.9, no binomial guard) and "guarded" (purity 1 and the binomial guard against rare
+look-alikes: far fewer classes, but each more trustworthy).  The tracked queries are
 mid-frequency words (frequency ranks 20 to 119): the most frequent words ("the", ",", ".")
 co-occur with so many next tokens that no context token is distinct for them.  Snap steps use
 the attention of every tracked class.
 
-Writes to --out: summary.csv (one row per model, lr, layer, head), scan.csv (discriminative and
-frequency bias per step), sparsity.csv, fig10_entropy_vs_lr.png (first-layer attention entropy
-at the end of training against the learning rate), fig7_attention_<model>.png (the first-layer
-attention of one test sequence over checkpoints), bias_over_steps_<model>_lr<lr>.png, and one
-trajectory folder per run under trajectories/.
+Writes to --out: summary.csv (one row per model, lr, layer, head; "paper" classes),
+scan.csv (discriminative and frequency bias per step, both class variants), sparsity.csv,
+fig10_entropy_vs_lr.png (first-layer attention entropy at the end of training against the
+learning rate), fig7_attention_<model>.png (the first-layer attention of one test sequence over
+checkpoints), bias_over_steps_<model>_lr<lr>.png, one trajectory folder per run under
+trajectories/ and its HTML report under reports/.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 from _common import parser
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
@@ -37,6 +40,7 @@ from scansnap_lens.corpus import cooccurrence
 from scansnap_lens.groups import TokenGroups
 from scansnap_lens.plan import plan_recording
 from scansnap_lens.recorder import Recorder
+from scansnap_lens.report import write_report
 from scansnap_lens.text import encode_documents, wikitext_documents, word_level_tokenizer
 from scansnap_lens.tokens import rows_of
 from scansnap_lens.train import train
@@ -49,7 +53,7 @@ FULL = {
     "batch": 32,
     "lrs": [0.1, 0.2, 0.4],
     "eval_rows": 512,
-    "checkpoints": "log:16",
+    "checkpoints": "log:12",
     "layers": [1, 3],
     "query_ranks": (20, 120),
 }
@@ -103,20 +107,31 @@ def main() -> None:
     V = tok.get_vocab_size()
 
     # word-level ids are frequency ranks (0 is <unk>)
-    plan = plan_recording(eval_rows, V, queries=list(range(*cfg["query_ranks"])), exclude_bos=False)
+    plan = plan_recording(
+        eval_rows, V, queries=list(range(*cfg["query_ranks"])), exclude_bos=False, tokenizer=tok
+    )
     queries = plan.queries.tolist()
     stats = cooccurrence(train_rows, V, queries=queries)
-    token_classes = classify(stats, scope="local")
-    groups = TokenGroups.from_classification(token_classes, stats, min_distinct=1)
-    kept = sum(d.numel() > 0 for d in groups.distinct)
+    variants = {
+        "paper": classify(stats, scope="local", guard=False, purity=0.9, min_support=2),
+        "guarded": classify(stats, scope="local"),
+    }
+    all_groups = {
+        name: TokenGroups.from_classification(classes, stats, min_distinct=1)
+        for name, classes in variants.items()
+    }
+    groups = all_groups["paper"]
     print(
         f"vocab {V}, train rows {len(train_rows)}, eval rows {len(eval_rows)}, tracked queries"
-        f" {len(queries)} ({', '.join(tok.id_to_token(q) for q in queries[:12])} ...),"
-        f" classes with distinct tokens {kept}, distinct tokens"
-        f" {sum(d.numel() for d in groups.distinct)}"
+        f" {len(queries)} ({', '.join(tok.id_to_token(q) for q in queries[:12])} ...)"
     )
-    sample = eval_rows[0]
-    words = [tok.id_to_token(int(t)) for t in sample]
+    for name, g in all_groups.items():
+        print(
+            f"  {name} classes: {g.num_classes} with distinct tokens,"
+            f" {sum(d.numel() for d in g.distinct)} distinct tokens,"
+            f" {sum(d.numel() >= 2 for d in g.distinct)} classes with two or more"
+        )
+    words = [tok.id_to_token(int(t)) for t in eval_rows[0]]  # the recorder's example prompt
 
     summaries, scans, sparsities = [], [], []
     for n_layers in cfg["layers"]:
@@ -132,16 +147,6 @@ def main() -> None:
                 progress=False,
                 meta={"lr": lr, "lr_attention": lr, "model": name},
             )
-            maps = {}
-
-            def on_checkpoint(step, model, recorder=recorder, maps=maps):
-                recorder.on_checkpoint(step, model)
-                with torch.no_grad():
-                    _, cache = model.run_with_cache(
-                        sample[None], names_filter="blocks.0.attn.hook_pattern"
-                    )
-                maps[step] = cache["blocks.0.attn.hook_pattern"][0, 0].numpy()
-
             result = train(
                 model,
                 train_rows,
@@ -152,7 +157,7 @@ def main() -> None:
                 checkpoints=cfg["checkpoints"],
                 seed=args.seed,
                 progress=False,
-                on_checkpoint=on_checkpoint,
+                on_checkpoint=recorder.on_checkpoint,
             )
             traj = recorder.trajectory()
             loss = float(np.mean(result.loss[-20:]))
@@ -160,10 +165,21 @@ def main() -> None:
             tag = {"model": name, "lr": lr}
             summary = measure.summarize(traj, groups, prediction=float("nan"))
             summaries.append(summary.assign(**tag, final_loss=loss))
-            disc = _table(measure.discriminative_bias, traj, groups, ["bias", "auroc"])
-            freq = _table(measure.frequency_bias, traj, groups, ["spearman"])
-            scan = disc.merge(freq, on=["step", "layer", "head"])
-            scans.append(scan.assign(**tag))
+            for variant, g in all_groups.items():
+                disc = _table(measure.discriminative_bias, traj, g, ["bias", "auroc"])
+                freq = _table(measure.frequency_bias, traj, g, ["spearman", "spearman_classes"])
+                part = disc.merge(freq, on=["step", "layer", "head"]).assign(classes=variant)
+                scans.append(part.assign(**tag))
+                if variant == "paper":
+                    scan = part
+            write_report(
+                traj,
+                groups,
+                out / "reports" / f"{name}_lr{lr}",
+                title=f"WikiText-2, {name}, SGD lr {lr}",
+                prediction=float("nan"),
+                token_strings=words,
+            )
             sparsity = _table(measure.sparsity, traj, groups, ["entropy"])
             entropy = traj.entropy_dataframe()
             attn_entropy = (
@@ -185,11 +201,10 @@ def main() -> None:
                 path=out / f"bias_over_steps_{name}_lr{lr}.png",
             )
             if lr == cfg["lrs"][-1]:
-                steps = sorted(maps)
-                picks = [steps[i] for i in np.linspace(0, len(steps) - 1, 4).round().astype(int)]
+                picks = np.linspace(0, traj.num_steps - 1, 4).round().astype(int)
                 viz.plot_attention_maps(
-                    [maps[s][:24, :24] for s in picks],
-                    picks,
+                    [traj.prompt_pattern[i, 0, 0, :24, :24].numpy() for i in picks],
+                    traj.steps[picks].tolist(),
                     words[:24],
                     title=f"{name}, lr {lr}: layer 0 head 0 on a test sequence",
                     path=out / f"fig7_attention_{name}.png",

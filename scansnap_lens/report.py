@@ -183,12 +183,12 @@ def write_report(
         lambda p: figures.plot_class_attention(traj, groups, layer, head, order, path=p),
     )
     if traj.prompt_pattern is not None:
-        chosen = cv._default_steps(traj, None, most=6)
+        chosen = cv.spread_steps(traj, None, most=6)
         figure(
             "attention_maps",
             f"Attention of the example prompt at several checkpoints (layer {layer}, head {head})",
             lambda p: figures.plot_attention_maps(
-                [cv._pattern(traj, s, layer, head).numpy() for s in chosen],
+                [cv.prompt_pattern(traj, s, layer, head).numpy() for s in chosen],
                 chosen,
                 title=f"layer {layer}, head {head}",
                 path=p,

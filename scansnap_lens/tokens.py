@@ -42,27 +42,25 @@ def read_tokens(path: str | Path) -> Tensor:
     if not path.is_file():
         raise FileNotFoundError(f"no token file at {path}")
     suffix = path.suffix.lower()
+    if suffix not in TOKEN_SUFFIXES:
+        raise ValueError(f"{path}: token files end in {', '.join(TOKEN_SUFFIXES)}")
     try:
         if suffix == ".safetensors":
             from safetensors.torch import load_file
 
             tensors = load_file(str(path))
-            if "tokens" in tensors:
-                tokens = tensors["tokens"]
-            elif len(tensors) == 1:
-                tokens = next(iter(tensors.values()))
-            else:
-                raise ValueError(f"{path} holds {sorted(tensors)}: name the ids 'tokens'")
         elif suffix == ".npy":
-            tokens = torch.from_numpy(np.load(path, allow_pickle=False))
-        elif suffix in (".pt", ".pth"):
-            tokens = torch.load(path, map_location="cpu", weights_only=True)
+            tensors = {"tokens": torch.from_numpy(np.load(path, allow_pickle=False))}
         else:
-            raise ValueError(f"{path}: token files end in {', '.join(TOKEN_SUFFIXES)}")
-    except ValueError:
-        raise
-    except Exception as err:  # unreadable: corrupt, truncated, pickled objects
+            tensors = {"tokens": torch.load(path, map_location="cpu", weights_only=True)}
+    except Exception as err:  # corrupt, truncated, or pickled objects (never unpickled)
         raise ValueError(f"{path} is not a readable token file ({err})") from None
+    if "tokens" in tensors:
+        tokens = tensors["tokens"]
+    elif len(tensors) == 1:
+        tokens = next(iter(tensors.values()))
+    else:
+        raise ValueError(f"{path} holds {sorted(tensors)}: name the ids 'tokens'")
     if not isinstance(tokens, Tensor):
         raise ValueError(f"{path} holds a {type(tokens).__name__}, not a tensor of token ids")
     if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:

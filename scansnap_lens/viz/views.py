@@ -29,7 +29,9 @@ __all__ = [
     "attention_over_checkpoints",
     "default_position",
     "page",
+    "prompt_pattern",
     "query_attention",
+    "spread_steps",
     "token_classes",
 ]
 
@@ -114,7 +116,9 @@ def _strings(traj: Trajectory, ids: Tensor, token_strings: Sequence[str] | None)
     return [traj.plan.decode(t) for t in ids.tolist()]
 
 
-def _default_steps(traj: Trajectory, steps, most: int = 8) -> list[int]:
+def spread_steps(traj: Trajectory, steps=None, most: int = 8) -> list[int]:
+    """`steps` checked against the trajectory, or by default up to `most` of its steps spread
+    evenly over its checkpoints (log-spaced checkpoints stay log-spaced)."""
     if steps is not None:
         steps = [int(s) for s in steps]
         missing = [s for s in steps if s not in traj.steps.tolist()]
@@ -125,8 +129,9 @@ def _default_steps(traj: Trajectory, steps, most: int = 8) -> list[int]:
     return [int(traj.steps[int(i)]) for i in index]
 
 
-def _pattern(traj: Trajectory, step: int, layer: int, head: int) -> Tensor:
-    """[T, T] attention weights of the prompt."""
+def prompt_pattern(traj: Trajectory, step: int, layer: int, head: int) -> Tensor:
+    """[T, T] attention weights of the example prompt at one checkpoint, layer and head."""
+    _prompt(traj)
     s = traj.steps.tolist().index(step)
     return traj.prompt_pattern[s, traj.layers.index(layer), traj.heads.index(head)]
 
@@ -147,11 +152,11 @@ def attention_over_checkpoints(
     prompt = _prompt(traj)
     layer = traj.layers[0] if layer is None else layer
     heads = list(traj.heads) if heads is None else list(heads)
-    steps = _default_steps(traj, steps)
+    steps = spread_steps(traj, steps)
     panels, names = [], []
     for head in heads:
         for step in steps:
-            panels.append(_pattern(traj, step, layer, head))
+            panels.append(prompt_pattern(traj, step, layer, head))
             names.append(f"step {step}" if len(heads) == 1 else f"H{head} step {step}")
     return View(
         "AttentionHeads",
@@ -240,9 +245,11 @@ def query_attention(
     position = default_position(traj, groups) if position is None else position
     layer = traj.layers[0] if layer is None else layer
     head = traj.heads[0] if head is None else head
-    steps = _default_steps(traj, steps)
+    steps = spread_steps(traj, steps)
     codes = _class_codes(prompt, position, groups)
-    columns = [codes] + [_pattern(traj, s, layer, head)[position, : position + 1] for s in steps]
+    columns = [codes] + [
+        prompt_pattern(traj, s, layer, head)[position, : position + 1] for s in steps
+    ]
     strings = _strings(traj, prompt, token_strings)
     return View(
         "ColoredTokensMulti",

@@ -1,0 +1,55 @@
+"""Token files: each format read back, and everything else refused with a clear error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from scansnap_lens.tokens import read_tokens, rows_of, save_tokens
+
+
+def test_formats_round_trip(tmp_path):
+    tokens = torch.randint(0, 50, (3, 7), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(read_tokens(save_tokens(tmp_path / "a.safetensors", tokens)), tokens)
+    np.save(tmp_path / "a.npy", tokens.numpy().astype(np.int32))
+    assert torch.equal(read_tokens(tmp_path / "a.npy"), tokens)
+    torch.save(tokens, tmp_path / "a.pt")
+    assert torch.equal(read_tokens(tmp_path / "a.pt"), tokens)
+    torch.save(tokens[0], tmp_path / "row.pt")
+    assert read_tokens(tmp_path / "row.pt").shape == (1, 7)  # one row
+
+
+class Payload:
+    """Any class outside torch's allow-list: loading it would run arbitrary code."""
+
+
+def test_bad_token_files_are_refused(tmp_path):
+    # a pickled object is never unpickled (weights_only=True)
+    torch.save(Payload(), tmp_path / "object.pt")
+    with pytest.raises(ValueError, match="not a readable token file"):
+        read_tokens(tmp_path / "object.pt")
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="not a readable token file"):
+        read_tokens(tmp_path / "objects.npy")
+    save_tokens(tmp_path / "f.safetensors", torch.zeros(2, 3))
+    torch.save(torch.zeros(2, 3), tmp_path / "float.pt")
+    with pytest.raises(ValueError, match="not integer token ids"):
+        read_tokens(tmp_path / "float.pt")
+    torch.save(torch.tensor([[1, -2]]), tmp_path / "neg.pt")
+    with pytest.raises(ValueError, match="negative"):
+        read_tokens(tmp_path / "neg.pt")
+    (tmp_path / "cut.safetensors").write_bytes(b"\x10\x00\x00")
+    with pytest.raises(ValueError, match=r"cut\.safetensors"):
+        read_tokens(tmp_path / "cut.safetensors")
+    with pytest.raises(FileNotFoundError):
+        read_tokens(tmp_path / "missing.pt")
+    with pytest.raises(ValueError, match="token files end in"):
+        read_tokens(
+            save_tokens(tmp_path / "x.safetensors", torch.ones(1, 3)).rename(tmp_path / "x.txt")
+        )
+
+
+def test_rows_of_an_empty_text():
+    with pytest.raises(ValueError, match="empty or too short"):
+        rows_of([np.arange(3)], seq_len=8)
