@@ -2,9 +2,11 @@
 
     python analyses/wikitext_scan_snap.py --out out/wikitext [--quick] [--shared ../shared]
 
-Word-level models (the most frequent words plus <unk>, standard positional embeddings), a
-1-layer and a 3-layer one, are trained with plain SGD (no momentum) on the valid split at
-several learning rates, with log-spaced checkpoints recorded in the training loop.  Evaluation
+Word-level models (the most frequent words plus <unk>) are trained with plain SGD (no
+momentum) on the valid split, with log-spaced checkpoints recorded in the training loop: a
+1-layer and a 3-layer transformer (standard positional embeddings, MLPs) at several learning
+rates, and the theory's model, a 1-layer attention-only transformer without positional
+embeddings, at eta_Y = 0.2 with eta_Z = 0.2 and 6 (W_Q, W_K get eta_Z).  Evaluation
 text is the test split.  Classes come from the co-occurrence statistics of the training text
 (local classification, whole-row window), in two variants: "paper" (the paper's definition,
 a token seen with one next token of the query only, with a floor of 2 co-occurrences and
@@ -17,8 +19,8 @@ the attention of every tracked class.
 Writes to --out: summary.csv (one row per model, lr, layer, head; "paper" classes),
 scan.csv (discriminative and frequency bias per step, both class variants), sparsity.csv,
 fig10_entropy_vs_lr.png (first-layer attention entropy at the end of training against the
-learning rate), fig7_attention_<model>.png (the first-layer attention of one test sequence over
-checkpoints), bias_over_steps_<model>_lr<lr>.png, one trajectory folder per run under
+learning rate of W_Q, W_K), fig7_attention_<model>.png (the first-layer attention of one test
+sequence over checkpoints), bias_over_steps_<run>.png, one trajectory folder per run under
 trajectories/ and its HTML report under reports/.
 """
 
@@ -43,7 +45,7 @@ from scansnap_lens.recorder import Recorder
 from scansnap_lens.report import write_report
 from scansnap_lens.text import encode_documents, wikitext_documents, word_level_tokenizer
 from scansnap_lens.tokens import rows_of
-from scansnap_lens.train import train
+from scansnap_lens.train import attention_only_model, train
 
 FULL = {
     "vocab": 2000,
@@ -51,10 +53,15 @@ FULL = {
     "d_model": 128,
     "steps": 1200,
     "batch": 32,
-    "lrs": [0.1, 0.2, 0.4],
+    # model name -> (eta_Y, eta_Z) of each run; "attn-nopos" is the theory's model: attention
+    # only, no positional embeddings, its own rate for W_Q and W_K
+    "runs": {
+        "1layer": [(0.1, 0.1), (0.2, 0.2), (0.4, 0.4)],
+        "3layer": [(0.1, 0.1), (0.4, 0.4)],
+        "1layer-attn-nopos": [(0.2, 0.2), (0.2, 6.0)],
+    },
     "eval_rows": 512,
     "checkpoints": "log:12",
-    "layers": [1, 3],
     "query_ranks": (20, 120),
 }
 QUICK = {
@@ -63,15 +70,23 @@ QUICK = {
     "d_model": 64,
     "steps": 100,
     "batch": 16,
-    "lrs": [0.1, 0.3],
+    "runs": {
+        "1layer": [(0.1, 0.1), (0.3, 0.3)],
+        "3layer": [(0.1, 0.1), (0.3, 0.3)],
+        "1layer-attn-nopos": [(0.2, 0.2), (0.2, 6.0)],
+    },
     "eval_rows": 512,
     "checkpoints": "log:6",
-    "layers": [1, 3],
     "query_ranks": (20, 120),
 }
 
 
-def build_model(cfg: dict, n_layers: int, seed: int) -> HookedTransformer:
+def build_model(cfg: dict, name: str, seed: int) -> HookedTransformer:
+    if name.endswith("attn-nopos"):
+        return attention_only_model(
+            cfg["vocab"], cfg["d_model"], n_heads=4, n_ctx=cfg["n_ctx"], positional=False, seed=seed
+        )
+    n_layers = int(name[0])
     return HookedTransformer(
         HookedTransformerConfig(
             n_layers=n_layers,
@@ -134,24 +149,25 @@ def main() -> None:
     words = [tok.id_to_token(int(t)) for t in eval_rows[0]]  # the recorder's example prompt
 
     summaries, scans, sparsities = [], [], []
-    for n_layers in cfg["layers"]:
-        name = f"{n_layers}layer"
-        for lr in cfg["lrs"]:
-            model = build_model(cfg, n_layers, args.seed)
-            folder = out / "trajectories" / f"{name}_lr{lr}"
+    for name, runs in cfg["runs"].items():
+        for lr, lr_attention in runs:
+            run = f"{name}_lr{lr}" + (f"_lrz{lr_attention}" if lr_attention != lr else "")
+            model = build_model(cfg, name, args.seed)
+            folder = out / "trajectories" / run
             shutil.rmtree(folder, ignore_errors=True)  # a fresh run, not a resumed one
             recorder = Recorder(
                 folder,
                 eval_rows,
                 plan,
                 progress=False,
-                meta={"lr": lr, "lr_attention": lr, "model": name},
+                meta={"lr": lr, "lr_attention": lr_attention, "model": name},
             )
             result = train(
                 model,
                 train_rows,
                 steps=cfg["steps"],
                 lr=lr,
+                lr_attention=lr_attention,
                 momentum=0.0,
                 batch_size=cfg["batch"],
                 checkpoints=cfg["checkpoints"],
@@ -161,8 +177,8 @@ def main() -> None:
             )
             traj = recorder.trajectory()
             loss = float(np.mean(result.loss[-20:]))
-            print(f"{name} lr {lr}: final loss {loss:.3f} ({time.time() - start:.0f} s)")
-            tag = {"model": name, "lr": lr}
+            print(f"{run}: final loss {loss:.3f} ({time.time() - start:.0f} s)")
+            tag = {"model": name, "lr": lr, "lr_attention": lr_attention}
             summary = measure.summarize(traj, groups, prediction=float("nan"))
             summaries.append(summary.assign(**tag, final_loss=loss))
             for variant, g in all_groups.items():
@@ -175,8 +191,8 @@ def main() -> None:
             write_report(
                 traj,
                 groups,
-                out / "reports" / f"{name}_lr{lr}",
-                title=f"WikiText-2, {name}, SGD lr {lr}",
+                out / "reports" / run,
+                title=f"WikiText-2, {name}, SGD eta_Y {lr}, eta_Z {lr_attention}",
                 prediction=float("nan"),
                 token_strings=words,
             )
@@ -197,16 +213,16 @@ def main() -> None:
                 scan,
                 "bias",
                 snaps=measure.snapping(traj).table,
-                title=f"{name}, lr {lr}: discriminative bias (dotted: snap)",
-                path=out / f"bias_over_steps_{name}_lr{lr}.png",
+                title=f"{run}: discriminative bias (dotted: snap)",
+                path=out / f"bias_over_steps_{run}.png",
             )
-            if lr == cfg["lrs"][-1]:
+            if (lr, lr_attention) == runs[-1]:
                 picks = np.linspace(0, traj.num_steps - 1, 4).round().astype(int)
                 viz.plot_attention_maps(
                     [traj.prompt_pattern[i, 0, 0, :24, :24].numpy() for i in picks],
                     traj.steps[picks].tolist(),
                     words[:24],
-                    title=f"{name}, lr {lr}: layer 0 head 0 on a test sequence",
+                    title=f"{run}: layer 0 head 0 on a test sequence",
                     path=out / f"fig7_attention_{name}.png",
                 )
 
@@ -217,13 +233,14 @@ def main() -> None:
     scan.to_csv(out / "scan.csv", index=False)
     sparsity.to_csv(out / "sparsity.csv", index=False)
 
-    final = sparsity[sparsity["step"] == sparsity.groupby(["model", "lr"])["step"].transform("max")]
+    keys = ["model", "lr", "lr_attention"]
+    final = sparsity[sparsity["step"] == sparsity.groupby(keys)["step"].transform("max")]
     first_layer = final[final["layer"] == 0]
-    fig10 = first_layer.groupby(["model", "lr"])[["attn_entropy", "entropy"]].mean().reset_index()
+    fig10 = first_layer.groupby(keys)[["attn_entropy", "entropy"]].mean().reset_index()
     fig10.to_csv(out / "fig10_entropy_vs_lr.csv", index=False)
     _plot_fig10(fig10, out / "fig10_entropy_vs_lr.png")
     columns = ["snap_path", "snap_rate", "bias", "auroc", "spearman", "entropy", "final_loss"]
-    table = summary.reindex(columns=["model", "lr", *columns]).groupby(["model", "lr"]).mean()
+    table = summary.reindex(columns=[*keys, *columns]).groupby(keys).mean()
     print(table.round(3).to_string())
     print(fig10.round(3).to_string(index=False))
     meta = {"config": cfg, "seconds": round(time.time() - start, 1), "vocab": V}
@@ -250,12 +267,15 @@ def _plot_fig10(table: pd.DataFrame, path: Path) -> None:
     fig = Figure(figsize=(5, 3.4))
     ax = fig.subplots()
     for model, part in table.groupby("model"):
-        ax.plot(part["lr"], part["attn_entropy"], marker="o", label=f"{model}: all context")
-        ax.plot(part["lr"], part["entropy"], marker="s", ls="--", label=f"{model}: distinct only")
+        line = ax.plot(part["lr_attention"], part["attn_entropy"], marker="o", label=model)[0]
+        ax.plot(part["lr_attention"], part["entropy"], marker="s", ls="--", color=line.get_color())
     ax.set_xscale("log")
-    ax.set_xlabel("SGD learning rate")
+    ax.set_xlabel(r"SGD rate of $W_Q, W_K$ ($\eta_Z$; $= \eta_Y$ but for attn-nopos)")
     ax.set_ylabel("first-layer attention entropy (nats)")
-    ax.set_title("Fig. 10 analogue: entropy at the end of training")
+    ax.set_title(
+        "Fig. 10 analogue at the end of training\nsolid: all context, dashed: distinct tokens",
+        fontsize=9,
+    )
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
