@@ -56,12 +56,12 @@ FULL = {
     # model name -> (eta_Y, eta_Z) of each run; "attn-nopos" is the theory's model: attention
     # only, no positional embeddings, its own rate for W_Q and W_K
     "runs": {
-        "1layer": [(0.1, 0.1), (0.2, 0.2), (0.4, 0.4)],
+        "1layer": [(0.1, 0.1), (0.4, 0.4)],
         "3layer": [(0.1, 0.1), (0.4, 0.4)],
         "1layer-attn-nopos": [(0.2, 0.2), (0.2, 6.0)],
     },
     "eval_rows": 512,
-    "checkpoints": "log:12",
+    "checkpoints": "log:10",
     "query_ranks": (20, 120),
 }
 QUICK = {
