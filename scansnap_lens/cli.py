@@ -303,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo",
         help="train a small transformer, record, measure and report scan and snap",
-        description="The main job on an embedded default (about 20 s on 2 cores): a 1-layer"
+        description="The main job on an embedded default (15 to 30 s on 2 cores): a 1-layer"
         " attention-only HookedTransformer without positions trained on synthetic sequence"
         " classes, recorded at log-spaced checkpoints, token classes from the training corpus,"
         " measurements and a self-contained HTML report.",
