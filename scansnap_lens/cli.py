@@ -62,12 +62,10 @@ def _demo(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ stats
 def _corpus_rows(args: argparse.Namespace):
-    """(rows or dataset, vocab size, tokenizer name) of the inputs."""
+    """(rows, vocab size, tokenizer name) of the text or token files given."""
     from .text import wikitext_documents, word_level_tokenizer
     from .tokens import TOKEN_SUFFIXES, encode, load_tokenizer, read_tokens
 
-    if args.dataset:
-        return None, args.vocab_size, None
     if not args.inputs:
         raise ValueError("give corpus files (text or token files) or --dataset")
     texts = [Path(p) for p in args.inputs if not str(p).endswith(TOKEN_SUFFIXES)]
@@ -89,8 +87,38 @@ def _corpus_rows(args: argparse.Namespace):
     return encode(tokenizer, docs), args.vocab_size or size, args.tokenizer
 
 
+def _dataset_stats(args: argparse.Namespace, common: dict):
+    """Statistics of a `datasets` dataset: a folder from save_to_disk, or a hub name."""
+    import datasets
+
+    from .corpus import from_dataset
+
+    path = Path(args.dataset)
+    if path.exists():
+        data = datasets.load_from_disk(str(path))
+    else:
+        data = datasets.load_dataset(args.dataset, split=args.split)
+    if isinstance(data, datasets.DatasetDict):
+        data = data[args.split]
+    tokenizer = None
+    if args.text_column:
+        from .tokens import load_tokenizer
+
+        if not args.tokenizer:
+            raise ValueError("--text-column needs --tokenizer")
+        tokenizer = load_tokenizer(args.tokenizer)
+    return from_dataset(
+        data,
+        column=args.column,
+        text_column=args.text_column,
+        tokenizer=tokenizer,
+        vocab_size=args.vocab_size,
+        **common,
+    )
+
+
 def _stats(args: argparse.Namespace) -> int:
-    from .corpus import cooccurrence, from_dataset
+    from .corpus import cooccurrence
 
     common = {
         "window": args.window,
@@ -99,33 +127,10 @@ def _stats(args: argparse.Namespace) -> int:
         "min_count": args.min_count,
         "progress": True,
     }
-    rows, vocab, name = _corpus_rows(args)
     if args.dataset:
-        import datasets
-
-        path = Path(args.dataset)
-        if path.exists():
-            data = datasets.load_from_disk(str(path))
-        else:
-            data = datasets.load_dataset(args.dataset, split=args.split)
-        if isinstance(data, datasets.DatasetDict):
-            data = data[args.split]
-        tokenizer = None
-        if args.text_column:
-            from .tokens import load_tokenizer
-
-            if not args.tokenizer:
-                raise ValueError("--text-column needs --tokenizer")
-            tokenizer = load_tokenizer(args.tokenizer)
-        stats = from_dataset(
-            data,
-            column=args.column,
-            text_column=args.text_column,
-            tokenizer=tokenizer,
-            vocab_size=vocab,
-            **common,
-        )
+        stats = _dataset_stats(args, common)
     else:
+        rows, vocab, name = _corpus_rows(args)
         stats = cooccurrence(rows, vocab, tokenizer=name, **common)
     if stats.num_classes == 0:
         raise ValueError("the corpus holds no event (query followed by a next token)")

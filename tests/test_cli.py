@@ -215,6 +215,13 @@ def test_bad_input_gives_exit_code_2_and_names_the_problem(own_run, tmp_path, ca
     fails(["report", str(tmp_path / "nothing"), "--stats", str(other)], "manifest.json is missing")
 
 
+def test_demo_refuses_unknown_data():
+    from scansnap_lens.demo import run_demo
+
+    with pytest.raises(ValueError, match="data must be one of"):
+        run_demo(data="syn-large")
+
+
 def test_every_command_has_help(capsys):
     for command in ("demo", "stats", "record", "report", "theory"):
         with pytest.raises(SystemExit) as done:

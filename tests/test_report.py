@@ -16,6 +16,7 @@ from _browser import open_page, screenshot
 
 from scansnap_lens.groups import TokenGroups
 from scansnap_lens.report import write_report
+from scansnap_lens.synthetic import syn_medium
 from scansnap_lens.trajectory import Trajectory
 from scansnap_lens.viz import View, attention_over_checkpoints, query_attention, token_classes
 from scansnap_lens.viz.views import default_position, page
@@ -108,15 +109,17 @@ def test_views_hold_the_recorded_attention(demo_out, tmp_path):
     multi = query_attention(traj, groups, steps=[steps[-1]]).props["values"]
     assert torch.equal(multi[:, 0], expected)
     torch.testing.assert_close(multi[:, 1], traj.prompt_pattern[-1, 0, 0, 31, :32])
+    with pytest.raises(ValueError, match="token_strings has 3 entries"):
+        token_classes(traj, groups, token_strings=["a", "b", "c"])
+    with pytest.raises(KeyError, match=r"steps \[7\]"):
+        attention_over_checkpoints(traj, steps=[7])
 
 
 def test_report_without_prompt_says_what_is_missing(demo_out, tmp_path):
     out, _ = demo_out
     traj = Trajectory.load(out / "trajectory")
     traj.prompt, traj.prompt_pattern = None, None
-    groups = TokenGroups.from_synthetic(
-        __import__("scansnap_lens.synthetic").synthetic.syn_medium(1)
-    )
+    groups = TokenGroups.from_synthetic(syn_medium(1))
     report = write_report(traj, groups, tmp_path / "r", views=True)
     assert "views" in report.not_measured
     assert "circuitsvis-view" not in report.path.read_text()
