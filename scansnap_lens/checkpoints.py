@@ -6,8 +6,9 @@ nothing is loaded until ``checkpoint.load()``.  Sources:
 - `pretrained`: TransformerLens checkpoint labels (Pythia, stanford-crfm, NeelNanda models),
   through ``HookedTransformer.from_pretrained(name, checkpoint_value=...)`` or
   ``TransformerBridge.boot_transformers(name, checkpoint_value=...)``;
-- `folder`: saved weights (``step_000100.safetensors``, ``model_100.pt``, ``checkpoint-100/``)
-  with the architecture in a ``config.json`` beside them;
+- `folder`: saved checkpoints in the formats people have (`formats`): TransformerLens state
+  dicts with a ``config.json``, Hugging Face Trainer ``checkpoint-N/`` folders, nanoGPT
+  dicts, trusted pickles of whole models;
 - `in_memory`: models you already hold.
 
 Steps are chosen with `select_steps`:
@@ -23,19 +24,19 @@ Steps are chosen with `select_steps`:
 
 from __future__ import annotations
 
-import json
 import math
-import pickle
+import os
 import re
-import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+
+from . import formats
+from .backend import BackendError, config_fields, load_weights, resolve_backend
+from .formats import WEIGHT_SUFFIXES, CheckpointError, load_state_dict
 
 __all__ = [
     "Checkpoint",
@@ -47,13 +48,6 @@ __all__ = [
     "pretrained",
     "select_steps",
 ]
-
-CONFIG_FORMAT = "scansnap_lens.HookedTransformerConfig/1"
-WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be read; the message names its file or label."""
 
 
 @dataclass
@@ -137,39 +131,31 @@ def _log_spaced(available: list[int], n: int) -> list[int]:
 def pretrained(
     name: str,
     steps=None,
-    backend: str = "hooked",
+    backend: str | None = None,
     device: str | None = None,
     **load_kwargs,
 ) -> CheckpointSource:
     """Checkpoints of a TransformerLens-known model, by its checkpoint labels.
 
-    backend: "hooked" loads ``HookedTransformer.from_pretrained(name, checkpoint_value=s)``;
-    "bridge" loads ``TransformerBridge.boot_transformers(name, checkpoint_value=s)``.
-    load_kwargs go to the loader (``fold_ln``, ``dtype``, ...).
+    backend: "hooked" loads ``HookedTransformer.from_pretrained(name, checkpoint_value=s)``
+    (transformer-lens 3.x); "bridge" loads ``TransformerBridge.boot_transformers(name,
+    checkpoint_value=s)``; default: the installed major's.  load_kwargs go to the loader.
     """
+    backend = resolve_backend(backend)
     labels, unit = checkpoint_labels(name)
     chosen = select_steps(labels, steps)
     if backend == "hooked":
-        try:
-            from transformer_lens import HookedTransformer
-        except ImportError:
-            raise ImportError(
-                "this transformer-lens has no HookedTransformer (4.x): use backend='bridge'"
-            ) from None
+        from transformer_lens import HookedTransformer
 
-        def loader(step):
-            return lambda: _labelled(
-                name, step, HookedTransformer.from_pretrained, device=device, **load_kwargs
-            )
-    elif backend == "bridge":
+        load = HookedTransformer.from_pretrained
+    else:
         from transformer_lens.model_bridge import TransformerBridge
 
-        def loader(step):
-            return lambda: _labelled(
-                name, step, TransformerBridge.boot_transformers, device=device, **load_kwargs
-            )
-    else:
-        raise ValueError(f"backend must be 'hooked' or 'bridge', got {backend!r}")
+        load = TransformerBridge.boot_transformers
+
+    def loader(step):
+        return lambda: _labelled(name, step, load, device=device, **load_kwargs)
+
     unit = "tokens" if unit == "token" else "steps"
     return CheckpointSource(
         name, [Checkpoint(s, f"{name}@{s}", loader(s)) for s in chosen], step_unit=unit
@@ -189,7 +175,15 @@ def _labelled(name, step, load, **kwargs):
     try:
         model = load(name, checkpoint_value=step, **kwargs)
     except (OSError, ValueError) as err:
-        raise CheckpointError(f"{name} checkpoint {step}: could not be loaded ({err})") from err
+        hint = ""
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            hint = (
+                " HF_HUB_OFFLINE=1 is set: download the model's checkpoints into the hub cache"
+                " first (huggingface-cli download NAME --revision REVISION), or unset it"
+            )
+        raise CheckpointError(
+            f"{name} checkpoint {step}: could not be loaded ({err}).{hint}"
+        ) from err
     model.eval()
     return model
 
@@ -212,87 +206,23 @@ def parse_step(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def load_state_dict(path: str | Path, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
-    """Tensors of a safetensors or torch checkpoint file; never unpickles unless trusted."""
-    path = Path(path)
-    if path.is_dir():
-        for candidate in ("model.safetensors", "pytorch_model.bin", "model.pt"):
-            if (path / candidate).exists():
-                return load_state_dict(path / candidate, trust_pickle)
-        raise CheckpointError(f"{path}: no model.safetensors / pytorch_model.bin / model.pt in it")
-    if not path.exists():
-        raise CheckpointError(f"{path}: checkpoint file is missing")
-    if path.suffix == ".safetensors":
-        try:
-            return load_file(str(path))
-        except (SafetensorError, OSError) as err:
-            raise CheckpointError(
-                f"{path}: corrupt or truncated safetensors file ({err})"
-            ) from None
+def _config_fields(config) -> dict:
+    if isinstance(config, str | Path):
+        return formats.read_tl_config(config)[0]
+    if isinstance(config, Mapping):
+        return dict(config)
+    return config_fields(config)  # a HookedTransformerConfig / TransformerBridgeConfig
+
+
+def _nanogpt_step(file: Path) -> int | None:
+    """`iter_num` of a nanoGPT checkpoint dict, or None when the file is something else."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
-    except pickle.UnpicklingError as err:
-        raise CheckpointError(
-            f"{path}: carries a pickled payload beyond plain tensors, refused"
-            " (pass trust_pickle=True only for files you trust)"
-            f" [{str(err).splitlines()[0]}]"
-        ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
-        raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({err})") from None
-    for key in ("state_dict", "model_state_dict", "model"):
-        if isinstance(state, dict) and isinstance(state.get(key), Mapping):
-            state = state[key]
-            break
-    if not isinstance(state, Mapping) or not all(
-        isinstance(v, torch.Tensor) for v in state.values()
-    ):
-        raise CheckpointError(f"{path}: not a state dict of tensors")
-    return dict(state)
-
-
-def read_config(path: str | Path):
-    """A HookedTransformerConfig from a ``config.json`` (ours, or a plain dict of its fields)."""
-    from transformer_lens import HookedTransformerConfig
-
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{path}: cannot read the model config ({err})") from None
-    if data.get("format") == CONFIG_FORMAT:
-        data = data["config"]
-    if "model_type" in data and "n_layers" not in data:
-        raise CheckpointError(
-            f"{path}: a Hugging Face config; pass model_factory= to build the model"
-        )
-    return HookedTransformerConfig(**config_from_json(data))
-
-
-def config_to_json(cfg) -> dict:
-    """HookedTransformerConfig fields as JSON values (dtypes as strings)."""
-    out = {}
-    for key, value in cfg.to_dict().items():
-        if isinstance(value, torch.dtype):
-            value = str(value).removeprefix("torch.")
-        elif isinstance(value, torch.device):
-            value = str(value)
-        try:
-            json.dumps(value)
-        except TypeError:
-            continue
-        out[key] = value
-    return {"format": CONFIG_FORMAT, "config": out}
-
-
-def config_from_json(data: dict) -> dict:
-    data = dict(data)
-    if isinstance(data.get("dtype"), str):
-        data["dtype"] = getattr(torch, data["dtype"])
-    data.pop("device", None)
-    # Derived fields are recomputed by the config itself.
-    for derived in ("n_params", "tokenizer_prepends_bos"):
-        data.pop(derived, None)
-    return data
+        obj = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a plain-tensor torch file: not a nanoGPT dict we can peek into
+        return None
+    if formats.is_nanogpt(obj) and "iter_num" in obj:
+        return int(obj["iter_num"])
+    return None
 
 
 def folder(
@@ -302,23 +232,42 @@ def folder(
     model_factory: Callable[[], Any] | None = None,
     trust_pickle: bool = False,
     device: str | None = None,
+    backend: str | None = None,
+    tokenizer=None,
 ) -> CheckpointSource:
-    """Checkpoints saved in a folder, the step parsed from each name.
+    """Checkpoints saved in a folder, in whichever format its layout shows (see `formats`).
 
-    The model is ``model_factory()`` if given, else a HookedTransformer built from `config`
-    (a HookedTransformerConfig, a dict, or a path) or from the folder's ``config.json``; each
-    checkpoint's state dict is loaded into it with ``strict=True``.
+    - ``checkpoint-N/`` Hugging Face folders (the Trainer's output), or one such folder:
+      a TransformerBridge each, the step from the name checked against
+      ``trainer_state.json``;
+    - TransformerLens state dicts (``step_000100.safetensors``, ``model_100.pt``, ...) with
+      the architecture from `config` (fields, a config object or a path) or the folder's
+      ``config.json``, or ``model_factory()``;
+    - nanoGPT checkpoint dicts (``ckpt_100.pt``, or ``ckpt.pt`` with its ``iter_num``);
+    - a pickled whole model, only with ``trust_pickle=True``.
     """
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint folder {path} does not exist")
     found: dict[int, Path] = {}
-    for item in sorted(path.iterdir()):
+    items = [path] if formats.is_hf_folder(path) else sorted(path.iterdir())
+    for item in items:
         is_weights = item.is_file() and item.name.endswith(WEIGHT_SUFFIXES)
-        is_dir = item.is_dir() and item.name.startswith("checkpoint")
+        is_dir = item.is_dir() and (item == path or item.name.startswith("checkpoint"))
         if not (is_weights or is_dir):
             continue
         step = parse_step(item.name)
+        if is_dir and formats.is_hf_folder(item):
+            recorded = formats.trainer_step(item)
+            if step is None:
+                step = recorded if recorded is not None else 0
+            elif recorded is not None and recorded != step:
+                raise CheckpointError(
+                    f"{item}: the folder name says step {step},"
+                    f" its trainer_state.json says {recorded}"
+                )
+        if step is None and is_weights and item.suffix in (".pt", ".pth"):
+            step = _nanogpt_step(item)
         if step is None:
             continue
         if step in found:
@@ -326,43 +275,64 @@ def folder(
         found[step] = item
     if not found:
         raise FileNotFoundError(
-            f"no checkpoint files in {path} (expected names like step_000100.safetensors,"
-            " model_100.pt or checkpoint-100/)"
+            f"no checkpoint files in {path} (expected Hugging Face checkpoint-N/ folders, or"
+            " names like step_000100.safetensors, model_100.pt, ckpt.pt)"
         )
+    if backend == "hooked" and any(p.is_dir() and formats.is_hf_folder(p) for p in found.values()):
+        raise BackendError(
+            f"{path} holds Hugging Face checkpoints, which load through TransformerBridge:"
+            " use backend 'bridge'"
+        )
+    fields = None
     if model_factory is None:
-        cfg = config if config is not None else path / "config.json"
-        if isinstance(cfg, str | Path):
-            if not Path(cfg).exists():
-                raise FileNotFoundError(
-                    f"{cfg} is missing: the folder needs the model's config.json beside its"
-                    " checkpoints (or pass config= or model_factory=)"
-                )
-            cfg = read_config(cfg)
-        elif isinstance(cfg, dict):
-            from transformer_lens import HookedTransformerConfig
+        if config is not None:
+            fields = _config_fields(config)
+        elif (path / "config.json").is_file() and not formats.is_hf_folder(path):
+            fields = formats.read_tl_config(path / "config.json")[0]
+    if backend is not None:
+        resolve_backend(backend)
 
-            cfg = HookedTransformerConfig(**config_from_json(cfg))
-
-        def model_factory():
-            from transformer_lens import HookedTransformer
-
-            return HookedTransformer(cfg, move_to_device=False)
-
-    def loader(file: Path):
+    def loader(item: Path):
         def load():
-            state = load_state_dict(file, trust_pickle)
-            model = model_factory()
-            try:
-                model.load_state_dict(state, strict=True)
-            except RuntimeError as err:
-                raise CheckpointError(
-                    f"{file}: does not fit the model ({str(err).splitlines()[0]})"
-                ) from None
+            if item.is_dir() and formats.is_hf_folder(item):
+                model = formats.hf_folder_model(item, tokenizer)
+            else:
+                model = _load_weights_item(item)
             if device is not None:
                 model.to(device)
             return model.eval()
 
         return load
+
+    def _load_weights_item(item: Path):
+        file = item
+        if item.is_dir():
+            state = formats.load_state_dict(item, trust_pickle)
+            obj = state
+        else:
+            obj = formats.load_file_object(file, trust_pickle)
+        if formats.is_nanogpt(obj):
+            step = obj.get("iter_num")
+            named = parse_step(item.name)
+            if named is not None and step is not None and int(step) != named:
+                raise CheckpointError(f"{item}: named step {named}, but its iter_num is {step}")
+            return formats.nanogpt_model(obj, str(item), tokenizer)
+        state = formats._tensor_dict(obj)
+        if state is None:
+            return formats.model_from_object(obj, str(item), tokenizer)
+        if model_factory is not None:
+            model = model_factory()
+            try:
+                load_weights(model, state, str(item))
+            except ValueError as err:
+                raise CheckpointError(str(err)) from None
+            return model
+        if fields is None:
+            raise CheckpointError(
+                f"{item}: a state dict needs the model's architecture: put its config.json"
+                " beside the checkpoints (or pass config= or model_factory=)"
+            )
+        return formats.tl_model(fields, state, str(item), backend)
 
     chosen = select_steps(found, steps)
     return CheckpointSource(

@@ -13,6 +13,7 @@ what it has; run the same command again to resume).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -163,6 +164,21 @@ def _eval_tokens(args: argparse.Namespace):
     return tokens
 
 
+def _first_loadable(source, on_error: str):
+    """The first checkpoint's model (for its vocabulary); with skip, the first that loads."""
+    from .checkpoints import CheckpointError
+
+    errors = []
+    for checkpoint in source:
+        try:
+            return checkpoint.load()
+        except CheckpointError as err:
+            if on_error == "raise":
+                raise
+            errors.append(str(err))
+    raise CheckpointError("no checkpoint could be read: " + "; ".join(errors))
+
+
 def _record(args: argparse.Namespace) -> int:
     from . import checkpoints
     from .plan import plan_recording
@@ -173,7 +189,11 @@ def _record(args: argparse.Namespace) -> int:
     tokens = _eval_tokens(args)
     if args.checkpoints:
         source = checkpoints.folder(
-            args.checkpoints, steps=args.steps, trust_pickle=args.trust_pickle, device=args.device
+            args.checkpoints,
+            steps=args.steps,
+            trust_pickle=args.trust_pickle,
+            device=args.device,
+            backend=args.backend,
         )
     else:
         source = checkpoints.pretrained(
@@ -181,7 +201,7 @@ def _record(args: argparse.Namespace) -> int:
         )
     if len(source) == 0:
         raise ValueError(f"{source.name}: no checkpoint selected")
-    first = source.checkpoints[0].load()
+    first = _first_loadable(source, args.on_error)
     vocab, tokenizer = int(first.cfg.d_vocab), getattr(first, "tokenizer", None)
     del first
     plan = plan_recording(
@@ -361,7 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     record.add_argument("--checkpoints", type=Path, help="folder of checkpoints")
     record.add_argument("--model", help="a TransformerLens model name with checkpoint labels")
-    record.add_argument("--backend", choices=["hooked", "bridge"], default="hooked")
+    record.add_argument(
+        "--backend",
+        choices=["hooked", "bridge"],
+        help="HookedTransformer (transformer-lens 3.x) or TransformerBridge; default: hooked"
+        " on 3.x, bridge on 4.x",
+    )
     record.add_argument(
         "--steps", type=_steps, default="all", help="all, every k-th (k), log:N, or a,b,c"
     )
@@ -421,15 +446,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Library spellings in messages, as the command line spells them.
+CLI_SPELLING = {
+    "trust_pickle=True": "--trust-pickle",
+    "backend 'bridge'": "--backend bridge",
+    "backend 'hooked'": "--backend hooked",
+    "config= or model_factory=": "a config.json",
+}
+
+
+def cli_message(exc: BaseException) -> str:
+    """An exception's message in command-line spelling, without terminal escapes."""
+    message = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+    message = re.sub(r"\x1b\[[0-9;]*m", "", message)
+    for library, cli in CLI_SPELLING.items():
+        message = message.replace(library, cli)
+    return message
+
+
 def main(argv: list[str] | None = None) -> int:
+    from .backend import BackendError
     from .checkpoints import CheckpointError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, KeyError, CheckpointError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"scansnap {args.command}: error: {message}", file=sys.stderr)
+    except (
+        ValueError,
+        FileNotFoundError,
+        KeyError,
+        CheckpointError,
+        BackendError,
+        ImportError,
+        OSError,
+    ) as exc:
+        print(f"scansnap {args.command}: error: {cli_message(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(

@@ -28,7 +28,14 @@ from safetensors.torch import save_file
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .checkpoints import config_to_json
+from .backend import (
+    attention_logit_parameters,
+    build_model,
+    config_fields,
+    is_bridge,
+    load_weights,
+    positional_parameter,
+)
 
 __all__ = ["TrainResult", "attention_only_model", "schedule", "train"]
 
@@ -41,12 +48,23 @@ def attention_only_model(
     n_ctx: int = 128,
     positional: bool = False,
     seed: int = 0,
+    backend: str | None = None,
     **cfg_kwargs,
 ):
-    """An attention-only HookedTransformer; ``positional=False`` zeroes and freezes W_pos."""
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    """An attention-only transformer; ``positional=False`` zeroes and freezes W_pos.
 
-    cfg = HookedTransformerConfig(
+    backend: "hooked" (a HookedTransformer, transformer-lens 3.x) or "bridge" (a
+    TransformerBridge around TransformerLens's native transformer, 3.9+ and 4.x); default: the
+    installed major's (`backend.default_backend`).  The two compute the same function of the
+    same weights (tested).  They differ in:
+
+    - nothing in the weights: both start from `initial_weights` for the seed;
+    - the bridge's ``hook_attn_scores`` carries the softmax pattern; the recorder rebuilds
+      the scores from ``hook_q`` and ``hook_k`` (same values, one more hook per layer);
+    - the bridge's weights are saved in the native layout (``blocks.0.attn.q.weight``), the
+      HookedTransformer's in TransformerLens's (``blocks.0.attn.W_Q``); both load on both.
+    """
+    fields = dict(
         n_layers=n_layers,
         d_model=d_model,
         n_heads=n_heads,
@@ -59,17 +77,55 @@ def attention_only_model(
         seed=seed,
         **cfg_kwargs,
     )
-    model = HookedTransformer(cfg)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_model(fields, backend)
+    load_weights(model, initial_weights(fields, seed), "initial weights")
     if not positional:
         remove_positions(model)
     return model
 
 
+def initial_weights(fields: dict, seed: int) -> dict[str, Tensor]:
+    """HookedTransformer's "gpt2" initialisation of an attention-only model, in its layout.
+
+    Every W_* is Normal(0, 0.8 / sqrt(d_model)), biases are 0 and LayerNorm scales 1, drawn in
+    HookedTransformer's own order from a generator seeded with `seed`: the weights that
+    ``HookedTransformer(cfg)`` with ``cfg.seed = seed`` starts from, on either backend.
+    """
+    V, D, T = fields["d_vocab"], fields["d_model"], fields["n_ctx"]
+    H, d = fields["n_heads"], fields["d_head"]
+    g = torch.Generator().manual_seed(seed)
+    std = 0.8 / math.sqrt(D)
+
+    def normal(*shape):
+        return torch.empty(*shape).normal_(std=std, generator=g)
+
+    state = {"embed.W_E": normal(V, D), "pos_embed.W_pos": normal(T, D)}
+    with_ln = fields.get("normalization_type") == "LN"
+    for i in range(fields["n_layers"]):
+        attn = f"blocks.{i}.attn"
+        state[f"{attn}.W_Q"], state[f"{attn}.W_O"] = normal(H, D, d), normal(H, d, D)
+        state[f"{attn}.W_K"], state[f"{attn}.W_V"] = normal(H, D, d), normal(H, D, d)
+        for name in ("b_Q", "b_K", "b_V"):
+            state[f"{attn}.{name}"] = torch.zeros(H, d)
+        state[f"{attn}.b_O"] = torch.zeros(D)
+        if with_ln:
+            state[f"blocks.{i}.ln1.w"], state[f"blocks.{i}.ln1.b"] = torch.ones(D), torch.zeros(D)
+    if with_ln:
+        state["ln_final.w"], state["ln_final.b"] = torch.ones(D), torch.zeros(D)
+    state["unembed.W_U"], state["unembed.b_U"] = normal(D, V), torch.zeros(V)
+    return state
+
+
 def remove_positions(model) -> None:
     """Zero W_pos and freeze it: the model then sees a bag of tokens, as in the paper."""
+    pos = positional_parameter(model)
+    if pos is None:
+        raise ValueError("the model has no learned positional embedding to remove")
     with torch.no_grad():
-        model.pos_embed.W_pos.zero_()
-    model.pos_embed.W_pos.requires_grad_(False)
+        pos.zero_()
+    pos.requires_grad_(False)
 
 
 def schedule(steps: int, every: int | str | Iterable[int] = "log:20") -> list[int]:
@@ -95,6 +151,18 @@ def schedule(steps: int, every: int | str | Iterable[int] = "log:20") -> list[in
     return sorted(chosen | {0, steps})
 
 
+CONFIG_FORMAT = "scansnap_lens.model/2"
+
+
+def model_config_json(model) -> dict:
+    """What `checkpoints.folder` needs to rebuild `model`: its config fields and weight layout."""
+    return {
+        "format": CONFIG_FORMAT,
+        "layout": "native" if is_bridge(model) else "tl",
+        "config": config_fields(model),
+    }
+
+
 @dataclass
 class TrainResult:
     """Losses of every step and the checkpoints written (step -> file)."""
@@ -108,12 +176,7 @@ class TrainResult:
 
 
 def _param_groups(model, lr: float, lr_attention: float, weight_decay: float):
-    attention, rest = [], []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        is_qk = re.search(r"attn\.(W_Q|W_K|b_Q|b_K|_W_K|_W_Q|_b_K|_b_Q)$", name)
-        (attention if is_qk else rest).append(param)
+    attention, rest = attention_logit_parameters(model)
     if not attention:
         raise ValueError("the model has no W_Q / W_K parameters to give the attention rate")
     return [
@@ -189,7 +252,7 @@ def train(
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(config_to_json(model.cfg), indent=1))
+        (out / "config.json").write_text(json.dumps(model_config_json(model), indent=1))
 
     def checkpoint(step: int) -> None:
         if out is not None:

@@ -1,0 +1,267 @@
+"""What a checkpoint file or folder holds, and the model it becomes.
+
+Formats recognised from their layout, with no option needed:
+
+- TransformerLens weights: ``.safetensors`` / ``.pt`` / ``.pth`` / ``.bin`` state dicts in
+  HookedTransformer's layout or the native bridge's, with the architecture in a
+  ``config.json`` beside them (ours, or ``cfg.to_dict()`` dumped with ``default=str``);
+- Hugging Face folders (``config.json`` with a ``model_type``, ``model.safetensors`` or
+  ``pytorch_model.bin``), as the ``transformers`` Trainer writes them (``checkpoint-N/``
+  with ``trainer_state.json``): any architecture TransformerBridge supports;
+- nanoGPT checkpoint dicts (``{"model", "model_args", "iter_num", ...}``, ``_orig_mod.``
+  prefixes of ``torch.compile`` included), converted to a Hugging Face GPT-2;
+- a whole pickled model (``torch.save(model)``), only when the caller trusts the file.
+
+Nothing is unpickled unless trusted: torch files load with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from . import backend as be
+
+__all__ = [
+    "CheckpointError",
+    "hf_folder_model",
+    "is_hf_folder",
+    "load_file_object",
+    "load_state_dict",
+    "nanogpt_model",
+    "read_tl_config",
+    "tl_model",
+]
+
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+TRUST_HINT = "trust_pickle=True"  # the CLI rewrites this as --trust-pickle
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be read; the message names its file or label."""
+
+
+# ------------------------------------------------------------------ files
+def load_file_object(path: str | Path, trust_pickle: bool = False) -> Any:
+    """The object in a weights file: a dict of tensors (safetensors, or torch with
+    ``weights_only=True``), or anything at all when `trust_pickle`."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: checkpoint file is missing")
+    if path.suffix == ".safetensors":
+        try:
+            return load_file(str(path))
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(
+                f"{path}: corrupt or truncated safetensors file ({err})"
+            ) from None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(
+            f"{path}: carries a pickled payload beyond plain tensors, refused"
+            f" (pass {TRUST_HINT} only for files you trust)"
+            f" [{str(err).splitlines()[0]}]"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
+        raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({err})") from None
+    except (AttributeError, ModuleNotFoundError) as err:  # a trusted pickle of a missing class
+        raise CheckpointError(
+            f"{path}: the pickled object's class cannot be found ({err})"
+        ) from None
+
+
+def _tensor_dict(obj) -> dict[str, torch.Tensor] | None:
+    for key in ("state_dict", "model_state_dict", "model"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), Mapping):
+            obj = obj[key]
+            break
+    if isinstance(obj, Mapping) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return {str(k).removeprefix("_orig_mod."): v for k, v in obj.items()}
+    return None
+
+
+def load_state_dict(path: str | Path, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors or torch checkpoint file (or a folder holding one)."""
+    path = Path(path)
+    if path.is_dir():
+        for candidate in ("model.safetensors", "pytorch_model.bin", "model.pt"):
+            if (path / candidate).exists():
+                return load_state_dict(path / candidate, trust_pickle)
+        raise CheckpointError(f"{path}: no model.safetensors / pytorch_model.bin / model.pt in it")
+    state = _tensor_dict(load_file_object(path, trust_pickle))
+    if state is None:
+        raise CheckpointError(f"{path}: not a state dict of tensors")
+    return state
+
+
+# ------------------------------------------------------------------ TransformerLens weights
+def read_tl_config(path: str | Path) -> tuple[dict, str | None]:
+    """(config fields, weight layout or None) from a TransformerLens ``config.json``."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path}: cannot read the model config ({err})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: the model config must be a JSON object")
+    layout = data.get("layout")
+    if isinstance(data.get("config"), dict) and str(data.get("format", "")).startswith(
+        "scansnap_lens."
+    ):
+        data = data["config"]
+    return data, layout
+
+
+def tl_model(fields: Mapping, state: Mapping[str, torch.Tensor], source: str, backend=None):
+    """A HookedTransformer or native bridge of `fields` holding `state`.
+
+    Native-layout weights need the bridge; TransformerLens-layout weights load into the
+    installed major's default (converted for the bridge).
+    """
+    if backend is None:
+        backend = "bridge" if be.state_layout(state) == "native" else be.default_backend()
+    try:
+        model = be.build_model(fields, backend)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(
+            f"{source}: the model config does not build a model ({err})"
+        ) from None
+    try:
+        be.load_weights(model, state, source)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
+    return model
+
+
+# ------------------------------------------------------------------ Hugging Face folders
+def is_hf_folder(path: Path) -> bool:
+    """A folder with a Hugging Face ``config.json`` (one that names a ``model_type``)."""
+    config = path / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and "model_type" in data
+
+
+def _tokenizer_near(path: Path):
+    """The tokenizer saved in `path` or its parent (the Trainer's output root), or None."""
+    import transformers
+
+    for folder in (path, path.parent):
+        if (folder / "tokenizer.json").exists() or (folder / "tokenizer_config.json").exists():
+            try:
+                return transformers.AutoTokenizer.from_pretrained(str(folder))
+            except (OSError, ValueError):
+                continue
+    return None
+
+
+def hf_folder_model(path: str | Path, tokenizer=None):
+    """A TransformerBridge over the Hugging Face model saved in `path` (weights_only loads)."""
+    import transformers
+
+    path = Path(path)
+    try:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), weights_only=True)
+    except (OSError, ValueError, KeyError) as err:
+        raise CheckpointError(f"{path}: cannot load the Hugging Face model ({err})") from None
+    tokenizer = tokenizer if tokenizer is not None else _tokenizer_near(path)
+    try:
+        return be.hf_bridge(hf.eval(), tokenizer=tokenizer, name=str(path))
+    except (ValueError, NotImplementedError, KeyError) as err:
+        raise CheckpointError(
+            f"{path}: TransformerBridge does not support this architecture"
+            f" ({hf.config.model_type}): {err}"
+        ) from None
+
+
+def trainer_step(path: Path) -> int | None:
+    """The global step in a Trainer checkpoint's ``trainer_state.json``, if there is one."""
+    state = path / "trainer_state.json"
+    if not state.is_file():
+        return None
+    try:
+        return int(json.loads(state.read_text())["global_step"])
+    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
+        return None
+
+
+# ------------------------------------------------------------------ nanoGPT
+def is_nanogpt(obj) -> bool:
+    return isinstance(obj, dict) and isinstance(obj.get("model_args"), dict) and "model" in obj
+
+
+def nanogpt_model(ckpt: dict, source: str, tokenizer=None):
+    """A TransformerBridge over the GPT-2 that a nanoGPT checkpoint dict describes.
+
+    nanoGPT's ``nn.Linear`` weights are transposed into GPT-2's ``Conv1D`` layout; without
+    biases (``bias=False``) the GPT-2 biases are zeros, which computes the same function.
+    """
+    import transformers
+
+    args = ckpt["model_args"]
+    try:
+        cfg = transformers.GPT2Config(
+            vocab_size=int(args["vocab_size"]),
+            n_positions=int(args["block_size"]),
+            n_embd=int(args["n_embd"]),
+            n_layer=int(args["n_layer"]),
+            n_head=int(args["n_head"]),
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            layer_norm_epsilon=1e-5,
+            activation_function="gelu",
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{source}: nanoGPT model_args incomplete ({err})") from None
+    state = _tensor_dict(ckpt["model"])
+    if state is None:
+        raise CheckpointError(f"{source}: the nanoGPT 'model' entry is not a state dict")
+    hf = transformers.GPT2LMHeadModel(cfg)
+    target = hf.state_dict()
+    conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+    converted = {}
+    for key, value in state.items():
+        if key.endswith(".attn.bias") and value.ndim == 4:  # nanoGPT's causal-mask buffer
+            continue
+        converted[key] = value.t().contiguous() if key.endswith(conv1d) else value
+    for key, value in target.items():  # bias=False: GPT-2's biases as zeros
+        if key not in converted and key.endswith(".bias") and not key.endswith("attn.bias"):
+            converted[key] = torch.zeros_like(value)
+    converted.setdefault("lm_head.weight", converted.get("transformer.wte.weight"))
+    missing = [k for k in target if k not in converted and not k.endswith(("attn.bias",))]
+    unexpected = [k for k in converted if k not in target]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{source}: not a nanoGPT GPT state dict (missing {missing[:5]},"
+            f" unexpected {unexpected[:5]})"
+        )
+    hf.load_state_dict(converted, strict=False)
+    return be.hf_bridge(hf.eval(), tokenizer=tokenizer, name="gpt2")
+
+
+def model_from_object(obj, source: str, tokenizer=None):
+    """A recordable model from what a trusted pickle held (a model, or a nanoGPT dict)."""
+    if is_nanogpt(obj):
+        return nanogpt_model(obj, source, tokenizer)
+    if be.is_hf_model(obj):
+        return be.hf_bridge(obj.eval(), tokenizer=tokenizer)
+    if isinstance(obj, torch.nn.Module) and hasattr(obj, "run_with_hooks"):
+        return obj.eval()
+    raise CheckpointError(
+        f"{source}: holds a {type(obj).__name__}, not a TransformerLens or Hugging Face model"
+        " nor a state dict"
+    )
