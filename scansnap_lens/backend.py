@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import tempfile
 from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -312,9 +313,17 @@ def _placeholder_tokenizer(vocab_size: int):
     vocab = {f"<{i}>": i for i in range(vocab_size)}
     tok = tokenizers.Tokenizer(WordLevel(vocab, unk_token="<0>"))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    return transformers.PreTrainedTokenizerFast(
+    fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<0>", eos_token="<0>", unk_token="<0>"
     )
+    # The bridge re-creates tokenizers from their saved name later, so keep one on disk.
+    if vocab_size not in _PLACEHOLDER_DIRS:
+        _PLACEHOLDER_DIRS[vocab_size] = tempfile.mkdtemp(prefix="scansnap_tok_")
+        fast.save_pretrained(_PLACEHOLDER_DIRS[vocab_size])
+    return transformers.AutoTokenizer.from_pretrained(_PLACEHOLDER_DIRS[vocab_size])
+
+
+_PLACEHOLDER_DIRS: dict[int, str] = {}
 
 
 def attention_logit_parameters(model: nn.Module) -> tuple[list, list]:

@@ -16,7 +16,7 @@ import torch
 EPS32 = torch.finfo(torch.float32).eps
 
 
-def float32_tolerance(model, max_abs_score: float, max_context: int) -> dict[str, float]:
+def float32_tolerance(cfg, max_abs_score: float, max_context: int) -> dict[str, float]:
     """Absolute error bounds of float32 attention aggregates against exact values.
 
     A score q.k is built by dot products of length d_model (q and k from the residual stream)
@@ -29,7 +29,6 @@ def float32_tolerance(model, max_abs_score: float, max_context: int) -> dict[str
     renormalised row moves by at most 2 d * (1 + ln(context length)).  Means over events are
     convex combinations and add nothing but one eps per term.
     """
-    cfg = model.cfg
     d = (cfg.d_model + cfg.d_head) * EPS32 * max_abs_score * cfg.n_layers
     return {
         "zbar": d,
@@ -38,18 +37,22 @@ def float32_tolerance(model, max_abs_score: float, max_context: int) -> dict[str
     }
 
 
-def _float64_copy(model):
-    exact = copy.deepcopy(model)
+def _float64_copy(model, in_place=False):
+    exact = model if in_place else copy.deepcopy(model)
     exact.to(torch.float64)
     if hasattr(exact, "cfg") and hasattr(exact.cfg, "dtype"):
         exact.cfg.dtype = torch.float64
     return exact
 
 
-def brute_force(model, tokens, exclude_bos=True, include_self=False, queries=None):
+def brute_force(model, tokens, exclude_bos=True, include_self=False, queries=None, in_place=False):
     """Dicts zbar[(layer, head, m, l)], chat[(layer, head, m, n, l)], entropy per (m, n) and m,
-    and the float32 tolerance of comparing a recording of `model` against them."""
-    exact = _float64_copy(model)
+    and the float32 tolerance of comparing a recording of `model` against them.
+
+    in_place: convert `model` itself to float64 (for models that cannot be deep-copied).
+    """
+    tol_model_cfg = copy.copy(model.cfg)
+    exact = _float64_copy(model, in_place)
     _, cache = exact.run_with_cache(tokens)
     zsum, zcnt = defaultdict(float), defaultdict(int)
     csum, ev = defaultdict(float), defaultdict(int)
@@ -59,6 +62,10 @@ def brute_force(model, tokens, exclude_bos=True, include_self=False, queries=Non
     for layer in range(model.cfg.n_layers):
         S = cache[f"blocks.{layer}.attn.hook_attn_scores"].double()
         A = cache[f"blocks.{layer}.attn.hook_pattern"].double()
+        if torch.equal(S, A):  # a bridge that shows the pattern at the scores hook
+            q = cache[f"blocks.{layer}.attn.hook_q"].double()  # [batch, pos, head, d_head]
+            k = cache[f"blocks.{layer}.attn.hook_k"].double()
+            S = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
         for b, row in enumerate(tokens.tolist()):
             for T in range(first + 1, len(row) - 1):
                 m, n = row[T], row[T + 1]
@@ -86,7 +93,7 @@ def brute_force(model, tokens, exclude_bos=True, include_self=False, queries=Non
     chat = {k: v / ev[k[2:4]] for k, v in csum.items()}
     ent = {k: v / ev[k[2:]] for k, v in esum.items()}
     qent = {k: v / qev[k[2]] for k, v in qsum.items()}
-    tol = float32_tolerance(model, max_abs, tokens.shape[1])
+    tol = float32_tolerance(tol_model_cfg, max_abs, tokens.shape[1])
     return zbar, chat, ent, qent, tol
 
 

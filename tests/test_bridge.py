@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _backends import requires_tl4
 from _reference import assert_matches, brute_force
 
 from scansnap_lens import checkpoints
+from scansnap_lens.backend import BackendError, default_backend
 from scansnap_lens.plan import plan_recording
 from scansnap_lens.record import CheckpointRecord, record_checkpoint
 from scansnap_lens.recorder import Recorder
@@ -42,10 +44,9 @@ def test_pythia_labels_through_the_bridge(fake_hub, tmp_path):
     assert_matches(rec, plan, ref, range(2), range(4))
 
 
-def test_hooked_transformer_is_optional():
-    """The bridge path must not need HookedTransformer (absent in transformer-lens 4.x)."""
-    from importlib.metadata import version
-
-    if int(version("transformer-lens").split(".")[0]) >= 4:
-        with pytest.raises(ImportError):
-            checkpoints.pretrained("EleutherAI/pythia-14m", steps=[0], backend="hooked")
+@requires_tl4
+def test_hooked_backend_on_4x_is_a_clear_error():
+    """4.x has no HookedTransformer: asking for it says what to use instead."""
+    with pytest.raises(BackendError, match=r"backend 'hooked'.*4\.\d.*use backend 'bridge'"):
+        checkpoints.pretrained("EleutherAI/pythia-14m", steps=[0], backend="hooked")
+    assert default_backend() == "bridge"

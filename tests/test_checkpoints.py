@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from scansnap_lens import checkpoints
+from scansnap_lens.backend import state_layout, tl_to_native
 from scansnap_lens.checkpoints import CheckpointError, load_state_dict
 from scansnap_lens.plan import plan_recording
 from scansnap_lens.recorder import Recorder, record_trajectory
@@ -16,6 +17,11 @@ from scansnap_lens.train import attention_only_model, train
 from scansnap_lens.trajectory import Trajectory
 
 V = 34
+
+
+def native(state):
+    """Weights in the native bridge's names, whichever backend wrote them."""
+    return tl_to_native(state) if state_layout(state) == "tl" else dict(state)
 
 
 def syn_data(batch_size, generator, seq_len=16):
@@ -58,19 +64,20 @@ def test_train_saves_global_steps_and_learns(trained):
     assert names == [f"step_{s:09d}.safetensors" for s in (0, 5, 10, 20, 30)]
     assert json.loads((out / "config.json").read_text())["config"]["d_vocab"] == V
     assert result.loss[0] > 0.5 and sum(result.loss[-5:]) / 5 < 0.5 * result.loss[0]
-    first, last = load_state_dict(out / names[0]), load_state_dict(out / names[-1])
-    assert torch.count_nonzero(last["pos_embed.W_pos"]) == 0  # no positional information
-    assert not torch.equal(first["blocks.0.attn.W_Q"], last["blocks.0.attn.W_Q"])
+    first = native(load_state_dict(out / names[0]))
+    last = native(load_state_dict(out / names[-1]))
+    assert torch.count_nonzero(last["pos_embed.weight"]) == 0  # no positional information
+    assert not torch.equal(first["blocks.0.attn.q.weight"], last["blocks.0.attn.q.weight"])
 
 
 def test_two_learning_rates_are_separate():
     model = attention_only_model(V, d_model=16, n_heads=1, n_ctx=32, seed=1)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
+    before = native({k: v.clone() for k, v in model.state_dict().items()})
     train(model, syn_data, steps=3, lr=0.5, lr_attention=0.0, checkpoints=[], progress=False)
-    after = model.state_dict()
-    for name in ("blocks.0.attn.W_Q", "blocks.0.attn.W_K", "blocks.0.attn.b_Q"):
+    after = native(model.state_dict())
+    for name in ("blocks.0.attn.q.weight", "blocks.0.attn.k.weight", "blocks.0.attn.q.bias"):
         assert torch.equal(before[name], after[name]), name
-    for name in ("blocks.0.attn.W_V", "embed.W_E", "unembed.W_U"):
+    for name in ("blocks.0.attn.v.weight", "embed.weight", "unembed.weight"):
         assert not torch.equal(before[name], after[name]), name
 
 
@@ -159,7 +166,10 @@ def test_corrupt_truncated_and_pickled_checkpoints(trained, tmp_path):
     with pytest.raises(CheckpointError, match=r"model_30\.pt.*pickled payload"):
         source.checkpoints[3].load()
     trusted = checkpoints.folder(folder, trust_pickle=True).checkpoints[3].load()
-    torch.testing.assert_close(trusted.state_dict()["blocks.0.attn.W_Q"], good["blocks.0.attn.W_Q"])
+    torch.testing.assert_close(
+        native(trusted.state_dict())["blocks.0.attn.q.weight"],
+        native(good)["blocks.0.attn.q.weight"],
+    )
 
     plan = plan_recording(tokens, V, queries=syn_small().query.tolist())
     with pytest.raises(CheckpointError, match="step_000000005"):

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _backends import BACKENDS, requires_hooked
 from _reference import assert_matches, brute_force
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from scansnap_lens.backend import attention_logit_parameters, build_model
 from scansnap_lens.plan import plan_recording
 from scansnap_lens.record import _looks_like_pattern, record_checkpoint
 
 V = 13
 
 
-def tiny_model(positional="standard", seed=0, n_layers=2, attn_only=False):
-    cfg = HookedTransformerConfig(
+def tiny_model(positional="standard", seed=0, n_layers=2, attn_only=False, backend=None):
+    """A 2-layer model of the installed major's default backend (HookedTransformer on 3.x)."""
+    torch.manual_seed(seed)
+    cfg = dict(
         n_layers=n_layers,
         d_model=16,
         n_heads=3,
@@ -27,19 +30,19 @@ def tiny_model(positional="standard", seed=0, n_layers=2, attn_only=False):
         positional_embedding_type=positional,
         seed=seed,
     )
-    model = HookedTransformer(cfg)
+    model = build_model(cfg, backend)
     # Larger weights give peaked attention, where a renormalisation bug would show.
     with torch.no_grad():
-        for block in model.blocks:
-            block.attn.W_Q.mul_(4)
-            block.attn.W_K.mul_(4)
+        for param in attention_logit_parameters(model)[0]:
+            param.mul_(4)
     return model.eval()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("exclude_bos", [True, False])
 @pytest.mark.parametrize("include_self", [False, True])
-def test_aggregates_equal_brute_force(exclude_bos, include_self):
-    model = tiny_model()
+def test_aggregates_equal_brute_force(exclude_bos, include_self, backend):
+    model = tiny_model(backend=backend)
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, V, (5, 11), generator=g)
     plan = plan_recording(tokens, V, exclude_bos=exclude_bos, include_self=include_self)
@@ -76,9 +79,10 @@ def test_tracked_queries_classes_layers_heads():
         assert rec.chat[0, 0, j].item() == pytest.approx(chat[key], abs=tol["chat"])
 
 
+@requires_hooked  # on 4.x the native bridge is such a model, tested above
 def test_pattern_in_scores_hook_is_detected_and_scores_rebuilt():
-    """A bridge-like model whose hook_attn_scores shows the softmax pattern."""
-    model = tiny_model()
+    """A HookedTransformer made to show the softmax pattern at hook_attn_scores."""
+    model = tiny_model(backend="hooked")
     tokens = torch.randint(0, V, (3, 10), generator=torch.Generator().manual_seed(3))
     plan = plan_recording(tokens, V)
     want = record_checkpoint(model, tokens, plan, progress=False)
