@@ -215,8 +215,10 @@ _TL_TO_NATIVE = [  # old suffix, new suffix, einops pattern or None (as is) or "
 ]
 
 
-def tl_to_native(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def tl_to_native(state: Mapping[str, torch.Tensor], strict: bool = True) -> dict[str, torch.Tensor]:
     """HookedTransformer weights in the native bridge's layout (causal-mask buffers dropped).
+
+    strict: an unknown key is an error; otherwise it is kept as it is (to be reported).
 
     >>> W_Q = torch.arange(12.0).reshape(2, 3, 2)  # [n_heads, d_model, d_head]
     >>> tl_to_native({"blocks.0.attn.W_Q": W_Q})["blocks.0.attn.q.weight"].shape
@@ -235,7 +237,9 @@ def tl_to_native(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
                 out[key[: -len(old)] + new] = tensor
                 break
         else:
-            raise ValueError(f"no native-bridge counterpart for the weight {key!r}")
+            if strict:
+                raise ValueError(f"no native-bridge counterpart for the weight {key!r}")
+            out[key] = tensor
     return out
 
 
@@ -253,7 +257,7 @@ def load_weights(model, state: Mapping[str, torch.Tensor], source: str = "checkp
     """
     state = dict(state)
     if is_bridge(model) and state_layout(state) == "tl":
-        state = tl_to_native(state)
+        state = tl_to_native(state, strict=False)
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]

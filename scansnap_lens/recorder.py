@@ -8,6 +8,7 @@ recorder.on_checkpoint(step, model)
 
 from __future__ import annotations
 
+import copy
 import gc
 from pathlib import Path
 
@@ -15,12 +16,13 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .backend import hf_bridge, is_hf_model
 from .checkpoints import CheckpointError, CheckpointSource
 from .plan import RecordPlan, plan_recording
 from .record import CheckpointRecord, record_checkpoint
 from .trajectory import Trajectory, TrajectoryWriter, _read_manifest
 
-__all__ = ["Recorder", "record_trajectory"]
+__all__ = ["Recorder", "record_trajectory", "trainer_callback"]
 
 
 class Recorder:
@@ -96,7 +98,21 @@ class Recorder:
         return set()
 
     def on_checkpoint(self, step: int, model) -> CheckpointRecord | None:
-        """Record `model` as checkpoint `step` (for use inside a training loop)."""
+        """Record `model` as checkpoint `step` (for use inside a training loop).
+
+        model: a HookedTransformer, a TransformerBridge, or a Hugging Face causal LM (recorded
+        through a bridge around a copy, so the model you train is never changed).  The random
+        state is restored afterwards, so recording does not change the training that follows.
+        """
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            return self._record_model(step, model)
+
+    def _record_model(self, step: int, model) -> CheckpointRecord | None:
+        if is_hf_model(model):
+            if int(step) in self.done:
+                return None
+            model = hf_bridge(copy.deepcopy(model).eval())
         writer = self._writer_for(model)
         if int(step) in writer.done:
             return None
@@ -149,6 +165,25 @@ class Recorder:
 
     def trajectory(self) -> Trajectory:
         return Trajectory.load(self.out)
+
+
+def trainer_callback(recorder: Recorder):
+    """A ``transformers.TrainerCallback`` that records at the start and at every save.
+
+    >>> # trainer = transformers.Trainer(..., callbacks=[trainer_callback(recorder)])
+    """
+    from transformers import TrainerCallback
+
+    class ScanSnapCallback(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            if model is not None and state.global_step == 0:
+                recorder.on_checkpoint(0, model)
+
+        def on_save(self, args, state, control, model=None, **kwargs):
+            if model is not None:
+                recorder.on_checkpoint(state.global_step, model)
+
+    return ScanSnapCallback()
 
 
 def record_trajectory(

@@ -1,0 +1,252 @@
+"""Checkpoints as users have them: Hugging Face Trainer folders, nanoGPT dicts, TL state dicts
+with the configs people write, trusted pickles; under whichever TransformerLens is installed."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import transformers
+from _backends import requires_tl4
+from _nanogpt import GPT
+from _reference import assert_matches, brute_force
+
+from scansnap_lens import checkpoints
+from scansnap_lens.backend import default_backend, make_config, state_layout, tl_to_native
+from scansnap_lens.checkpoints import CheckpointError
+from scansnap_lens.plan import plan_recording
+from scansnap_lens.record import CheckpointRecord
+from scansnap_lens.recorder import Recorder, trainer_callback
+from scansnap_lens.train import attention_only_model, initial_weights
+
+V = 40
+
+
+def hf_config(arch: str):
+    common = dict(vocab_size=V, bos_token_id=0, eos_token_id=0)
+    if arch == "gpt2":
+        return transformers.GPT2Config(n_positions=32, n_embd=16, n_layer=2, n_head=2, **common)
+    if arch == "gpt_neox":  # rotary
+        return transformers.GPTNeoXConfig(
+            max_position_embeddings=32,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+            **common,
+        )
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[arch]
+    return cls(  # grouped-query attention: 4 query heads share 2 key/value heads
+        max_position_embeddings=32,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=32,
+        **common,
+    )
+
+
+class _Rows(torch.utils.data.Dataset):
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.rows[i], "labels": self.rows[i]}
+
+
+def trainer_run(arch, out, callbacks=()):
+    """4 steps of the transformers Trainer, saving at steps 2 and 4; returns the losses."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config(arch))
+    rows = torch.randint(1, V, (16, 12), generator=torch.Generator().manual_seed(0))
+    args = transformers.TrainingArguments(
+        str(out),
+        max_steps=4,
+        save_steps=2,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        data_seed=0,
+    )
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=_Rows(rows), callbacks=list(callbacks)
+    )
+    trainer.train()
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+EVAL = torch.randint(1, V, (3, 10), generator=torch.Generator().manual_seed(1))
+
+
+def check_against_brute_force(traj, source, step):
+    plan = traj.plan
+    model = next(c for c in source.checkpoints if c.step == step).load()
+    ref = brute_force(model, EVAL, in_place=True)
+    last = traj.select(steps=[step])
+    rec = CheckpointRecord(step, last.zbar[0], last.chat[0], last.entropy[0], last.query_entropy[0])
+    assert_matches(rec, plan, ref, range(2), range(model.cfg.n_heads))
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gpt_neox", "llama", "qwen2"])
+def test_trainer_folders_record_like_brute_force(arch, tmp_path):
+    trainer_run(arch, tmp_path / "run")
+    source = checkpoints.folder(tmp_path / "run")  # no options: the layout says what it is
+    assert source.steps == [2, 4]
+    plan = plan_recording(EVAL, V)
+    traj = Recorder(tmp_path / "traj", EVAL, plan, progress=False).record(source)
+    assert traj.steps.tolist() == [2, 4]
+    check_against_brute_force(traj, source, 4)
+    # one Trainer folder on its own is a source too
+    assert checkpoints.folder(tmp_path / "run" / "checkpoint-2").steps == [2]
+
+
+def test_trainer_callback_records_without_changing_training(tmp_path):
+    plain = trainer_run("gpt2", tmp_path / "plain")
+    recorder = Recorder(tmp_path / "traj", EVAL, plan_recording(EVAL, V), progress=False)
+    recorded = trainer_run("gpt2", tmp_path / "run", callbacks=[trainer_callback(recorder)])
+    assert recorded == plain  # recording never touches the live model
+    traj = recorder.trajectory()
+    assert traj.steps.tolist() == [0, 2, 4]
+    # the Trainer's own saves after a recording are whole and load as usual
+    source = checkpoints.folder(tmp_path / "run")
+    from_folder = Recorder(tmp_path / "traj2", EVAL, traj.plan, progress=False).record(source)
+    torch.testing.assert_close(from_folder.zbar, traj.zbar[1:], atol=1e-6, rtol=1e-5)
+    plain_keys = set(checkpoints.load_state_dict(tmp_path / "plain" / "checkpoint-4"))
+    assert set(checkpoints.load_state_dict(tmp_path / "run" / "checkpoint-4")) == plain_keys
+
+
+def test_trainer_step_must_agree_with_trainer_state(tmp_path):
+    trainer_run("gpt2", tmp_path / "run")
+    os.rename(tmp_path / "run" / "checkpoint-2", tmp_path / "run" / "checkpoint-3")
+    with pytest.raises(CheckpointError, match=r"checkpoint-3.*says step 3.*says 2"):
+        checkpoints.folder(tmp_path / "run")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_nanogpt_checkpoints_compute_what_nanogpt_computes(bias, tmp_path):
+    torch.manual_seed(0)
+    gpt = GPT(vocab_size=V, block_size=16, n_layer=2, n_head=2, n_embd=16, bias=bias).eval()
+    with torch.no_grad():  # nanoGPT's LayerNorms start at 1 and 0; move them off
+        for name, p in gpt.named_parameters():
+            if "ln" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    state = {f"_orig_mod.{k}": v for k, v in gpt.state_dict().items()}  # torch.compile prefix
+    state["_orig_mod.transformer.h.0.attn.bias"] = torch.ones(1, 1, 16, 16).tril()
+    for step in (100, 200):
+        ckpt = {"model": state, "model_args": gpt.model_args, "iter_num": step, "config": {}}
+        torch.save(ckpt, tmp_path / f"ckpt_{step}.pt")
+    torch.save({**ckpt, "iter_num": 300}, tmp_path / "ckpt.pt")  # nanoGPT's own file name
+    source = checkpoints.folder(tmp_path)
+    assert source.steps == [100, 200, 300]
+    bridge = source.checkpoints[0].load()
+    x = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = gpt(x)
+        got = bridge(x, return_type="logits")
+    # float32, two layers of dot products of length <= 64 over values of order 1
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    traj = Recorder(tmp_path / "traj", EVAL, plan_recording(EVAL, V), progress=False).record(source)
+    assert traj.steps.tolist() == [100, 200, 300]
+
+
+def tl_weights_folder(tmp_path, config_text):
+    """Two TransformerLens-layout checkpoints with the given config.json text."""
+    fields = dict(
+        n_layers=1,
+        d_model=16,
+        n_heads=2,
+        d_head=8,
+        d_vocab=V,
+        n_ctx=16,
+        attn_only=True,
+        act_fn="relu",
+        normalization_type="LN",
+    )
+    folder = tmp_path / "tl"
+    folder.mkdir()
+    for step in (0, 10):
+        torch.save(initial_weights(fields, seed=step), folder / f"model_{step}.pt")
+    (folder / "config.json").write_text(config_text(fields))
+    return folder, fields
+
+
+@pytest.mark.parametrize(
+    "config_text",
+    [
+        lambda f: json.dumps(f),  # a hand-written dict of the main fields
+        lambda f: json.dumps(make_config(f).to_dict(), default=str),  # cfg.to_dict() as dumped
+    ],
+    ids=["fields", "to_dict-default-str"],
+)
+def test_tl_state_dicts_load_on_the_installed_major(tmp_path, config_text):
+    folder, _ = tl_weights_folder(tmp_path, config_text)
+    model = checkpoints.folder(folder).checkpoints[1].load()
+    want = attention_only_model(
+        V, d_model=16, n_heads=2, n_ctx=16, seed=10, positional=True, backend=default_backend()
+    )
+    x = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(model(x, return_type="logits"), want(x, return_type="logits"))
+
+
+@requires_tl4
+def test_tl_to_native_equals_transformer_lens_own_converter():
+    from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
+
+    fields = dict(n_layers=2, d_model=16, n_heads=2, d_head=8, d_vocab=V, n_ctx=16)
+    fields.update(attn_only=True, act_fn="relu", normalization_type="LN")
+    state = initial_weights(fields, seed=1)
+    ours, theirs = tl_to_native(state), convert_tl_checkpoint(state, make_config(fields))
+    assert ours.keys() == theirs.keys() and state_layout(ours) == "native"
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_weights_that_do_not_fit_list_their_keys(tmp_path):
+    folder, _ = tl_weights_folder(tmp_path, json.dumps)
+    state = torch.load(folder / "model_10.pt", weights_only=True)
+    state.pop("blocks.0.attn.W_V")
+    state["blocks.0.attn.extra"] = torch.zeros(1)
+    torch.save(state, folder / "model_10.pt")
+    with pytest.raises(
+        CheckpointError, match=r"missing keys: .*(W_V|v\.weight).*unexpected keys: .*extra"
+    ):
+        checkpoints.folder(folder).checkpoints[1].load()
+
+
+class Payload:
+    """Unpickling this runs code: it creates the file named in `marker`."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_pickled_models_need_trust_and_then_work(tmp_path):
+    # A whole Hugging Face model (TransformerBridge itself cannot be pickled on 4.x).
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config("gpt2")).eval()
+    torch.save(model, tmp_path / "model_7.pt")
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    torch.save({"model": Payload(marker)}, evil / "model_1.pt")
+    with pytest.raises(CheckpointError, match=r"pickled payload.*trust_pickle=True"):
+        checkpoints.folder(evil).checkpoints[0].load()
+    assert not marker.exists()  # refused before anything ran
+    with pytest.raises(CheckpointError, match="pickled payload"):
+        checkpoints.folder(tmp_path).checkpoints[0].load()
+    loaded = checkpoints.folder(tmp_path, trust_pickle=True).checkpoints[0].load()
+    x = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x, return_type="logits"), model(x).logits)
