@@ -2,17 +2,26 @@
 # One-step setup: creates .venv (or uses the active virtual environment) and installs
 # scansnap_lens with its test tools. On a machine without an NVIDIA GPU it installs the
 # CPU build of torch, never a multi-GB CUDA build.
+#   TL_MAJOR=3|4   TransformerLens major (default: the newest the package allows, 4.x)
+#   VENV=DIR       where to create the environment (default .venv)
 set -euo pipefail
 cd "$(dirname "$0")"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+VENV="${VENV:-.venv}"
+case "${TL_MAJOR:-}" in
+    "") TL_SPEC="transformer-lens" ;;
+    3) TL_SPEC="transformer-lens>=3.9,<4" ;;
+    4) TL_SPEC="transformer-lens>=4,<5" ;;
+    *) echo "setup.sh: TL_MAJOR must be 3 or 4, got '$TL_MAJOR'" >&2; exit 2 ;;
+esac
 
 if [ -n "${VIRTUAL_ENV:-}" ]; then
     PY="$VIRTUAL_ENV/bin/python"
     # the README's commands call .venv/bin/...: point .venv at the active environment
-    [ -e .venv ] || ln -s "$VIRTUAL_ENV" .venv
+    [ -e "$VENV" ] || ln -s "$VIRTUAL_ENV" "$VENV"
 else
-    [ -x .venv/bin/python ] || python3 -m venv .venv
-    PY=.venv/bin/python
+    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+    PY="$VENV/bin/python"
 fi
 "$PY" -m pip install --quiet --upgrade pip
 
@@ -33,6 +42,6 @@ else
     rm -rf "$wheels"
 fi
 
-# transformer-lens 3.x keeps HookedTransformer (4.x has only TransformerBridge).
-"$PY" -m pip install -e ".[dev]" "transformer-lens>=3.0,<4"
-"$PY" -c "import torch, transformer_lens, scansnap_lens; print('scansnap_lens ready; torch', torch.__version__, '| cuda:', torch.cuda.is_available())"
+# Both TransformerLens majors work: 3.x has HookedTransformer and the bridge, 4.x the bridge.
+"$PY" -m pip install -e ".[dev]" "$TL_SPEC"
+"$PY" -c "import torch, scansnap_lens.backend as b; print('scansnap_lens ready; torch', torch.__version__, '| cuda:', torch.cuda.is_available(), '| transformer-lens', b.tl_version(), '| default backend:', b.default_backend())"

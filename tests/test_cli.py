@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from scansnap_lens.backend import tl_major
 from scansnap_lens.cli import main
 from scansnap_lens.demo import sequences
 from scansnap_lens.synthetic import syn_medium
@@ -245,3 +246,62 @@ def test_theory_command_and_errors(tmp_path, capsys):
     assert (tmp_path / "b.csv").read_text().startswith("t,B,xi,B_integral,chi_upper")
     assert main(["theory", "--K", "10", "--M", "1000", "--lr-y", "-1", "--lr-z", "0.5"]) == 2
     assert "lr_y must be positive" in capsys.readouterr().err
+
+
+def _pickled_model_folder(root, tmp):
+    folder = tmp / "pickled"
+    folder.mkdir()
+    torch.save({"model": object()}, folder / "model_3.pt")
+    return folder
+
+
+def _weights_without_config(root, tmp):
+    folder = tmp / "noconfig"
+    folder.mkdir()
+    (folder / "step_000000010.safetensors").write_bytes(
+        (root / "ckpt" / "step_000000010.safetensors").read_bytes()
+    )
+    return folder
+
+
+def _trainer_step_mismatch(root, tmp):
+    folder = tmp / "trainer" / "checkpoint-3"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    return folder.parent
+
+
+CHECKPOINT_ERRORS = [  # (folder maker, extra flags, what the message must say)
+    (_pickled_model_folder, [], "--trust-pickle"),
+    (_weights_without_config, [], "config.json beside the checkpoints"),
+    (_trainer_step_mismatch, [], "says step 3, its trainer_state.json says 2"),
+]
+if tl_major() >= 4:
+    CHECKPOINT_ERRORS.append(
+        (lambda root, tmp: root / "ckpt", ["--backend", "hooked"], "use --backend bridge")
+    )
+
+
+@pytest.mark.parametrize("make, flags, message", CHECKPOINT_ERRORS)
+def test_checkpoint_errors_exit_2_in_cli_spelling(own_run, tmp_path, capsys, make, flags, message):
+    root, _ = own_run
+    folder = make(root, tmp_path)
+    args = ["record", "--checkpoints", str(folder), "--tokens", str(root / "eval.safetensors")]
+    assert main([*args, "--out", str(tmp_path / "t"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and "\x1b[" not in err
+    assert "trust_pickle=True" not in err  # the library spelling
+
+
+def test_on_error_skip_covers_the_first_checkpoint(own_run, tmp_path, capsys):
+    root, _ = own_run
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    for f in (root / "ckpt").iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    first = folder / "step_000000000.safetensors"
+    first.write_bytes(first.read_bytes()[:100])  # truncated
+    args = ["record", "--checkpoints", str(folder), "--tokens", str(root / "eval.safetensors")]
+    assert main([*args, "--out", str(tmp_path / "t"), "--on-error", "skip"]) == 0
+    assert "3 checkpoints recorded (3 new, 1 skipped)" in capsys.readouterr().out
