@@ -25,7 +25,6 @@ Steps are chosen with `select_steps`:
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from typing import Any
 
 import torch
 
-from . import formats
+from . import formats, labels
 from .backend import BackendError, config_fields, load_weights, resolve_backend
 from .formats import WEIGHT_SUFFIXES, CheckpointError, load_state_dict
 
@@ -135,57 +134,38 @@ def pretrained(
     device: str | None = None,
     **load_kwargs,
 ) -> CheckpointSource:
-    """Checkpoints of a TransformerLens-known model, by its checkpoint labels.
+    """Checkpoints of a model TransformerLens knows by checkpoint labels (`labels`).
 
-    backend: "hooked" loads ``HookedTransformer.from_pretrained(name, checkpoint_value=s)``
-    (transformer-lens 3.x); "bridge" loads ``TransformerBridge.boot_transformers(name,
-    checkpoint_value=s)``; default: the installed major's.  load_kwargs go to the loader.
+    Each label is resolved here to the exact hub revision (Pythia, stanford-crfm) or file
+    (NeelNanda) that holds it.  backend: "bridge" loads that revision into a TransformerBridge
+    (the default on 4.x); "hooked" uses ``HookedTransformer.from_pretrained(name,
+    checkpoint_value=)`` and checks the label it loaded (the default on 3.x).  Legacy
+    TransformerLens files load into either.  load_kwargs go to ``from_pretrained``.
     """
     backend = resolve_backend(backend)
-    labels, unit = checkpoint_labels(name)
-    chosen = select_steps(labels, steps)
-    if backend == "hooked":
-        from transformer_lens import HookedTransformer
-
-        load = HookedTransformer.from_pretrained
-    else:
-        from transformer_lens.model_bridge import TransformerBridge
-
-        load = TransformerBridge.boot_transformers
+    if labels.family(name) is None:
+        raise ValueError(
+            f"{name} has no checkpoint labels TransformerLens knows (Pythia, stanford-crfm,"
+            " NeelNanda models): for your own checkpoints use a folder"
+        )
+    available, unit = labels.checkpoint_labels(name)
+    chosen = select_steps(available, steps)
 
     def loader(step):
-        return lambda: _labelled(name, step, load, device=device, **load_kwargs)
+        def load():
+            model = labels.load_labelled(name, step, backend, **load_kwargs)
+            return model if device is None else model.to(device)
 
-    unit = "tokens" if unit == "token" else "steps"
+        return load
+
     return CheckpointSource(
         name, [Checkpoint(s, f"{name}@{s}", loader(s)) for s in chosen], step_unit=unit
     )
 
 
 def checkpoint_labels(name: str) -> tuple[list[int], str]:
-    """TransformerLens's checkpoint labels of a model and their unit ("step" or "token")."""
-    try:  # transformer-lens 3.x
-        from transformer_lens.loading_from_pretrained import get_checkpoint_labels
-    except ImportError:  # 4.x moved it
-        from transformer_lens.tools.model_registry.checkpoints import get_checkpoint_labels
-    return get_checkpoint_labels(name)
-
-
-def _labelled(name, step, load, **kwargs):
-    try:
-        model = load(name, checkpoint_value=step, **kwargs)
-    except (OSError, ValueError) as err:
-        hint = ""
-        if os.environ.get("HF_HUB_OFFLINE") == "1":
-            hint = (
-                " HF_HUB_OFFLINE=1 is set: download the model's checkpoints into the hub cache"
-                " first (huggingface-cli download NAME --revision REVISION), or unset it"
-            )
-        raise CheckpointError(
-            f"{name} checkpoint {step}: could not be loaded ({err}).{hint}"
-        ) from err
-    model.eval()
-    return model
+    """The checkpoint labels of a model and their unit ("steps" or "tokens")."""
+    return labels.checkpoint_labels(name)
 
 
 # ------------------------------------------------------------------ saved files

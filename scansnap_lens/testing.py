@@ -120,3 +120,49 @@ def bridge_from_hf(hf_model, name: str = "gpt2", tokenizer_dir: str | Path | Non
     word_tokenizer(hf_model.config.vocab_size).save_pretrained(folder)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     return TransformerBridge.boot_transformers(name, hf_model=hf_model, tokenizer=tokenizer)
+
+
+def fake_legacy_tl_model(
+    cache_dir: str | Path,
+    repo_id: str = "NeelNanda/attn-only-1l",
+    labels: Sequence[int] = (0, 5_000_000, 15_000_000),
+    vocab_size: int = 64,
+) -> Path:
+    """Write a legacy TransformerLens repository (NeelNanda's layout) into a hub cache.
+
+    ``config.json`` holds TransformerLens fields; ``checkpoints/<name>_checkpoint_<label>.pth``
+    one HookedTransformer state dict per label (seed = its position in `labels`).  The files
+    are written in an order where a label that is a decimal suffix of another comes second,
+    which is where a lookup by suffix goes wrong.
+    """
+    from .train import initial_weights
+
+    repo = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))
+    commit = hashlib.sha1(repo_id.encode()).hexdigest()
+    snapshot = repo / "snapshots" / commit
+    (snapshot / "checkpoints").mkdir(parents=True, exist_ok=True)
+    fields = dict(
+        n_layers=1,
+        d_model=16,
+        n_heads=2,
+        d_head=8,
+        d_mlp=64,
+        n_ctx=32,
+        d_vocab=vocab_size,
+        act_fn="relu",
+        attn_only=True,
+        normalization="LN",
+        tokenizer_name="NeelNanda/gpt-neox-tokenizer-digits",
+        shortformer_pos=False,
+    )
+    (snapshot / "config.json").write_text(json.dumps(fields))
+    stem = repo_id.split("/")[-1]
+    weight_fields = {**fields, "normalization_type": "LN"}
+    for i, label in sorted(enumerate(labels), key=lambda p: -p[1]):
+        torch.save(
+            initial_weights(weight_fields, seed=i),
+            snapshot / "checkpoints" / f"{stem}_checkpoint_{label}.pth",
+        )
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return repo
