@@ -237,17 +237,13 @@ def _record(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from .classify import classify
     from .corpus import CooccurrenceStats
-    from .groups import TokenGroups
+    from .groups import TokenGroups, check_vocabulary
     from .report import write_report
     from .trajectory import Trajectory
 
     traj = Trajectory.load(args.trajectory)
     stats = CooccurrenceStats.load(args.stats)
-    if stats.vocab_size != traj.plan.vocab_size:
-        raise ValueError(
-            f"vocabulary mismatch: the statistics have {stats.vocab_size} tokens and the"
-            f" trajectory's model {traj.plan.vocab_size}"
-        )
+    check_vocabulary(stats.vocab_size, traj.plan)
     classes = classify(
         stats,
         scope=args.scope,

@@ -22,6 +22,49 @@ from torch import Tensor
 __all__ = ["TokenGroups"]
 
 
+def _empty_filter_message(counts: list[tuple[str, int]]) -> str:
+    """Which filter emptied the classes, and what to relax."""
+    chain = ", ".join(f"{n} {what}" for what, n in counts)
+    first_zero = next(what for what, n in counts if n == 0)
+    if "distinct" in first_zero:
+        advice = (
+            "no tracked class has enough distinct tokens: lower min_distinct (--min-distinct),"
+            " or relax the classification (lower purity / min_support, --purity, --min-support,"
+            " or no binomial guard, --no-guard), or count statistics over a larger corpus"
+        )
+    elif "tracked query" in first_zero:
+        advice = (
+            "the trajectory's queries do not occur as queries in the statistics: count the"
+            " statistics on the same tokenizer and without a --queries restriction that"
+            " excludes them"
+        )
+    elif "events" in first_zero:
+        advice = "lower min_events"
+    else:
+        advice = "the statistics hold no class: count them on a larger corpus"
+    return f"no class of the statistics passes the filters ({chain}): {advice}"
+
+
+def check_vocabulary(stats_vocab: int, plan) -> None:
+    """Statistics of V_s tokens measure a trajectory whose model has V_m >= V_s tokens when
+    every id the recording tracks is < V_s: a model's vocabulary padded beyond its
+    tokenizer's (Pythia: 50304 against 50277) is not a mismatch."""
+    if stats_vocab > plan.vocab_size:
+        raise ValueError(
+            f"vocabulary mismatch: the statistics have {stats_vocab} tokens and the"
+            f" trajectory's model only {plan.vocab_size}: count the statistics with the"
+            " model's tokenizer"
+        )
+    used = [plan.queries, plan.pair_token, plan.class_next]
+    top = max((int(t.max()) for t in used if t.numel()), default=-1)
+    if top >= stats_vocab:
+        raise ValueError(
+            f"vocabulary mismatch: the trajectory tracks token id {top}, beyond the"
+            f" statistics' {stats_vocab} tokens: count the statistics with the model's"
+            " tokenizer (or give stats --vocab-size)"
+        )
+
+
 @dataclass
 class TokenGroups:
     """Per class k = (query[k], next_token[k]) with weight events[k]:
@@ -81,8 +124,11 @@ class TokenGroups:
         """
         frame = stats.classes()
         keep = frame["events"] >= min_events
+        counts = [("classes in the statistics", len(frame)), (f"with >= {min_events} events", 0)]
+        counts[1] = (counts[1][0], int(keep.sum()))
         if queries is not None:
             keep &= frame["query"].isin([int(q) for q in queries])
+            counts.append(("with a tracked query", int(keep.sum())))
         if min_distinct > 0:
             from .classify import DISTINCT
 
@@ -97,10 +143,11 @@ class TokenGroups:
             else:
                 key = frame[["next"]].merge(sizes.drop(columns="query"), on="next", how="left")
             keep &= key["n"].notna().to_numpy()
+            counts.append((f"with >= {min_distinct} distinct tokens", int(keep.sum())))
         all_queries = frame.loc[frame["events"] >= min_events, "query"].unique().tolist()
         frame = frame[keep]
         if frame.empty:
-            raise ValueError("no class of the statistics passes the filters")
+            raise ValueError(_empty_filter_message(counts))
         distinct, distinct_p, common = [], [], {}
         local = token_classes.scope == "local"
         for m, n in zip(frame["query"].tolist(), frame["next"].tolist()):

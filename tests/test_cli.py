@@ -305,3 +305,49 @@ def test_on_error_skip_covers_the_first_checkpoint(own_run, tmp_path, capsys):
     args = ["record", "--checkpoints", str(folder), "--tokens", str(root / "eval.safetensors")]
     assert main([*args, "--out", str(tmp_path / "t"), "--on-error", "skip"]) == 0
     assert "3 checkpoints recorded (3 new, 1 skipped)" in capsys.readouterr().out
+
+
+def test_padded_model_vocabulary_measures_with_tokenizer_statistics(own_run, tmp_path, capsys):
+    """A model whose d_vocab is padded beyond the tokenizer's (Pythia: 50304 vs 50277)."""
+    root, classes = own_run
+    M, pad = classes.vocab_size, 7
+    sample = sequences(classes, seq_len=24)
+    model = attention_only_model(M + pad, d_model=16, n_ctx=32, seed=0)
+    train(model, sample, steps=20, lr=0.1, lr_attention=3.0, batch_size=32, out=tmp_path / "ckpt",
+          checkpoints=[0, 10, 20], loss_on="last", progress=False)  # fmt: skip
+    ev = str(root / "eval.safetensors")
+    args = ["record", "--checkpoints", str(tmp_path / "ckpt"), "--tokens", ev]
+    assert main([*args, "--out", str(tmp_path / "traj")]) == 0
+    summaries = {}
+    for vocab in (M, M + pad):  # the tokenizer's size, and the model's
+        stats = tmp_path / f"stats_{vocab}.safetensors"
+        corpus = str(root / "corpus.safetensors")
+        assert main(["stats", corpus, "--out", str(stats), "--vocab-size", str(vocab)]) == 0
+        out = tmp_path / f"rep_{vocab}"
+        assert (
+            main(["report", str(tmp_path / "traj"), "--stats", str(stats), "--out", str(out)]) == 0
+        )
+        summaries[vocab] = json.loads((out / "summary.json").read_text())["summary"]
+    assert summaries[M] == summaries[M + pad]  # padding changes nothing measured
+    # statistics of more tokens than the model has are a real mismatch
+    big = tmp_path / "big.safetensors"
+    corpus = str(root / "corpus.safetensors")
+    assert main(["stats", corpus, "--out", str(big), "--vocab-size", str(M + pad + 1)]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "traj"), "--stats", str(big)]) == 2
+    assert "vocabulary mismatch" in capsys.readouterr().err
+
+
+def test_empty_class_filter_says_which_threshold_to_relax(own_run, tmp_path, capsys):
+    root, classes = own_run
+    stats = tmp_path / "stats.safetensors"
+    corpus, M = str(root / "corpus.safetensors"), str(classes.vocab_size)
+    assert main(["stats", corpus, "--out", str(stats), "--vocab-size", M]) == 0
+    ev = str(root / "eval.safetensors")
+    args = ["record", "--checkpoints", str(root / "ckpt"), "--tokens", ev, "--steps", "0,40"]
+    assert main([*args, "--out", str(tmp_path / "traj")]) == 0
+    capsys.readouterr()
+    report = ["report", str(tmp_path / "traj"), "--stats", str(stats), "--min-distinct", "999"]
+    assert main(report) == 2
+    err = capsys.readouterr().err
+    assert "with >= 999 distinct tokens" in err and "--min-distinct" in err

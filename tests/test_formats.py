@@ -250,3 +250,64 @@ def test_pickled_models_need_trust_and_then_work(tmp_path):
     x = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         torch.testing.assert_close(loaded(x, return_type="logits"), model(x).logits)
+
+
+def _nanogpt_folder(tmp_path):
+    torch.manual_seed(0)
+    gpt = GPT(vocab_size=V, block_size=16, n_layer=2, n_head=2, n_embd=16)
+    for step in (100, 200):
+        ckpt = {"model": gpt.state_dict(), "model_args": gpt.model_args, "iter_num": step}
+        torch.save(ckpt, tmp_path / f"ckpt_{step}.pt")
+    return tmp_path, [], [100, 200]
+
+
+def _trainer_folder(tmp_path):
+    trainer_run("qwen2", tmp_path)
+    return tmp_path, [], [2, 4]
+
+
+def _pickle_folder(tmp_path):
+    torch.manual_seed(0)
+    torch.save(
+        transformers.AutoModelForCausalLM.from_config(hf_config("gpt2")), tmp_path / "m_3.pt"
+    )
+    return tmp_path, ["--trust-pickle"], [3]
+
+
+def _tl_folder(tmp_path):
+    folder, _ = tl_weights_folder(
+        tmp_path, lambda f: json.dumps(make_config(f).to_dict(), default=str)
+    )
+    return folder, [], [0, 10]
+
+
+@pytest.mark.parametrize(
+    "make", [_trainer_folder, _nanogpt_folder, _pickle_folder, _tl_folder],
+    ids=["hf-trainer", "nanogpt", "pickle", "tl-state-dicts"],
+)  # fmt: skip
+def test_record_command_reads_every_format(make, tmp_path, capsys):
+    from scansnap_lens.cli import main
+    from scansnap_lens.tokens import save_tokens
+    from scansnap_lens.trajectory import Trajectory
+
+    (tmp_path / "ckpt").mkdir()
+    folder, flags, steps = make(tmp_path / "ckpt")
+    save_tokens(tmp_path / "eval.safetensors", EVAL)
+    args = ["record", "--checkpoints", str(folder), "--tokens", str(tmp_path / "eval.safetensors")]
+    assert main([*args, "--out", str(tmp_path / "traj"), *flags]) == 0, capsys.readouterr().err
+    assert Trajectory.load(tmp_path / "traj").steps.tolist() == steps
+
+
+def test_record_command_reads_legacy_labels_offline(tmp_path, capsys):
+    from scansnap_lens.cli import main
+    from scansnap_lens.testing import fake_legacy_tl_model
+    from scansnap_lens.tokens import save_tokens
+
+    fake_legacy_tl_model(os.environ["HF_HUB_CACHE"], "NeelNanda/attn-only-2l-demo", [0, 10, 110])
+    save_tokens(tmp_path / "eval.safetensors", EVAL)
+    args = ["record", "--model", "NeelNanda/attn-only-2l-demo", "--tokens"]
+    assert main([*args, str(tmp_path / "eval.safetensors"), "--out", str(tmp_path / "t")]) == 0
+    assert "3 checkpoints recorded" in capsys.readouterr().out
+    assert main([*args, str(tmp_path / "eval.safetensors"), "--out", str(tmp_path / "u"),
+                 "--model", "NeelNanda/absent"]) == 2  # fmt: skip
+    assert "huggingface-cli download NeelNanda/absent" in capsys.readouterr().err
