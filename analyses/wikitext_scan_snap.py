@@ -33,10 +33,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 from _common import parser
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from scansnap_lens import measure, viz
+from scansnap_lens.backend import build_model as backend_model
 from scansnap_lens.classify import classify
 from scansnap_lens.corpus import cooccurrence
 from scansnap_lens.groups import TokenGroups
@@ -81,14 +82,15 @@ QUICK = {
 }
 
 
-def build_model(cfg: dict, name: str, seed: int) -> HookedTransformer:
+def build_model(cfg: dict, name: str, seed: int):
     if name.endswith("attn-nopos"):
         return attention_only_model(
             cfg["vocab"], cfg["d_model"], n_heads=4, n_ctx=cfg["n_ctx"], positional=False, seed=seed
         )
     n_layers = int(name[0])
-    return HookedTransformer(
-        HookedTransformerConfig(
+    torch.manual_seed(seed)
+    return backend_model(  # HookedTransformer on transformer-lens 3.x, the bridge on 4.x
+        dict(
             n_layers=n_layers,
             d_model=cfg["d_model"],
             n_heads=4,

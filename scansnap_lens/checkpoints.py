@@ -140,8 +140,11 @@ def pretrained(
     (NeelNanda) that holds it.  backend: "bridge" loads that revision into a TransformerBridge
     (the default on 4.x); "hooked" uses ``HookedTransformer.from_pretrained(name,
     checkpoint_value=)`` and checks the label it loaded (the default on 3.x).  Legacy
-    TransformerLens files load into either.  load_kwargs go to ``from_pretrained``.
+    TransformerLens files load into either.  load_kwargs go to ``from_pretrained``.  A local
+    folder is read as `folder` reads it.
     """
+    if Path(name).is_dir():  # a local model or checkpoint folder, not a hub name
+        return folder(name, steps=steps, backend=backend, device=device)
     backend = resolve_backend(backend)
     if labels.family(name) is None:
         raise ValueError(

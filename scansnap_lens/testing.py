@@ -67,6 +67,7 @@ def tiny_hf_model(
         cfg = transformers.GPT2Config(
             vocab_size=vocab_size,
             n_positions=n_ctx,
+            n_ctx=n_ctx,  # as the hub's GPT-2 configs (stanford-crfm's included) have it
             n_embd=d_model,
             n_layer=n_layers,
             n_head=n_heads,

@@ -311,3 +311,11 @@ def test_record_command_reads_legacy_labels_offline(tmp_path, capsys):
     assert main([*args, str(tmp_path / "eval.safetensors"), "--out", str(tmp_path / "u"),
                  "--model", "NeelNanda/absent"]) == 2  # fmt: skip
     assert "huggingface-cli download NeelNanda/absent" in capsys.readouterr().err
+
+
+def test_model_option_takes_a_local_folder(tmp_path):
+    trainer_run("llama", tmp_path / "run")
+    source = checkpoints.pretrained(str(tmp_path / "run" / "checkpoint-4"))
+    assert source.steps == [4]
+    model = source.checkpoints[0].load()
+    assert model.cfg.n_heads == 4 and model.cfg.d_vocab == V

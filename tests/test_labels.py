@@ -51,3 +51,30 @@ def test_offline_without_the_files_says_what_to_download():
 def test_models_without_labels_are_refused():
     with pytest.raises(ValueError, match="no checkpoint labels"):
         checkpoints.pretrained("gpt2")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stanford_crfm_labels_load_their_revision(backend):
+    from scansnap_lens.testing import fake_hub_model
+
+    name = "stanford-crfm/alias-gpt2-small-x21"
+    revisions = ["checkpoint-0", "checkpoint-10", "checkpoint-20"]
+    fake_hub_model(os.environ["HF_HUB_CACHE"], name, revisions=revisions, arch="gpt2")
+    source = checkpoints.pretrained(name, steps=[10, 20], backend=backend)
+    assert source.steps == [10, 20]
+    x = torch.randint(1, 64, (2, 9), generator=torch.Generator().manual_seed(0))
+    logits = [c.load()(x, return_type="logits") for c in source.checkpoints]
+    # each revision holds its own weights (seed = its position), so the two differ
+    assert not torch.allclose(logits[0], logits[1])
+    want = _hf_logits(name, "checkpoint-10", x)
+    # HookedTransformer centres the unembedding (logits shift per position): compare log-probs;
+    # float32 over two small layers, with folded LayerNorms on the hooked side
+    torch.testing.assert_close(logits[0].log_softmax(-1), want.log_softmax(-1), atol=1e-4, rtol=0)
+
+
+def _hf_logits(name, revision, x):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(name, revision=revision).eval()
+    with torch.no_grad():
+        return model(x).logits

@@ -28,9 +28,10 @@ VOCAB, N_SEQ, SEQ = 5000, 64, 256
 
 
 def build_model():
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from scansnap_lens.backend import build_model as backend_model
 
-    cfg = HookedTransformerConfig(
+    torch.manual_seed(0)
+    cfg = dict(
         n_layers=2,
         n_heads=8,
         d_model=256,
@@ -41,7 +42,7 @@ def build_model():
         act_fn="gelu",
         seed=0,
     )
-    return HookedTransformer(cfg).eval()
+    return backend_model(cfg).eval()  # HookedTransformer on 3.x, the bridge on 4.x
 
 
 def setup(shared: Path, folder: Path) -> None:
