@@ -60,7 +60,8 @@ class Report:
 
     def _repr_html_(self) -> str:
         return (
-            f"<p>Report: <a href='{self.path.as_uri()}'>{html.escape(str(self.path))}</a></p>"
+            f"<p>Report: <a href='{html.escape(self.path.resolve().as_uri())}'>"
+            f"{html.escape(str(self.path))}</a></p>"
             + self.summary.to_html(index=False, float_format=lambda v: f"{v:.3g}")
         )
 

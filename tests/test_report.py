@@ -125,3 +125,49 @@ def test_report_without_prompt_says_what_is_missing(demo_out, tmp_path):
     assert "circuitsvis-view" not in report.path.read_text()
     with pytest.raises(ValueError, match="no example prompt"):
         attention_over_checkpoints(traj)
+
+
+# Token strings a hostile or careless tokenizer can hold.  circuitsvis turns spaces into
+# &nbsp; before it inserts a token as HTML, so attributes are separated by "/" here.
+PAYLOADS = [
+    "<img/src='x'/onerror=\"document.body.setAttribute('data-pwned','img')\">",
+    "<!--<script>",
+    "</script><script>document.body.setAttribute('data-pwned','script')</script>",
+    "\"/onmouseover=\"document.body.setAttribute('data-pwned','attr')\"/x=\"",
+    "<svg/onload=\"document.body.setAttribute('data-pwned','svg')\">",
+]
+
+
+def _ran(dom: str) -> bool:
+    return bool(re.search(r"<body[^>]*data-pwned", dom))
+
+
+def test_script_in_token_strings_never_runs(demo_out, tmp_path):
+    out, _ = demo_out
+    traj = Trajectory.load(out / "trajectory")
+    ids = traj.prompt.unique().tolist()
+    for i, token in enumerate(ids):
+        traj.plan.token_strings[token] = PAYLOADS[i % len(PAYLOADS)]
+    groups = TokenGroups.from_synthetic(syn_medium(1))
+    report = write_report(traj, groups, tmp_path / "r", title="<script>alert(1)</script>")
+    dom, console = open_page(report.path)
+    assert not _ran(dom) and console == [], console
+    assert "Head Selector" in _mounted(dom, "view-0")  # every view still renders
+    assert "colored-tokens" in _mounted(dom, "view-1")
+    assert "&lt;img" in dom  # a token shown as text (the props hold it as \u003c)
+    assert "attention @" in _mounted(dom, "view-2")
+    assert "<script>alert(1)</script>" not in report.path.read_text()
+
+    # the check itself can fail: the same payload handed to circuitsvis unescaped runs
+    raw = View("ColoredTokens", {"tokens": [PAYLOADS[0], "a"], "values": [1.0, 0.0]})
+    path = tmp_path / "raw.html"
+    path.write_text(page("raw", raw.fragment("view-0")))
+    assert _ran(open_page(path)[0])
+
+
+def test_report_from_a_relative_path_shows_in_a_notebook(demo_out, tmp_path, monkeypatch):
+    out, _ = demo_out
+    traj = Trajectory.load(out / "trajectory")
+    monkeypatch.chdir(tmp_path)
+    report = write_report(traj, TokenGroups.from_synthetic(syn_medium(1)), "rel", views=False)
+    assert (tmp_path / "rel" / "report.html").resolve().as_uri() in report._repr_html_()

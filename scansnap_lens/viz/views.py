@@ -57,10 +57,18 @@ class View:
         return self.rendered()._repr_html_()
 
     def props_json(self) -> str:
-        """The props as a JavaScript literal that is safe inside a <script> element."""
+        """The props as a JavaScript literal that is safe inside a <script> element.
+
+        ``<``, ``>`` and ``&`` occur only inside string literals there, so writing them as
+        ``\\u003c`` etc. changes no value, and no ``</script>`` or ``<!--`` can end or
+        blank the script.
+        """
         from circuitsvis.utils.convert_props import convert_props
 
-        return convert_props(self.props).replace("</", "<\\/")
+        literal = convert_props(self.props)
+        for char, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
+            literal = literal.replace(char, escaped)
+        return literal
 
     def fragment(self, div_id: str) -> str:
         """HTML of this view for a page that has loaded the circuitsvis script (see `page`)."""
@@ -107,13 +115,17 @@ def _prompt(traj: Trajectory) -> Tensor:
 
 
 def _strings(traj: Trajectory, ids: Tensor, token_strings: Sequence[str] | None) -> list[str]:
+    """Token strings escaped for HTML: circuitsvis puts them into the page as raw HTML, and
+    they come from any tokenizer or a shared trajectory folder."""
     if token_strings is not None:
         if len(token_strings) != ids.numel():
             raise ValueError(
                 f"token_strings has {len(token_strings)} entries for a prompt of {ids.numel()}"
             )
-        return list(token_strings)
-    return [traj.plan.decode(t) for t in ids.tolist()]
+        strings = [str(t) for t in token_strings]
+    else:
+        strings = [traj.plan.decode(t) for t in ids.tolist()]
+    return [html.escape(t, quote=True) for t in strings]
 
 
 def spread_steps(traj: Trajectory, steps=None, most: int = 8) -> list[int]:
@@ -225,7 +237,7 @@ def token_classes(
             "positiveColor": "#1a9850",
             "negativeColor": "#d73027",
         },
-        f"Token classes for query {strings[position]!r} at position {position}:"
+        f"Token classes for query {html.unescape(strings[position])!r} at position {position}:"
         " green distinct, red common",
     )
 
@@ -258,6 +270,6 @@ def query_attention(
             "values": torch.stack(columns, -1),
             "labels": ["class (+1 distinct, -1 common)"] + [f"attention @ {s}" for s in steps],
         },
-        f"Attention of query {strings[position]!r} (position {position}, layer {layer},"
-        f" head {head}) over training",
+        f"Attention of query {html.unescape(strings[position])!r} (position {position},"
+        f" layer {layer}, head {head}) over training",
     )
