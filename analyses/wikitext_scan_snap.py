@@ -162,7 +162,7 @@ def main() -> None:
                 eval_rows,
                 plan,
                 progress=False,
-                meta={"lr": lr, "lr_attention": lr_attention, "model": name},
+                meta={"model": name},  # train adds the rates
             )
             result = train(
                 model,

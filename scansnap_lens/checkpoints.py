@@ -24,10 +24,11 @@ Steps are chosen with `select_steps`:
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,7 @@ class CheckpointSource:
     name: str
     checkpoints: list[Checkpoint]
     step_unit: str = "steps"
+    meta: dict = field(default_factory=dict)  # what is known of the training (rates, ...)
 
     def __iter__(self):
         return iter(self.checkpoints)
@@ -319,8 +321,22 @@ def folder(
 
     chosen = select_steps(found, steps)
     return CheckpointSource(
-        str(path), [Checkpoint(s, str(found[s]), loader(found[s])) for s in chosen]
+        str(path),
+        [Checkpoint(s, str(found[s]), loader(found[s])) for s in chosen],
+        meta=_training_meta(path),
     )
+
+
+def _training_meta(path: Path) -> dict:
+    """The rates, optimizer and momentum that `train` wrote beside its checkpoints, if any."""
+    file = path / "training.json"
+    if not file.is_file():
+        return {}
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{file}: cannot read the training description ({err})") from None
+    return data if isinstance(data, dict) else {}
 
 
 def in_memory(models: Mapping[int, Any] | Iterable[tuple[int, Any]], name: str = "memory"):

@@ -30,8 +30,8 @@ SUMMARY_COLUMNS = [
     "entropy",
     "distinct_mass",
     "top_share",
+    "snap_step",
     "snap_path",
-    "snap_rate",
     "predicted_snap",
 ]
 
@@ -55,7 +55,7 @@ def _demo(args: argparse.Namespace) -> int:
     _print_summary(result.summary)
     print(
         "bias > 0: distinct tokens gained on common ones (scan); spearman > 0: frequency bias;"
-        " snap_path: step by which 90% of the attention's movement was done"
+        " snap_step: when the attention's rate of movement fell to half its peak"
     )
     print(f"report: {result.report.path.resolve()} ({time.perf_counter() - start:.1f} s)")
     return 0

@@ -94,7 +94,7 @@ def run_demo(
         eval_tokens,
         plan,
         progress=False,
-        meta={"lr": lr, "lr_attention": lr_attention, "data": data, "model": "1-layer attn-only"},
+        meta={"data": data, "model": "1-layer attn-only"},  # train adds the rates
     )
     training = train(
         model,

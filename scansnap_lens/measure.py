@@ -278,10 +278,79 @@ def growth(traj: Trajectory, groups: TokenGroups) -> Measurement:
 
 
 # ------------------------------------------------------------------ snap
+NOT_YET_SNAPPED = "not yet snapped"
+NO_SCAN = "no scan"
+
+
+def snap_step(
+    steps: Tensor, moves: Tensor, fraction: float = 0.5
+) -> tuple[Tensor, Tensor, list[str]]:
+    """The snapping time as a property of the dynamics: the step at which the attention's
+    rate of movement per step, past its peak, has fallen to `fraction` of that peak.
+
+    The theory (Sec. 6): the logits grow fastest near t0' and, after t0, only
+    logarithmically, so their rate of change falls like 1/t.  The crossing is found with the
+    rate of each interval placed at its midpoint and interpolated linearly, and it depends on
+    nothing after it: training longer does not move it.
+
+    steps: [S] ascending; moves: [..., S - 1] movement between consecutive checkpoints.
+    Returns (snap [...], peak [...], reasons): the snap step and the step of peak rate (NaN
+    where undefined), and per entry (flattened) "" or why the snap is NaN: "no scan" (the map
+    never moves), "not yet snapped" (the run ends before the rate has fallen that far).
+
+    >>> steps = torch.tensor([0, 10, 20, 30, 40, 50])
+    >>> snap, peak, why = snap_step(steps, torch.tensor([1.0, 4.0, 3.0, 1.0, 0.5]))
+    >>> round(snap.item(), 1), round(peak.item(), 1), why
+    (29.3, 14.5, [''])
+    >>> snap_step(steps, torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))[2]
+    ['not yet snapped']
+    """
+    t = steps.double()
+    rate = moves.double() / torch.diff(t).clamp_min(1e-300)
+    # Each interval's mean rate is placed at the logarithmic mean of its ends (in 1 + t): for a
+    # rate falling like 1/t, the interval's mean rate is the rate there exactly, so wide
+    # log-spaced intervals place it right; narrow intervals give the plain midpoint.
+    lo, hi = torch.log1p(t[:-1] - t[0]), torch.log1p(t[1:] - t[0])
+    width = hi - lo
+    mid = torch.where(
+        width > 1e-9, torch.expm1(hi) - torch.expm1(lo), (t[1:] - t[:-1])
+    ) / torch.where(width > 1e-9, width, 1.0)
+    mid = torch.where(width > 1e-9, mid - 1, (t[1:] + t[:-1]) / 2 - t[0]) + t[0]
+    x = torch.log1p(mid - t[0])  # crossings are interpolated on a log axis
+    flat = rate.reshape(-1, rate.shape[-1])
+    snaps, peaks, reasons = [], [], []
+    for r in flat:
+        p = int(torch.argmax(r))
+        if not bool(r[p] > 0):
+            snaps.append(math.nan), peaks.append(math.nan), reasons.append(NO_SCAN)
+            continue
+        peaks.append(float(mid[p]))
+        level = float(r[p]) * fraction
+        below = torch.nonzero(r[p + 1 :] <= level)
+        if below.numel() == 0:
+            snaps.append(math.nan), reasons.append(NOT_YET_SNAPPED)
+            continue
+        i = p + 1 + int(below[0])
+        share = (float(r[i - 1]) - level) / (float(r[i - 1]) - float(r[i]))
+        snaps.append(float(torch.expm1(x[i - 1] + share * (x[i] - x[i - 1]))) + float(t[0]))
+        reasons.append("")
+    shape = rate.shape[:-1]
+    return (
+        torch.tensor(snaps, dtype=torch.float64).reshape(shape),
+        torch.tensor(peaks, dtype=torch.float64).reshape(shape),
+        reasons,
+    )
+
+
 def snap_steps(
     steps: Tensor, moves: Tensor, fraction: float = 0.9, rate_fraction: float = 0.1
 ) -> tuple[Tensor, Tensor]:
-    """Snap steps from the per-interval movement of an attention map.
+    """Secondary snap steps from the per-interval movement of an attention map.
+
+    Both depend on the horizon: `path` is a share of the whole run's movement, so it grows
+    with the run (training 10x longer moves it about 10x); `rate` compares movement per
+    log-step with its peak and, since the movement per log-step of a snapped map stays about
+    constant, it often never fires.  `snap_step` is the primary estimate.
 
     steps: [S] ascending; moves: [..., S - 1] movement between consecutive checkpoints.
     Returns (path, rate), each [...] in the unit of `steps`, NaN where undefined:
@@ -320,12 +389,16 @@ def snapping(
     groups: TokenGroups | None = None,
     fraction: float = 0.9,
     rate_fraction: float = 0.1,
+    snap_fraction: float = 0.5,
 ) -> Measurement:
-    """Snap steps per head (table) and per class (detail), by both estimators.
+    """Snap steps per head (table) and per class (detail).
 
-    The movement of a class between checkpoints is the total variation of its chat; a head's
-    movement is the events-weighted mean over classes (the classes of `groups` if given, else
-    every tracked class).
+    Columns: ``snap_step`` (primary, `snap_step`: the rate of movement per step has fallen to
+    `snap_fraction` of its peak; horizon-independent), ``rate_peak_step`` (where that rate
+    peaks), ``snap_reason`` (why ``snap_step`` is NaN), and the secondary, horizon-dependent
+    ``snap_path`` and ``snap_rate`` (`snap_steps`).  The movement of a class between
+    checkpoints is the total variation of its chat; a head's movement is the events-weighted
+    mean over classes (the classes of `groups` if given, else every tracked class).
     """
     if traj.num_steps < 2:
         raise ValueError("snapping needs at least two checkpoints")
@@ -345,44 +418,85 @@ def snapping(
         moves.append(move)
         weights.append(float(plan.class_events[c]))
         path, rate = snap_steps(traj.steps, move, fraction, rate_fraction)
+        snap, _, _ = snap_step(traj.steps, move, snap_fraction)
         m, n = int(plan.class_query[c]), int(plan.class_next[c])
         for i, layer in enumerate(traj.layers):
             for j, head in enumerate(traj.heads):
-                rows.append((layer, head, m, n, float(path[i, j]), float(rate[i, j])))
+                rows.append(
+                    (layer, head, m, n, float(snap[i, j]), float(path[i, j]), float(rate[i, j]))
+                )
     w = torch.tensor(weights, dtype=torch.float64)
     head_move = (torch.stack(moves, -1) * w).sum(-1) / w.sum()  # [L, H, S-1]
     path, rate = snap_steps(traj.steps, head_move, fraction, rate_fraction)
+    snap, peak, reasons = snap_step(traj.steps, head_move, snap_fraction)
     table = pd.MultiIndex.from_product([traj.layers, traj.heads], names=["layer", "head"]).to_frame(
         index=False
     )
+    table["snap_step"] = snap.reshape(-1).numpy()
+    table["rate_peak_step"] = peak.reshape(-1).numpy()
+    table["snap_reason"] = reasons
     table["snap_path"] = path.reshape(-1).numpy()
     table["snap_rate"] = rate.reshape(-1).numpy()
     table["step_unit"] = traj.step_unit
     detail = pd.DataFrame(
-        rows, columns=["layer", "head", "query", "next", "snap_path", "snap_rate"]
+        rows, columns=["layer", "head", "query", "next", "snap_step", "snap_path", "snap_rate"]
     )
     return Measurement("snapping", table, detail)
 
 
 # ------------------------------------------------------------------ summary
-def known_rates(traj: Trajectory) -> list[tuple[float, float]] | None:
-    """(eta_Y, eta_Z) per head where the trajectory's ``meta`` knows them, else None.
+def effective_rate(lr: float, optimizer: str = "sgd", momentum: float = 0.0) -> float | None:
+    """The plain-SGD rate that an optimizer's steps amount to, or None where there is none.
 
-    Known for the Y/Z lab (``meta`` has lr_z and ratio per run) and for models trained by
-    `scansnap_lens.train` (``meta`` has lr and lr_attention).
+    SGD with momentum beta moves, once its velocity has built up (after about 1 / (1 - beta)
+    steps), by lr / (1 - beta) times the gradient per step.  Adam's step is normalised by
+    the gradient's running scale, so no plain-SGD rate corresponds to it and the theory
+    (derived for gradient flow) gives no prediction.
+
+    >>> effective_rate(0.5, "sgd", 0.75)
+    2.0
+    >>> effective_rate(0.1, "adam") is None
+    True
+    """
+    if optimizer == "adam":
+        return None
+    if optimizer != "sgd":
+        raise ValueError(f"unknown optimizer {optimizer!r}")
+    if not 0 <= momentum < 1:
+        raise ValueError(f"momentum must lie in [0, 1), got {momentum}")
+    return float(lr) / (1.0 - float(momentum))
+
+
+def known_rates(traj: Trajectory) -> list[tuple[float, float] | None] | None:
+    """Effective (eta_Y, eta_Z) per head (`effective_rate`), None for a head trained with Adam,
+    or None where the trajectory does not say how it was trained.
+
+    The trajectory's meta holds what the training wrote: ``lr_y``, ``lr_z``, ``optimizer``,
+    ``momentum`` (`train`, `Recorder.on_checkpoint(..., training=)`, ``training.json``
+    beside checkpoints); the Y/Z lab holds ``lr_z`` and ``ratio`` per run.
     """
     meta = traj.meta
-    if "lr_z" in meta and "ratio" in meta:
-        rates = [(z * r, z) for z, r in zip(meta["lr_z"], meta["ratio"])]
-        return [rates[h] for h in traj.heads]
-    if "lr" in meta and "lr_attention" in meta:
-        return [(float(meta["lr"]), float(meta["lr_attention"]))] * len(traj.heads)
-    return None
+    optimizer = meta.get("optimizer", "sgd")
+    momentum = float(meta.get("momentum", 0.0))
+    if "lr_z" in meta and "ratio" in meta and isinstance(meta["lr_z"], list):  # the lab
+        pairs = [(z * r, z) for z, r in zip(meta["lr_z"], meta["ratio"])]
+        pairs = [pairs[h] for h in traj.heads]
+    elif "lr_y" in meta and "lr_z" in meta:
+        pairs = [(float(meta["lr_y"]), float(meta["lr_z"]))] * len(traj.heads)
+    elif "lr" in meta and "lr_attention" in meta:  # trajectories written before lr_y / lr_z
+        pairs = [(float(meta["lr"]), float(meta["lr_attention"]))] * len(traj.heads)
+    else:
+        return None
+    out = []
+    for lr_y, lr_z in pairs:
+        y, z = effective_rate(lr_y, optimizer, momentum), effective_rate(lr_z, optimizer, momentum)
+        out.append(None if y is None or z is None else (y, z))
+    return out
 
 
 def theory_of(traj: Trajectory) -> list | None:
-    """A `theory.PhaseTransition` per head where the rates are known (`known_rates`); K is the
-    number of next tokens and M the vocabulary size."""
+    """A `theory.PhaseTransition` per head (None for a head with no effective rate) where the
+    training is known (`known_rates`); K is the number of next tokens and M the vocabulary."""
     from .theory import PhaseTransition
 
     rates = known_rates(traj)
@@ -390,14 +504,14 @@ def theory_of(traj: Trajectory) -> list | None:
         return None
     K = int(traj.plan.class_next.unique().numel())
     M = traj.plan.vocab_size
-    return [PhaseTransition(K=K, M=M, lr_y=y, lr_z=z) for y, z in rates]
+    return [None if r is None else PhaseTransition(K=K, M=M, lr_y=r[0], lr_z=r[1]) for r in rates]
 
 
 def predicted_snap(traj: Trajectory) -> list[float] | None:
-    """The theory's transition t0 = 2 (1 + delta') K ln M / eta_Y (Sec. 6) per head, where
-    the rates are known (see `known_rates`)."""
+    """The theory's transition t0 = 2 (1 + delta') K ln M / eta_Y (Sec. 6) per head at the
+    effective rates (`known_rates`); NaN for a head trained with Adam."""
     theories = theory_of(traj)
-    return None if theories is None else [t.t0 for t in theories]
+    return None if theories is None else [math.nan if t is None else t.t0 for t in theories]
 
 
 def summarize(traj: Trajectory, groups: TokenGroups, prediction=None) -> pd.DataFrame:

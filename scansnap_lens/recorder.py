@@ -97,13 +97,19 @@ class Recorder:
             return {c["step"] for c in _read_manifest(self.out)["checkpoints"]}
         return set()
 
-    def on_checkpoint(self, step: int, model) -> CheckpointRecord | None:
+    def on_checkpoint(
+        self, step: int, model, training: dict | None = None
+    ) -> CheckpointRecord | None:
         """Record `model` as checkpoint `step` (for use inside a training loop).
 
         model: a HookedTransformer, a TransformerBridge, or a Hugging Face causal LM (recorded
         through a bridge around a copy, so the model you train is never changed).  The random
         state is restored afterwards, so recording does not change the training that follows.
+        training: the rates, optimizer and momentum (as `train` passes them), kept in the
+        trajectory's meta for the theory's prediction.
         """
+        if training and self._writer is None:
+            self.meta = {**training, **self.meta}
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices):
             return self._record_model(step, model)
@@ -141,6 +147,8 @@ class Recorder:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if source.step_unit != self.step_unit:
             self.step_unit = source.step_unit
+        if source.meta and self._writer is None:
+            self.meta = {**source.meta, **self.meta}
         todo = [c for c in source if c.step not in self.done]
         for checkpoint in tqdm(todo, desc="checkpoints", unit="ckpt", disable=not self.progress):
             try:

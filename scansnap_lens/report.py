@@ -38,10 +38,14 @@ the frequency bias (frequent co-occurrence gains more).</li>
 <li><b>entropy</b>: entropy (nats) of the attention over a class's distinct tokens,
 renormalised (lower is sparser); <b>distinct_mass</b>: attention on distinct tokens;
 <b>top_share</b>: the best distinct token's share of it (1 would be winner-takes-all).</li>
-<li><b>snap_path</b>: first checkpoint by which 90&nbsp;% of the attention's movement is done;
-<b>snap_rate</b>: checkpoint after which its movement per log-step stays under 10&nbsp;% of its
-peak (empty: it never settles); <b>predicted_snap</b>: the theory's t0 where the learning
-rates are known.</li>
+<li><b>snap_step</b>: the snapping time, the step at which the attention's rate of movement
+per step has fallen to half of its peak (a property of the dynamics: training longer does not
+move it); empty with <b>snap_reason</b> "not yet snapped" when the run ends before, "no scan"
+when the attention never moves.  Secondary, and dependent on the run's length:
+<b>snap_path</b>, the first checkpoint by which 90&nbsp;% of the attention's movement is done,
+and <b>snap_rate</b>, the checkpoint after which its movement per log-step stays under
+10&nbsp;% of its peak.  <b>predicted_snap</b>: the theory's t0 at the effective rates (SGD:
+lr / (1 - momentum); none for Adam) where the training is known.</li>
 </ul>
 """
 
@@ -279,9 +283,10 @@ def _overview(traj: Trajectory, groups: TokenGroups) -> str:
 def _theory_figure(traj: Trajectory, summary: pd.DataFrame, path: Path):
     from .viz import figures
 
-    theories = {(t.lr_y, t.lr_z): t for t in measure.theory_of(traj)}
+    theories = {(t.lr_y, t.lr_z): t for t in measure.theory_of(traj) if t is not None}
     theories = list(theories.values())  # one curve per distinct pair of rates
-    measured = [float(summary["snap_path"].iloc[0])] if len(theories) == 1 else []
+    snap = float(summary["snap_step"].iloc[0])
+    measured = [snap] if len(theories) == 1 and math.isfinite(snap) else []
     last = max(float(traj.steps[-1]), max(t.t0 for t in theories)) * 2
     t = np.logspace(0, math.log10(max(last, 10.0)), 200)
     return figures.plot_growth_factor(theories, t, path=path, measured=measured)

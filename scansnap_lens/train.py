@@ -13,6 +13,7 @@ epoch and overwrites files) and the model's ``config.json`` beside them, the lay
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import re
@@ -152,6 +153,14 @@ def schedule(steps: int, every: int | str | Iterable[int] = "log:20") -> list[in
 
 
 CONFIG_FORMAT = "scansnap_lens.model/2"
+TRAINING_FILE = "training.json"  # the rates, optimizer and momentum, beside the checkpoints
+
+
+def _accepts_training(callback) -> bool:
+    try:
+        return "training" in inspect.signature(callback).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def model_config_json(model) -> dict:
@@ -231,7 +240,9 @@ def train(
         setup, where the final token is the next token n of the query before it).
     checkpoints: schedule of steps to save (see `schedule`); step 0 is the initial model.
     on_checkpoint: called as ``on_checkpoint(step, model)`` at every scheduled step, e.g.
-        ``Recorder.on_checkpoint`` to record without saving weights.
+        ``Recorder.on_checkpoint`` to record without saving weights; a callback with a
+        ``training`` parameter also gets the rates (``lr_y``, ``lr_z``), optimizer and momentum,
+        which the recorder keeps in the trajectory's meta (and `out` gets ``training.json``).
     """
     if loss_on not in ("all", "last"):
         raise ValueError(f"loss_on must be 'all' or 'last', got {loss_on!r}")
@@ -249,10 +260,18 @@ def train(
     sample = _sampler(data, batch_size, generator)
     save_at = set(schedule(steps, checkpoints))
     result = TrainResult(loss=[], out=None if out is None else str(out))
+    training = {
+        "lr_y": float(lr),
+        "lr_z": float(lr_attention),
+        "optimizer": optimizer,
+        "momentum": float(momentum) if optimizer == "sgd" else 0.0,
+    }
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(model_config_json(model), indent=1))
+        (out / TRAINING_FILE).write_text(json.dumps(training, indent=1))
+    pass_training = on_checkpoint is not None and _accepts_training(on_checkpoint)
 
     def checkpoint(step: int) -> None:
         if out is not None:
@@ -263,7 +282,10 @@ def train(
             tmp.replace(file)
             result.checkpoints[step] = str(file)
         if on_checkpoint is not None:
-            on_checkpoint(step, model)
+            if pass_training:
+                on_checkpoint(step, model, training=training)
+            else:
+                on_checkpoint(step, model)
             model.train()
 
     model.train()

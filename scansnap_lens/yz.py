@@ -184,6 +184,8 @@ class YZRun:
                 "lr_z": self.lr_z.tolist(),
                 "ratio": self.ratio.tolist(),
                 "seeds": self.seeds.tolist(),
+                "optimizer": self.config.get("optimizer", "sgd"),
+                "momentum": float(self.config.get("momentum", 0.0)),
             },
         )
 

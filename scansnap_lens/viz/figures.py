@@ -207,7 +207,7 @@ def plot_over_steps(
             match = snaps
             for b, k in zip(by, np.atleast_1d(key)):
                 match = match[match[b] == k]
-            for s in match["snap_path"].dropna():
+            for s in match["snap_step"].dropna():
                 ax.axvline(s + 1, color=line.get_color(), ls=":", lw=1)
     ax.set_xscale("log")
     ax.set_xlabel("step + 1")
