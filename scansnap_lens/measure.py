@@ -112,6 +112,7 @@ class Measurement:
     name: str
     table: pd.DataFrame
     detail: pd.DataFrame | None = None
+    values: Tensor | None = None  # [S, L, H] where the measurement has one value per head
 
     def to_dataframe(self) -> pd.DataFrame:
         return self.table
@@ -526,6 +527,12 @@ def summarize(traj: Trajectory, groups: TokenGroups, prediction=None) -> pd.Data
         except ValueError:
             continue
         parts.append(final.drop(columns=["step"]))
+    from .heads import attention_entropy  # one quantity per module; it builds on this one
+
+    try:
+        parts.append(attention_entropy(traj).final().drop(columns=["step"]))
+    except ValueError:
+        pass
     out = parts[0]
     for part in parts[1:]:
         out = out.merge(part, on=["layer", "head"], how="left")

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import measure
+from . import heads, measure
 from .groups import TokenGroups
 from .trajectory import Trajectory
 
@@ -46,8 +46,16 @@ when the attention never moves.  Secondary, and dependent on the run's length:
 and <b>snap_rate</b>, the checkpoint after which its movement per log-step stays under
 10&nbsp;% of its peak.  <b>predicted_snap</b>: the theory's t0 at the effective rates (SGD:
 lr / (1 - momentum); none for Adam) where the training is known.</li>
+<li><b>attention_entropy</b>: Fig. 10, the entropy of each head's attention row averaged over
+the evaluation positions (the query's own position counts when the recording includes it).
+The heads table ranks every head by AUROC, then bias; the heads figure maps bias, AUROC,
+snap_step and attention_entropy over [layer, head].</li>
 </ul>
 """
+
+
+HEAD_COLUMNS = ["rank", "layer", "head", "auroc", "bias", "spearman", "snap_step",
+                "attention_entropy"]  # fmt: skip
 
 
 @dataclass
@@ -179,6 +187,30 @@ def write_report(
                 table, "distinct_mass", snaps=snaps.table, title="mass on distinct tokens", path=p
             ),
         )
+    try:
+        entropy = heads.attention_entropy(traj)
+        results["attention_entropy"] = entropy
+        csv("attention_entropy", entropy.table)
+        figure(
+            "attention_entropy",
+            "Fig. 10: entropy of each head's attention row, averaged over the evaluation"
+            " positions" + (" (the query's own position included)" if traj.plan.include_self
+            else " (the query's own position excluded)") + "; dotted: snap step",
+            lambda p: figures.plot_over_steps(
+                entropy.table, "attention_entropy", snaps=snaps.table,
+                title="attention entropy (nats)", path=p,
+            ),
+        )  # fmt: skip
+    except ValueError as err:
+        not_measured["attention_entropy"] = str(err)
+    ranking = heads.rank_heads(summary)
+    csv("head_ranking", ranking)
+    if len(summary) > 1:
+        figure(
+            "heads",
+            "Every head by layer: scan (bias, AUROC), snap (snap_step) and attention entropy",
+            lambda p: figures.plot_head_grid(summary, traj.layers, traj.heads, path=p),
+        )
     layer, head = _best_head(summary)
     order = np.argsort(-groups.events.numpy(), kind="stable")[:4].tolist()
     figure(
@@ -248,6 +280,10 @@ def write_report(
         _overview(traj, groups),
         "<h2>Summary (one row per layer and head, at the last checkpoint)</h2>",
         summary.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="–"),
+        "<h2>Heads ranked by scan (AUROC, then bias)</h2>",
+        ranking[[c for c in HEAD_COLUMNS if c in ranking]]
+        .head(20)
+        .to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="–"),
         "<h2>How to read it</h2>",
         HOW_TO_READ,
         "<h2>Figures</h2>",

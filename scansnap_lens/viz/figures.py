@@ -26,6 +26,7 @@ __all__ = [
     "plot_class_attention",
     "plot_entropy_sweep",
     "plot_growth_factor",
+    "plot_head_grid",
     "plot_logit_change",
     "plot_loss",
     "plot_over_steps",
@@ -240,4 +241,31 @@ def plot_attention_maps(
             ax.set_yticks([])
     if title:
         fig.suptitle(title, fontsize=9)
+    return _finish(fig, path)
+
+
+def plot_head_grid(
+    summary: pd.DataFrame,
+    layers: Sequence[int],
+    heads: Sequence[int],
+    columns: Sequence[str] = ("bias", "auroc", "snap_step", "attention_entropy"),
+    path: str | Path | None = None,
+) -> Figure:
+    """[layer, head] heat maps of summary columns: where in the model the scan and snap are."""
+    from ..heads import head_grid
+
+    columns = [c for c in columns if c in summary]
+    if not columns:
+        raise ValueError("the summary has none of the columns to map")
+    fig = Figure(figsize=(3.2 * len(columns), 0.5 * len(layers) + 2.2))
+    axes = np.atleast_1d(fig.subplots(1, len(columns)))
+    for ax, column in zip(axes, columns):
+        grid = head_grid(summary, column, layers, heads).numpy()
+        image = ax.imshow(grid, aspect="auto", cmap="viridis")
+        fig.colorbar(image, ax=ax, shrink=0.8)
+        ax.set_title(column)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_xticks(range(len(heads)), [str(h) for h in heads])
+        ax.set_yticks(range(len(layers)), [str(v) for v in layers])
     return _finish(fig, path)
