@@ -10,12 +10,39 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot sync a directory; the rename still holds
+        pass
+    finally:
+        os.close(fd)
+
+
+def _commit(tmp: Path, path: Path) -> None:
+    """Make `tmp` durable, rename it onto `path`, and make the rename durable."""
+    _fsync(tmp)
+    os.replace(tmp, path)
+    _fsync(path.parent)
+
+
 def write_tensors(path: str | Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> Path:
-    """Write to a temporary name, then rename: readers never see half a file."""
+    """Write to a temporary name, sync, then rename: readers never see half a file, and a
+    crash or power loss leaves the old file or the new one."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    _commit(tmp, path)
+    return path
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """`write_tensors` for text (manifests, JSON)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    _commit(tmp, path)
     return path
 
 

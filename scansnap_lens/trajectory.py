@@ -7,14 +7,18 @@ On disk a trajectory is a folder, written one checkpoint at a time::
     checkpoints/step_000001000.safetensors   zbar, chat, entropy, query_entropy
                                       (and prompt_pattern where a prompt is recorded)
 
-Every file is written to a temporary name and renamed, so an interrupted recording leaves
-only whole files, and `TrajectoryWriter` resumes by skipping the steps already done.
+Every file is written to a temporary name, synced and renamed, so an interrupted recording
+leaves only whole files, and `TrajectoryWriter` resumes by skipping the steps already done.
+`Trajectory.save` over an existing trajectory writes the new files under new names first,
+then the manifest (the moment the new trajectory replaces the old one), and only then removes
+the old checkpoint files, and never a file outside the folder's ``checkpoints/``.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import re
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +26,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ._io import read_tensors, write_tensors
+from ._io import read_tensors, write_tensors, write_text
 from .plan import RecordPlan
 from .record import CheckpointRecord
 
@@ -30,6 +34,9 @@ __all__ = ["Trajectory", "TrajectoryWriter"]
 
 FORMAT = "scansnap_lens.Trajectory/1"
 _FIELDS = ("zbar", "chat", "entropy", "query_entropy")
+_OWN_FILE = re.compile(r"checkpoints/step_\d{12}(-[0-9a-f]{8})?\.safetensors")
+_OWN_PLAN = re.compile(r"plan(-[0-9a-f]{8})?\.safetensors")
+MAX_STEP = 2**63 - 1  # steps are stored as int64
 
 
 @dataclass
@@ -188,13 +195,14 @@ class Trajectory:
             writer.write(CheckpointRecord(step, *(getattr(self, k)[i] for k in _FIELDS), pattern))
         for item in self.skipped:
             writer.skip(item["step"], item["source"], item["error"])
+        writer.finish()
         return writer.path
 
     @classmethod
     def load(cls, path: str | Path) -> Trajectory:
         path = Path(path)
         manifest = _read_manifest(path)
-        plan = _read_plan(path / "plan.safetensors")
+        plan = _read_plan(path / manifest.get("plan", "plan.safetensors"))
         records = [
             _read_record(path / item["file"], item["step"]) for item in manifest["checkpoints"]
         ]
@@ -230,9 +238,11 @@ class TrajectoryWriter:
         self.plan = plan
         prompt_ids = None if prompt is None else [int(t) for t in torch.as_tensor(prompt)]
         manifest_path = self.path / "manifest.json"
+        self._replacing: dict | None = None  # the manifest a `save` replaces, until `finish`
+        self._suffix = ""
         if manifest_path.exists() and resume:
             manifest = _read_manifest(self.path)
-            saved = _read_plan(self.path / "plan.safetensors")
+            saved = _read_plan(self.path / manifest.get("plan", "plan.safetensors"))
             if not saved.same_as(plan):
                 raise ValueError(
                     f"{self.path} holds a recording with another plan (other evaluation tokens,"
@@ -250,13 +260,15 @@ class TrajectoryWriter:
                 )
             self.manifest = manifest
         else:
-            if manifest_path.exists():
-                for item in _read_manifest(self.path)["checkpoints"]:
-                    (self.path / item["file"]).unlink(missing_ok=True)
+            plan_file = "plan.safetensors"
+            if manifest_path.exists():  # replacing a trajectory: new names, old files kept
+                self._replacing = _read_manifest(self.path)
+                self._suffix = "-" + secrets.token_hex(4)
+                plan_file = f"plan{self._suffix}.safetensors"
             (self.path / "checkpoints").mkdir(parents=True, exist_ok=True)
             meta_json = json.dumps(plan.metadata())
             write_tensors(
-                self.path / "plan.safetensors",
+                self.path / plan_file,
                 plan.tensors(),
                 {"format": FORMAT, "plan": meta_json},
             )
@@ -267,6 +279,7 @@ class TrajectoryWriter:
                 "heads": list(heads),
                 "meta": meta or {},
                 "prompt": prompt_ids,
+                "plan": plan_file,
                 "checkpoints": [],
                 "skipped": [],
             }
@@ -277,7 +290,9 @@ class TrajectoryWriter:
         return {item["step"] for item in self.manifest["checkpoints"]}
 
     def write(self, record: CheckpointRecord) -> None:
-        name = f"checkpoints/step_{record.step:012d}.safetensors"
+        if not 0 <= int(record.step) <= MAX_STEP:
+            raise ValueError(f"step {record.step} does not fit a trajectory (0 to 2^63 - 1)")
+        name = f"checkpoints/step_{record.step:012d}{self._suffix}.safetensors"
         write_tensors(
             self.path / name, record.tensors(), {"format": FORMAT, "step": str(record.step)}
         )
@@ -292,11 +307,23 @@ class TrajectoryWriter:
         self.manifest["skipped"].append({"step": int(step), "source": source, "error": error})
         self._flush()
 
-    def _flush(self) -> None:
-        file = self.path / "manifest.json"
-        tmp = file.with_name(file.name + ".tmp")
-        tmp.write_text(json.dumps(self.manifest, indent=1))
-        os.replace(tmp, file)
+    def _flush(self, force: bool = False) -> None:
+        if self._replacing is not None and not force:
+            return  # the old trajectory stays in place until `finish`
+        write_text(self.path / "manifest.json", json.dumps(self.manifest, indent=1))
+
+    def finish(self) -> None:
+        """After a replacing `save`: the new manifest takes the old one's place, then the old
+        trajectory's own files (and only those) are removed."""
+        if self._replacing is None:
+            return
+        old, self._replacing = self._replacing, None
+        self._flush(force=True)
+        keep = {c["file"] for c in self.manifest["checkpoints"]} | {self.manifest["plan"]}
+        names = [c["file"] for c in old["checkpoints"]] + [old.get("plan", "plan.safetensors")]
+        for name in names:
+            if name not in keep and (_OWN_FILE.fullmatch(name) or _OWN_PLAN.fullmatch(name)):
+                (self.path / name).unlink(missing_ok=True)
 
 
 def _read_manifest(path: Path) -> dict:
@@ -307,11 +334,39 @@ def _read_manifest(path: Path) -> dict:
         manifest = json.loads(file.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{file}: corrupt manifest ({err})") from None
-    if manifest.get("format") != FORMAT:
-        raise ValueError(
-            f"{file}: not a scansnap_lens trajectory (format {manifest.get('format')!r})"
-        )
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ValueError(f"{file}: not a scansnap_lens trajectory (format {found!r})")
+    _check_entries(file, manifest)
     return manifest
+
+
+def _check_entries(file: Path, manifest: dict) -> None:
+    """Every checkpoint entry names one step and one file of this folder's own, once."""
+    entries = manifest.get("checkpoints")
+    if not isinstance(entries, list):
+        raise ValueError(f"{file}: 'checkpoints' must be a list")
+    steps, names = set(), set()
+    for entry in entries:
+        step, name = entry.get("step") if isinstance(entry, dict) else None, None
+        if isinstance(entry, dict):
+            name = entry.get("file")
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
+            raise ValueError(f"{file}: a checkpoint entry has no valid step ({entry!r})")
+        if not isinstance(name, str) or not _OWN_FILE.fullmatch(name):
+            raise ValueError(
+                f"{file}: checkpoint {step} names {name!r}, not a file of this folder's"
+                " checkpoints/ (hand-edited manifest?)"
+            )
+        if not name.startswith(f"checkpoints/step_{step:012d}"):
+            raise ValueError(f"{file}: checkpoint {step} names the file of another step ({name})")
+        if step in steps or name in names:
+            raise ValueError(f"{file}: checkpoint {step} or its file {name} is listed twice")
+        steps.add(step)
+        names.add(name)
+    plan = manifest.get("plan", "plan.safetensors")
+    if not isinstance(plan, str) or not _OWN_PLAN.fullmatch(plan):
+        raise ValueError(f"{file}: names the plan file {plan!r}, not one of this folder's")
 
 
 def _read_tensors(file: Path) -> tuple[dict, dict[str, Tensor]]:

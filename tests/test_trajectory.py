@@ -1,0 +1,106 @@
+"""Saving trajectories: atomic re-saves, nothing deleted outside the folder's own files, and
+manifests that name foreign files refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from scansnap_lens import _io
+from scansnap_lens.checkpoints import in_memory
+from scansnap_lens.plan import plan_recording
+from scansnap_lens.recorder import record_trajectory
+from scansnap_lens.train import attention_only_model
+from scansnap_lens.trajectory import Trajectory
+
+V = 20
+
+
+@pytest.fixture(scope="module")
+def trajectories(tmp_path_factory):
+    """Two different trajectories (4 and 3 checkpoints) of the same plan."""
+    root = tmp_path_factory.mktemp("trajs")
+    tokens = torch.randint(0, V, (4, 10), generator=torch.Generator().manual_seed(0))
+    plan = plan_recording(tokens, V)
+    models = {s: attention_only_model(V, d_model=8, n_ctx=16, seed=s) for s in range(4)}
+    a = record_trajectory(in_memory(models), tokens, root / "a", plan=plan, progress=False)
+    b = record_trajectory(
+        in_memory({s + 10: m for s, m in models.items() if s < 3}), tokens, root / "b",
+        plan=plan, progress=False,
+    )  # fmt: skip
+    return a, b
+
+
+def test_resave_replaces_the_old_trajectory_and_only_its_files(trajectories, tmp_path):
+    a, b = trajectories
+    folder = a.save(tmp_path / "t")
+    (folder / "report").mkdir()
+    (folder / "report" / "report.html").write_text("the user's report")
+    (folder / "checkpoints" / "notes.txt").write_text("the user's notes")
+    old_files = set((folder / "checkpoints").glob("step_*.safetensors"))
+    b.save(folder)
+    loaded = Trajectory.load(folder)
+    assert loaded.steps.tolist() == [10, 11, 12] and torch.equal(loaded.zbar, b.zbar)
+    assert not any(f.exists() for f in old_files)  # the old checkpoints are gone
+    assert len(list((folder / "checkpoints").glob("step_*.safetensors"))) == 3
+    assert (folder / "report" / "report.html").read_text() == "the user's report"
+    assert (folder / "checkpoints" / "notes.txt").exists()
+
+
+def test_a_crash_in_the_middle_of_a_resave_keeps_the_old_trajectory(
+    trajectories, tmp_path, monkeypatch
+):
+    a, b = trajectories
+    folder = a.save(tmp_path / "t")
+    calls = {"n": 0}
+    real = _io.write_tensors
+
+    def crash_on_third(path, tensors, metadata):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError("disk full")
+        return real(path, tensors, metadata)
+
+    monkeypatch.setattr("scansnap_lens.trajectory.write_tensors", crash_on_third)
+    with pytest.raises(OSError, match="disk full"):
+        b.save(folder)
+    loaded = Trajectory.load(folder)  # still the whole old trajectory
+    assert loaded.steps.tolist() == [0, 1, 2, 3] and torch.equal(loaded.zbar, a.zbar)
+
+
+@pytest.mark.parametrize(
+    "bad_file", ["../outside.txt", "/tmp/elsewhere.safetensors", "checkpoints/../../x"]
+)
+def test_manifests_naming_foreign_files_are_refused_and_nothing_is_deleted(
+    trajectories, tmp_path, bad_file
+):
+    a, b = trajectories
+    folder = a.save(tmp_path / "t")
+    victim = tmp_path / "outside.txt"
+    victim.write_text("keep me")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["checkpoints"][0]["file"] = bad_file
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="not a file of this folder"):
+        Trajectory.load(folder)
+    with pytest.raises(ValueError, match="not a file of this folder"):
+        b.save(folder)
+    assert victim.read_text() == "keep me"
+
+
+def test_duplicated_or_relabelled_entries_are_refused(trajectories, tmp_path):
+    a, _ = trajectories
+    folder = a.save(tmp_path / "t")
+    original = json.loads((folder / "manifest.json").read_text())
+    for edit, message in [
+        (lambda m: m["checkpoints"].append(dict(m["checkpoints"][0])), "listed twice"),
+        (lambda m: m["checkpoints"][1].update(step=7), "another step"),
+        (lambda m: m["checkpoints"][0].update(step=2**63), "no valid step"),
+    ]:
+        manifest = json.loads(json.dumps(original))
+        edit(manifest)
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(ValueError, match=message):
+            Trajectory.load(folder)
