@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,11 @@ import torch
 from torch import Tensor
 
 from ._io import read_tensors, write_tensors, write_text
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 from .plan import RecordPlan
 from .record import CheckpointRecord
 
@@ -296,16 +302,30 @@ class TrajectoryWriter:
         write_tensors(
             self.path / name, record.tensors(), {"format": FORMAT, "step": str(record.step)}
         )
-        entries = [c for c in self.manifest["checkpoints"] if c["step"] != record.step]
-        entries.append({"step": record.step, "file": name})
-        self.manifest["checkpoints"] = sorted(entries, key=lambda c: c["step"])
-        self.manifest["skipped"] = [s for s in self.manifest["skipped"] if s["step"] != record.step]
-        self._flush()
+        self._update(record.step, {"step": int(record.step), "file": name}, None)
 
     def skip(self, step: int, source: str, error: str) -> None:
-        self.manifest["skipped"] = [s for s in self.manifest["skipped"] if s["step"] != step]
-        self.manifest["skipped"].append({"step": int(step), "source": source, "error": error})
-        self._flush()
+        self._update(step, None, {"step": int(step), "source": source, "error": error})
+
+    def _update(self, step: int, entry: dict | None, skipped: dict | None) -> None:
+        """Add one step's entry to the manifest.  Under the folder's lock the manifest is read
+        again from disk first, so writers in other processes (or other recorders on the same
+        folder) add their steps without losing each other's."""
+        with _folder_lock(self.path, active=self._replacing is None):
+            if self._replacing is None and (self.path / "manifest.json").exists():
+                disk = _read_manifest(self.path)
+                self.manifest["checkpoints"] = _merged(
+                    disk["checkpoints"], self.manifest["checkpoints"]
+                )
+                self.manifest["skipped"] = _merged(disk["skipped"], self.manifest["skipped"])
+            m = self.manifest
+            m["checkpoints"] = [c for c in m["checkpoints"] if c["step"] != step]
+            m["skipped"] = [s for s in m["skipped"] if s["step"] != step]
+            if entry is not None:
+                m["checkpoints"] = sorted([*m["checkpoints"], entry], key=lambda c: c["step"])
+            if skipped is not None:
+                m["skipped"].append(skipped)
+            self._flush()
 
     def _flush(self, force: bool = False) -> None:
         if self._replacing is not None and not force:
@@ -324,6 +344,28 @@ class TrajectoryWriter:
         for name in names:
             if name not in keep and (_OWN_FILE.fullmatch(name) or _OWN_PLAN.fullmatch(name)):
                 (self.path / name).unlink(missing_ok=True)
+
+
+def _merged(theirs: list[dict], ours: list[dict]) -> list[dict]:
+    """Entries of both lists by step (ours win), sorted."""
+    by_step = {e["step"]: e for e in theirs}
+    by_step.update({e["step"]: e for e in ours})
+    return [by_step[s] for s in sorted(by_step)]
+
+
+@contextmanager
+def _folder_lock(path: Path, active: bool = True):
+    """An exclusive lock on the trajectory folder (``.lock``) while the manifest changes."""
+    if not active or fcntl is None:  # no flock on this platform: writes stay atomic
+        yield
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / ".lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _read_manifest(path: Path) -> dict:

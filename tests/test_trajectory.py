@@ -104,3 +104,33 @@ def test_duplicated_or_relabelled_entries_are_refused(trajectories, tmp_path):
         (folder / "manifest.json").write_text(json.dumps(manifest))
         with pytest.raises(ValueError, match=message):
             Trajectory.load(folder)
+
+
+def test_writers_on_one_folder_lose_no_step(trajectories, tmp_path):
+    """Two recorders (threads here, processes alike: the lock is the folder's) interleave."""
+    import threading
+
+    from scansnap_lens.record import CheckpointRecord
+    from scansnap_lens.trajectory import TrajectoryWriter
+
+    a, _ = trajectories
+    writers = [
+        TrajectoryWriter(tmp_path / "t", a.plan, a.layers, a.heads, prompt=a.prompt)
+        for _ in range(2)
+    ]
+    record = CheckpointRecord(0, a.zbar[0], a.chat[0], a.entropy[0], a.query_entropy[0])
+
+    def write(writer, steps):
+        for step in steps:
+            record.step = step
+            writer.write(CheckpointRecord(step, record.zbar, record.chat, record.entropy,
+                                          record.query_entropy))  # fmt: skip
+
+    threads = [
+        threading.Thread(target=write, args=(w, range(i, 40, 2))) for i, w in enumerate(writers)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert Trajectory.load(tmp_path / "t").steps.tolist() == list(range(40))
