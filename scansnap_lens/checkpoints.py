@@ -95,11 +95,19 @@ def select_steps(available: Sequence[int], steps=None) -> list[int]:
     if isinstance(steps, int):
         if steps < 1:
             raise ValueError(f"every k-th checkpoint needs k >= 1, got {steps}")
+        if steps >= len(available) > 1:
+            raise ValueError(
+                f"every {steps}-th checkpoint leaves only the first of {len(available)}; for"
+                f" the checkpoint at step {steps} give a list ([{steps}], or '{steps},' on the"
+                " command line)"
+            )
         return available[::steps]
     if isinstance(steps, str):
         match = re.fullmatch(r"log:(\d+)", steps)
         if not match:
             raise ValueError(f"steps must be 'all', 'log:N', an int or a list, got {steps!r}")
+        if int(match.group(1)) < 2:
+            raise ValueError(f"log:N needs N >= 2 (the first and the last), got {steps!r}")
         return _log_spaced(available, int(match.group(1)))
     wanted = sorted({int(s) for s in steps})
     missing = [s for s in wanted if s not in set(available)]

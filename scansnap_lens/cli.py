@@ -13,6 +13,7 @@ what it has; run the same command again to resume).
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 import time
@@ -298,6 +299,31 @@ def _ints(text: str) -> list[int]:
         ) from None
 
 
+def _count(low: int, high: int = 2**31 - 1):
+    """An argparse type: an integer in [low, high]."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must lie in [{low}, {high}], got {value}")
+        return value
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    return value
+
+
 def _queries(text: str):
     """A share of events covered (0 < q <= 1) or comma-separated token ids."""
     if "," not in text and "." in text:
@@ -306,7 +332,11 @@ def _queries(text: str):
 
 
 def _steps(text: str):
-    if text in ("all",) or text.startswith("log:"):
+    if text in ("all",):
+        return text
+    if text.startswith("log:"):
+        if not text[4:].isdigit() or int(text[4:]) < 2:
+            raise argparse.ArgumentTypeError(f"log:N needs an integer N >= 2, got {text!r}")
         return text
     values = _ints(text)
     return values[0] if len(values) == 1 and "," not in text else values
@@ -361,10 +391,10 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--tokenizer", help="tokenizer.json or a Hugging Face tokenizer name")
     stats.add_argument("--max-vocab", type=int, help="size of the word-level tokenizer built")
     stats.add_argument("--vocab-size", type=int, help="vocabulary size of token ids")
-    stats.add_argument("--window", type=int, help="most context positions before the query")
+    stats.add_argument("--window", type=_count(1), help="most context positions before the query")
     stats.add_argument("--exclude-bos", action="store_true", help="keep position 0 out of context")
     stats.add_argument("--queries", type=_ints, help="count only these query ids (a,b,c)")
-    stats.add_argument("--min-count", type=int, default=1, help="prune rarer co-occurrences")
+    stats.add_argument("--min-count", type=_count(1), default=1, help="prune rarer co-occurrences")
     stats.set_defaults(func=_stats)
 
     record = sub.add_parser(
@@ -389,8 +419,10 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--tokens", type=Path, help="evaluation token file [rows, positions]")
     record.add_argument("--text", type=Path, help="evaluation text file (with --tokenizer)")
     record.add_argument("--tokenizer", help="tokenizer.json or name (default: --model's)")
-    record.add_argument("--seq-len", type=int, default=64, help="row length for --text")
-    record.add_argument("--max-rows", type=int, help="use only the first rows")
+    record.add_argument(
+        "--seq-len", type=_count(2, 1 << 20), default=64, help="row length for --text"
+    )
+    record.add_argument("--max-rows", type=_count(1), help="use only the first rows")
     record.add_argument("--out", type=Path, required=True, help="trajectory folder")
     record.add_argument(
         "--queries",
@@ -401,8 +433,10 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--layers", type=_ints, help="layers to watch (a,b); default all")
     record.add_argument("--heads", type=_ints, help="heads to watch (a,b); default all")
     record.add_argument("--include-bos", action="store_true", help="attend to position 0 too")
-    record.add_argument("--batch-size", type=int, default=8)
-    record.add_argument("--prompt-length", type=int, default=64, help="example prompt kept")
+    record.add_argument("--batch-size", type=_count(1, 1 << 20), default=8)
+    record.add_argument(
+        "--prompt-length", type=_count(0, 1 << 16), default=64, help="example prompt kept"
+    )
     record.add_argument("--device", help="cpu, cuda, ...")
     record.add_argument("--on-error", choices=["raise", "skip"], default="raise")
     record.add_argument(
@@ -430,13 +464,15 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(func=_report)
 
     theory = sub.add_parser("theory", help="predicted transition times and the B_n(t) curve")
-    theory.add_argument("--K", type=int, required=True, help="number of next tokens")
-    theory.add_argument("--M", type=int, required=True, help="vocabulary size")
-    theory.add_argument("--lr-y", type=float, required=True, help="decoder rate eta_Y")
-    theory.add_argument("--lr-z", type=float, required=True, help="attention rate eta_Z")
-    theory.add_argument("--rho0", type=float, default=1.0, help="normalisation constant rho_0")
-    theory.add_argument("--t-max", type=float, default=1e5, help="last time of the curve")
-    theory.add_argument("--points", type=int, default=25, help="points of the curve")
+    theory.add_argument("--K", type=_count(1, 10**6), required=True, help="number of next tokens")
+    theory.add_argument("--M", type=_count(3, 10**9), required=True, help="vocabulary size")
+    theory.add_argument("--lr-y", type=_positive_float, required=True, help="decoder rate eta_Y")
+    theory.add_argument("--lr-z", type=_positive_float, required=True, help="attention rate eta_Z")
+    theory.add_argument(
+        "--rho0", type=_positive_float, default=1.0, help="normalisation constant rho_0"
+    )
+    theory.add_argument("--t-max", type=_positive_float, default=1e5, help="last time of the curve")
+    theory.add_argument("--points", type=_count(2, 100_000), default=25, help="points of the curve")
     theory.add_argument("--csv", type=Path, help="write the curve to this CSV instead")
     theory.set_defaults(func=_theory)
     return parser

@@ -352,3 +352,37 @@ def test_empty_class_filter_says_which_threshold_to_relax(own_run, tmp_path, cap
     assert main(report) == 2
     err = capsys.readouterr().err
     assert "with >= 999 distinct tokens" in err and "--min-distinct" in err
+
+
+BAD_ARGUMENTS = [  # (arguments, what the message must say): argparse exits 2
+    (["record", "--checkpoints", "x", "--tokens", "t", "--out", "o", "--batch-size", "0"],
+     "--batch-size: must lie in [1,"),
+    (["record", "--checkpoints", "x", "--tokens", "t", "--out", "o", "--max-rows", "-1"],
+     "--max-rows: must lie in [1,"),
+    (["record", "--checkpoints", "x", "--tokens", "t", "--out", "o", "--steps", "log:0"],
+     "log:N needs an integer N >= 2"),
+    (["stats", "a.txt", "--out", "s", "--window", "1e20"], "--window: expected an integer"),
+    (["theory", "--K", "2", "--M", "33", "--lr-y", "nan", "--lr-z", "1"],
+     "--lr-y: must be a positive finite number"),
+    (["theory", "--K", "2", "--M", "33", "--lr-y", "1", "--lr-z", "1", "--points", "100000000"],
+     "--points: must lie in [2, 100000]"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args, message", BAD_ARGUMENTS)
+def test_bad_arguments_exit_2_before_anything_is_written(args, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_every_kth_checkpoint_that_leaves_one_is_an_error(own_run, tmp_path, capsys):
+    root, _ = own_run  # 4 checkpoints: 0, 10, 20, 40
+    args = ["record", "--checkpoints", str(root / "ckpt"), "--tokens"]
+    args += [str(root / "eval.safetensors"), "--out", str(tmp_path / "t")]
+    assert main([*args, "--steps", "40"]) == 2
+    assert "give a list" in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()  # nothing written
+    assert main([*args, "--steps", "40,"]) == 0  # the checkpoint at step 40
+    assert Trajectory.load(tmp_path / "t").steps.tolist() == [40]
