@@ -47,7 +47,9 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     start = time.perf_counter()
-    result = run_demo(args.out, data=args.data, steps=args.steps, seed=args.seed)
+    result = run_demo(
+        args.out, data=args.data, steps=args.steps, seed=args.seed, overwrite=args.overwrite
+    )
     print(
         f"Trained a 1-layer attention-only transformer (no positions) on {args.data} for"
         f" {args.steps} steps: loss {result.training.loss[0]:.3f} -> {result.training.loss[-1]:.4f}"
@@ -222,6 +224,7 @@ def _record(args: argparse.Namespace) -> int:
         device=args.device,
         prompt_length=args.prompt_length,
         meta={"source": source.name},
+        overwrite=args.overwrite,
     )
     before = len(recorder.done)
     traj = recorder.record(source, on_error=args.on_error)
@@ -367,7 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="Syn-Medium (1 query, 2 next tokens; default) or Syn-Small (each query its own"
         " next token: the residual stream solves it and attention barely moves)",
     )
-    demo.add_argument("--steps", type=int, default=250, help="training steps")
+    demo.add_argument("--steps", type=_count(1, 10**7), default=250, help="training steps")
+    demo.add_argument(
+        "--overwrite", action="store_true", help="replace a demo of other settings in --out"
+    )
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
 
@@ -442,6 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument(
         "--trust-pickle", action="store_true", help="allow pickled .pt files (trusted only)"
     )
+    record.add_argument(
+        "--overwrite", action="store_true", help="replace a trajectory of another run in --out"
+    )
     record.set_defaults(func=_record)
 
     report = sub.add_parser(
@@ -484,6 +493,7 @@ CLI_SPELLING = {
     "backend 'bridge'": "--backend bridge",
     "backend 'hooked'": "--backend hooked",
     "config= or model_factory=": "a config.json",
+    "overwrite=True": "--overwrite",
 }
 
 

@@ -68,8 +68,11 @@ def run_demo(
     checkpoints: str = "log:15",
     seed: int = 0,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> DemoResult:
-    """Train, record, measure and report into `out` (``out/report/report.html``)."""
+    """Train, record, measure and report into `out` (``out/report/report.html``).
+
+    A folder that holds a demo of other settings is refused unless `overwrite`."""
     if data not in DEMO_DATA:
         raise ValueError(f"data must be one of {sorted(DEMO_DATA)}, got {data!r}")
     out = Path(out)
@@ -94,7 +97,14 @@ def run_demo(
         eval_tokens,
         plan,
         progress=False,
-        meta={"data": data, "model": "1-layer attn-only"},  # train adds the rates
+        meta={
+            "data": data,
+            "steps": steps,
+            "seed": seed,
+            "checkpoints": checkpoints,
+            "model": "1-layer attn-only",
+        },  # train adds the rates
+        overwrite=overwrite,
     )
     training = train(
         model,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import json
 from pathlib import Path
 
 import torch
@@ -20,7 +21,7 @@ from .backend import hf_bridge, is_hf_model
 from .checkpoints import CheckpointError, CheckpointSource
 from .plan import RecordPlan, plan_recording
 from .record import CheckpointRecord, record_checkpoint
-from .trajectory import Trajectory, TrajectoryWriter, _read_manifest
+from .trajectory import Trajectory, TrajectoryWriter, _read_manifest, remove_trajectory
 
 __all__ = ["Recorder", "record_trajectory", "trainer_callback"]
 
@@ -33,6 +34,9 @@ class Recorder:
     prompt: [T'] ids whose full attention weights are kept at every checkpoint (for attention
     maps and circuitsvis views); by default the first ``prompt_length`` tokens of the first
     evaluation sequence (``prompt_length=0``: none).
+    overwrite: replace a trajectory of another run in ``out``.  Without it, a folder whose
+    run differs (plan, layers, heads, prompt, or a value of ``meta`` such as the rates or the
+    checkpoint source) is refused with what differs; the same run resumes.
     """
 
     def __init__(
@@ -49,8 +53,13 @@ class Recorder:
         meta: dict | None = None,
         prompt: Tensor | None = None,
         prompt_length: int = 64,
+        overwrite: bool = False,
     ):
         self.out = Path(out)
+        if self.out.exists() and not self.out.is_dir():
+            raise ValueError(f"{self.out} is a file, not a folder for the trajectory")
+        if overwrite and (self.out / "manifest.json").exists():
+            remove_trajectory(self.out)
         default_prompt = prompt is None
         if prompt is None and prompt_length > 0 and isinstance(tokens, Tensor):
             prompt = tokens[0, :prompt_length]
@@ -72,9 +81,25 @@ class Recorder:
                 self.prompt = None if saved is None else torch.tensor(saved, dtype=torch.long)
             self._writer_for()
 
+    def _check_same_run(self, meta: dict) -> None:
+        """Refuse to add to a folder that holds another run: a value of `meta` it has differs."""
+        saved = _read_manifest(self.out)["meta"] if (self.out / "manifest.json").exists() else {}
+        differ = {
+            k: (saved[k], v)
+            for k, v in meta.items()
+            if k in saved and json.loads(json.dumps(saved[k])) != json.loads(json.dumps(v))
+        }
+        if differ:
+            what = "; ".join(f"{k} {old!r} there, {new!r} here" for k, (old, new) in differ.items())
+            raise ValueError(
+                f"{self.out} holds another run ({what}): record into another folder, or pass"
+                " overwrite=True to replace it"
+            )
+
     def _writer_for(self, model=None) -> TrajectoryWriter | None:
         """The writer; it needs the layers and heads, so perhaps a model to count them."""
         if self._writer is None:
+            self._check_same_run(self.meta)
             if model is None and (self.layers is None or self.heads is None):
                 return None
             layers = list(range(model.cfg.n_layers)) if self.layers is None else list(self.layers)
@@ -108,8 +133,10 @@ class Recorder:
         training: the rates, optimizer and momentum (as `train` passes them), kept in the
         trajectory's meta for the theory's prediction.
         """
-        if training and self._writer is None:
-            self.meta = {**training, **self.meta}
+        if training:
+            self._check_same_run(training)
+            if self._writer is None:
+                self.meta = {**training, **self.meta}
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices):
             return self._record_model(step, model)
@@ -147,8 +174,10 @@ class Recorder:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if source.step_unit != self.step_unit:
             self.step_unit = source.step_unit
-        if source.meta and self._writer is None:
-            self.meta = {**source.meta, **self.meta}
+        known = {**source.meta, "source": source.name}
+        self._check_same_run(known)
+        if self._writer is None:
+            self.meta = {**known, **self.meta}
         todo = [c for c in source if c.step not in self.done]
         for checkpoint in tqdm(todo, desc="checkpoints", unit="ckpt", disable=not self.progress):
             try:

@@ -36,7 +36,7 @@ except ImportError:  # Windows
 from .plan import RecordPlan
 from .record import CheckpointRecord
 
-__all__ = ["Trajectory", "TrajectoryWriter"]
+__all__ = ["Trajectory", "TrajectoryWriter", "remove_trajectory"]
 
 FORMAT = "scansnap_lens.Trajectory/1"
 _FIELDS = ("zbar", "chat", "entropy", "query_entropy")
@@ -344,6 +344,18 @@ class TrajectoryWriter:
         for name in names:
             if name not in keep and (_OWN_FILE.fullmatch(name) or _OWN_PLAN.fullmatch(name)):
                 (self.path / name).unlink(missing_ok=True)
+
+
+def remove_trajectory(path: str | Path) -> None:
+    """Remove a trajectory folder's own files (manifest, plan, checkpoints it names), nothing
+    else: a user's other files in the folder stay."""
+    path = Path(path)
+    manifest = _read_manifest(path)  # validated: names only files of this folder
+    with _folder_lock(path):
+        (path / "manifest.json").unlink()
+        (path / manifest.get("plan", "plan.safetensors")).unlink(missing_ok=True)
+        for entry in manifest["checkpoints"]:
+            (path / entry["file"]).unlink(missing_ok=True)
 
 
 def _merged(theirs: list[dict], ours: list[dict]) -> list[dict]:

@@ -245,8 +245,10 @@ def test_theory_command_and_errors(tmp_path, capsys):
     assert main([*args, "--csv", str(tmp_path / "b.csv")]) == 0
     assert "182.34" in capsys.readouterr().out
     assert (tmp_path / "b.csv").read_text().startswith("t,B,xi,B_integral,chi_upper")
-    assert main(["theory", "--K", "10", "--M", "1000", "--lr-y", "-1", "--lr-z", "0.5"]) == 2
-    assert "lr_y must be positive" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # rejected by the argument parser itself
+        main(["theory", "--K", "10", "--M", "1000", "--lr-y", "-1", "--lr-z", "0.5"])
+    assert exit_.value.code == 2
+    assert "--lr-y: must be a positive finite number" in capsys.readouterr().err
 
 
 def _pickled_model_folder(root, tmp):
@@ -386,3 +388,26 @@ def test_every_kth_checkpoint_that_leaves_one_is_an_error(own_run, tmp_path, cap
     assert not (tmp_path / "t").exists()  # nothing written
     assert main([*args, "--steps", "40,"]) == 0  # the checkpoint at step 40
     assert Trajectory.load(tmp_path / "t").steps.tolist() == [40]
+
+
+def test_an_output_folder_of_another_run_is_refused(demo_out, own_run, tmp_path, capsys):
+    out, _ = demo_out
+    before = sorted(p.name for p in (out / "trajectory" / "checkpoints").iterdir())
+    assert main(["demo", "--out", str(out), "--steps", "100"]) == 2
+    err = capsys.readouterr().err
+    assert "holds another run (steps 250 there, 100 here)" in err and "--overwrite" in err
+    assert sorted(p.name for p in (out / "trajectory" / "checkpoints").iterdir()) == before
+
+    root, _ = own_run  # resuming with another checkpoint folder mixes two trainings: refused
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in (root / "ckpt").iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    ev = str(root / "eval.safetensors")
+    args = ["record", "--tokens", ev, "--out", str(tmp_path / "t"), "--checkpoints"]
+    assert main([*args, str(root / "ckpt"), "--steps", "0,10"]) == 0
+    capsys.readouterr()
+    assert main([*args, str(other)]) == 2
+    assert "holds another run (source" in capsys.readouterr().err
+    assert main([*args, str(other), "--overwrite"]) == 0
+    assert Trajectory.load(tmp_path / "t").meta["source"] == str(other)

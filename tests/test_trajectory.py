@@ -134,3 +134,23 @@ def test_writers_on_one_folder_lose_no_step(trajectories, tmp_path):
     for t in threads:
         t.join()
     assert Trajectory.load(tmp_path / "t").steps.tolist() == list(range(40))
+
+
+def test_a_recorder_with_other_rates_is_refused_and_overwrite_replaces(tmp_path):
+    from scansnap_lens.recorder import Recorder
+
+    tokens = torch.randint(0, V, (4, 10), generator=torch.Generator().manual_seed(0))
+    plan = plan_recording(tokens, V)
+    model = attention_only_model(V, d_model=8, n_ctx=16, seed=0)
+    first = Recorder(tmp_path / "t", tokens, plan, progress=False)
+    first.on_checkpoint(0, model, training={"lr_y": 0.1, "lr_z": 1.0})
+    again = Recorder(tmp_path / "t", tokens, plan, progress=False)  # the same run: resumes
+    again.on_checkpoint(1, model, training={"lr_y": 0.1, "lr_z": 1.0})
+    edited = Recorder(tmp_path / "t", tokens, plan, progress=False)
+    with pytest.raises(ValueError, match=r"another run \(lr_y 0.1 there, 0.2 here\).*overwrite"):
+        edited.on_checkpoint(2, model, training={"lr_y": 0.2, "lr_z": 1.0})
+    assert Trajectory.load(tmp_path / "t").steps.tolist() == [0, 1]  # nothing lost
+    fresh = Recorder(tmp_path / "t", tokens, plan, progress=False, overwrite=True)
+    fresh.on_checkpoint(5, model, training={"lr_y": 0.2, "lr_z": 1.0})
+    replaced = Trajectory.load(tmp_path / "t")
+    assert replaced.steps.tolist() == [5] and replaced.meta["lr_y"] == 0.2
