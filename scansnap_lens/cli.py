@@ -327,6 +327,23 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _device(text: str) -> str:
+    """A torch device that exists here."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(
+            f"not a device: {text!r} (cpu, cuda, cuda:1, mps)"
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: this machine has no CUDA device (use cpu)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: this machine has no MPS device (use cpu)")
+    return text
+
+
 def _queries(text: str):
     """A share of events covered (0 < q <= 1) or comma-separated token ids."""
     if "," not in text and "." in text:
@@ -396,7 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--text-column", help="dataset column of text (needs --tokenizer)")
     stats.add_argument("--tokenizer", help="tokenizer.json or a Hugging Face tokenizer name")
     stats.add_argument("--max-vocab", type=int, help="size of the word-level tokenizer built")
-    stats.add_argument("--vocab-size", type=int, help="vocabulary size of token ids")
+    stats.add_argument(
+        "--vocab-size", type=_count(1, 2**31 - 1), help="vocabulary size of token ids"
+    )
     stats.add_argument("--window", type=_count(1), help="most context positions before the query")
     stats.add_argument("--exclude-bos", action="store_true", help="keep position 0 out of context")
     stats.add_argument("--queries", type=_ints, help="count only these query ids (a,b,c)")
@@ -443,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument(
         "--prompt-length", type=_count(0, 1 << 16), default=64, help="example prompt kept"
     )
-    record.add_argument("--device", help="cpu, cuda, ...")
+    record.add_argument("--device", type=_device, help="cpu, cuda, ...")
     record.add_argument("--on-error", choices=["raise", "skip"], default="raise")
     record.add_argument(
         "--trust-pickle", action="store_true", help="allow pickled .pt files (trusted only)"
@@ -523,6 +542,13 @@ def main(argv: list[str] | None = None) -> int:
         OSError,
     ) as exc:
         print(f"scansnap {args.command}: error: {cli_message(exc)}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(
+            f"scansnap {args.command}: error: not enough memory for this input (a very large"
+            " --vocab-size, token ids or corpus?); nothing beyond what was recorded is kept",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print(

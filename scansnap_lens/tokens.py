@@ -36,6 +36,10 @@ def save_tokens(path: str | Path, tokens: Tensor) -> Path:
     return write_tensors(path, {"tokens": torch.as_tensor(tokens).long()}, {"format": "tokens"})
 
 
+MAX_TOKEN_ID = 2**31 - 2  # vocabularies are indexed with int32 here and in TransformerLens
+_UNSIGNED = tuple(getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n))
+
+
 def read_tokens(path: str | Path) -> Tensor:
     """Token ids [N, T] (int64) from a token file; clear errors for anything else."""
     path = Path(path)
@@ -50,7 +54,12 @@ def read_tokens(path: str | Path) -> Tensor:
 
             tensors = load_file(str(path))
         elif suffix == ".npy":
-            tensors = {"tokens": torch.from_numpy(np.load(path, allow_pickle=False))}
+            array = np.load(path, allow_pickle=False)
+            if array.dtype.kind == "u":  # uint16 / uint64 files (nanoGPT writes uint16)
+                if array.size and int(array.max()) > MAX_TOKEN_ID:
+                    raise ValueError(f"token id {int(array.max())} is beyond {MAX_TOKEN_ID}")
+                array = array.astype(np.int64)
+            tensors = {"tokens": torch.from_numpy(array)}
         else:
             tensors = {"tokens": torch.load(path, map_location="cpu", weights_only=True)}
     except Exception as err:  # corrupt, truncated, or pickled objects (never unpickled)
@@ -65,12 +74,22 @@ def read_tokens(path: str | Path) -> Tensor:
         raise ValueError(f"{path} holds a {type(tokens).__name__}, not a tensor of token ids")
     if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
         raise ValueError(f"{path} holds {tokens.dtype} values, not integer token ids")
+    if tokens.dtype in _UNSIGNED:  # torch has few operations on these: go through numpy
+        array = tokens.numpy()
+        if array.size and int(array.max()) > MAX_TOKEN_ID:
+            raise ValueError(f"{path} holds token id {int(array.max())}, beyond {MAX_TOKEN_ID}")
+        tokens = torch.from_numpy(array.astype(np.int64))
     if tokens.ndim == 1:
         tokens = tokens[None]
     if tokens.ndim != 2 or tokens.numel() == 0:
         raise ValueError(f"{path}: token ids must be [rows, positions], got {tuple(tokens.shape)}")
     if int(tokens.min()) < 0:
         raise ValueError(f"{path} holds negative token ids")
+    if int(tokens.max()) > MAX_TOKEN_ID:
+        raise ValueError(
+            f"{path} holds token id {int(tokens.max())}, beyond {MAX_TOKEN_ID}: no vocabulary"
+            " is that large (a file of something else?)"
+        )
     return tokens.long()
 
 

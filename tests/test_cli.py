@@ -368,7 +368,16 @@ BAD_ARGUMENTS = [  # (arguments, what the message must say): argparse exits 2
      "--lr-y: must be a positive finite number"),
     (["theory", "--K", "2", "--M", "33", "--lr-y", "1", "--lr-z", "1", "--points", "100000000"],
      "--points: must lie in [2, 100000]"),
+    (["stats", "a.npy", "--out", "s", "--vocab-size", "1000000000000"],
+     "--vocab-size: must lie in [1, 2147483647]"),
+    (["record", "--checkpoints", "x", "--tokens", "t", "--out", "o", "--device", "quantum"],
+     "not a device"),
 ]  # fmt: skip
+if not torch.cuda.is_available():
+    BAD_ARGUMENTS.append(
+        (["record", "--checkpoints", "x", "--tokens", "t", "--out", "o", "--device", "cuda"],
+         "--device: cuda: this machine has no CUDA device")
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("args, message", BAD_ARGUMENTS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from scansnap_lens.tokens import read_tokens, rows_of, save_tokens
 
@@ -53,3 +54,18 @@ def test_bad_token_files_are_refused(tmp_path):
 def test_rows_of_an_empty_text():
     with pytest.raises(ValueError, match="empty or too short"):
         rows_of([np.arange(3)], seq_len=8)
+
+
+def test_unsigned_token_files_read_as_int64_and_huge_ids_are_refused(tmp_path):
+    ids = np.array([[1, 2, 65535], [0, 7, 9]], dtype=np.uint16)  # nanoGPT writes uint16
+    np.save(tmp_path / "u16.npy", ids)
+    got = read_tokens(tmp_path / "u16.npy")
+    assert got.dtype == torch.int64 and got.tolist() == ids.astype(np.int64).tolist()
+    save_file({"tokens": torch.from_numpy(ids)}, str(tmp_path / "u16.safetensors"))
+    assert read_tokens(tmp_path / "u16.safetensors").tolist() == got.tolist()
+    np.save(tmp_path / "u64.npy", np.array([[1, 2**40]], dtype=np.uint64))
+    with pytest.raises(ValueError, match="beyond"):
+        read_tokens(tmp_path / "u64.npy")
+    torch.save(torch.tensor([[1, 2**40]]), tmp_path / "big.pt")
+    with pytest.raises(ValueError, match=r"token id 1099511627776, beyond"):
+        read_tokens(tmp_path / "big.pt")
