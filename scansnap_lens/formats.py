@@ -175,7 +175,7 @@ def hf_folder_model(path: str | Path, tokenizer=None):
     path = Path(path)
     try:
         hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), weights_only=True)
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError, KeyError, RuntimeError, pickle.UnpicklingError) as err:
         raise CheckpointError(f"{path}: cannot load the Hugging Face model ({err})") from None
     tokenizer = tokenizer if tokenizer is not None else _tokenizer_near(path)
     try:

@@ -319,3 +319,20 @@ def test_model_option_takes_a_local_folder(tmp_path):
     assert source.steps == [4]
     model = source.checkpoints[0].load()
     assert model.cfg.n_heads == 4 and model.cfg.d_vocab == V
+
+
+def test_trainer_folders_with_pytorch_model_bin_load_weights_only(tmp_path):
+    trainer_run("gpt2", tmp_path / "run")
+    folder = tmp_path / "run" / "checkpoint-4"
+    want = checkpoints.folder(folder).checkpoints[0].load()
+    state = checkpoints.load_state_dict(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    torch.save(state, folder / "pytorch_model.bin")  # the older Trainer format
+    got = checkpoints.folder(folder).checkpoints[0].load()
+    x = torch.randint(1, V, (2, 9), generator=torch.Generator().manual_seed(8))
+    torch.testing.assert_close(got(x, return_type="logits"), want(x, return_type="logits"))
+    marker = tmp_path / "pwned"
+    torch.save({"transformer.wte.weight": Payload(marker)}, folder / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="cannot load the Hugging Face model"):
+        checkpoints.folder(folder).checkpoints[0].load()
+    assert not marker.exists()  # loaded with weights_only: the payload never ran
