@@ -9,7 +9,10 @@ shift-invariant, so only changes of the logits are compared, never raw levels.
 - `frequency_bias`: Spearman(dz, P(l|m, n)) over the distinct tokens of a class.
 - `sparsity`: entropy of chat restricted to distinct tokens (Fig. 6), recall vs threshold.
 - `growth`: relative gain and growth factor of Theorem 3, and the deviation from it.
-- `snapping`: snap steps by path fraction and by rate threshold.
+- `snapping`: the snapping time `snap_step` (the rate of attention movement fallen to half its
+  peak: horizon-independent), and the secondary path-fraction and rate-threshold steps.
+- `effective_rate`, `known_rates`, `predicted_snap`: the theory's t0 at the rates the training
+  used (SGD: lr / (1 - momentum); none for Adam).
 - `summarize`: one row per layer and head.
 """
 
