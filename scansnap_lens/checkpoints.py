@@ -310,7 +310,7 @@ def folder(
             if named is not None and step is not None and int(step) != named:
                 raise CheckpointError(f"{item}: named step {named}, but its iter_num is {step}")
             return formats.nanogpt_model(obj, str(item), tokenizer)
-        state = formats._tensor_dict(obj)
+        state = formats.tensor_dict(obj)
         if state is None:
             return formats.model_from_object(obj, str(item), tokenizer)
         if model_factory is not None:

@@ -38,6 +38,7 @@ __all__ = [
     "load_state_dict",
     "nanogpt_model",
     "read_tl_config",
+    "tensor_dict",
     "tl_model",
 ]
 
@@ -79,7 +80,9 @@ def load_file_object(path: str | Path, trust_pickle: bool = False) -> Any:
         ) from None
 
 
-def _tensor_dict(obj) -> dict[str, torch.Tensor] | None:
+def tensor_dict(obj) -> dict[str, torch.Tensor] | None:
+    """The state dict in a loaded object (itself, or under ``state_dict`` / ``model`` ...), with
+    ``torch.compile``'s ``_orig_mod.`` prefix removed; None when it holds something else."""
     for key in ("state_dict", "model_state_dict", "model"):
         if isinstance(obj, dict) and isinstance(obj.get(key), Mapping):
             obj = obj[key]
@@ -97,7 +100,7 @@ def load_state_dict(path: str | Path, trust_pickle: bool = False) -> dict[str, t
             if (path / candidate).exists():
                 return load_state_dict(path / candidate, trust_pickle)
         raise CheckpointError(f"{path}: no model.safetensors / pytorch_model.bin / model.pt in it")
-    state = _tensor_dict(load_file_object(path, trust_pickle))
+    state = tensor_dict(load_file_object(path, trust_pickle))
     if state is None:
         raise CheckpointError(f"{path}: not a state dict of tensors")
     return state
@@ -227,7 +230,7 @@ def nanogpt_model(ckpt: dict, source: str, tokenizer=None):
         )
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"{source}: nanoGPT model_args incomplete ({err})") from None
-    state = _tensor_dict(ckpt["model"])
+    state = tensor_dict(ckpt["model"])
     if state is None:
         raise CheckpointError(f"{source}: the nanoGPT 'model' entry is not a state dict")
     hf = transformers.GPT2LMHeadModel(cfg)

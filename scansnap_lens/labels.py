@@ -165,6 +165,11 @@ def load_labelled(name: str, label: int, backend: str | None = None, **load_kwar
     it; a recording sees which (``source``)."""
     backend = be.resolve_backend(backend)
     kind = family(name)
+    if load_kwargs and (backend != "hooked" or kind == "legacy-tl"):
+        raise ValueError(
+            f"load options {sorted(load_kwargs)} go to HookedTransformer.from_pretrained, which"
+            " this checkpoint does not load through (backend 'hooked', Pythia or stanford-crfm)"
+        )
     if kind == "legacy-tl":
         files = legacy_files(name)
         if label not in files:

@@ -78,3 +78,9 @@ def _hf_logits(name, revision, x):
     model = transformers.AutoModelForCausalLM.from_pretrained(name, revision=revision).eval()
     with torch.no_grad():
         return model(x).logits
+
+
+def test_load_options_are_not_silently_dropped(legacy_hub):
+    source = checkpoints.pretrained(legacy_hub, steps=[0], fold_ln=True)
+    with pytest.raises(ValueError, match=r"load options \['fold_ln'\]"):
+        source.checkpoints[0].load()
