@@ -32,8 +32,10 @@ SUMMARY_COLUMNS = [
     "distinct_mass",
     "top_share",
     "snap_step",
-    "snap_path",
     "predicted_snap",
+    "population_snap",
+    "rank_agreement",
+    "bound_ratio",
 ]
 
 
@@ -259,7 +261,24 @@ def _report(args: argparse.Namespace) -> int:
         classes, stats, queries=traj.plan.queries.tolist(), min_distinct=args.min_distinct
     )
     out = args.out or Path(args.trajectory) / "report"
-    report = write_report(traj, groups, out, title=args.title or f"scansnap_lens: {traj.meta}")
+    training = None
+    if (args.lr_y is None) != (args.lr_z is None):
+        raise ValueError("--lr-y and --lr-z go together: give both or neither")
+    if args.lr_y is not None:
+        training = {
+            "lr_y": args.lr_y,
+            "lr_z": args.lr_z,
+            "optimizer": args.optimizer,
+            "momentum": args.momentum,
+        }
+    report = write_report(
+        traj,
+        groups,
+        out,
+        title=args.title or f"scansnap_lens: {traj.meta}",
+        source=stats,
+        training=training,
+    )
     _print_summary(report.summary)
     for what, why in report.not_measured.items():
         print(f"not measured: {what}: {why}")
@@ -324,6 +343,17 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    """A number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1), got {text}")
     return value
 
 
@@ -489,6 +519,15 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--min-distinct", type=int, default=1, help="classes need this many distinct tokens"
     )
+    report.add_argument(
+        "--lr-y",
+        type=_positive_float,
+        help="the training's rate of all but W_Q, W_K (eta_Y;"
+        " default: what the trajectory recorded)",
+    )
+    report.add_argument("--lr-z", type=_positive_float, help="the training's rate of W_Q, W_K")
+    report.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    report.add_argument("--momentum", type=_fraction, default=0.0, help="SGD momentum in [0, 1)")
     report.set_defaults(func=_report)
 
     theory = sub.add_parser("theory", help="predicted transition times and the B_n(t) curve")
@@ -513,6 +552,8 @@ CLI_SPELLING = {
     "backend 'hooked'": "--backend hooked",
     "config= or model_factory=": "a config.json",
     "overwrite=True": "--overwrite",
+    "training={'lr_y': ..., 'lr_z': ..., 'optimizer': ..., 'momentum': ...}": "--lr-y and --lr-z"
+    " (and --optimizer, --momentum)",
 }
 
 

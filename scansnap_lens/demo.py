@@ -121,7 +121,12 @@ def run_demo(
     )
     trajectory = recorder.trajectory()
     report = write_report(
-        trajectory, groups, out / "report", title=f"scansnap_lens demo: {data}, {steps} steps"
+        trajectory,
+        groups,
+        out / "report",
+        title=f"scansnap_lens demo: {data}, {steps} steps",
+        source=stats,
+        loss_positions=stats.num_rows,  # the loss is on each row's last position only
     )
     training.to_dataframe().to_csv(out / "report" / "loss.csv", index=False)
     return DemoResult(training, stats, groups, trajectory, report)

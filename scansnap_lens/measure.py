@@ -9,6 +9,8 @@ shift-invariant, so only changes of the logits are compared, never raw levels.
 - `frequency_bias`: Spearman(dz, P(l|m, n)) over the distinct tokens of a class.
 - `sparsity`: entropy of chat restricted to distinct tokens (Fig. 6), recall vs threshold.
 - `growth`: relative gain and growth factor of Theorem 3, and the deviation from it.
+- `growth_bounds`, `theory_fit` (module `fit`): the growth factor against Theorem 3's bounds,
+  and every head against attention predicted from the corpus statistics alone.
 - `snapping`: the snapping time `snap_step` (the rate of attention movement fallen to half its
   peak: horizon-independent), and the secondary path-fraction and rate-threshold steps.
 - `effective_rate`, `known_rates`, `predicted_snap`: the theory's t0 at the rates the training
@@ -34,6 +36,7 @@ __all__ = [
     "discriminative_bias",
     "frequency_bias",
     "growth",
+    "growth_bounds",
     "known_rates",
     "predicted_snap",
     "restricted_entropy",
@@ -41,7 +44,9 @@ __all__ = [
     "snapping",
     "sparsity",
     "summarize",
+    "theory_fit",
     "theory_of",
+    "training_of",
 ]
 
 
@@ -116,6 +121,7 @@ class Measurement:
     table: pd.DataFrame
     detail: pd.DataFrame | None = None
     values: Tensor | None = None  # [S, L, H] where the measurement has one value per head
+    predictions: list | None = None  # `theory_fit`: the predicted trajectories it compared
 
     def to_dataframe(self) -> pd.DataFrame:
         return self.table
@@ -394,6 +400,7 @@ def snapping(
     fraction: float = 0.9,
     rate_fraction: float = 0.1,
     snap_fraction: float = 0.5,
+    classes=None,
 ) -> Measurement:
     """Snap steps per head (table) and per class (detail).
 
@@ -402,15 +409,18 @@ def snapping(
     peaks), ``snap_reason`` (why ``snap_step`` is NaN), and the secondary, horizon-dependent
     ``snap_path`` and ``snap_rate`` (`snap_steps`).  The movement of a class between
     checkpoints is the total variation of its chat; a head's movement is the events-weighted
-    mean over classes (the classes of `groups` if given, else every tracked class).
+    mean over classes (the classes of `groups` if given, or `classes`, pairs (m, n), else every
+    tracked class).
     """
     if traj.num_steps < 2:
         raise ValueError("snapping needs at least two checkpoints")
     plan = traj.plan
-    if groups is None:
+    if groups is not None:
+        classes = zip(groups.query.tolist(), groups.next_token.tolist())
+    if classes is None:
         slots = list(range(plan.num_classes))
     else:
-        found = [traj.class_slot(int(m), int(n)) for m, n in zip(groups.query, groups.next_token)]
+        found = [traj.class_slot(int(m), int(n)) for m, n in classes]
         slots = [c for c in found if c is not None]
     if not slots:
         raise ValueError("no tracked class to measure")
@@ -471,13 +481,14 @@ def effective_rate(lr: float, optimizer: str = "sgd", momentum: float = 0.0) -> 
     return float(lr) / (1.0 - float(momentum))
 
 
-def known_rates(traj: Trajectory) -> list[tuple[float, float] | None] | None:
-    """Effective (eta_Y, eta_Z) per head (`effective_rate`), None for a head trained with Adam,
-    or None where the trajectory does not say how it was trained.
+def training_of(traj: Trajectory) -> list[dict] | None:
+    """How each head was trained, as the training wrote it: per head a dict with the nominal
+    ``lr_y``, ``lr_z``, ``optimizer`` and ``momentum``; None where the trajectory does not say.
 
-    The trajectory's meta holds what the training wrote: ``lr_y``, ``lr_z``, ``optimizer``,
-    ``momentum`` (`train`, `Recorder.on_checkpoint(..., training=)`, ``training.json``
-    beside checkpoints); the Y/Z lab holds ``lr_z`` and ``ratio`` per run.
+    The trajectory's meta holds what the training wrote (`train`, `Recorder.on_checkpoint(...,
+    training=)`, ``training.json`` beside checkpoints); the Y/Z lab holds ``lr_z`` and
+    ``ratio`` per run (one head per run); trajectories written before ``lr_y`` / ``lr_z`` hold
+    ``lr`` and ``lr_attention``.
     """
     meta = traj.meta
     optimizer = meta.get("optimizer", "sgd")
@@ -487,13 +498,23 @@ def known_rates(traj: Trajectory) -> list[tuple[float, float] | None] | None:
         pairs = [pairs[h] for h in traj.heads]
     elif "lr_y" in meta and "lr_z" in meta:
         pairs = [(float(meta["lr_y"]), float(meta["lr_z"]))] * len(traj.heads)
-    elif "lr" in meta and "lr_attention" in meta:  # trajectories written before lr_y / lr_z
+    elif "lr" in meta and "lr_attention" in meta:
         pairs = [(float(meta["lr"]), float(meta["lr_attention"]))] * len(traj.heads)
     else:
         return None
+    return [{"lr_y": y, "lr_z": z, "optimizer": optimizer, "momentum": momentum} for y, z in pairs]
+
+
+def known_rates(traj: Trajectory) -> list[tuple[float, float] | None] | None:
+    """Effective (eta_Y, eta_Z) per head (`effective_rate` of `training_of`), None for a head
+    trained with Adam, or None where the trajectory does not say how it was trained."""
+    training = training_of(traj)
+    if training is None:
+        return None
     out = []
-    for lr_y, lr_z in pairs:
-        y, z = effective_rate(lr_y, optimizer, momentum), effective_rate(lr_z, optimizer, momentum)
+    for t in training:
+        y = effective_rate(t["lr_y"], t["optimizer"], t["momentum"])
+        z = effective_rate(t["lr_z"], t["optimizer"], t["momentum"])
         out.append(None if y is None or z is None else (y, z))
     return out
 
@@ -518,10 +539,17 @@ def predicted_snap(traj: Trajectory) -> list[float] | None:
     return None if theories is None else [math.nan if t is None else t.t0 for t in theories]
 
 
-def summarize(traj: Trajectory, groups: TokenGroups, prediction=None) -> pd.DataFrame:
+def summarize(
+    traj: Trajectory, groups: TokenGroups, prediction=None, checks: dict | None = None
+) -> pd.DataFrame:
     """One row per layer and head: scan scores and sparsity at the last checkpoint, snap steps,
     and the theory's transition t0 (`prediction`: one value, one per head, or by default
-    `predicted_snap(traj)`; NaN where unknown)."""
+    `predicted_snap(traj)`; NaN where unknown).  `checks`: measurements of
+    `fit.theory_checks`, whose last-checkpoint columns join the row (``bound_ratio``,
+    ``inside`` of `growth_bounds`; ``population_snap``, ``snap_ratio``, ``rank_agreement``,
+    ``dz_corr`` of `theory_fit`)."""
+    from .fit import SUMMARY_COLUMNS
+
     snap = snapping(traj).table  # attention movement of every tracked class
     parts = [snap]
     for measure in (discriminative_bias, frequency_bias, sparsity):
@@ -536,6 +564,9 @@ def summarize(traj: Trajectory, groups: TokenGroups, prediction=None) -> pd.Data
         parts.append(attention_entropy(traj).final().drop(columns=["step"]))
     except ValueError:
         pass
+    for name, result in (checks or {}).items():
+        final = result.final()
+        parts.append(final[["layer", "head", *SUMMARY_COLUMNS[name]]])
     out = parts[0]
     for part in parts[1:]:
         out = out.merge(part, on=["layer", "head"], how="left")
@@ -550,3 +581,8 @@ def summarize(traj: Trajectory, groups: TokenGroups, prediction=None) -> pd.Data
         by_head = dict(zip(traj.heads, prediction))
         out["predicted_snap"] = out["head"].map(by_head).astype(float)
     return out
+
+
+# The theory's checks build on the measurements above; re-exported so that every quantity is
+# reachable as measure.<name>.
+from .fit import growth_bounds, theory_fit  # noqa: E402

@@ -46,6 +46,15 @@ when the attention never moves.  Secondary, and dependent on the run's length:
 and <b>snap_rate</b>, the checkpoint after which its movement per log-step stays under
 10&nbsp;% of its peak.  <b>predicted_snap</b>: the theory's t0 at the effective rates (SGD:
 lr / (1 - momentum); none for Adam) where the training is known.</li>
+<li><b>Theory against measurement.</b> <b>bound_ratio</b>: the measured logit change of each
+class's most frequent distinct token, ln(chi)/2, over Theorem 4's B(t) (rho0 estimated from
+the data); Theorem 3 puts it between f0<sup>2</sup> and 1, <b>inside</b> is the share of
+classes that are.  <b>population_snap</b>: the snap step of the paper's population dynamics
+integrated on the training corpus's statistics at the training's own optimizer and rates
+(attention predicted from the statistics alone); <b>snap_ratio</b>: measured over predicted.
+<b>rank_agreement</b>: Spearman correlation of predicted and measured attention over each
+class's distinct tokens; <b>dz_corr</b>: correlation of predicted and measured logit changes
+over the tracked pairs.  1 means the head does what the theory says.</li>
 <li><b>attention_entropy</b>: Fig. 10, the entropy of each head's attention row averaged over
 the evaluation positions (the query's own position counts when the recording includes it).
 The heads table ranks every head by AUROC, then bias; the heads figure maps bias, AUROC,
@@ -103,12 +112,19 @@ def write_report(
     prediction=None,
     views: bool = True,
     token_strings=None,
+    source=None,
+    training: dict | None = None,
+    loss_positions: int | None = None,
 ) -> Report:
     """Measure `traj` against `groups` and write the report folder `out`.
 
     prediction: the theory's snap step (see `measure.summarize`); views: include the
     circuitsvis views (they need the trajectory's example prompt); token_strings: strings of
-    the prompt's tokens for the views (default: the plan's).
+    the prompt's tokens for the views (default: the plan's).  source: the training corpus's
+    `CooccurrenceStats` (or the lab's `SequenceClasses`), for the theory's checks
+    (`fit.theory_checks`: Theorem 3's bounds, attention predicted from the statistics);
+    without it the bounds use the evaluation text's statistics and there is no prediction.
+    training, loss_positions: see `fit.theory_fit`.
     """
     from .viz import figures
     from .viz import views as cv
@@ -119,7 +135,18 @@ def write_report(
     files: dict[str, Path] = {}
     not_measured: dict[str, str] = {}
 
-    summary = measure.summarize(traj, groups, prediction)
+    from .fit import growth_bounds, theory_checks
+
+    if source is not None:
+        checks, why = theory_checks(traj, groups, source, training, loss_positions)
+    else:
+        checks, why = {}, {"theory_fit": "needs the training corpus's statistics (source=)"}
+        try:
+            checks["growth_bounds"] = growth_bounds(traj, groups, training=training)
+        except ValueError as err:
+            why["growth_bounds"] = str(err)
+    not_measured.update(why)
+    summary = measure.summarize(traj, groups, prediction, checks=checks)
     results: dict[str, measure.Measurement] = {}
     for name, fn in (
         ("discriminative_bias", measure.discriminative_bias),
@@ -133,6 +160,7 @@ def write_report(
             not_measured[name] = str(err)
     snaps = measure.snapping(traj)
     results["snapping"] = snaps
+    results.update(checks)
 
     def csv(name: str, frame: pd.DataFrame) -> None:
         files[name] = out / f"{name}.csv"
@@ -239,6 +267,33 @@ def write_report(
             lambda p: _theory_figure(traj, summary, p),
         )
 
+    theory_html = ""
+    if "growth_bounds" in checks:
+        figure(
+            "growth_bounds",
+            "Theorem 3: measured growth factor of each class's dominant distinct token (solid)"
+            " and its bounds from Theorem 4 with rho0 from the data (band, dotted: upper)",
+            lambda p: figures.plot_growth_bounds(checks["growth_bounds"].table, path=p),
+        )
+    if "theory_fit" in checks:
+        fit = checks["theory_fit"]
+        figure(
+            "theory_fit",
+            "Each head against the population dynamics on the training corpus's statistics:"
+            " rank agreement of the attention over distinct tokens, correlation of logit changes",
+            lambda p: figures.plot_theory_fit(fit.table, path=p),
+        )
+        figure(
+            "predicted_attention",
+            "Per-token attention predicted from the corpus statistics alone (population"
+            " dynamics at the training's rates; same layout as the measured one above)",
+            lambda p: figures.plot_class_attention(
+                fit.predictions[0], groups, 0, 0, order, title="predicted", path=p
+            ),
+        )
+    if checks:
+        theory_html = _theory_section(summary, checks)
+
     # ---- circuitsvis views
     view_parts: list[str] = []
     if views and traj.prompt_pattern is not None:
@@ -284,6 +339,7 @@ def write_report(
         ranking[[c for c in HEAD_COLUMNS if c in ranking]]
         .head(20)
         .to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="–"),
+        theory_html,
         "<h2>How to read it</h2>",
         HOW_TO_READ,
         "<h2>Figures</h2>",
@@ -297,6 +353,43 @@ def write_report(
         body.append("</ul>")
     files["report"].write_text(cv.page(title, "\n".join(body), head=_STYLE), encoding="utf-8")
     return Report(files["report"], summary, files, not_measured)
+
+
+THEORY_COLUMNS = ["layer", "head", "snap_step", "predicted_snap", "population_snap", "snap_ratio",
+                  "rank_agreement", "dz_corr", "bound_ratio", "inside"]  # fmt: skip
+
+
+def _theory_section(summary: pd.DataFrame, checks: dict) -> str:
+    """The theory against the measurement, per head, with the numbers said in words."""
+    table = summary[[c for c in THEORY_COLUMNS if c in summary]]
+    said = []
+    if "growth_bounds" in checks:
+        detail = checks["growth_bounds"].detail
+        ratio = detail["bound_ratio"].dropna()
+        if len(ratio):
+            said.append(
+                f"Theorem 3 with rho0 = {detail['rho0'].iloc[0]:.3g} from the data (K ="
+                f" {int(detail['K'].iloc[0])}): at the last checkpoint the measured"
+                f" ln(chi) / 2 is {ratio.median():.3g} times the bound B (median over"
+                f" {len(ratio)} class-heads; range {ratio.min():.3g} to {ratio.max():.3g});"
+                f" the theorem puts it between f0^2 and 1, and"
+                f" {100 * detail['inside'].mean():.0f} % of class-heads lie there."
+            )
+    if "theory_fit" in checks and "snap_ratio" in summary:
+        r = summary["snap_ratio"].dropna()
+        if len(r):
+            said.append(
+                f"Measured snap / snap of the population dynamics: median {r.median():.3g}"
+                f" (range {r.min():.3g} to {r.max():.3g}); rank agreement"
+                f" {summary['rank_agreement'].median():.3g}, logit-change correlation"
+                f" {summary['dz_corr'].median():.3g} (medians over heads)."
+            )
+    text = "".join(f"<p>{html.escape(x)}</p>" for x in said)
+    return (
+        "<h2>Theory against measurement</h2>"
+        + text
+        + table.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="–")
+    )
 
 
 def _overview(traj: Trajectory, groups: TokenGroups) -> str:

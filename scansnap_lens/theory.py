@@ -9,6 +9,8 @@ K next tokens, vocabulary M, decoder rate eta_Y (``lr_y``), attention rate eta_Z
     xi(t) = gamma / (C0 + 4 Gamma), B_n(t) = ln(C0 + 4 Gamma) / 4 with C0 = rho0^4 / K.
   * t0' = K ln M / eta_Y (end of scanning), t0 = 2 (1 + delta') K ln M / eta_Y (snap), with
     delta' = omega_1(M) of Lemma 8.
+  * rho0 from data (`rho0`): the initial overlap of the classes' normalised context
+    distributions, f_n(0)^T f_n'(0) = 1 / rho0^2.
   * Theorem 3: exp(2 f0^2 B) <= chi_l0(t) <= exp(2 B) with B = eta_Z * integral_0^t xi.  The
     closed form (Eq. 124) drops the integration constant: eta_Z * integral_0^t xi equals
     B_n(t) - B_n(0) = ln(1 + 4 Gamma / C0) / 4 (``B_integral``), which is what the bounds use
@@ -21,6 +23,7 @@ K next tokens, vocabulary M, decoder rate eta_Y (``lr_y``), attention rate eta_Z
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -101,6 +104,30 @@ def B_integral(
 ) -> np.ndarray:
     """eta_Z * integral_0^t xi = B_n(t) - B_n(0) = ln(1 + 4 Gamma(t) / C0) / 4."""
     return 0.25 * np.log1p(4 * big_gamma(t, K, M, lr_y, lr_z) * K / rho0**4)
+
+
+def rho0(probs) -> float:
+    """rho0 of Sec. 6 from data: the classes of one query start with f_n(0) = P(.|m, n) /
+    ||P(.|m, n)||, and the paper's approximation f_n^T f_n' = exp(2 z) / rho0^2 with z(0) = 0
+    defines rho0^-2 as their initial overlap.  Returns (mean over n != n' of
+    f_n(0)^T f_n'(0))^(-1/2); inf when no two classes share a context token (common tokens are
+    what drives xi), NaN for fewer than two classes.
+
+    probs: [K, C] P(l|m, n) of the K classes of one query.
+
+    >>> round(rho0(np.array([[0.5, 0.5, 0.0], [0.5, 0.0, 0.5]])), 6)  # overlap 1/2
+    1.414214
+    """
+    p = np.asarray(probs, dtype=np.float64)
+    if p.ndim != 2:
+        raise ValueError(f"probs must be [K, C], got shape {p.shape}")
+    K = p.shape[0]
+    if K < 2:
+        return math.nan
+    f = p / np.linalg.norm(p, axis=1, keepdims=True)
+    gram = f @ f.T
+    overlap = (gram.sum() - np.trace(gram)) / (K * (K - 1))
+    return math.inf if overlap <= 0 else float(overlap**-0.5)
 
 
 def omega1(M: int) -> float:

@@ -165,6 +165,49 @@ def plot_growth_factor(
     return _finish(fig, path)
 
 
+def plot_growth_bounds(
+    table: pd.DataFrame, most: int = 6, path: str | Path | None = None
+) -> Figure:
+    """Theorem 3: the measured growth factor chi (solid) of each head inside the band of its
+    bounds [exp(2 f0^2 B), exp(2 B)] (shaded), over steps; a `fit.growth_bounds` table."""
+    fig = Figure(figsize=(6, 3.6))
+    ax = fig.subplots()
+    for i, (key, part) in enumerate(table.groupby(["layer", "head"])):
+        if i >= most:
+            break
+        x = part["step"] + 1
+        (line,) = ax.plot(x, part["chi"], marker=".", label=f"layer {key[0]}, head {key[1]}")
+        ax.fill_between(x, part["chi_lower"], part["chi_upper"], color=line.get_color(),
+                        alpha=0.15, lw=0)  # fmt: skip
+        ax.plot(x, part["chi_upper"], color=line.get_color(), ls=":", lw=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("step + 1")
+    ax.set_ylabel(r"$\chi_{l_0}$ (geometric mean over classes)")
+    ax.set_title("growth factor: measured (solid) and Theorem 3 bounds (band)", fontsize=9)
+    ax.legend(fontsize=6)
+    return _finish(fig, path)
+
+
+def plot_theory_fit(table: pd.DataFrame, path: str | Path | None = None) -> Figure:
+    """Each head against the population dynamics on its corpus's statistics, over steps: rank
+    agreement of predicted and measured attention, and the logit-change correlation (a
+    `fit.theory_fit` table)."""
+    fig = Figure(figsize=(9, 3.4))
+    axes = fig.subplots(1, 2)
+    for ax, column in zip(axes, ["rank_agreement", "dz_corr"]):
+        for key, part in table.groupby(["layer", "head"]):
+            ax.plot(part["step"] + 1, part[column], marker=".", label=f"L{key[0]} H{key[1]}")
+        ax.set_xscale("log")
+        ax.set_ylim(-1.05, 1.05)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_xlabel("step + 1")
+        ax.set_title(column)
+    if table.groupby(["layer", "head"]).ngroups <= 12:
+        axes[1].legend(fontsize=6)
+    return _finish(fig, path)
+
+
 def plot_entropy_sweep(summary: pd.DataFrame, path: str | Path | None = None) -> Figure:
     """Fig. 6: distinct-token entropy against eta_Y / eta_Z, a panel per num_last."""
     panels = sorted(summary["num_last"].unique())

@@ -1,0 +1,348 @@
+"""Theory against measurement: Theorem 3's bounds, and attention predicted from statistics.
+
+- `growth_bounds`: the measured growth factor chi of each class's dominant distinct token
+  against Theorem 3's bounds exp(2 f0^2 B) <= chi <= exp(2 B), with B from Theorem 4 at the
+  training's effective rates and rho0 estimated from the data (`theory.rho0`).
+- `theory_fit`: every recorded head against the population dynamics integrated on the
+  corpus's statistics (`population.predict`): rank agreement of predicted and measured
+  attention over each class's distinct tokens, correlation of predicted and measured logit
+  changes, and the ratio of the measured snap step to the predicted one.
+
+Both return a `measure.Measurement` whose ``values`` are [step, layer, head] tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.stats import rankdata
+from torch import Tensor
+
+from .groups import TokenGroups
+from .measure import (
+    Measurement,
+    _frame,
+    _weighted_nanmean,
+    _z,
+    effective_rate,
+    snapping,
+    training_of,
+)
+from .population import Population, predict
+from .theory import PhaseTransition, rho0
+from .trajectory import Trajectory
+
+__all__ = ["growth_bounds", "theory_checks", "theory_fit"]
+
+
+def _population(traj: Trajectory, source, loss_positions: int | None, classes=None):
+    if classes is None:
+        classes = list(zip(traj.plan.class_query.tolist(), traj.plan.class_next.tolist()))
+    return Population.of(source, classes, loss_positions, traj.plan.vocab_size)
+
+
+def _plan_population(traj: Trajectory) -> Population:
+    """P(l|m, n) of the tracked classes as the recording's evaluation text has them."""
+    plan = traj.plan
+    tokens, column = torch.unique(plan.triple_token, return_inverse=True)
+    counts = torch.zeros(plan.num_classes, tokens.numel(), dtype=torch.float64)
+    counts.index_put_((plan.triple_class, column), plan.triple_count.double(), accumulate=True)
+    events = plan.class_events.double()
+    return Population(
+        plan.class_query, plan.class_next, events / events.sum(), counts / counts.sum(1, True),
+        tokens, plan.vocab_size,
+    )  # fmt: skip
+
+
+def _head_training(traj: Trajectory, training: dict | None) -> list[dict]:
+    if training is not None:
+        missing = {"lr_y", "lr_z"} - set(training)
+        if missing:
+            raise ValueError(f"training needs {sorted(missing)}")
+        return [{"optimizer": "sgd", "momentum": 0.0, **training}] * len(traj.heads)
+    found = training_of(traj)
+    if found is None:
+        raise ValueError(
+            "the trajectory does not say how the model was trained (its meta has no lr_y and"
+            " lr_z): pass training={'lr_y': ..., 'lr_z': ..., 'optimizer': ..., 'momentum': ...}"
+        )
+    return found
+
+
+# ------------------------------------------------------------------ Theorem 3 bounds
+def growth_bounds(
+    traj: Trajectory,
+    groups: TokenGroups,
+    source=None,
+    rho0_value: float | str = "data",
+    training: dict | None = None,
+    loss_positions: int | None = None,
+) -> Measurement:
+    """Measured growth factor against Theorem 3's bounds, per class, layer and head.
+
+    For a class (m, n) with dominant distinct token l0 (highest P(l|m, n)), the measured
+    dz = z_l0(t) - z_l0(t_first) = ln(chi) / 2 is compared with Theorem 4's
+    B(t) = eta_Z int xi (`PhaseTransition.B_integral` from the first checkpoint), which the
+    theorem says bounds it: f0^2 B <= dz <= B, with f0^2 = f_{n l0}(0)^2 = P(l0)^2 / ||P||^2.
+    The Y/Z model's decoder couples every pair of next tokens (xi_n sums over all n' != n),
+    so K is the number of tracked classes and rho0 the data's (`theory.rho0` over all of them)
+    or the given number; M is the vocabulary and the rates the training's effective ones
+    (`measure.effective_rate`; Adam has none: NaN).
+
+    source: the training corpus's `CooccurrenceStats` or `SequenceClasses` (default: the
+    recording's own evaluation text) for P(l|m, n), rho0 and K.
+
+    Table columns: chi (geometric mean over classes), chi_lower and chi_upper (the bounds,
+    likewise), bound_ratio (median over classes of dz / B: Theorem 3 holds where it lies in
+    [f0^2, 1]) and inside (share of classes within the bounds).  ``values``: bound_ratio.
+    """
+    if traj.step_unit != "steps":
+        raise ValueError("the theory counts optimizer steps; this trajectory counts tokens")
+    pop = _plan_population(traj) if source is None else _population(traj, source, loss_positions)
+    heads_training = _head_training(traj, training)
+    t = traj.steps.double().numpy()
+    rows, dzs, lower, upper, f0s = [], [], [], [], []
+    M = traj.plan.vocab_size
+    K = pop.num_classes
+    r0 = rho0(pop.probs.numpy()) if rho0_value == "data" else float(rho0_value)
+    if not math.isfinite(r0):
+        raise ValueError(
+            "Theorem 4 needs classes that share context tokens (rho0 from data is"
+            f" {r0}: {'one class' if K < 2 else 'no shared token'})"
+        )
+    for k in range(groups.num_classes):
+        m, n = int(groups.query[k]), int(groups.next_token[k])
+        z, held = _z(traj, m, groups.distinct[k])
+        if not held.any():
+            continue
+        p_distinct = groups.distinct_p[k][held]
+        i0 = int(torch.argmax(p_distinct))
+        l0 = int(groups.distinct[k][held][i0])
+        row = ((pop.query == m) & (pop.next_token == n)).nonzero().flatten()
+        if row.numel() == 0:
+            continue
+        p = pop.probs[int(row[0])]
+        col = int(torch.searchsorted(pop.tokens, torch.tensor(l0)))
+        if col >= pop.tokens.numel() or int(pop.tokens[col]) != l0:
+            continue
+        f0_sq = float(p[col] ** 2 / (p**2).sum())
+        dz = (z[..., i0] - z[:1, ..., i0]).numpy()  # [S, L, H]
+        B = np.full(dz.shape, np.nan)
+        for j, setting in enumerate(heads_training):
+            y = effective_rate(setting["lr_y"], setting["optimizer"], setting["momentum"])
+            zr = effective_rate(setting["lr_z"], setting["optimizer"], setting["momentum"])
+            if y is None or zr is None:
+                continue
+            theory = PhaseTransition(K=K, M=M, lr_y=y, lr_z=zr, rho0=r0)
+            b = theory.B_integral(t) - theory.B_integral(t[:1])
+            B[:, :, j] = b[:, None]
+        dzs.append(dz)
+        upper.append(B)
+        lower.append(f0_sq * B)
+        f0s.append(f0_sq)
+        for li, layer in enumerate(traj.layers):
+            for j, head in enumerate(traj.heads):
+                b_final, d_final = B[-1, li, j], dz[-1, li, j]
+                rows.append((layer, head, m, n, l0, K, r0, f0_sq, d_final, b_final))
+    if not dzs:
+        raise ValueError(
+            "no tracked class has a distinct token in the statistics: Theorem 3 needs one"
+        )
+    dz = np.stack(dzs, -1)
+    B = np.stack(upper, -1)
+    lo = np.stack(lower, -1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(B > 0, dz / B, np.nan)
+        inside = np.where(B > 0, (dz >= lo - 1e-12) & (dz <= B + 1e-12), np.nan)
+    values = {
+        "chi": np.exp(2 * dz.mean(-1)),
+        "chi_lower": np.exp(2 * lo.mean(-1)),
+        "chi_upper": np.exp(2 * B.mean(-1)),
+        "bound_ratio": _nanmedian(ratio),
+        "inside": _nanmean(inside),
+    }
+    table = _frame(traj, {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in values.items()})
+    detail = pd.DataFrame(
+        rows,
+        columns=["layer", "head", "query", "next", "l0", "K", "rho0", "f0_sq", "dz", "B"],
+    )
+    with np.errstate(invalid="ignore", divide="ignore"):
+        detail["bound_ratio"] = detail["dz"] / detail["B"]
+    detail["inside"] = (detail["bound_ratio"] >= detail["f0_sq"] - 1e-12) & (
+        detail["bound_ratio"] <= 1 + 1e-12
+    )
+    return Measurement(
+        "growth_bounds", table, detail, values=torch.from_numpy(values["bound_ratio"])
+    )
+
+
+def _nanmedian(x: np.ndarray) -> np.ndarray:
+    ok = ~np.isnan(x).all(-1)
+    out = np.full(x.shape[:-1], np.nan)
+    out[ok] = np.nanmedian(x[ok], -1)
+    return out
+
+
+def _nanmean(x: np.ndarray) -> np.ndarray:
+    ok = ~np.isnan(x).all(-1)
+    out = np.full(x.shape[:-1], np.nan)
+    out[ok] = np.nanmean(x[ok], -1)
+    return out
+
+
+# ------------------------------------------------------------------ prediction fit
+def _corr(a: Tensor, b: Tensor) -> Tensor:
+    """Pearson correlation along the last axis (a, b broadcast); NaN where either is flat."""
+    a = a - a.mean(-1, keepdim=True)
+    b = b - b.mean(-1, keepdim=True)
+    den = torch.sqrt((a**2).sum(-1) * (b**2).sum(-1))
+    return torch.where(den > 1e-300, (a * b).sum(-1) / den.clamp_min(1e-300), math.nan)
+
+
+def _rank(x: Tensor) -> Tensor:
+    return torch.from_numpy(rankdata(x.numpy(), axis=-1)).double()
+
+
+def theory_fit(
+    traj: Trajectory,
+    source,
+    groups: TokenGroups | None = None,
+    training: dict | None = None,
+    loss_positions: int | None = None,
+    classes=None,
+    progress: bool = False,
+) -> Measurement:
+    """Score every head against attention predicted from corpus statistics alone.
+
+    The population dynamics (`population.predict`) run on `source` (the training corpus's
+    `CooccurrenceStats`, or the lab's `SequenceClasses`) for the trajectory's tracked
+    classes, with the training's own optimizer and rates (`measure.training_of`, or
+    `training`), to the trajectory's steps.  Per step, layer and head:
+
+    - ``rank_agreement``: Spearman correlation of predicted and measured per-token attention
+      c(t) over each class's distinct tokens (`groups`; all its tracked context tokens without
+      groups), mean over classes weighted by N(m, n);
+    - ``dz_corr``: Pearson correlation of predicted and measured logit changes
+      z(t) - z(t_first) over every tracked pair (m, l) of the classes' queries (NaN at the first
+      checkpoint, where both are 0).
+
+    Per head: ``snap_step`` (measured, `measure.snapping` over the tracked classes the
+    statistics hold), ``population_snap`` (the same estimator on the prediction) and
+    ``snap_ratio`` = snap_step / population_snap.
+    ``values``: dz_corr [S, L, H]; ``detail``: rank agreement per class at the last step.
+
+    classes: pairs (m, n) to predict (default: every tracked class).  Each class carries its
+    own weight N(m, n) / loss positions, so a subset evolves as it would among the others
+    except through the parameters it shares with them; a smaller set is faster.
+    """
+    if traj.step_unit != "steps":
+        raise ValueError("the prediction counts optimizer steps; this trajectory counts tokens")
+    pop = _population(traj, source, loss_positions, classes)
+    heads_training = _head_training(traj, training)
+    plan = traj.plan
+    S, L, H = traj.num_steps, len(traj.layers), len(traj.heads)
+
+    # pairs of the queries that have a population class, and the classes' token sets
+    pair_mask = torch.isin(plan.pair_query, pop.queries)
+    measured_dz = (traj.zbar - traj.zbar[:1]).double()[..., pair_mask]  # [S, L, H, P]
+    class_sets = []
+    for c in range(plan.num_classes):
+        m, n = int(plan.class_query[c]), int(plan.class_next[c])
+        slots = (plan.triple_class == c).nonzero().flatten()
+        tokens = plan.triple_token[slots]
+        weight = float(plan.class_events[c])
+        if groups is not None:
+            k = ((groups.query == m) & (groups.next_token == n)).nonzero().flatten()
+            if k.numel() == 0:
+                continue
+            keep = torch.isin(tokens, groups.distinct[int(k[0])])
+            slots, weight = slots[keep], float(groups.events[int(k[0])])
+        if slots.numel() >= 2:
+            class_sets.append((m, n, slots, weight))
+    if not class_sets:
+        raise ValueError("no tracked class has two distinct tokens to rank")
+
+    pop_keys = pop.query * plan.vocab_size + pop.next_token
+    shared = [
+        (int(m), int(n))
+        for m, n, key in zip(plan.class_query, plan.class_next, plan.class_keys)
+        if bool(torch.isin(key, pop_keys))
+    ]  # the snap of both is measured on the classes the statistics hold
+    measured_snap = snapping(traj, classes=shared).table
+    rank = torch.full((S, L, H), math.nan, dtype=torch.float64)
+    corr = torch.full((S, L, H), math.nan, dtype=torch.float64)
+    pop_snap = np.full(H, np.nan)
+    per_class = []
+    runs: dict[tuple, Trajectory] = {}
+    for j, setting in enumerate(heads_training):
+        key = tuple(sorted(setting.items()))
+        if key not in runs:
+            run = predict(pop, steps=traj.steps, progress=progress, **setting)
+            runs[key] = run.to_trajectory(plan)
+        predicted = runs[key]
+        pred_dz = (predicted.zbar - predicted.zbar[:1]).double()[:, 0, 0][..., pair_mask]
+        corr[:, :, j] = _corr(measured_dz[:, :, j], pred_dz[:, None])
+        corr[0, :, j] = math.nan
+        ranks, weights = [], []
+        for m, n, slots, weight in class_sets:
+            meas = traj.chat[:, :, j][..., slots].double()  # [S, L, n]
+            pred = predicted.chat[:, 0, 0][..., slots].double()  # [S, n]
+            if torch.isnan(pred).all():
+                continue
+            r = _corr(_rank(meas), _rank(pred)[:, None])
+            ranks.append(r)
+            weights.append(weight)
+            for li, layer in enumerate(traj.layers):
+                per_class.append(
+                    (layer, traj.heads[j], m, n, slots.numel(), weight, float(r[-1, li]))
+                )
+        if ranks:
+            w = torch.tensor(weights, dtype=torch.float64)
+            rank[:, :, j] = _weighted_nanmean(torch.stack(ranks, -1), w)
+        pop_snap[j] = float(snapping(predicted, classes=shared).table["snap_step"].iloc[0])
+    table = _frame(traj, {"rank_agreement": rank, "dz_corr": corr})
+    by_head = measured_snap.set_index(["layer", "head"])["snap_step"]
+    table["snap_step"] = [
+        by_head.get((la, h), math.nan) for la, h in zip(table["layer"], table["head"])
+    ]
+    table["population_snap"] = table["head"].map(dict(zip(traj.heads, pop_snap)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        table["snap_ratio"] = table["snap_step"] / table["population_snap"]
+    detail = pd.DataFrame(
+        per_class,
+        columns=["layer", "head", "query", "next", "tokens", "events", "rank_agreement"],
+    )
+    return Measurement("theory_fit", table, detail, values=corr, predictions=list(runs.values()))
+
+
+def theory_checks(
+    traj: Trajectory,
+    groups: TokenGroups,
+    source,
+    training: dict | None = None,
+    loss_positions: int | None = None,
+) -> tuple[dict[str, Measurement], dict[str, str]]:
+    """`growth_bounds` and `theory_fit` where each can be measured, and why not where not:
+    ({name: measurement}, {name: reason})."""
+    done, why = {}, {}
+    for name, run in (
+        ("growth_bounds", lambda: growth_bounds(traj, groups, source, training=training,
+                                                loss_positions=loss_positions)),
+        ("theory_fit", lambda: theory_fit(traj, source, groups, training=training,
+                                          loss_positions=loss_positions)),
+    ):  # fmt: skip
+        try:
+            done[name] = run()
+        except (ValueError, TypeError) as err:
+            why[name] = str(err)
+    return done, why
+
+
+# summary columns each check contributes, at the last checkpoint
+SUMMARY_COLUMNS = {
+    "theory_fit": ["population_snap", "snap_ratio", "rank_agreement", "dz_corr"],
+    "growth_bounds": ["bound_ratio", "inside"],
+}

@@ -1,0 +1,292 @@
+"""Attention predicted from corpus statistics alone: the paper's population dynamics.
+
+The Y/Z model of Lemma 1 at T -> infinity (Lemma 2), trained by the optimizer a model used, on
+the expected loss of a set of classes (m, n): each with its context distribution P(l|m, n) and
+its weight, the share of the training loss its events carry.  Nothing here looks at a model:
+the input is a `CooccurrenceStats` (or the lab's `SequenceClasses`) and the rates.
+
+    pop = Population.from_stats(stats, classes=[(m, n), ...])
+    run = predict(pop, lr_y=0.1, lr_z=3.0, steps=traj.steps)   # Z [S, Q, C] over training
+    run.attention()                                           # c(t) [S, K, C] of Eq. 5
+    predicted = run.to_trajectory(traj.plan)                  # measured like any trajectory
+
+Shape letters: S steps, K classes, Q query tokens of the classes, C context tokens (the union
+of the classes' supports), O output rows (the classes' next tokens and one row for the rest).
+
+The vocabulary is compressed, and the compression is exact: Z[m, l] and Y[:, l] of a token l
+outside every support get no gradient, and the output tokens that are no class's next token
+start equal and get equal gradients, so they stay equal and are one row of Y that enters the
+softmax with multiplicity M - (O - 1).  With zero initialisation (the paper's) a run on
+`Population.from_classes(classes)` equals `yz.train_yz(classes, population=True)` (tested).
+
+>>> from scansnap_lens.synthetic import syn_small
+>>> pop = Population.from_classes(syn_small())
+>>> run = predict(pop, lr_y=1.0, lr_z=1.0, steps=[0, 10, 100])
+>>> run.Z.shape, run.attention().shape   # [S, Q, C], [S, K, C]
+(torch.Size([3, 2, 30]), torch.Size([3, 2, 30]))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm.auto import tqdm
+
+__all__ = ["Population", "PopulationRun", "predict"]
+
+
+@dataclass(frozen=True)
+class Population:
+    """Classes k = (query[k], next_token[k]) with weight[k] (their share of the training loss)
+    and probs[k] = P(l|m, n) over `tokens` [C] (context ids, ascending), vocabulary M."""
+
+    query: Tensor  # [K]
+    next_token: Tensor  # [K]
+    weight: Tensor  # [K] float64
+    probs: Tensor  # [K, C] float64, rows sum to 1
+    tokens: Tensor  # [C]
+    vocab_size: int
+
+    def __post_init__(self) -> None:
+        K = self.query.numel()
+        if K == 0:
+            raise ValueError("a population needs at least one class")
+        if self.probs.shape != (K, self.tokens.numel()):
+            raise ValueError(f"probs must be [K={K}, C={self.tokens.numel()}]")
+        if (self.weight <= 0).any():
+            raise ValueError("class weights must be positive")
+
+    @property
+    def num_classes(self) -> int:
+        return self.query.numel()
+
+    @property
+    def queries(self) -> Tensor:
+        """[Q] the distinct query tokens, ascending."""
+        return torch.unique(self.query)
+
+    def classes_of(self, query: int) -> Tensor:
+        """Indices of the classes whose query is `query`."""
+        return (self.query == int(query)).nonzero().flatten()
+
+    @classmethod
+    def from_stats(
+        cls,
+        stats,
+        classes: Iterable[tuple[int, int]] | None = None,
+        loss_positions: int | None = None,
+        vocab_size: int | None = None,
+    ) -> Population:
+        """The classes (m, n) of `stats` (all, or those given that occur), P(l|m, n) from the
+        counts, and weight N(m, n) / `loss_positions`: the number of positions the training
+        loss averages over in the counted corpus.  Default: every next-token prediction,
+        ``num_tokens - num_rows`` (a language model's loss); a model trained on the last
+        position of each row only (the demo) passes ``stats.num_rows``.  `vocab_size`: the
+        model's output vocabulary M when it is larger than the statistics' (a padded d_vocab)."""
+        V = stats.vocab_size
+        if vocab_size is not None and vocab_size < V:
+            raise ValueError(f"vocab_size {vocab_size} is below the statistics' {V}")
+        keys = stats.query * V + stats.next_token
+        if classes is None:
+            index = torch.arange(stats.num_classes)
+        else:
+            wanted = torch.tensor([int(m) * V + int(n) for m, n in classes], dtype=torch.long)
+            index = torch.isin(keys, wanted).nonzero().flatten()
+            if index.numel() == 0:
+                raise ValueError(
+                    "none of the classes (m, n) occurs in the statistics: count them on the"
+                    " corpus the model was trained on, with the same tokenizer"
+                )
+        positions = loss_positions or (stats.num_tokens - stats.num_rows)
+        if positions <= 0:
+            raise ValueError(f"loss_positions must be positive, got {positions}")
+        triple_class = stats.triple_class
+        keep = torch.isin(triple_class, index)
+        tokens, column = torch.unique(stats.token[keep], return_inverse=True)
+        row = torch.searchsorted(index, triple_class[keep])
+        counts = torch.zeros(index.numel(), tokens.numel(), dtype=torch.float64)
+        counts.index_put_((row, column), stats.count[keep].double(), accumulate=True)
+        total = counts.sum(1, keepdim=True)
+        if (total == 0).any():
+            raise ValueError("a class has no context tokens left (pruned statistics?)")
+        return cls(
+            query=stats.query[index].clone(),
+            next_token=stats.next_token[index].clone(),
+            weight=stats.events[index].double() / positions,
+            probs=counts / total,
+            tokens=tokens,
+            vocab_size=vocab_size or V,
+        )
+
+    @classmethod
+    def from_classes(cls, classes) -> Population:
+        """The lab's `SequenceClasses`: uniform weights 1/K (the population loss's mean)."""
+        support = classes.support().any(0)
+        tokens = support.nonzero().flatten()
+        K = classes.num_classes
+        return cls(
+            query=classes.query.clone(),
+            next_token=classes.next_token.clone(),
+            weight=torch.full((K,), 1.0 / K, dtype=torch.float64),
+            probs=classes.probs[:, tokens].double(),
+            tokens=tokens,
+            vocab_size=classes.vocab_size,
+        )
+
+    @classmethod
+    def of(
+        cls, source, classes=None, loss_positions: int | None = None, vocab_size=None
+    ) -> Population:
+        """`from_stats` for `CooccurrenceStats`, `from_classes` for `SequenceClasses`, and a
+        `Population` as it is."""
+        if isinstance(source, Population):
+            return source
+        if hasattr(source, "probs") and hasattr(source, "sample"):
+            return cls.from_classes(source)
+        if hasattr(source, "events") and hasattr(source, "offsets"):
+            return cls.from_stats(source, classes, loss_positions, vocab_size)
+        raise TypeError(
+            f"expected CooccurrenceStats, SequenceClasses or Population, got {type(source)}"
+        )
+
+
+@dataclass
+class PopulationRun:
+    """A population run: Z [S, Q, C] (logits of each query of `population.queries` over its
+    `population.tokens`) at `steps` [S], and the loss [S] there."""
+
+    population: Population
+    steps: Tensor
+    Z: Tensor
+    loss: Tensor
+    training: dict
+
+    def attention(self) -> Tensor:
+        """c[l|n] of Eq. 5 for every class: [S, K, C]."""
+        pop = self.population
+        q = torch.searchsorted(pop.queries, pop.query)
+        return torch.softmax(self.Z[:, q] + pop.probs.log(), dim=-1)
+
+    def to_trajectory(self, plan):
+        """The prediction as a one-head `Trajectory` on `plan`'s slots: zbar of a pair (m, l)
+        is Z[m, l] (0 where the statistics never put l in a context of m: it never moves), chat
+        of a class the population lacks is NaN."""
+        from .trajectory import Trajectory
+
+        pop = self.population
+        S = self.steps.numel()
+        q_pos = torch.searchsorted(pop.queries, plan.pair_query).clamp_max(pop.queries.numel() - 1)
+        t_pos = torch.searchsorted(pop.tokens, plan.pair_token).clamp_max(pop.tokens.numel() - 1)
+        held = (pop.queries[q_pos] == plan.pair_query) & (pop.tokens[t_pos] == plan.pair_token)
+        zbar = torch.where(held, self.Z[:, q_pos, t_pos], torch.zeros(()))
+
+        V = plan.vocab_size
+        pop_keys = pop.query * V + pop.next_token
+        order = torch.argsort(pop_keys)
+        sorted_keys = pop_keys[order]
+        k_pos = torch.searchsorted(sorted_keys, plan.class_keys).clamp_max(pop.num_classes - 1)
+        k_held = sorted_keys[k_pos] == plan.class_keys
+        k_idx = order[k_pos][plan.triple_class]  # [Pc] population class of each chat slot
+        t_of = torch.searchsorted(pop.tokens, plan.triple_token).clamp_max(pop.tokens.numel() - 1)
+        chat_held = k_held[plan.triple_class] & (pop.tokens[t_of] == plan.triple_token)
+        chat = self.attention()[:, k_idx, t_of]
+        chat = torch.where(chat_held, chat, torch.zeros(()))
+        chat[:, ~k_held[plan.triple_class]] = math.nan
+        nan = torch.full((S, 1, 1, plan.num_classes), math.nan)
+        return Trajectory(
+            plan,
+            self.steps.clone(),
+            layers=[0],
+            heads=[0],
+            zbar=zbar[:, None, None].float(),
+            chat=chat[:, None, None].float(),
+            entropy=nan,
+            query_entropy=torch.full((S, 1, 1, plan.num_queries), math.nan),
+            meta={"source": "population prediction", **self.training},
+        )
+
+
+def _loss(Y: Tensor, Z: Tensor, pop: Population, q: Tensor, target: Tensor, log_mult: Tensor):
+    c = torch.softmax(Z[q] + pop.probs.log(), dim=-1)  # [K, C]
+    f = c / c.norm(dim=-1, keepdim=True)
+    logits = f @ Y.T + log_mult  # [K, O]
+    return (F.cross_entropy(logits, target, reduction="none") * pop.weight).sum()
+
+
+def predict(
+    population: Population,
+    lr_y: float,
+    lr_z: float,
+    steps: Sequence[int] | Tensor,
+    optimizer: str = "sgd",
+    momentum: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    dtype: torch.dtype = torch.float64,
+    progress: bool = False,
+) -> PopulationRun:
+    """Train the population Y/Z model from zero (the paper's start) with the optimizer the model
+    used (PyTorch's SGD with `momentum`, or Adam with `betas`, `eps`) at the rates `lr_y`
+    (decoder Y) and `lr_z` (attention Z), keeping Z at `steps` (checkpoint steps, ascending)."""
+    steps_t = torch.as_tensor(steps, dtype=torch.long).flatten()
+    if steps_t.numel() == 0 or (steps_t < 0).any() or (torch.diff(steps_t) <= 0).any():
+        raise ValueError("steps must be non-negative and strictly ascending")
+    if not (lr_y > 0 and lr_z > 0 and math.isfinite(lr_y) and math.isfinite(lr_z)):
+        raise ValueError(f"rates must be positive and finite, got lr_y={lr_y}, lr_z={lr_z}")
+    if optimizer not in ("sgd", "adam"):
+        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+    pop = population
+    queries = pop.queries
+    q = torch.searchsorted(queries, pop.query)
+    outputs, target = torch.unique(pop.next_token, return_inverse=True)
+    rest = pop.vocab_size - outputs.numel()
+    mult = torch.cat([torch.ones(outputs.numel(), dtype=dtype), torch.tensor([float(rest)])])
+    if rest == 0:
+        mult = mult[:-1]
+    log_mult = mult.to(dtype).log()
+    C = pop.tokens.numel()
+    Y = torch.zeros(mult.numel(), C, dtype=dtype, requires_grad=True)
+    Z = torch.zeros(queries.numel(), C, dtype=dtype, requires_grad=True)
+    pop = Population(
+        pop.query, pop.next_token, pop.weight.to(dtype), pop.probs.to(dtype), pop.tokens,
+        pop.vocab_size,
+    )  # fmt: skip
+    rates = (lr_y, lr_z)
+    state = [[torch.zeros_like(p), torch.zeros_like(p)] for p in (Y, Z)]
+    keep = set(steps_t.tolist())
+    snaps, losses = [], []
+    last = int(steps_t[-1])
+    for step in tqdm(range(last + 1), desc="population", disable=not progress):
+        loss = _loss(Y, Z, pop, q, target, log_mult)
+        if step in keep:
+            snaps.append(Z.detach().clone())
+            losses.append(float(loss.detach()))
+        if step == last:
+            break
+        gy, gz = torch.autograd.grad(loss, (Y, Z))
+        gy = gy / mult[:, None]  # the rest row stands for `rest` rows, each with its own share
+        with torch.no_grad():
+            for p, g, rate, (m1, m2) in zip((Y, Z), (gy, gz), rates, state):
+                if optimizer == "sgd":
+                    m1.mul_(momentum).add_(g)
+                    p.sub_(rate * m1)
+                else:
+                    t = step + 1
+                    m1.mul_(betas[0]).add_(g, alpha=1 - betas[0])
+                    m2.mul_(betas[1]).addcmul_(g, g, value=1 - betas[1])
+                    m_hat = m1 / (1 - betas[0] ** t)
+                    v_hat = m2 / (1 - betas[1] ** t)
+                    p.sub_(rate * m_hat / (v_hat.sqrt() + eps))
+    training = {"lr_y": lr_y, "lr_z": lr_z, "optimizer": optimizer, "momentum": momentum}
+    return PopulationRun(
+        population,
+        steps_t,
+        torch.stack(snaps).double(),
+        torch.tensor(losses, dtype=torch.float64),
+        training,
+    )

@@ -1,0 +1,114 @@
+"""fit: Theorem 3's bounds with rho0 from data, and heads scored against the prediction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from scansnap_lens import measure
+from scansnap_lens.groups import TokenGroups
+from scansnap_lens.synthetic import syn_medium, syn_small
+from scansnap_lens.theory import PhaseTransition, rho0
+from scansnap_lens.yz import train_yz
+
+RATES = {"lr_z": [0.5, 1.0], "ratio": [4.0, 2.0]}  # two heads: eta_Y = 2 and 2, eta_Z = .5, 1
+
+
+@pytest.fixture(scope="module")
+def lab():
+    classes = syn_medium(1)
+    run = train_yz(
+        classes,
+        **RATES,
+        seeds=[0, 1],
+        steps=400,
+        population=True,
+        momentum=0.0,
+        snapshot_every=10,
+    )
+    return classes, TokenGroups.from_synthetic(classes), run.to_trajectory()
+
+
+def test_rho0_is_the_initial_overlap():
+    g = np.random.default_rng(0)
+    probs = g.random((4, 9)) * (g.random((4, 9)) > 0.4)
+    probs /= probs.sum(1, keepdims=True)
+    f = probs / np.linalg.norm(probs, axis=1, keepdims=True)
+    overlaps = [f[i] @ f[j] for i in range(4) for j in range(4) if i != j]
+    assert rho0(probs) == pytest.approx(np.mean(overlaps) ** -0.5, rel=1e-12)
+    assert rho0(np.eye(3)) == math.inf  # no shared context token
+    assert math.isnan(rho0(probs[:1]))
+
+
+def test_population_lab_fits_its_own_prediction(lab):
+    """The population lab is the theory's own dynamics: every score is perfect, per head at
+    that head's rates."""
+    classes, groups, traj = lab
+    fit = measure.theory_fit(traj, classes, groups)
+    final = fit.final()
+    assert final["rank_agreement"].tolist() == pytest.approx([1.0, 1.0], abs=1e-12)
+    # the lab runs in float32, the prediction in float64
+    assert final["dz_corr"].tolist() == pytest.approx([1.0, 1.0], abs=1e-5)
+    assert final["snap_ratio"].tolist() == pytest.approx([1.0, 1.0], abs=1e-3)
+    assert fit.values.shape == (traj.num_steps, 1, 2)
+    assert final["population_snap"].iloc[0] != final["population_snap"].iloc[1]  # own rates
+
+
+def test_sampled_lab_fits_closely():
+    """Finite sequences (T = 128) instead of the T -> infinity limit: close, not exact."""
+    classes = syn_small()
+    run = train_yz(classes, **RATES, seeds=[0, 1], steps=400, snapshot_every=10)
+    fit = measure.theory_fit(run.to_trajectory(), classes, TokenGroups.from_synthetic(classes))
+    final = fit.final()
+    assert (final["rank_agreement"] > 0.9).all()
+    assert (final["dz_corr"] > 0.95).all()
+    assert final["snap_ratio"].between(0.8, 1.25).all()
+
+
+def test_a_head_against_the_theory_scores_badly(lab):
+    """The same trajectory with every logit change and attention order reversed: -1."""
+    classes, groups, traj = lab
+    reversed_ = replace(traj, zbar=2 * traj.zbar[:1] - traj.zbar, chat=-traj.chat)
+    final = measure.theory_fit(reversed_, classes, groups).final()
+    assert final["dz_corr"].tolist() == pytest.approx([-1.0, -1.0], abs=1e-5)
+    assert final["rank_agreement"].tolist() == pytest.approx([-1.0, -1.0], abs=1e-12)
+
+
+def test_growth_bounds_use_theorem_4_with_data_rho0(lab):
+    classes, groups, traj = lab
+    bounds = measure.growth_bounds(traj, groups, classes)
+    detail = bounds.detail
+    r0 = rho0(classes.probs.double().numpy())
+    assert detail["rho0"].tolist() == pytest.approx([r0] * len(detail))
+    assert (detail["K"] == classes.num_classes).all()
+    t = float(traj.steps[-1])
+    for head, (lr_z, ratio) in enumerate(zip(RATES["lr_z"], RATES["ratio"])):
+        theory = PhaseTransition(classes.num_classes, classes.vocab_size, lr_z * ratio, lr_z, r0)
+        B = detail.loc[detail["head"] == head, "B"]
+        assert B.tolist() == pytest.approx([float(theory.B_integral(t))] * len(B), rel=1e-12)
+    # the measured dz is the logit change of the most frequent distinct token
+    k = 0
+    l0 = int(groups.distinct[k][torch.argmax(groups.distinct_p[k])])
+    m = int(groups.query[k])
+    slot = int(((traj.plan.pair_query == m) & (traj.plan.pair_token == l0)).nonzero())
+    dz = float(traj.zbar[-1, 0, 0, slot] - traj.zbar[0, 0, 0, slot])
+    assert detail["dz"].iloc[0] == pytest.approx(dz, rel=1e-6)
+    # rho0 = 1 (the paper's default) makes C0 smaller and the bound larger
+    ones = measure.growth_bounds(traj, groups, classes, rho0_value=1.0).detail
+    assert r0 > 1 and (ones["B"] > detail["B"]).all()
+    assert bounds.values.shape == (traj.num_steps, 1, 2)
+
+
+def test_adam_has_no_bound_and_missing_rates_are_named(lab):
+    classes, groups, traj = lab
+    adam = replace(traj, meta={**traj.meta, "optimizer": "adam"})
+    assert measure.growth_bounds(adam, groups, classes).detail["B"].isna().all()
+    bare = replace(traj, meta={"source": "yz"})
+    with pytest.raises(ValueError, match="does not say how the model was trained"):
+        measure.theory_fit(bare, classes, groups)
+    fit = measure.theory_fit(bare, classes, groups, training={"lr_y": 2.0, "lr_z": 0.5})
+    assert fit.final()["dz_corr"].iloc[0] == pytest.approx(1.0, abs=1e-5)
