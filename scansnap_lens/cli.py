@@ -247,6 +247,8 @@ def _report(args: argparse.Namespace) -> int:
     from .report import write_report
     from .trajectory import Trajectory
 
+    if (args.lr_y is None) != (args.lr_z is None):
+        raise ValueError("--lr-y and --lr-z go together: give both or neither")
     traj = Trajectory.load(args.trajectory)
     stats = CooccurrenceStats.load(args.stats)
     check_vocabulary(stats.vocab_size, traj.plan)
@@ -262,8 +264,6 @@ def _report(args: argparse.Namespace) -> int:
     )
     out = args.out or Path(args.trajectory) / "report"
     training = None
-    if (args.lr_y is None) != (args.lr_z is None):
-        raise ValueError("--lr-y and --lr-z go together: give both or neither")
     if args.lr_y is not None:
         training = {
             "lr_y": args.lr_y,

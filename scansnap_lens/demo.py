@@ -125,8 +125,7 @@ def run_demo(
         groups,
         out / "report",
         title=f"scansnap_lens demo: {data}, {steps} steps",
-        source=stats,
-        loss_positions=stats.num_rows,  # the loss is on each row's last position only
+        source=stats,  # the training meta says the loss is on each row's last position
     )
     training.to_dataframe().to_csv(out / "report" / "loss.csv", index=False)
     return DemoResult(training, stats, groups, trajectory, report)

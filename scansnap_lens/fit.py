@@ -41,6 +41,12 @@ __all__ = ["growth_bounds", "theory_checks", "theory_fit"]
 def _population(traj: Trajectory, source, loss_positions: int | None, classes=None):
     if classes is None:
         classes = list(zip(traj.plan.class_query.tolist(), traj.plan.class_next.tolist()))
+    if (
+        loss_positions is None
+        and traj.meta.get("loss_on") == "last"
+        and hasattr(source, "num_rows")
+    ):
+        loss_positions = source.num_rows  # `train(loss_on="last")`: one position per row
     return Population.of(source, classes, loss_positions, traj.plan.vocab_size)
 
 
@@ -58,12 +64,7 @@ def _plan_population(traj: Trajectory) -> Population:
 
 
 def _head_training(traj: Trajectory, training: dict | None) -> list[dict]:
-    if training is not None:
-        missing = {"lr_y", "lr_z"} - set(training)
-        if missing:
-            raise ValueError(f"training needs {sorted(missing)}")
-        return [{"optimizer": "sgd", "momentum": 0.0, **training}] * len(traj.heads)
-    found = training_of(traj)
+    found = training_of(traj, training)
     if found is None:
         raise ValueError(
             "the trajectory does not say how the model was trained (its meta has no lr_y and"
@@ -234,6 +235,8 @@ def theory_fit(
     ``snap_ratio`` = snap_step / population_snap.
     ``values``: dz_corr [S, L, H]; ``detail``: rank agreement per class at the last step.
 
+    loss_positions: see `population.Population.from_stats`; by default every next-token
+    prediction, or one per row where the trajectory's meta says ``loss_on: "last"``.
     classes: pairs (m, n) to predict (default: every tracked class).  Each class carries its
     own weight N(m, n) / loss positions, so a subset evolves as it would among the others
     except through the parameters it shares with them; a smaller set is faster.

@@ -481,15 +481,22 @@ def effective_rate(lr: float, optimizer: str = "sgd", momentum: float = 0.0) -> 
     return float(lr) / (1.0 - float(momentum))
 
 
-def training_of(traj: Trajectory) -> list[dict] | None:
+def training_of(traj: Trajectory, training: dict | None = None) -> list[dict] | None:
     """How each head was trained, as the training wrote it: per head a dict with the nominal
     ``lr_y``, ``lr_z``, ``optimizer`` and ``momentum``; None where the trajectory does not say.
+    `training` (``lr_y`` and ``lr_z``, optionally ``optimizer``, ``momentum``) overrides it.
 
     The trajectory's meta holds what the training wrote (`train`, `Recorder.on_checkpoint(...,
     training=)`, ``training.json`` beside checkpoints); the Y/Z lab holds ``lr_z`` and
     ``ratio`` per run (one head per run); trajectories written before ``lr_y`` / ``lr_z`` hold
     ``lr`` and ``lr_attention``.
     """
+    if training is not None:
+        missing = {"lr_y", "lr_z"} - set(training)
+        if missing:
+            raise ValueError(f"training needs {sorted(missing)}")
+        given = {"optimizer": "sgd", "momentum": 0.0, **training}
+        return [{k: given[k] for k in ("lr_y", "lr_z", "optimizer", "momentum")}] * len(traj.heads)
     meta = traj.meta
     optimizer = meta.get("optimizer", "sgd")
     momentum = float(meta.get("momentum", 0.0))
@@ -505,26 +512,28 @@ def training_of(traj: Trajectory) -> list[dict] | None:
     return [{"lr_y": y, "lr_z": z, "optimizer": optimizer, "momentum": momentum} for y, z in pairs]
 
 
-def known_rates(traj: Trajectory) -> list[tuple[float, float] | None] | None:
+def known_rates(
+    traj: Trajectory, training: dict | None = None
+) -> list[tuple[float, float] | None] | None:
     """Effective (eta_Y, eta_Z) per head (`effective_rate` of `training_of`), None for a head
     trained with Adam, or None where the trajectory does not say how it was trained."""
-    training = training_of(traj)
-    if training is None:
+    settings = training_of(traj, training)
+    if settings is None:
         return None
     out = []
-    for t in training:
+    for t in settings:
         y = effective_rate(t["lr_y"], t["optimizer"], t["momentum"])
         z = effective_rate(t["lr_z"], t["optimizer"], t["momentum"])
         out.append(None if y is None or z is None else (y, z))
     return out
 
 
-def theory_of(traj: Trajectory) -> list | None:
+def theory_of(traj: Trajectory, training: dict | None = None) -> list | None:
     """A `theory.PhaseTransition` per head (None for a head with no effective rate) where the
     training is known (`known_rates`); K is the number of next tokens and M the vocabulary."""
     from .theory import PhaseTransition
 
-    rates = known_rates(traj)
+    rates = known_rates(traj, training)
     if rates is None:
         return None
     K = int(traj.plan.class_next.unique().numel())
@@ -532,22 +541,27 @@ def theory_of(traj: Trajectory) -> list | None:
     return [None if r is None else PhaseTransition(K=K, M=M, lr_y=r[0], lr_z=r[1]) for r in rates]
 
 
-def predicted_snap(traj: Trajectory) -> list[float] | None:
+def predicted_snap(traj: Trajectory, training: dict | None = None) -> list[float] | None:
     """The theory's transition t0 = 2 (1 + delta') K ln M / eta_Y (Sec. 6) per head at the
     effective rates (`known_rates`); NaN for a head trained with Adam."""
-    theories = theory_of(traj)
+    theories = theory_of(traj, training)
     return None if theories is None else [math.nan if t is None else t.t0 for t in theories]
 
 
 def summarize(
-    traj: Trajectory, groups: TokenGroups, prediction=None, checks: dict | None = None
+    traj: Trajectory,
+    groups: TokenGroups,
+    prediction=None,
+    checks: dict | None = None,
+    training: dict | None = None,
 ) -> pd.DataFrame:
     """One row per layer and head: scan scores and sparsity at the last checkpoint, snap steps,
     and the theory's transition t0 (`prediction`: one value, one per head, or by default
     `predicted_snap(traj)`; NaN where unknown).  `checks`: measurements of
     `fit.theory_checks`, whose last-checkpoint columns join the row (``bound_ratio``,
     ``inside`` of `growth_bounds`; ``population_snap``, ``snap_ratio``, ``rank_agreement``,
-    ``dz_corr`` of `theory_fit`)."""
+    ``dz_corr`` of `theory_fit`).  `training`: the rates if the trajectory does not hold them
+    (see `training_of`)."""
     from .fit import SUMMARY_COLUMNS
 
     snap = snapping(traj).table  # attention movement of every tracked class
@@ -572,7 +586,7 @@ def summarize(
         out = out.merge(part, on=["layer", "head"], how="left")
     out["final_step"] = int(traj.steps[-1])
     if prediction is None:
-        prediction = predicted_snap(traj)
+        prediction = predicted_snap(traj, training)
     if prediction is None:
         out["predicted_snap"] = math.nan
     elif isinstance(prediction, int | float):

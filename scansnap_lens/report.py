@@ -146,7 +146,7 @@ def write_report(
         except ValueError as err:
             why["growth_bounds"] = str(err)
     not_measured.update(why)
-    summary = measure.summarize(traj, groups, prediction, checks=checks)
+    summary = measure.summarize(traj, groups, prediction, checks=checks, training=training)
     results: dict[str, measure.Measurement] = {}
     for name, fn in (
         ("discriminative_bias", measure.discriminative_bias),
@@ -264,7 +264,7 @@ def write_report(
         figure(
             "theory",
             "Theory: growth factor bound and t0 (dotted) against the measured snap (dashed)",
-            lambda p: _theory_figure(traj, summary, p),
+            lambda p: _theory_figure(traj, summary, p, training),
         )
 
     theory_html = ""
@@ -409,10 +409,10 @@ def _overview(traj: Trajectory, groups: TokenGroups) -> str:
     return f"<table class='overview'>{rows}</table>"
 
 
-def _theory_figure(traj: Trajectory, summary: pd.DataFrame, path: Path):
+def _theory_figure(traj: Trajectory, summary: pd.DataFrame, path: Path, training=None):
     from .viz import figures
 
-    theories = {(t.lr_y, t.lr_z): t for t in measure.theory_of(traj) if t is not None}
+    theories = {(t.lr_y, t.lr_z): t for t in measure.theory_of(traj, training) if t is not None}
     theories = list(theories.values())  # one curve per distinct pair of rates
     snap = float(summary["snap_step"].iloc[0])
     measured = [snap] if len(theories) == 1 and math.isfinite(snap) else []

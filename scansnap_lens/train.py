@@ -265,6 +265,7 @@ def train(
         "lr_z": float(lr_attention),
         "optimizer": optimizer,
         "momentum": float(momentum) if optimizer == "sgd" else 0.0,
+        "loss_on": loss_on,  # which positions the loss averages over (`fit.theory_fit`)
     }
     if out is not None:
         out = Path(out)

@@ -372,6 +372,10 @@ BAD_ARGUMENTS = [  # (arguments, what the message must say): argparse exits 2
      "--vocab-size: must lie in [1, 2147483647]"),
     (["record", "--checkpoints", "x", "--tokens", "t", "--out", "o", "--device", "quantum"],
      "not a device"),
+    (["report", "t", "--stats", "s", "--lr-y", "0.1", "--lr-z", "3", "--momentum", "1"],
+     "--momentum: must lie in [0, 1)"),
+    (["report", "t", "--stats", "s", "--lr-y", "0", "--lr-z", "3"],
+     "--lr-y: must be a positive finite number"),
 ]  # fmt: skip
 if not torch.cuda.is_available():
     BAD_ARGUMENTS.append(
@@ -386,6 +390,24 @@ def test_bad_arguments_exit_2_before_anything_is_written(args, message, tmp_path
         main(args)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_report_takes_the_rates_or_reads_them(own_run, demo_out, tmp_path, capsys):
+    """The rates the trajectory recorded, or --lr-y/--lr-z (both or neither, checked before
+    anything is read); the theory's prediction follows them."""
+    out, _ = demo_out
+    stats = tmp_path / "stats.safetensors"
+    root, _ = own_run
+    assert main(["stats", str(root / "corpus.safetensors"), "--out", str(stats)]) == 0
+    base = ["report", str(out / "trajectory"), "--stats", str(stats)]
+    assert main([*base, "--lr-y", "0.1"]) == 2
+    assert "--lr-y and --lr-z go together" in capsys.readouterr().err
+    assert not (out / "trajectory" / "report").exists()
+    assert main([*base, "--out", str(tmp_path / "a")]) == 0  # the demo's recorded 0.1 / 3
+    assert main([*base, "--out", str(tmp_path / "b"), "--lr-y", "0.4", "--lr-z", "3"]) == 0
+    read = [json.loads((tmp_path / f / "summary.json").read_text())["summary"][0] for f in "ab"]
+    assert read[0]["population_snap"] != read[1]["population_snap"]
+    assert read[0]["predicted_snap"] == pytest.approx(4 * read[1]["predicted_snap"])  # 1/eta_Y
 
 
 def test_every_kth_checkpoint_that_leaves_one_is_an_error(own_run, tmp_path, capsys):

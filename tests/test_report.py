@@ -71,10 +71,25 @@ def test_report_contents_match_the_measurements(demo_out):
     final = bias[bias["step"] == bias["step"].max()]
     assert final["bias"].iloc[0] == pytest.approx(summary["bias"].iloc[0])
     assert np.allclose(final["dz_distinct"] - final["dz_common"], final["bias"])
-    for name in ("logit_change", "frequency_bias", "entropy", "class_attention", "theory"):
+    figures = ["logit_change", "frequency_bias", "entropy", "class_attention", "theory",
+               "growth_bounds", "theory_fit", "predicted_attention"]  # fmt: skip
+    for name in figures:
         assert (folder / "figures" / f"{name}.png").stat().st_size > 5000, name
     assert saved["not_measured"] == {}
     assert saved["steps"] == Trajectory.load(out / "trajectory").steps.tolist()
+    # the theory's checks: the summary holds their last checkpoint, the page says them
+    fit = pd.read_csv(folder / "theory_fit.csv")
+    last = fit[fit["step"] == fit["step"].max()]
+    for column in ("rank_agreement", "dz_corr", "population_snap", "snap_ratio"):
+        assert summary[column].iloc[0] == pytest.approx(last[column].iloc[0]), column
+    assert summary["snap_ratio"].iloc[0] == pytest.approx(
+        summary["snap_step"].iloc[0] / summary["population_snap"].iloc[0]
+    )
+    bounds = pd.read_csv(folder / "growth_bounds_detail.csv")
+    assert summary["bound_ratio"].iloc[0] == pytest.approx(bounds["bound_ratio"].median())
+    page_text = (folder / "report.html").read_text()
+    assert "Theory against measurement" in page_text
+    assert f"rho0 = {bounds['rho0'].iloc[0]:.3g} from the data" in page_text
 
 
 def test_views_hold_the_recorded_attention(demo_out, tmp_path):
