@@ -69,10 +69,14 @@ def run_demo(
     seed: int = 0,
     progress: bool = True,
     overwrite: bool = False,
+    optimizer: str = "sgd",
+    momentum: float = 0.0,
 ) -> DemoResult:
     """Train, record, measure and report into `out` (``out/report/report.html``).
 
-    A folder that holds a demo of other settings is refused unless `overwrite`."""
+    `lr` is eta_Y (every parameter but W_Q, W_K), `lr_attention` eta_Z; `optimizer` "sgd"
+    (with `momentum`) or "adam".  A folder that holds a demo of other settings is refused
+    unless `overwrite`."""
     if data not in DEMO_DATA:
         raise ValueError(f"data must be one of {sorted(DEMO_DATA)}, got {data!r}")
     out = Path(out)
@@ -112,6 +116,8 @@ def run_demo(
         steps=steps,
         lr=lr,
         lr_attention=lr_attention,
+        optimizer=optimizer,
+        momentum=momentum,
         batch_size=64,
         checkpoints=checkpoints,
         loss_on="last",

@@ -57,9 +57,9 @@ def _plan_population(traj: Trajectory) -> Population:
     counts = torch.zeros(plan.num_classes, tokens.numel(), dtype=torch.float64)
     counts.index_put_((plan.triple_class, column), plan.triple_count.double(), accumulate=True)
     events = plan.class_events.double()
-    return Population(
-        plan.class_query, plan.class_next, events / events.sum(), counts / counts.sum(1, True),
-        tokens, plan.vocab_size,
+    return Population.from_dense(
+        plan.class_query, plan.class_next, events / events.sum(),
+        counts / counts.sum(1, True).clamp_min(1), tokens, plan.vocab_size,
     )  # fmt: skip
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -42,13 +42,17 @@ __all__ = ["Population", "PopulationRun", "predict"]
 
 @dataclass(frozen=True)
 class Population:
-    """Classes k = (query[k], next_token[k]) with weight[k] (their share of the training loss)
-    and probs[k] = P(l|m, n) over `tokens` [C] (context ids, ascending), vocabulary M."""
+    """Classes k = (query[k], next_token[k]) with weight[k] (their share of the training loss),
+    and their context distributions P(l|m, n), stored sparse: one triple per (k, l) in the
+    support, l = tokens[triple_column], over the context ids `tokens` [C] (ascending) of a
+    vocabulary of M = `vocab_size` tokens.  `probs` gives them dense, [K, C]."""
 
     query: Tensor  # [K]
     next_token: Tensor  # [K]
     weight: Tensor  # [K] float64
-    probs: Tensor  # [K, C] float64, rows sum to 1
+    triple_class: Tensor  # [T] ascending
+    triple_column: Tensor  # [T]
+    triple_p: Tensor  # [T] float64, > 0, summing to 1 within each class
     tokens: Tensor  # [C]
     vocab_size: int
 
@@ -56,10 +60,32 @@ class Population:
         K = self.query.numel()
         if K == 0:
             raise ValueError("a population needs at least one class")
-        if self.probs.shape != (K, self.tokens.numel()):
-            raise ValueError(f"probs must be [K={K}, C={self.tokens.numel()}]")
         if (self.weight <= 0).any():
             raise ValueError("class weights must be positive")
+        if (self.triple_p <= 0).any():
+            raise ValueError("triples hold the support: every P(l|m, n) must be positive")
+        if torch.unique(self.triple_class).numel() != K:
+            raise ValueError("every class needs at least one context token")
+
+    @classmethod
+    def from_dense(cls, query, next_token, weight, probs, tokens, vocab_size) -> Population:
+        """From probs [K, C] over `tokens` [C] (rows summing to 1)."""
+        probs = torch.as_tensor(probs, dtype=torch.float64)
+        if probs.shape != (len(query), len(tokens)):
+            raise ValueError(f"probs must be [K={len(query)}, C={len(tokens)}]")
+        k, col = (probs > 0).nonzero(as_tuple=True)
+        return cls(
+            torch.as_tensor(query), torch.as_tensor(next_token),
+            torch.as_tensor(weight, dtype=torch.float64), k, col, probs[k, col],
+            torch.as_tensor(tokens), vocab_size,
+        )  # fmt: skip
+
+    @property
+    def probs(self) -> Tensor:
+        """[K, C] P(l|m, n), dense."""
+        dense = torch.zeros(self.num_classes, self.tokens.numel(), dtype=torch.float64)
+        dense[self.triple_class, self.triple_column] = self.triple_p
+        return dense
 
     @property
     def num_classes(self) -> int:
@@ -106,19 +132,21 @@ class Population:
         if positions <= 0:
             raise ValueError(f"loss_positions must be positive, got {positions}")
         triple_class = stats.triple_class
-        keep = torch.isin(triple_class, index)
+        keep = torch.isin(triple_class, index) & (stats.count > 0)
         tokens, column = torch.unique(stats.token[keep], return_inverse=True)
         row = torch.searchsorted(index, triple_class[keep])
-        counts = torch.zeros(index.numel(), tokens.numel(), dtype=torch.float64)
-        counts.index_put_((row, column), stats.count[keep].double(), accumulate=True)
-        total = counts.sum(1, keepdim=True)
+        order = torch.argsort(row * tokens.numel() + column)
+        row, column, counts = row[order], column[order], stats.count[keep][order].double()
+        total = torch.zeros(index.numel(), dtype=torch.float64).index_add_(0, row, counts)
         if (total == 0).any():
             raise ValueError("a class has no context tokens left (pruned statistics?)")
         return cls(
             query=stats.query[index].clone(),
             next_token=stats.next_token[index].clone(),
             weight=stats.events[index].double() / positions,
-            probs=counts / total,
+            triple_class=row,
+            triple_column=column,
+            triple_p=counts / total[row],
             tokens=tokens,
             vocab_size=vocab_size or V,
         )
@@ -126,16 +154,15 @@ class Population:
     @classmethod
     def from_classes(cls, classes) -> Population:
         """The lab's `SequenceClasses`: uniform weights 1/K (the population loss's mean)."""
-        support = classes.support().any(0)
-        tokens = support.nonzero().flatten()
+        tokens = classes.support().any(0).nonzero().flatten()
         K = classes.num_classes
-        return cls(
-            query=classes.query.clone(),
-            next_token=classes.next_token.clone(),
-            weight=torch.full((K,), 1.0 / K, dtype=torch.float64),
-            probs=classes.probs[:, tokens].double(),
-            tokens=tokens,
-            vocab_size=classes.vocab_size,
+        return cls.from_dense(
+            classes.query.clone(),
+            classes.next_token.clone(),
+            torch.full((K,), 1.0 / K, dtype=torch.float64),
+            classes.probs[:, tokens].double(),
+            tokens,
+            classes.vocab_size,
         )
 
     @classmethod
@@ -155,10 +182,22 @@ class Population:
         )
 
 
+def _segment_softmax(logits: Tensor, segment: Tensor, K: int) -> Tensor:
+    """Softmax of `logits` [..., T] within each segment (class) of `segment` [T], K classes."""
+    shape = (*logits.shape[:-1], K)
+    index = segment.expand_as(logits)
+    top = torch.full(shape, -math.inf, dtype=logits.dtype).scatter_reduce(
+        -1, index, logits.detach(), "amax"
+    )  # a shift for stability; softmax does not depend on it
+    e = torch.exp(logits - top.gather(-1, index))
+    total = torch.zeros(shape, dtype=logits.dtype).scatter_add(-1, index, e)
+    return e / total.gather(-1, index)
+
+
 @dataclass
 class PopulationRun:
     """A population run: Z [S, Q, C] (logits of each query of `population.queries` over its
-    `population.tokens`) at `steps` [S], and the loss [S] there."""
+    `population.tokens`) at `steps` [S], the loss [S] there, and the `training` settings."""
 
     population: Population
     steps: Tensor
@@ -166,16 +205,26 @@ class PopulationRun:
     loss: Tensor
     training: dict
 
-    def attention(self) -> Tensor:
-        """c[l|n] of Eq. 5 for every class: [S, K, C]."""
+    def attention_triples(self) -> Tensor:
+        """c[l|n] of Eq. 5 on the population's triples: [S, T]."""
         pop = self.population
-        q = torch.searchsorted(pop.queries, pop.query)
-        return torch.softmax(self.Z[:, q] + pop.probs.log(), dim=-1)
+        q = torch.searchsorted(pop.queries, pop.query)[pop.triple_class]
+        logits = self.Z[:, q, pop.triple_column] + pop.triple_p.log()
+        return _segment_softmax(logits, pop.triple_class, pop.num_classes)
+
+    def attention(self) -> Tensor:
+        """c[l|n] of Eq. 5 for every class, dense: [S, K, C]."""
+        pop = self.population
+        out = torch.zeros(self.steps.numel(), pop.num_classes, pop.tokens.numel(),
+                          dtype=self.Z.dtype)  # fmt: skip
+        out[:, pop.triple_class, pop.triple_column] = self.attention_triples()
+        return out
 
     def to_trajectory(self, plan):
         """The prediction as a one-head `Trajectory` on `plan`'s slots: zbar of a pair (m, l)
-        is Z[m, l] (0 where the statistics never put l in a context of m: it never moves), chat
-        of a class the population lacks is NaN."""
+        is Z[m, l] (0 where the statistics never put l in a context of m: it never moves),
+        chat of a (class, token) outside the statistics' support is 0, and NaN for a class the
+        population lacks."""
         from .trajectory import Trajectory
 
         pop = self.population
@@ -183,19 +232,23 @@ class PopulationRun:
         q_pos = torch.searchsorted(pop.queries, plan.pair_query).clamp_max(pop.queries.numel() - 1)
         t_pos = torch.searchsorted(pop.tokens, plan.pair_token).clamp_max(pop.tokens.numel() - 1)
         held = (pop.queries[q_pos] == plan.pair_query) & (pop.tokens[t_pos] == plan.pair_token)
-        zbar = torch.where(held, self.Z[:, q_pos, t_pos], torch.zeros(()))
+        zbar = torch.where(held, self.Z[:, q_pos, t_pos], torch.zeros((), dtype=self.Z.dtype))
 
         V = plan.vocab_size
         pop_keys = pop.query * V + pop.next_token
         order = torch.argsort(pop_keys)
         sorted_keys = pop_keys[order]
         k_pos = torch.searchsorted(sorted_keys, plan.class_keys).clamp_max(pop.num_classes - 1)
-        k_held = sorted_keys[k_pos] == plan.class_keys
-        k_idx = order[k_pos][plan.triple_class]  # [Pc] population class of each chat slot
-        t_of = torch.searchsorted(pop.tokens, plan.triple_token).clamp_max(pop.tokens.numel() - 1)
-        chat_held = k_held[plan.triple_class] & (pop.tokens[t_of] == plan.triple_token)
-        chat = self.attention()[:, k_idx, t_of]
-        chat = torch.where(chat_held, chat, torch.zeros(()))
+        k_held = sorted_keys[k_pos] == plan.class_keys  # [C_plan]
+        k_of = order[k_pos][plan.triple_class]  # [Pc] the population class of each chat slot
+        col = torch.searchsorted(pop.tokens, plan.triple_token).clamp_max(pop.tokens.numel() - 1)
+        col_held = pop.tokens[col] == plan.triple_token
+        C = pop.tokens.numel()
+        keys = pop.triple_class * C + pop.triple_column  # ascending
+        wanted = k_of * C + col
+        t = torch.searchsorted(keys, wanted).clamp_max(keys.numel() - 1)
+        found = (keys[t] == wanted) & col_held & k_held[plan.triple_class]
+        chat = torch.where(found, self.attention_triples()[:, t], torch.zeros((), dtype=zbar.dtype))
         chat[:, ~k_held[plan.triple_class]] = math.nan
         nan = torch.full((S, 1, 1, plan.num_classes), math.nan)
         return Trajectory(
@@ -212,10 +265,17 @@ class PopulationRun:
 
 
 def _loss(Y: Tensor, Z: Tensor, pop: Population, q: Tensor, target: Tensor, log_mult: Tensor):
-    c = torch.softmax(Z[q] + pop.probs.log(), dim=-1)  # [K, C]
-    f = c / c.norm(dim=-1, keepdim=True)
-    logits = f @ Y.T + log_mult  # [K, O]
-    return (F.cross_entropy(logits, target, reduction="none") * pop.weight).sum()
+    """sum_k weight_k CE(Y f_k + log multiplicity, target_k), f_k = c_k / ||c_k|| (Lemma 2)."""
+    K, C = pop.num_classes, pop.tokens.numel()
+    logits = Z[q[pop.triple_class], pop.triple_column] + pop.triple_p.log()  # [T]
+    c = _segment_softmax(logits, pop.triple_class, K)
+    norm = torch.zeros(K, dtype=c.dtype).index_add(0, pop.triple_class, c * c).sqrt()
+    f = c / norm[pop.triple_class]
+    F_ = torch.sparse_coo_tensor(
+        torch.stack([pop.triple_class, pop.triple_column]), f, (K, C), check_invariants=False
+    )
+    out = torch.sparse.mm(F_, Y.T) + log_mult  # [K, O]
+    return (F.cross_entropy(out, target, reduction="none") * pop.weight).sum()
 
 
 def predict(
@@ -232,7 +292,9 @@ def predict(
 ) -> PopulationRun:
     """Train the population Y/Z model from zero (the paper's start) with the optimizer the model
     used (PyTorch's SGD with `momentum`, or Adam with `betas`, `eps`) at the rates `lr_y`
-    (decoder Y) and `lr_z` (attention Z), keeping Z at `steps` (checkpoint steps, ascending)."""
+    (decoder Y) and `lr_z` (attention Z), keeping Z at `steps` (checkpoint steps, ascending).
+
+    Cost per step: O(T x O) for T triples and O output rows (sparse), not K x C x O."""
     steps_t = torch.as_tensor(steps, dtype=torch.long).flatten()
     if steps_t.numel() == 0 or (steps_t < 0).any() or (torch.diff(steps_t) <= 0).any():
         raise ValueError("steps must be non-negative and strictly ascending")
@@ -245,17 +307,14 @@ def predict(
     q = torch.searchsorted(queries, pop.query)
     outputs, target = torch.unique(pop.next_token, return_inverse=True)
     rest = pop.vocab_size - outputs.numel()
-    mult = torch.cat([torch.ones(outputs.numel(), dtype=dtype), torch.tensor([float(rest)])])
-    if rest == 0:
-        mult = mult[:-1]
-    log_mult = mult.to(dtype).log()
+    mult = torch.ones(outputs.numel() + (rest > 0), dtype=dtype)
+    if rest > 0:
+        mult[-1] = rest
+    log_mult = mult.log()
     C = pop.tokens.numel()
     Y = torch.zeros(mult.numel(), C, dtype=dtype, requires_grad=True)
     Z = torch.zeros(queries.numel(), C, dtype=dtype, requires_grad=True)
-    pop = Population(
-        pop.query, pop.next_token, pop.weight.to(dtype), pop.probs.to(dtype), pop.tokens,
-        pop.vocab_size,
-    )  # fmt: skip
+    pop = replace(pop, weight=pop.weight.to(dtype), triple_p=pop.triple_p.to(dtype))
     rates = (lr_y, lr_z)
     state = [[torch.zeros_like(p), torch.zeros_like(p)] for p in (Y, Z)]
     keep = set(steps_t.tolist())
@@ -283,10 +342,7 @@ def predict(
                     v_hat = m2 / (1 - betas[1] ** t)
                     p.sub_(rate * m_hat / (v_hat.sqrt() + eps))
     training = {"lr_y": lr_y, "lr_z": lr_z, "optimizer": optimizer, "momentum": momentum}
+    Z_snaps = torch.stack(snaps).double()
     return PopulationRun(
-        population,
-        steps_t,
-        torch.stack(snaps).double(),
-        torch.tensor(losses, dtype=torch.float64),
-        training,
+        population, steps_t, Z_snaps, torch.tensor(losses, dtype=torch.float64), training
     )

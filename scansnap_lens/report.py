@@ -115,6 +115,7 @@ def write_report(
     source=None,
     training: dict | None = None,
     loss_positions: int | None = None,
+    checks: dict | None = None,
 ) -> Report:
     """Measure `traj` against `groups` and write the report folder `out`.
 
@@ -124,7 +125,8 @@ def write_report(
     `CooccurrenceStats` (or the lab's `SequenceClasses`), for the theory's checks
     (`fit.theory_checks`: Theorem 3's bounds, attention predicted from the statistics);
     without it the bounds use the evaluation text's statistics and there is no prediction.
-    training, loss_positions: see `fit.theory_fit`.
+    training, loss_positions: see `fit.theory_fit`.  checks: the theory's checks computed
+    already (``{"growth_bounds": ..., "theory_fit": ...}``), used instead of `source`.
     """
     from .viz import figures
     from .viz import views as cv
@@ -137,7 +139,9 @@ def write_report(
 
     from .fit import growth_bounds, theory_checks
 
-    if source is not None:
+    if checks is not None:
+        why = {k: "not given" for k in ("growth_bounds", "theory_fit") if k not in checks}
+    elif source is not None:
         checks, why = theory_checks(traj, groups, source, training, loss_positions)
     else:
         checks, why = {}, {"theory_fit": "needs the training corpus's statistics (source=)"}

@@ -47,7 +47,7 @@ def test_compressed_vocabulary_equals_the_full_one():
     probs[probs < 0.3] = 0  # sparse supports
     probs[:, 0] += 0.1  # every class has a context token
     probs /= probs.sum(1, keepdim=True)
-    pop = Population(
+    pop = Population.from_dense(
         query=torch.tensor([31, 31, 33, 33, 33]),
         next_token=torch.tensor([35, 36, 35, 37, 38]),  # 35 is the next token of two classes
         weight=torch.tensor([0.1, 0.3, 0.05, 0.2, 0.15], dtype=torch.float64),

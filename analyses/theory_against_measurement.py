@@ -1,0 +1,155 @@
+"""Theory against measurement: Theorem 3's bounds with rho0 from data, the snapping time at
+effective rates, and attention predicted from corpus statistics alone, on the Y/Z lab and on
+the demo's transformer.
+
+    python analyses/theory_against_measurement.py --out out/theory [--quick]
+
+1. Lab, population dynamics (the theorems' own setting: plain SGD from zero, T -> infinity):
+   per setting (K, M, eta_Y, eta_Z), the theory's t0, the measured `snap_step`, and the
+   measured ln(chi)/2 of each class's dominant distinct token over Theorem 4's B (bound_ratio;
+   Theorem 3 puts it in [f0^2, 1]) with rho0 from the data and with rho0 = 1.
+2. Optimizers: sampled lab runs (T = 128) and the demo's 1-layer attention-only transformer,
+   trained with SGD, SGD with momentum 0.9 (rates / 10, the same effective rates) and Adam:
+   measured snap_step, t0 at the effective rates (none for Adam), and the snap of the
+   population dynamics integrated with the same optimizer on the training statistics.
+3. Theory fit (`measure.theory_fit`) of every run: rank agreement, logit-change correlation,
+   snap ratio.
+
+Writes lab.csv, optimizers.csv, fit.csv and figures (growth bounds of the lab and the demo,
+predicted against measured attention of the demo) to --out.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+from _common import parser
+
+from scansnap_lens import measure, viz
+from scansnap_lens.demo import run_demo
+from scansnap_lens.groups import TokenGroups
+from scansnap_lens.synthetic import sequence_classes, syn_medium
+from scansnap_lens.theory import PhaseTransition
+from scansnap_lens.yz import train_yz
+
+LAB = {  # name -> (classes, [(eta_Y, eta_Z), ...])
+    "K2": (lambda: syn_medium(1), [(2.0, 0.5), (5.0, 0.5), (1.0, 1.0)]),
+    "K5": (lambda: sequence_classes(1, 5), [(2.0, 0.5), (5.0, 1.0)]),
+    "K10": (lambda: sequence_classes(1, 10, num_common=20), [(2.0, 0.5)]),
+}
+# optimizer -> (eta_Y, eta_Z) of the lab's sampled runs and of the demo transformer
+OPTIMIZERS = {
+    "sgd": {"lab": (2.0, 0.5), "demo": (0.1, 3.0), "momentum": 0.0},
+    "momentum": {"lab": (0.2, 0.05), "demo": (0.01, 0.3), "momentum": 0.9},
+    "adam": {"lab": (0.02, 0.02), "demo": (0.003, 0.03), "momentum": 0.0},
+}
+
+
+def _lab_run(classes, lr_y, lr_z, steps, population, optimizer="sgd", momentum=0.0, seeds=(0,)):
+    run = train_yz(
+        classes, lr_z=lr_z, ratio=lr_y / lr_z, seeds=list(seeds), steps=steps,
+        population=population, init="zero", optimizer=optimizer, momentum=momentum,
+        snapshot_every=max(1, steps // 300),
+    )  # fmt: skip
+    return run.to_trajectory()
+
+
+def lab_bounds(horizon: float) -> tuple[pd.DataFrame, list]:
+    rows, trajectories = [], []
+    for name, (make, rates) in LAB.items():
+        classes = make()
+        groups = TokenGroups.from_synthetic(classes)
+        for lr_y, lr_z in rates:
+            theory = PhaseTransition(classes.num_classes, classes.vocab_size, lr_y, lr_z)
+            steps = int(horizon * theory.t0)
+            traj = _lab_run(classes, lr_y, lr_z, steps, population=True)
+            snap = measure.snapping(traj).table["snap_step"].iloc[0]
+            data = measure.growth_bounds(traj, groups, classes).detail
+            one = measure.growth_bounds(traj, groups, classes, rho0_value=1.0).detail
+            rows.append({
+                "setting": name, "K": classes.num_classes, "M": classes.vocab_size,
+                "lr_y": lr_y, "lr_z": lr_z, "steps": steps, "t0": theory.t0,
+                "snap_step": snap, "snap/t0": snap / theory.t0,
+                "rho0_data": data["rho0"].iloc[0], "f0_sq": data["f0_sq"].median(),
+                "bound_ratio_data": data["bound_ratio"].median(),
+                "inside_data": data["inside"].mean(),
+                "bound_ratio_rho0_1": one["bound_ratio"].median(),
+                "B_rho0_1/B_data": (one["B"] / data["B"]).median(),
+            })  # fmt: skip
+            trajectories.append((f"{name} eta_Y={lr_y:g} eta_Z={lr_z:g}", traj, groups, classes))
+    return pd.DataFrame(rows), trajectories
+
+
+def optimizers(out, demo_steps: int, lab_steps: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    rows, fits = [], []
+    classes = syn_medium(1)
+    groups = TokenGroups.from_synthetic(classes)
+    for name, setting in OPTIMIZERS.items():
+        optimizer = "adam" if name == "adam" else "sgd"
+        lr_y, lr_z = setting["lab"]
+        traj = _lab_run(classes, lr_y, lr_z, lab_steps, False, optimizer, setting["momentum"],
+                        seeds=(0, 1, 2))  # fmt: skip
+        fit = measure.theory_fit(traj, classes, groups).final()
+        t0 = measure.predicted_snap(traj)
+        for head in range(3):
+            rows.append({
+                "model": "lab (T=128)", "optimizer": name, "seed": head, "lr_y": lr_y,
+                "lr_z": lr_z, "snap_step": fit["snap_step"].iloc[head],
+                "t0_effective": t0[head], "population_snap": fit["population_snap"].iloc[head],
+            })  # fmt: skip
+        fits.append(fit.assign(model="lab (T=128)", optimizer=name))
+
+        lr_y, lr_z = setting["demo"]
+        result = run_demo(
+            out / f"demo_{name}", steps=demo_steps, lr=lr_y, lr_attention=lr_z,
+            optimizer=optimizer, momentum=setting["momentum"], progress=False, overwrite=True,
+        )  # fmt: skip
+        summary = result.summary.iloc[0]
+        rows.append({
+            "model": "demo transformer", "optimizer": name, "seed": 0, "lr_y": lr_y,
+            "lr_z": lr_z, "snap_step": summary["snap_step"],
+            "t0_effective": summary["predicted_snap"],
+            "population_snap": summary["population_snap"],
+        })  # fmt: skip
+        keep = ["layer", "head", "rank_agreement", "dz_corr", "snap_step", "population_snap",
+                "snap_ratio", "bound_ratio", "inside", "bias", "auroc"]  # fmt: skip
+        fits.append(result.summary[keep].assign(model="demo transformer", optimizer=name))
+    table = pd.DataFrame(rows)
+    table["snap/t0"] = table["snap_step"] / table["t0_effective"]
+    table["snap/population"] = table["snap_step"] / table["population_snap"]
+    return table, pd.concat(fits, ignore_index=True)
+
+
+def main() -> None:
+    p = parser(__doc__, "out/theory")
+    p.add_argument("--quick", action="store_true", help="shorter runs (about a minute)")
+    args = p.parse_args()
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    pd.set_option("display.width", 200)
+
+    lab, trajectories = lab_bounds(horizon=10 if args.quick else 30)
+    lab.to_csv(out / "lab.csv", index=False)
+    print("Lab, population dynamics (plain SGD from zero): snap and Theorem 3 bounds")
+    print(lab.round(3).to_string(index=False))
+    _, traj, groups, classes = trajectories[0]
+    bounds = measure.growth_bounds(traj, groups, classes)
+    viz.plot_growth_bounds(bounds.table, path=out / "lab_growth_bounds.png")
+
+    table, fits = optimizers(out, demo_steps=300 if args.quick else 1000,
+                             lab_steps=200 if args.quick else 600)  # fmt: skip
+    table.to_csv(out / "optimizers.csv", index=False)
+    fits.to_csv(out / "fit.csv", index=False)
+    print("\nSnap against predictions, by optimizer (t0 at effective rates; none for Adam)")
+    print(table.round(3).to_string(index=False))
+    print("\nTheory fit at the last checkpoint")
+    columns = ["model", "optimizer", "head", "rank_agreement", "dz_corr", "snap_ratio",
+               "bound_ratio", "inside"]  # fmt: skip
+    print(fits[[c for c in columns if c in fits]].round(3).to_string(index=False))
+    print(f"\nwrote {out} in {time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
