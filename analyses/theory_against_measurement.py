@@ -4,6 +4,7 @@ the demo's transformer.
 
     python analyses/theory_against_measurement.py --out out/theory [--quick]
 
+0. Horizon: `snap_step` of population runs cut at 3, 30 and 300 times t0 (SGD, momentum).
 1. Lab, population dynamics (the theorems' own setting: plain SGD from zero, T -> infinity):
    per setting (K, M, eta_Y, eta_Z), the theory's t0, the measured `snap_step`, and the
    measured ln(chi)/2 of each class's dominant distinct token over Theorem 4's B (bound_ratio;
@@ -15,8 +16,8 @@ the demo's transformer.
 3. Theory fit (`measure.theory_fit`) of every run: rank agreement, logit-change correlation,
    snap ratio.
 
-Writes lab.csv, optimizers.csv, fit.csv and figures (growth bounds of the lab and the demo,
-predicted against measured attention of the demo) to --out.
+Writes horizons.csv, lab.csv, optimizers.csv, fit.csv and figures (growth bounds of the lab;
+the demo runs' reports, with their theory sections, under demo_<optimizer>/) to --out.
 """
 
 from __future__ import annotations
@@ -53,6 +54,44 @@ def _lab_run(classes, lr_y, lr_z, steps, population, optimizer="sgd", momentum=0
         snapshot_every=max(1, steps // 300),
     )  # fmt: skip
     return run.to_trajectory()
+
+
+HORIZON = {  # name -> (classes, eta_Y, eta_Z, momentum): eta_Y = 10 eta_Z (Assumption 1)
+    "K2 sgd": (lambda: syn_medium(1), 1.0, 0.1, 0.0),
+    "K2 momentum": (lambda: syn_medium(1), 0.2, 0.02, 0.9),
+    "K5 sgd": (lambda: sequence_classes(1, 5), 2.0, 0.2, 0.0),
+    "K10 sgd": (lambda: sequence_classes(1, 10, num_common=20), 2.0, 0.2, 0.0),
+}
+
+
+def horizon_table(horizons=(3, 30, 300)) -> pd.DataFrame:
+    """snap_step of one population run cut at horizons of h x t0: training longer (the same run
+    continued) must not move it."""
+    rows = []
+    for name, (make, lr_y, lr_z, momentum) in HORIZON.items():
+        classes = make()
+        eff_y, eff_z = lr_y / (1 - momentum), lr_z / (1 - momentum)
+        t0 = PhaseTransition(classes.num_classes, classes.vocab_size, eff_y, eff_z).t0
+        steps = int(max(horizons) * t0) + 1
+        run = train_yz(
+            classes, lr_z=lr_z, ratio=lr_y / lr_z, steps=steps, population=True, init="zero",
+            momentum=momentum, snapshot_every=max(1, round(steps / 3000)),
+        )  # fmt: skip
+        traj = run.to_trajectory()
+        row = {"setting": name, "K": classes.num_classes, "M": classes.vocab_size,
+               "eta_Y_eff": eff_y, "eta_Z_eff": eff_z, "t0": t0}  # fmt: skip
+        for h in horizons:
+            cut = [s for s in traj.steps.tolist() if s <= h * t0]
+            snap = measure.snapping(traj.select(steps=cut)).table.iloc[0]
+            row[f"snap@{h}t0"] = snap["snap_step"]
+            if snap["snap_reason"]:
+                row[f"why@{h}t0"] = snap["snap_reason"]
+        values = [row[f"snap@{h}t0"] for h in horizons]
+        finite = [v for v in values if v == v]
+        row["spread"] = max(finite) / min(finite) - 1 if finite else float("nan")
+        row["snap/t0"] = values[-1] / t0
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def lab_bounds(horizon: float) -> tuple[pd.DataFrame, list]:
@@ -129,6 +168,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     pd.set_option("display.width", 200)
+
+    horizons = horizon_table((3, 10, 30) if args.quick else (3, 30, 300))
+    horizons.to_csv(out / "horizons.csv", index=False)
+    print("snap_step of one run cut at several horizons (population dynamics)")
+    print(horizons.round(3).to_string(index=False))
 
     lab, trajectories = lab_bounds(horizon=10 if args.quick else 30)
     lab.to_csv(out / "lab.csv", index=False)

@@ -22,25 +22,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-SUMMARY_COLUMNS = [
-    "layer",
-    "head",
-    "bias",
-    "auroc",
-    "spearman",
-    "entropy",
-    "distinct_mass",
-    "top_share",
-    "snap_step",
-    "predicted_snap",
-    "population_snap",
-    "rank_agreement",
-    "bound_ratio",
-]
-
 
 def _print_summary(summary: pd.DataFrame) -> None:
-    columns = [c for c in SUMMARY_COLUMNS if c in summary]
+    from .report import KEY_COLUMNS
+
+    columns = [c for c in KEY_COLUMNS if c in summary]
     print(summary[columns].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 
 
@@ -209,6 +195,10 @@ def _record(args: argparse.Namespace) -> int:
     first = _first_loadable(source, args.on_error)
     vocab, tokenizer = int(first.cfg.d_vocab), getattr(first, "tokenizer", None)
     del first
+    if args.tokenizer:  # the user's own checkpoints carry none; strings for the report
+        from .tokens import load_tokenizer
+
+        tokenizer = load_tokenizer(args.tokenizer)
     plan = plan_recording(
         tokens,
         vocab,

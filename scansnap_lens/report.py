@@ -63,8 +63,14 @@ snap_step and attention_entropy over [layer, head].</li>
 """
 
 
+# The columns a reader needs first, in the page and on the command line; every column is in
+# summary.csv and explained under "How to read it".
+KEY_COLUMNS = ["layer", "head", "bias", "auroc", "spearman", "entropy", "distinct_mass",
+               "top_share", "snap_step", "predicted_snap", "population_snap", "rank_agreement",
+               "bound_ratio"]  # fmt: skip
 HEAD_COLUMNS = ["rank", "layer", "head", "auroc", "bias", "spearman", "snap_step",
-                "attention_entropy"]  # fmt: skip
+                "attention_entropy", "dz_corr", "rank_agreement"]  # fmt: skip
+HEAD_GRID = ("bias", "auroc", "snap_step", "attention_entropy", "dz_corr")
 
 
 @dataclass
@@ -240,8 +246,11 @@ def write_report(
     if len(summary) > 1:
         figure(
             "heads",
-            "Every head by layer: scan (bias, AUROC), snap (snap_step) and attention entropy",
-            lambda p: figures.plot_head_grid(summary, traj.layers, traj.heads, path=p),
+            "Every head by layer: scan (bias, AUROC), snap (snap_step), attention entropy and"
+            " theory fit (dz_corr: logit changes against the population dynamics)",
+            lambda p: figures.plot_head_grid(
+                summary, traj.layers, traj.heads, columns=HEAD_GRID, path=p
+            ),
         )
     layer, head = _best_head(summary)
     order = np.argsort(-groups.events.numpy(), kind="stable")[:4].tolist()
@@ -338,7 +347,13 @@ def write_report(
         f"<h1>{html.escape(title)}</h1>",
         _overview(traj, groups),
         "<h2>Summary (one row per layer and head, at the last checkpoint)</h2>",
-        summary.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="–"),
+        summary[[c for c in KEY_COLUMNS if c in summary]]
+        .head(50)
+        .to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="–"),
+        f"<p>The first 50 heads and the main columns; all {len(summary.columns)} columns of"
+        f" every head are in <code>summary.csv</code>.  Each is explained under"
+        " <i>How to read it</i>; a dash is a value that could not be measured (see"
+        " <i>Not measured</i> and the <code>snap_reason</code> column).</p>",
         "<h2>Heads ranked by scan (AUROC, then bias)</h2>",
         ranking[[c for c in HEAD_COLUMNS if c in ranking]]
         .head(20)

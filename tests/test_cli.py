@@ -392,6 +392,24 @@ def test_bad_arguments_exit_2_before_anything_is_written(args, message, tmp_path
     assert message in capsys.readouterr().err
 
 
+def test_record_keeps_the_tokenizer_strings_for_own_checkpoints(own_run, tmp_path, capsys):
+    """Own checkpoints carry no tokenizer: --tokenizer gives the report its words."""
+    from scansnap_lens.text import word_level_tokenizer
+
+    root, classes = own_run
+    words = " ".join(f"w{i}" for i in range(classes.vocab_size))
+    tok = word_level_tokenizer([words])
+    tok.save(str(tmp_path / "tok.json"))
+    args = ["record", "--checkpoints", str(root / "ckpt"), "--tokens"]
+    args += [str(root / "eval.safetensors"), "--out", str(tmp_path / "t")]
+    assert main([*args, "--tokenizer", str(tmp_path / "tok.json"), "--steps", "0,40"]) == 0
+    plan = Trajectory.load(tmp_path / "t").plan
+    assert plan.token_strings and all(
+        text == tok.decode([i]) for i, text in plan.token_strings.items()
+    )
+    assert plan.decode(int(plan.queries[0])) != str(int(plan.queries[0]))  # a word, not an id
+
+
 def test_report_takes_the_rates_or_reads_them(own_run, demo_out, tmp_path, capsys):
     """The rates the trajectory recorded, or --lr-y/--lr-z (both or neither, checked before
     anything is read); the theory's prediction follows them."""

@@ -101,6 +101,10 @@ def test_growth_bounds_use_theorem_4_with_data_rho0(lab):
     ones = measure.growth_bounds(traj, groups, classes, rho0_value=1.0).detail
     assert r0 > 1 and (ones["B"] > detail["B"]).all()
     assert bounds.values.shape == (traj.num_steps, 1, 2)
+    # without the corpus, P(l|m, n) comes from the recording's own evaluation text
+    own = measure.growth_bounds(traj, groups).detail
+    assert own["dz"].tolist() == pytest.approx(detail["dz"].tolist())
+    assert own["B"].notna().all() and (own["B"] > 0).all()
 
 
 def test_adam_has_no_bound_and_missing_rates_are_named(lab):

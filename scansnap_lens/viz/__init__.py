@@ -24,6 +24,23 @@ from .figures import (
 )
 from .views import View, attention_over_checkpoints, page, query_attention, token_classes
 
+
+def _show_figures_inline() -> None:
+    """In IPython, display the figures these functions return as PNG: they are plain
+    ``matplotlib.figure.Figure`` objects (no pyplot state), which a fresh kernel would print as
+    '<Figure size ...>' until pyplot's inline backend is loaded."""
+    try:
+        from IPython import get_ipython
+        from IPython.core.pylabtools import select_figure_formats
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None and hasattr(shell, "display_formatter"):
+        select_figure_formats(shell, {"png"})
+
+
+_show_figures_inline()
+
 __all__ = [
     "View",
     "attention_over_checkpoints",

@@ -19,6 +19,7 @@ from ..measure import Measurement
 from ..theory import PhaseTransition
 from ..trajectory import Trajectory
 from ..yz import YZRun
+from . import palette
 
 __all__ = [
     "plot_attention_heatmap",
@@ -80,6 +81,8 @@ def plot_class_attention(
         ax.axhline(common.numel() - 0.5, color="white", lw=1)
         if rows.numel() <= 40:
             ax.set_yticks(range(rows.numel()), [traj.plan.decode(t) for t in rows], fontsize=6)
+            for i, label in enumerate(ax.get_yticklabels()):
+                label.set_color(palette.COMMON if i < common.numel() else palette.DISTINCT)
         ticks = np.linspace(0, len(steps) - 1, min(len(steps), 6)).round().astype(int)
         ax.set_xticks(ticks, steps[ticks])
         ax.set_ylabel(f"{traj.plan.decode(m)} -> {traj.plan.decode(n)}\ncommon | distinct")
@@ -106,24 +109,26 @@ def plot_attention_heatmap(
 
 
 def plot_logit_change(bias: Measurement, title: str = "", path: str | Path | None = None) -> Figure:
-    """The scan: mean logit change dz of distinct (solid) and common (dashed) tokens over
-    steps, one colour per layer and head (a `discriminative_bias` result)."""
+    """The scan: mean logit change dz of distinct (solid, blue) and common (dashed, red) tokens
+    over steps, a line of each per layer and head (a `discriminative_bias` result)."""
     table = bias.table
     fig = Figure(figsize=(6, 3.6))
     ax = fig.subplots()
-    for (layer, head), part in table.groupby(["layer", "head"]):
-        label = f"layer {layer}, head {head}"
-        line = ax.plot(part["step"] + 1, part["dz_distinct"], label=f"{label}: distinct")[0]
-        ax.plot(
-            part["step"] + 1, part["dz_common"], ls="--", color=line.get_color(), label="common"
-        )
+    groups = table.groupby(["layer", "head"])
+    width = 1.5 if groups.ngroups == 1 else 0.8
+    for i, ((layer, head), part) in enumerate(groups):
+        name = "" if groups.ngroups == 1 else f" (layer {layer}, head {head})"
+        labelled = i < 3  # the legend names the first heads only
+        ax.plot(part["step"] + 1, part["dz_distinct"], color=palette.DISTINCT, lw=width,
+                label=f"distinct{name}" if labelled else None)  # fmt: skip
+        ax.plot(part["step"] + 1, part["dz_common"], color=palette.COMMON, ls="--", lw=width,
+                label=f"common{name}" if labelled else None)  # fmt: skip
     ax.axhline(0, color="grey", lw=0.5)
     ax.set_xscale("log")
     ax.set_xlabel("step + 1")
     ax.set_ylabel(r"$\Delta \bar z$ since the first checkpoint")
     ax.set_title(title or "logit change: distinct (solid) vs common (dashed)")
-    if table.groupby(["layer", "head"]).ngroups <= 6:
-        ax.legend(fontsize=6)
+    ax.legend(fontsize=6)
     return _finish(fig, path)
 
 
@@ -269,22 +274,30 @@ def plot_attention_maps(
     title: str = "",
     path: str | Path | None = None,
 ) -> Figure:
-    """Attention patterns [T, T] of one sequence at several checkpoints, side by side (Fig. 7)."""
+    """Attention patterns [T, T] of one sequence at several checkpoints, side by side (Fig. 7):
+    query position down, key position across, one colour scale for all (the bar)."""
     n = len(patterns)
-    fig = Figure(figsize=(2.6 * n, 3.0))
+    fig = Figure(figsize=(2.6 * n + 0.8, 3.2))
     axes = np.atleast_1d(fig.subplots(1, n))
-    for ax, pattern, step in zip(axes, patterns, steps):
-        ax.imshow(pattern, cmap="viridis", vmin=0, vmax=max(float(np.max(pattern)), 1e-9))
+    top = max(max(float(np.max(p)) for p in patterns), 1e-9)
+    for i, (ax, pattern, step) in enumerate(zip(axes, patterns, steps)):
+        image = ax.imshow(pattern, cmap="viridis", vmin=0, vmax=top, interpolation="nearest")
         ax.set_title(f"step {step}", fontsize=8)
         if tokens is not None and len(tokens) <= 24:
             ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=5)
             ax.set_yticks(range(len(tokens)), tokens, fontsize=5)
         else:
-            ax.set_xticks([])
-            ax.set_yticks([])
+            ax.tick_params(labelsize=6)
+            ax.set_xlabel("key position", fontsize=7)
+            if i == 0:
+                ax.set_ylabel("query position", fontsize=7)
+    fig.colorbar(image, ax=list(axes), fraction=0.02, pad=0.02, label="attention")
     if title:
         fig.suptitle(title, fontsize=9)
-    return _finish(fig, path)
+    if path is not None:  # tight_layout does not place a colour bar shared by several axes
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+    return fig
 
 
 def plot_head_grid(

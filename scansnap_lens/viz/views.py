@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ..groups import TokenGroups
 from ..trajectory import Trajectory
+from . import palette
 
 __all__ = [
     "View",
@@ -234,11 +235,11 @@ def token_classes(
             "values": codes,
             "minValue": -1.0,
             "maxValue": 1.0,
-            "positiveColor": "#1a9850",
-            "negativeColor": "#d73027",
+            "positiveColor": palette.DISTINCT,
+            "negativeColor": palette.COMMON,
         },
         f"Token classes for query {html.unescape(strings[position])!r} at position {position}:"
-        " green distinct, red common",
+        f" {palette.DISTINCT} distinct, {palette.COMMON} common",
     )
 
 
@@ -268,7 +269,8 @@ def query_attention(
         {
             "tokens": strings[: position + 1],
             "values": torch.stack(columns, -1),
-            "labels": ["class (+1 distinct, -1 common)"] + [f"attention @ {s}" for s in steps],
+            "labels": [f"class (+1 distinct: {palette.DISTINCT}, -1 common: {palette.COMMON})"]
+            + [f"attention @ {s}" for s in steps],
         },
         f"Attention of query {html.unescape(strings[position])!r} (position {position},"
         f" layer {layer}, head {head}) over training",
