@@ -1,0 +1,26 @@
+"""The README's Python snippets run as pasted: each in a fresh namespace, from a scratch
+folder beside which ``../shared`` holds the shared data, as in a checkout."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import REPO
+
+BLOCKS = re.findall(r"^```python\n(.*?)^```", (REPO / "README.md").read_text(), re.S | re.M)
+
+
+def test_the_readme_has_snippets():
+    assert len(BLOCKS) >= 5
+
+
+@pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i + 1}" for i in range(len(BLOCKS))])
+def test_readme_snippet_runs(code, shared_dir, tmp_path, monkeypatch):
+    work = tmp_path / "repo"
+    work.mkdir()
+    (tmp_path / "shared").symlink_to(shared_dir, target_is_directory=True)
+    monkeypatch.chdir(work)
+    exec(compile(code, "README.md", "exec"), {"__name__": "__readme__"})
+    assert not list(work.glob("*.safetensors"))  # outputs go to scratch/, not the checkout
