@@ -195,10 +195,11 @@ def classify(
     looks_distinct = judged & (share >= purity - 1e-12)
     p_value = np.full(len(starts), np.nan)
     label = np.where(judged, COMMON, UNDETERMINED)
-    if guard:
-        raw = binom.sf(top - 1, support, base[top_gn]) * next_per_group[top_gn]
+    if guard:  # the binomial test only where support and purity already pass
         cand = np.flatnonzero(looks_distinct)
-        p_value[cand] = _benjamini_hochberg(np.minimum(raw[cand], 1.0))
+        g = top_gn[cand]
+        raw = binom.sf(top[cand] - 1, support[cand], base[g]) * next_per_group[g]
+        p_value[cand] = _benjamini_hochberg(np.minimum(raw, 1.0))
         label[cand] = np.where(p_value[cand] <= alpha, DISTINCT, UNDETERMINED)
     else:
         label[looks_distinct] = DISTINCT
