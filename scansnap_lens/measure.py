@@ -218,8 +218,13 @@ def sparsity(
 ) -> Measurement:
     """Entropy of chat restricted to distinct tokens and renormalised (Fig. 6), averaged over
     classes; also the attention mass on distinct tokens, the top distinct token's share of it,
-    and recall(threshold): the share of distinct tokens with chat >= threshold (Figs. 11, 12)."""
+    and recall(threshold): the share of distinct tokens with chat >= threshold (Figs. 11, 12).
+
+    Entropy and top share need two distinct tokens: a class with one would give 0 and 1 by
+    construction, so it counts for the mass and recall only (``sparsity_classes`` counts the
+    classes the entropy averages; NaN where there is none, `SINGLE_DISTINCT` says why)."""
     ents, masses, tops, recalls = [], [], [], []
+    judged = 0
     if thresholds is None:
         thresholds = torch.tensor([0.5, 1.0, 2.0]) / max(traj.plan.vocab_size, 1)
     for k in range(groups.num_classes):
@@ -229,10 +234,12 @@ def sparsity(
         chat = traj.class_attention(c, groups.distinct[k])  # [S, L, H, D]
         mass = chat.sum(-1)
         p = chat / mass.clamp_min(1e-300)[..., None]
-        ent = torch.where(mass > 0, -torch.special.xlogy(p, p).sum(-1), math.nan)
-        ents.append(ent)
+        several = groups.distinct[k].numel() >= 2
+        judged += several
+        ok = (mass > 0) & several
+        ents.append(torch.where(ok, -torch.special.xlogy(p, p).sum(-1), math.nan))
         masses.append(mass)
-        tops.append(torch.where(mass > 0, p.max(-1).values, math.nan))
+        tops.append(torch.where(ok, p.max(-1).values, math.nan))
         recalls.append(torch.stack([(chat >= t).double().mean(-1) for t in thresholds], -1))
     if not ents:
         raise ValueError("no tracked class has distinct tokens")
@@ -245,8 +252,16 @@ def sparsity(
     for j, t in enumerate(thresholds.tolist()):
         values[f"recall@{t:.4g}"] = recall[..., j]
     table = _frame(traj, values)
-    table["sparsity_classes"] = len(ents)
+    table["sparsity_classes"] = judged
     return Measurement("sparsity", table)
+
+
+SINGLE_DISTINCT = (
+    "every class has a single distinct token, so the entropy over distinct tokens and the top"
+    " share are not defined (they would be 0 and 1 by construction): relax the classification"
+    " (lower --purity or --min-support, or --no-guard), track more queries, or count the"
+    " statistics over a larger corpus"
+)
 
 
 # ------------------------------------------------------------------ Theorem 3

@@ -168,6 +168,8 @@ def write_report(
             results[name] = fn(traj, groups)
         except ValueError as err:
             not_measured[name] = str(err)
+    if "sparsity" in results and not results["sparsity"].table["sparsity_classes"].iloc[0]:
+        not_measured["entropy, top_share"] = measure.SINGLE_DISTINCT
     snaps = measure.snapping(traj)
     results["snapping"] = snaps
     results.update(checks)

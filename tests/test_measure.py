@@ -139,6 +139,25 @@ def test_sparsity_entropy_mass_and_recall():
     assert last["recall@0.2"] == pytest.approx(1 / 3)
 
 
+def test_sparsity_of_single_distinct_tokens_is_not_measured(tmp_path):
+    """One distinct token per class: entropy 0 and top share 1 would say nothing; NaN, with
+    the reason in the report, while the mass on distinct tokens is still measured."""
+    traj = hand_trajectory(
+        [0, 1],
+        {(0, 1): [0, 0], (0, 2): [0, 0]},
+        {(0, 5): {1: [0.25, 0.4], 2: [0.75, 0.6]}},
+    )
+    g = groups({(0, 5): {1: 1.0}}, {0: [2]})
+    last = measure.sparsity(traj, g).table.iloc[1]
+    assert math.isnan(last["entropy"]) and math.isnan(last["top_share"])
+    assert last["distinct_mass"] == pytest.approx(0.4)
+    assert last["sparsity_classes"] == 0
+    from scansnap_lens.report import write_report
+
+    report = write_report(traj, g, tmp_path / "r", views=False)
+    assert report.not_measured["entropy, top_share"] == measure.SINGLE_DISTINCT
+
+
 def test_growth_deviation_by_hand():
     # P = (0.6, 0.3); z_l0 rises by ln 2, z_l stays: r(1) = (0.6*2/0.3)^2 - 1 = 15,
     # r(0) chi = ((0.6/0.3)^2 - 1) * 4 = 12 -> deviation 3/12.
