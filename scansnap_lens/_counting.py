@@ -87,3 +87,77 @@ def fill_triples(tokens, positions, starts, class_bounds, vocab_size, num_blocks
                 out_count[base + i] = counter[tok]
                 counter[tok] = 0
     return out_token, out_count
+
+
+@numba.njit(cache=True)
+def _query_pairs(lo, hi, class_offsets, token, count, stamp, mark, support, top, top_class,
+                 num_next, touched):  # fmt: skip
+    """Accumulate the triples of classes lo..hi-1 (one query) per context token; returns how
+    many tokens were touched (listed in ``touched``)."""
+    n_touched = 0
+    for c in range(lo, hi):
+        for i in range(class_offsets[c], class_offsets[c + 1]):
+            t = token[i]
+            k = count[i]
+            if stamp[t] != mark:
+                stamp[t] = mark
+                support[t] = 0
+                top[t] = -1
+                num_next[t] = 0
+                touched[n_touched] = t
+                n_touched += 1
+            support[t] += k
+            num_next[t] += 1
+            if k > top[t]:  # classes come in order of n: the first maximum wins ties
+                top[t] = k
+                top_class[t] = c
+    return n_touched
+
+
+@numba.njit(cache=True)
+def pair_summary(query_bounds, class_offsets, token, count, vocab_size):
+    """Per (query, context token) pair, sorted by query then token: the token, its support
+    (occurrences over the query's classes), top count, the class of the top count (ties: the
+    smallest next token) and the number of classes it occurs in.
+
+    query_bounds: [Q + 1] the classes of each query (classes sorted by (m, n)); class_offsets:
+    [C + 1] CSR offsets of the triples.  Work O(triples + pairs log pairs-per-query), memory
+    O(vocab) beyond the output: no sort of the triples.
+    """
+    V = vocab_size
+    stamp = np.full(V, -1, np.int64)
+    support = np.zeros(V, np.int64)
+    top = np.zeros(V, np.int64)
+    top_class = np.zeros(V, np.int64)
+    num_next = np.zeros(V, np.int64)
+    touched = np.empty(V, np.int64)
+    Q = query_bounds.shape[0] - 1
+    sizes = np.zeros(Q, np.int64)
+    for q in range(Q):  # pass 1: the output size
+        lo, hi = query_bounds[q], query_bounds[q + 1]
+        args = (class_offsets, token, count, stamp, q, support, top, top_class, num_next)
+        sizes[q] = _query_pairs(lo, hi, *args, touched)
+    total = sizes.sum()
+    out_query = np.empty(total, np.int64)
+    out_token = np.empty(total, np.int64)
+    out_support = np.empty(total, np.int64)
+    out_top = np.empty(total, np.int64)
+    out_class = np.empty(total, np.int64)
+    out_next = np.empty(total, np.int64)
+    stamp[:] = -1
+    at = 0
+    for q in range(Q):  # pass 2: fill, tokens ascending within the query
+        lo, hi = query_bounds[q], query_bounds[q + 1]
+        args = (class_offsets, token, count, stamp, q, support, top, top_class, num_next)
+        n = _query_pairs(lo, hi, *args, touched)
+        tokens = np.sort(touched[:n])
+        for j in range(n):
+            t = tokens[j]
+            out_query[at] = q
+            out_token[at] = t
+            out_support[at] = support[t]
+            out_top[at] = top[t]
+            out_class[at] = top_class[t]
+            out_next[at] = num_next[t]
+            at += 1
+    return out_query, out_token, out_support, out_top, out_class, out_next

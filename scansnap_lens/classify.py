@@ -34,6 +34,7 @@ import torch
 from scipy.stats import binom
 from torch import Tensor
 
+from ._counting import pair_summary
 from .corpus import CooccurrenceStats
 
 __all__ = ["COMMON", "DISTINCT", "UNDETERMINED", "TokenClasses", "classify"]
@@ -143,6 +144,52 @@ def _benjamini_hochberg(p: np.ndarray) -> np.ndarray:
     return out
 
 
+def _tensor(values: np.ndarray, dtype) -> Tensor:
+    """A tensor of `values`, copied only where the dtype or layout asks for it."""
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=dtype))
+
+
+def _local_pairs(stats: CooccurrenceStats):
+    """Per (query m, token l), by a linear pass over each query's triples (`pair_summary`):
+    query, token, support, top count, top next token, |Omega_m(l)|, the base share of the top
+    next token among m's context positions, and m's number of next tokens (Bonferroni)."""
+    offsets = stats.offsets.numpy()
+    count = stats.count.numpy()
+    cum = np.concatenate([[0], np.cumsum(count)])
+    class_total = (cum[offsets[1:]] - cum[offsets[:-1]]).astype(np.float64)
+    queries, per_query = np.unique(stats.query.numpy(), return_counts=True)
+    bounds = np.concatenate([[0], np.cumsum(per_query)])
+    query_total = np.add.reduceat(class_total, bounds[:-1]) if len(queries) else class_total
+    q_idx, token, support, top, top_class, num_next = pair_summary(
+        bounds, offsets, stats.token.numpy(), count, stats.vocab_size
+    )
+    base = class_total[top_class] / query_total[q_idx]
+    return (queries[q_idx], token, support, top, stats.next_token.numpy()[top_class], num_next,
+            base, per_query[q_idx])  # fmt: skip
+
+
+def _global_pairs(stats: CooccurrenceStats):
+    """As `_local_pairs` with the queries pooled (Omega(l) over all next tokens); query -1."""
+    V = stats.vocab_size
+    cls = stats.triple_class.numpy()
+    key, inv = np.unique(stats.next_token.numpy()[cls] * V + stats.token.numpy(),
+                         return_inverse=True)  # fmt: skip
+    count = np.bincount(inv, weights=stats.count.numpy()).astype(np.int64)
+    nxt, tok = key // V, key % V
+    next_ids, next_inv = np.unique(nxt, return_inverse=True)
+    next_total = np.bincount(next_inv, weights=count)
+    base_of_next = next_total / next_total.sum()
+    order = np.lexsort((-count, tok))
+    tok_s, count_s, next_s = tok[order], count[order], next_inv[order]
+    starts = np.flatnonzero(np.r_[True, tok_s[1:] != tok_s[:-1]])
+    support = np.add.reduceat(count_s, starts)
+    top_n = next_s[starts]
+    num_next = np.diff(np.r_[starts, len(tok_s)])
+    rivals = np.full(len(starts), len(next_ids))
+    return (np.full(len(starts), -1), tok_s[starts], support, count_s[starts], next_ids[top_n],
+            num_next, base_of_next[top_n], rivals)  # fmt: skip
+
+
 def classify(
     stats: CooccurrenceStats,
     scope: str = "local",
@@ -161,59 +208,32 @@ def classify(
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
     V = stats.vocab_size
-    cls = stats.triple_class.numpy()
-    count = stats.count.numpy()
-    nxt = stats.next_token.numpy()[cls]
     if scope == "local":
-        group = stats.query.numpy()[cls]  # base distribution per query
-        pair = group * V + stats.token.numpy()
+        query, token, support, top, top_next, num_next, base, rivals = _local_pairs(stats)
     else:
-        group = np.zeros_like(cls)
-        key, inv = np.unique(nxt * V + stats.token.numpy(), return_inverse=True)
-        count = np.bincount(inv, weights=count).astype(np.int64)
-        nxt, pair = key // V, key % V
-        group = np.zeros_like(nxt)
-    # base share of each (group, next token) among all context positions of the group
-    gn, gn_inv = np.unique(group * V + nxt, return_inverse=True)
-    gn_total = np.bincount(gn_inv, weights=count)
-    g_of_gn = gn // V
-    _, g_inv = np.unique(g_of_gn, return_inverse=True)
-    g_total = np.bincount(g_inv, weights=gn_total)
-    base = gn_total / g_total[g_inv]
-    next_per_group = np.bincount(g_inv)[g_inv]  # next tokens of the group, per (group, n)
-
-    order = np.lexsort((-count, pair))
-    pair_s, count_s, gn_s = pair[order], count[order], gn_inv[order]
-    starts = np.flatnonzero(np.r_[True, pair_s[1:] != pair_s[:-1]])
-    support = np.add.reduceat(count_s, starts)
-    top = count_s[starts]
-    top_gn = gn_s[starts]
-    num_next = np.diff(np.r_[starts, len(pair_s)])
+        query, token, support, top, top_next, num_next, base, rivals = _global_pairs(stats)
     share = top / support
-
     judged = support >= min_support
     looks_distinct = judged & (share >= purity - 1e-12)
-    p_value = np.full(len(starts), np.nan)
-    label = np.where(judged, COMMON, UNDETERMINED)
+    p_value = np.full(len(token), np.nan)
+    label = np.where(judged, COMMON, UNDETERMINED).astype(np.int64)
     if guard:  # the binomial test only where support and purity already pass
         cand = np.flatnonzero(looks_distinct)
-        g = top_gn[cand]
-        raw = binom.sf(top[cand] - 1, support[cand], base[g]) * next_per_group[g]
+        raw = binom.sf(top[cand] - 1, support[cand], base[cand]) * rivals[cand]
         p_value[cand] = _benjamini_hochberg(np.minimum(raw, 1.0))
         label[cand] = np.where(p_value[cand] <= alpha, DISTINCT, UNDETERMINED)
     else:
         label[looks_distinct] = DISTINCT
-    first_pair = pair_s[starts]
     return TokenClasses(
         scope=scope,
         vocab_size=V,
-        query=torch.from_numpy(first_pair // V if scope == "local" else np.full(len(starts), -1)),
-        token=torch.from_numpy(first_pair % V if scope == "local" else first_pair),
-        label=torch.from_numpy(label.astype(np.int64)),
-        next_token=torch.from_numpy((gn[top_gn] % V).astype(np.int64)),
-        support=torch.from_numpy(support.astype(np.int64)),
-        num_next=torch.from_numpy(num_next.astype(np.int64)),
-        purity=torch.from_numpy(share.astype(np.float64)),
+        query=_tensor(query, np.int64),
+        token=_tensor(token, np.int64),
+        label=_tensor(label, np.int64),
+        next_token=_tensor(top_next, np.int64),
+        support=_tensor(support, np.int64),
+        num_next=_tensor(num_next, np.int64),
+        purity=_tensor(share, np.float64),
         p_value=torch.from_numpy(p_value),
         params={"min_support": min_support, "purity": purity, "guard": guard, "alpha": alpha},
     )

@@ -114,3 +114,52 @@ def test_bad_arguments():
     ]:
         with pytest.raises(ValueError, match=match):
             classify(stats, **kwargs)
+
+
+def reference(stats, scope: str):
+    """Brute force with pandas: per (query, token) (query pooled when global) the support,
+    the top next token (ties: the smallest), |Omega|, the base share of the top next token and
+    the guard's raw p-value."""
+    import pandas as pd
+    from scipy.stats import binom
+
+    frame = stats.to_dataframe()[["query", "next", "token", "count"]]
+    if scope == "global":
+        frame = frame.assign(query=-1).groupby(["query", "next", "token"], as_index=False).sum()
+    totals = frame.groupby(["query", "next"])["count"].sum()
+    base = totals / totals.groupby(level="query").transform("sum")
+    rivals = totals.groupby(level="query").size()
+    rows = []
+    for (q, tok), part in frame.groupby(["query", "token"]):
+        per_next = part.groupby("next")["count"].sum()
+        top_next = int(per_next[per_next == per_next.max()].index.min())
+        support, top = int(per_next.sum()), int(per_next.max())
+        p = binom.sf(top - 1, support, base[(q, top_next)]) * rivals[q]
+        rows.append((q, tok, support, top_next, len(per_next), top / support, min(p, 1.0)))
+    return pd.DataFrame(
+        rows, columns=["query", "token", "support", "next", "num_next", "purity", "raw_p"]
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(3, 9), st.sampled_from(["local", "global"]))
+def test_classification_equals_brute_force(seed, vocab, scope):
+    """The linear pass over each query's triples gives what a groupby over every (query, token)
+    gives, including ties of the top next token and the guard's p-values (Benjamini-Hochberg
+    over the candidates that pass support and purity)."""
+    import numpy as np
+
+    from scansnap_lens.classify import _benjamini_hochberg
+
+    rows = torch.randint(vocab, (8, 14), generator=torch.Generator().manual_seed(seed))
+    stats = cooccurrence(rows, vocab_size=vocab, window=4)
+    ref = reference(stats, scope)
+    tc = classify(stats, scope=scope, guard=True, purity=0.6, min_support=2)
+    got = tc.to_dataframe()
+    for column in ("query", "token", "support", "next", "num_next"):
+        assert got[column].tolist() == ref[column].tolist(), column
+    np.testing.assert_allclose(got["purity"], ref["purity"], rtol=1e-12)
+    cand = (ref["support"] >= 2) & (ref["purity"] >= 0.6 - 1e-12)
+    expected = np.full(len(ref), np.nan)
+    expected[cand] = _benjamini_hochberg(ref["raw_p"][cand].to_numpy())
+    np.testing.assert_allclose(got["p_value"], expected, rtol=1e-9)
