@@ -1,4 +1,5 @@
-"""safetensors files with a format tag: one reader and one atomic writer for every result."""
+"""One atomic writer for every file a result is saved in (safetensors with a format tag, text,
+bytes), and the reader of tagged safetensors files."""
 
 from __future__ import annotations
 
@@ -37,13 +38,28 @@ def write_tensors(path: str | Path, tensors: dict[str, Tensor], metadata: dict[s
     return path
 
 
-def write_text(path: str | Path, text: str) -> Path:
-    """`write_tensors` for text (manifests, JSON)."""
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    """`write_tensors` for bytes (pages, figures, CSV, JSON).  A failed write (a full disk)
+    leaves the old file as it was and no temporary file behind."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    _commit(tmp, path)
+    try:
+        _write_file(tmp, data)
+        _commit(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """`write_bytes` for text (UTF-8)."""
+    return write_bytes(path, text.encode("utf-8"))
 
 
 def read_tensors(path: str | Path, fmt: str, what: str) -> tuple[dict, dict[str, Tensor]]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from ._io import write_text
 from .classify import classify
 from .corpus import CooccurrenceStats, cooccurrence
 from .groups import TokenGroups
@@ -133,5 +134,5 @@ def run_demo(
         title=f"scansnap_lens demo: {data}, {steps} steps",
         source=stats,  # the training meta says the loss is on each row's last position
     )
-    training.to_dataframe().to_csv(out / "report" / "loss.csv", index=False)
+    write_text(out / "report" / "loss.csv", training.to_dataframe().to_csv(index=False))
     return DemoResult(training, stats, groups, trajectory, report)

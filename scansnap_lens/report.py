@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from . import heads, measure
+from ._io import write_text
 from .groups import TokenGroups
 from .trajectory import Trajectory
 
@@ -176,7 +177,7 @@ def write_report(
 
     def csv(name: str, frame: pd.DataFrame) -> None:
         files[name] = out / f"{name}.csv"
-        frame.to_csv(files[name], index=False)
+        write_text(files[name], frame.to_csv(index=False))
 
     csv("summary", summary)
     for name, result in results.items():
@@ -344,7 +345,7 @@ def write_report(
             k: v.name if v.parent == out else str(v.relative_to(out)) for k, v in files.items()
         },
     }
-    files["summary_json"].write_text(json.dumps(payload, indent=1))
+    write_text(files["summary_json"], json.dumps(payload, indent=1))
     body = [
         f"<h1>{html.escape(title)}</h1>",
         _overview(traj, groups),
@@ -372,7 +373,7 @@ def write_report(
         body.append("<h2>Not measured</h2><ul>")
         body += [f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in not_measured.items()]
         body.append("</ul>")
-    files["report"].write_text(cv.page(title, "\n".join(body), head=_STYLE), encoding="utf-8")
+    write_text(files["report"], cv.page(title, "\n".join(body), head=_STYLE))
     return Report(files["report"], summary, files, not_measured)
 
 

@@ -25,10 +25,10 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ._io import write_tensors, write_text
 from .backend import (
     attention_logit_parameters,
     build_model,
@@ -270,17 +270,15 @@ def train(
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(model_config_json(model), indent=1))
-        (out / TRAINING_FILE).write_text(json.dumps(training, indent=1))
+        write_text(out / "config.json", json.dumps(model_config_json(model), indent=1))
+        write_text(out / TRAINING_FILE, json.dumps(training, indent=1))
     pass_training = on_checkpoint is not None and _accepts_training(on_checkpoint)
 
     def checkpoint(step: int) -> None:
         if out is not None:
             file = out / f"step_{step:09d}.safetensors"
             state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-            tmp = file.with_name(file.name + ".tmp")
-            save_file(state, str(tmp), metadata={"step": str(step)})
-            tmp.replace(file)
+            write_tensors(file, state, {"step": str(step)})
             result.checkpoints[step] = str(file)
         if on_checkpoint is not None:
             if pass_training:

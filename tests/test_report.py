@@ -186,3 +186,36 @@ def test_report_from_a_relative_path_shows_in_a_notebook(demo_out, tmp_path, mon
     monkeypatch.chdir(tmp_path)
     report = write_report(traj, TokenGroups.from_synthetic(syn_medium(1)), "rel", views=False)
     assert (tmp_path / "rel" / "report.html").resolve().as_uri() in report._repr_html_()
+
+
+def test_a_full_disk_never_leaves_half_a_report(demo_out, tmp_path, monkeypatch):
+    """Every file of the report goes through the atomic writer: when the disk fills up during a
+    re-write, the earlier report.html, figures and CSVs stay whole and no temporary is left."""
+    import errno
+
+    from scansnap_lens import _io
+
+    out, _ = demo_out
+    traj = Trajectory.load(out / "trajectory")
+    groups = TokenGroups.from_synthetic(syn_medium(1))
+    folder = tmp_path / "r"
+    write_report(traj, groups, folder, views=False)
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    written = []
+
+    def full_disk(path, data):
+        written.append(path)
+        if len(written) == 3:  # the third file: half of it fits
+            path.write_bytes(data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        path.write_bytes(data)
+
+    monkeypatch.setattr(_io, "_write_file", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_report(traj, groups, folder, title="again", views=False)
+    after = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    assert not [p for p in after if p.name.endswith(".tmp")]
+    assert set(after) == set(before)
+    for path, data in after.items():  # each file is the old one or a whole new one
+        assert data == before[path] or path in {w.with_name(w.name[:-4]) for w in written[:2]}
+    assert after[folder / "report.html"] == before[folder / "report.html"]

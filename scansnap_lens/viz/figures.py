@@ -6,6 +6,7 @@ save it as a file as well.  In a notebook the returned figure renders inline.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pandas as pd
 import torch
 from matplotlib.figure import Figure
 
+from .._io import write_bytes
 from ..groups import TokenGroups
 from ..measure import Measurement
 from ..theory import PhaseTransition
@@ -34,11 +36,18 @@ __all__ = [
 ]
 
 
+def _save(fig: Figure, path: str | Path, **kwargs) -> None:
+    """PNG through the atomic writer: a full disk never leaves half a figure."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=120, format="png", **kwargs)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_bytes(path, buffer.getvalue())
+
+
 def _finish(fig: Figure, path: str | Path | None) -> Figure:
     fig.tight_layout()
     if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
+        _save(fig, path)
     return fig
 
 
@@ -295,8 +304,7 @@ def plot_attention_maps(
     if title:
         fig.suptitle(title, fontsize=9)
     if path is not None:  # tight_layout does not place a colour bar shared by several axes
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+        _save(fig, path, bbox_inches="tight")
     return fig
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._io import write_text
 from ..groups import TokenGroups
 from ..trajectory import Trajectory
 from . import palette
@@ -84,7 +85,7 @@ class View:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         body = f"<h2>{html.escape(self.title)}</h2>\n" if self.title else ""
-        path.write_text(page(self.title or self.element, body + self.fragment("view-0")))
+        write_text(path, page(self.title or self.element, body + self.fragment("view-0")))
         return path
 
 
