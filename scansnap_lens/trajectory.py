@@ -214,6 +214,7 @@ class Trajectory:
         ]
         if not records:
             raise ValueError(f"{path}: no checkpoint has been recorded yet")
+        _check_shapes(path, manifest, plan, records)
         return cls.from_records(
             plan,
             records,
@@ -434,7 +435,30 @@ def _read_plan(file: Path) -> RecordPlan:
 
 def _read_record(file: Path, step: int) -> CheckpointRecord:
     _, tensors = _read_tensors(file)
+    missing = [k for k in _FIELDS if k not in tensors]
+    if missing:
+        raise ValueError(f"{file} is not a trajectory checkpoint: it lacks {missing}")
     return CheckpointRecord(step, *(tensors[k] for k in _FIELDS), tensors.get("prompt_pattern"))
+
+
+def _check_shapes(path: Path, manifest: dict, plan: RecordPlan, records: list) -> None:
+    """Each checkpoint holds [layers, heads, slots] as the manifest and the plan say: a
+    hand-edited manifest or a file from another recording is named, not indexed past."""
+    for key in ("layers", "heads"):
+        if not isinstance(manifest.get(key), list):
+            raise ValueError(f"{path}/manifest.json: '{key}' must be a list")
+    L, H = len(manifest["layers"]), len(manifest["heads"])
+    slots = {"zbar": plan.num_pairs, "chat": plan.num_triples, "entropy": plan.num_classes,
+             "query_entropy": plan.num_queries}  # fmt: skip
+    for record in records:
+        for name, n in slots.items():
+            shape = tuple(getattr(record, name).shape)
+            if shape != (L, H, n):
+                raise ValueError(
+                    f"{path}: checkpoint {record.step} holds {name} of shape {shape}, but the"
+                    f" manifest and plan say ({L}, {H}, {n}) (layers {manifest['layers']}, heads"
+                    f" {manifest['heads']}): a hand-edited manifest, or a file of another run"
+                )
 
 
 def _prompt_tensor(ids: list[int] | None) -> Tensor | None:
