@@ -275,7 +275,7 @@ class CooccurrenceStats:
     @classmethod
     def load(cls, path: str | Path) -> CooccurrenceStats:
         header, tensors = read_tensors(path, FORMAT, "statistics file")
-        meta = json.loads(header["meta"])
+        meta = _checked(path, header, tensors)
         return cls(
             query=tensors["query"],
             next_token=tensors["next_token"],
@@ -287,6 +287,59 @@ class CooccurrenceStats:
             tracked_next=tensors.get("tracked_next"),
             **meta,
         )
+
+
+_META_TYPES = {"vocab_size": int, "window": int, "exclude_bos": bool, "num_tokens": int,
+               "num_rows": int, "fingerprint": str, "min_count": int}  # fmt: skip
+
+
+def _checked(path, header: dict, tensors: dict) -> dict:
+    """The metadata of a statistics file, after checking that its tensors agree with each other
+    (a hand-edited or foreign file is refused with what is wrong, before any kernel indexes
+    past an array)."""
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"{path} is not a valid statistics file: {why}")
+
+    try:
+        meta = json.loads(header.get("meta", ""))
+    except json.JSONDecodeError:
+        raise bad("its metadata is not JSON") from None
+    if not isinstance(meta, dict):
+        raise bad("its metadata is not a JSON object")
+    for key, kind in _META_TYPES.items():
+        if key in meta and not isinstance(meta[key], kind):
+            raise bad(f"{key} must be {kind.__name__}, got {meta[key]!r}")
+    if "vocab_size" not in meta:
+        raise bad("its metadata lacks vocab_size")
+    unknown = set(meta) - {*_META_TYPES, "tokenizer"}
+    if unknown:
+        raise bad(f"unknown metadata {sorted(unknown)}")
+    names = ("query", "next_token", "events", "offsets", "token", "count")
+    missing = [n for n in names if n not in tensors]
+    if missing:
+        raise bad(f"it lacks the tensors {missing}")
+    for name in (*names, "tracked_queries", "tracked_next"):
+        t = tensors.get(name)
+        if t is not None and (t.dtype != torch.int64 or t.ndim != 1):
+            raise bad(f"{name} must be a 1-D int64 tensor, got {t.dtype} {tuple(t.shape)}")
+    C, P, V = tensors["query"].numel(), tensors["token"].numel(), meta["vocab_size"]
+    offsets = tensors["offsets"]
+    if tensors["next_token"].numel() != C or tensors["events"].numel() != C:
+        raise bad("query, next_token and events differ in length")
+    if tensors["count"].numel() != P:
+        raise bad("token and count differ in length")
+    if offsets.numel() != C + 1 or int(offsets[0]) != 0 or int(offsets[-1]) != P:
+        raise bad(f"offsets must run from 0 to {P} over {C} classes")
+    if (torch.diff(offsets) < 0).any():
+        raise bad("offsets decrease")
+    for name in ("query", "next_token", "token"):
+        t = tensors[name]
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= V):
+            raise bad(f"{name} ids lie outside [0, vocab_size={V})")
+    if (tensors["count"] < 0).any() or (tensors["events"] < 0).any():
+        raise bad("negative counts")
+    return meta
 
 
 # --------------------------------------------------------------------- building

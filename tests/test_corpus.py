@@ -1,3 +1,4 @@
+import re
 from collections import Counter
 
 import datasets
@@ -214,3 +215,37 @@ def test_loading_a_file_that_is_not_statistics(tmp_path):
         CooccurrenceStats.load(other)
     with pytest.raises(FileNotFoundError):
         CooccurrenceStats.load(tmp_path / "missing.safetensors")
+
+
+HAND_EDITS = [  # (edit of the tensors / metadata, what the message names)
+    (lambda t, m: t.update(offsets=t["offsets"][:-2]), "offsets must run from 0"),
+    (lambda t, m: t.update(token=t["token"] + 1000), "token ids lie outside"),
+    (lambda t, m: t.pop("count"), "lacks the tensors ['count']"),
+    (lambda t, m: t.update(count=t["count"].float()), "count must be a 1-D int64"),
+    (lambda t, m: t.update(events=t["events"][1:]), "differ in length"),
+    (lambda t, m: t.update(count=-t["count"]), "negative counts"),
+    (lambda t, m: m.update(vocab_size="33"), "vocab_size must be int"),
+    (lambda t, m: m.update(colour="blue"), "unknown metadata"),
+]
+
+
+@pytest.mark.parametrize("edit, message", HAND_EDITS)
+def test_hand_edited_statistics_are_refused_by_name(edit, message, tmp_path):
+    """A statistics file whose tensors disagree is refused on load, before a compiled kernel
+    could index past an array (one such file crashed the process before)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    rows = torch.randint(0, 12, (6, 10), generator=torch.Generator().manual_seed(0))
+    path = cooccurrence(rows, vocab_size=12).save(tmp_path / "s.safetensors")
+    tensors = load_file(str(path))
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as handle:
+        header = handle.metadata()
+    meta = json.loads(header["meta"])
+    edit(tensors, meta)
+    save_file(tensors, str(path), metadata={**header, "meta": json.dumps(meta)})
+    with pytest.raises(ValueError, match=re.escape(message)):
+        CooccurrenceStats.load(path)
