@@ -131,6 +131,39 @@ class RecordPlan:
             **tensors,
         )
 
+    def problems(self) -> list[str]:
+        """What makes this plan inconsistent ([] for a plan `plan_recording` built): lengths,
+        sorted slots, ids inside the vocabulary, class indices inside the classes."""
+        out = []
+        groups = {
+            "queries": ("queries", "query_events"),
+            "classes": ("class_query", "class_next", "class_events"),
+            "pairs": ("pair_query", "pair_token", "pair_count"),
+            "triples": ("triple_class", "triple_token", "triple_count"),
+        }
+        for what, names in groups.items():
+            tensors = [getattr(self, n) for n in names]
+            if any(t.dtype != torch.int64 or t.ndim != 1 for t in tensors):
+                out.append(f"the {what} tensors must be 1-D int64")
+            elif len({t.numel() for t in tensors}) > 1:
+                out.append(f"the {what} tensors differ in length")
+        if out:
+            return out
+        V = self.vocab_size
+        for name in ("queries", "class_query", "class_next", "pair_query", "pair_token",
+                     "triple_token"):  # fmt: skip
+            t = getattr(self, name)
+            if t.numel() and (int(t.min()) < 0 or int(t.max()) >= V):
+                out.append(f"{name} ids lie outside [0, vocab_size={V})")
+        c = self.triple_class
+        if c.numel() and (int(c.min()) < 0 or int(c.max()) >= self.num_classes):
+            out.append("triple_class points outside the classes")
+        for name, keys in (("pairs", self.pair_keys), ("classes", self.class_keys),
+                           ("triples", self.triple_keys)):  # fmt: skip
+            if keys.numel() > 1 and not bool((torch.diff(keys) > 0).all()):
+                out.append(f"the {name} are not sorted and unique")
+        return out
+
     def same_as(self, other: RecordPlan) -> bool:
         """True when both plans track the same slots of the same evaluation text."""
         mine, theirs = self.metadata(), other.metadata()

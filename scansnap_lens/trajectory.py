@@ -430,7 +430,14 @@ def _read_tensors(file: Path) -> tuple[dict, dict[str, Tensor]]:
 
 def _read_plan(file: Path) -> RecordPlan:
     meta, tensors = _read_tensors(file)
-    return RecordPlan.from_parts(json.loads(meta["plan"]), tensors)
+    try:
+        plan = RecordPlan.from_parts(json.loads(meta["plan"]), tensors)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{file} is not a recording plan ({type(err).__name__}: {err})") from None
+    problems = plan.problems()
+    if problems:
+        raise ValueError(f"{file} is not a consistent recording plan: {'; '.join(problems)}")
+    return plan
 
 
 def _read_record(file: Path, step: int) -> CheckpointRecord:

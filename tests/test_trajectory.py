@@ -157,3 +157,29 @@ def test_a_recorder_with_other_rates_is_refused_and_overwrite_replaces(tmp_path)
     fresh.on_checkpoint(5, model, training={"lr_y": 0.2, "lr_z": 1.0})
     replaced = Trajectory.load(tmp_path / "t")
     assert replaced.steps.tolist() == [5] and replaced.meta["lr_y"] == 0.2
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda t: t.update(pair_token=t["pair_token"] + 100), "pair_token ids lie outside"),
+        (lambda t: t.update(triple_class=t["triple_class"] + 50), "outside the classes"),
+        (lambda t: t.update(pair_count=t["pair_count"][1:]), "pairs tensors differ in length"),
+        (lambda t: t.update(pair_query=t["pair_query"].flip(0)), "not sorted and unique"),
+        (lambda t: t.pop("class_next"), "is not a recording plan"),
+    ],
+)
+def test_hand_edited_plans_are_refused_by_name(edit, message, trajectories, tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    a, _ = trajectories
+    folder = a.save(tmp_path / "t")
+    plan_file = folder / json.loads((folder / "manifest.json").read_text())["plan"]
+    with safe_open(str(plan_file), "pt") as handle:
+        header = handle.metadata()
+    tensors = load_file(str(plan_file))
+    edit(tensors)
+    save_file(tensors, str(plan_file), metadata=header)
+    with pytest.raises(ValueError, match=message):
+        Trajectory.load(folder)
