@@ -19,11 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
+# numpy, pandas and torch are imported inside the commands: an interrupt while they load is
+# then caught like any other (exit 130), and --help answers at once.
 
 
-def _print_summary(summary: pd.DataFrame) -> None:
+def _print_summary(summary) -> None:
     from .report import KEY_COLUMNS
 
     columns = [c for c in KEY_COLUMNS if c in summary]
@@ -287,6 +287,8 @@ def _theory(args: argparse.Namespace) -> int:
         f"snap            t0   = 2(1+delta') K ln M / eta_Y = {theory.t0:.2f}"
         f" (delta'={theory.delta:.4f})"
     )
+    import numpy as np
+
     t = np.unique(np.concatenate([np.logspace(0, np.log10(args.t_max), args.points), [theory.t0]]))
     frame = theory.to_dataframe(t)
     if args.csv:
@@ -557,10 +559,18 @@ def cli_message(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before a command ran (while the libraries load)
+        print("scansnap: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
+    args = build_parser().parse_args(argv)
     from .backend import BackendError
     from .checkpoints import CheckpointError
 
-    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (

@@ -460,3 +460,24 @@ def test_an_output_folder_of_another_run_is_refused(demo_out, own_run, tmp_path,
     assert "holds another run (source" in capsys.readouterr().err
     assert main([*args, str(other), "--overwrite"]) == 0
     assert Trajectory.load(tmp_path / "t").meta["source"] == str(other)
+
+
+def test_an_interrupt_at_any_moment_exits_130_without_a_traceback():
+    """SIGINT while the libraries load (the first seconds) or while a command runs."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = [sys.executable, "-c", "import sys; from scansnap_lens.cli import main; "
+              "sys.exit(main())", "theory", "--K", "2", "--M", "33", "--lr-y", "1", "--lr-z",
+              "1", "--points", "100000", "--t-max", "1e9"]  # fmt: skip
+    for delay in (0.2, 0.6, 1.2, 2.0):
+        process = subprocess.Popen(script, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(delay)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+        if process.returncode == 0:
+            continue  # it finished first
+        assert process.returncode == 130, err.decode()
+        assert "Traceback" not in err.decode() and "interrupted" in err.decode()
