@@ -139,6 +139,8 @@ def write_report(
     from .viz import views as cv
 
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file: the report needs a folder (give another --out)")
     figures_dir = out / "figures"
     figures_dir.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}

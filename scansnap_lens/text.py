@@ -26,7 +26,11 @@ def wikitext_documents(path: str | Path) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"no WikiText file at {path}")
     docs: list[list[str]] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    for line in text.splitlines():
         if _ARTICLE.match(line) or not docs:
             docs.append([])
         if line.strip():

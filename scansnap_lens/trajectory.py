@@ -392,6 +392,12 @@ def _read_manifest(path: Path) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise ValueError(f"{file}: not a scansnap_lens trajectory (format {found!r})")
+    needed = {"checkpoints": list, "layers": list, "heads": list, "step_unit": str,
+              "skipped": list, "meta": dict}  # fmt: skip
+    for key, kind in needed.items():
+        if not isinstance(manifest.get(key), kind):
+            what = "lacks" if key not in manifest else f"has no {kind.__name__} as"
+            raise ValueError(f"{file}: the manifest {what} '{key}' (hand-edited?)")
     _check_entries(file, manifest)
     return manifest
 

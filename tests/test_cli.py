@@ -481,3 +481,33 @@ def test_an_interrupt_at_any_moment_exits_130_without_a_traceback():
             continue  # it finished first
         assert process.returncode == 130, err.decode()
         assert "Traceback" not in err.decode() and "interrupted" in err.decode()
+
+
+def test_files_a_user_gets_wrong_are_named(demo_out, own_run, tmp_path, capsys):
+    """Each exits 2 with the file and what is wrong with it (in CLI words), no traceback."""
+    import shutil
+
+    out, _ = demo_out
+    root, _ = own_run
+    binary = tmp_path / "latin1.txt"
+    binary.write_bytes(b"\xff\xfe caf\xe9")
+    no_meta = tmp_path / "traj"
+    shutil.copytree(out / "trajectory", no_meta)
+    manifest = json.loads((no_meta / "manifest.json").read_text())
+    del manifest["meta"]
+    (no_meta / "manifest.json").write_text(json.dumps(manifest))
+    stats = tmp_path / "s.safetensors"
+    assert main(["stats", str(root / "corpus.safetensors"), "--out", str(stats)]) == 0
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    cases = [
+        (["stats", str(binary), "--out", str(tmp_path / "x")], "latin1.txt is not UTF-8 text"),
+        (["report", str(no_meta), "--stats", str(stats)], "manifest lacks 'meta'"),
+        (["report", str(out / "trajectory"), "--stats", str(stats), "--out", str(a_file)],
+         "a_file is a file: the report needs a folder"),
+    ]  # fmt: skip
+    capsys.readouterr()
+    for args, message in cases:
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err

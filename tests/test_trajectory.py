@@ -100,7 +100,8 @@ def test_duplicated_or_relabelled_entries_are_refused(trajectories, tmp_path):
         (lambda m: m["checkpoints"][0].update(step=2**63), "no valid step"),
         (lambda m: m.update(layers=[0, 1, 2]), r"shape \(1, 1, \d+\).*say \(3, 1,"),
         (lambda m: m.update(heads=[0, 1]), "hand-edited manifest, or a file of another run"),
-        (lambda m: m.update(layers="0"), "'layers' must be a list"),
+        (lambda m: m.update(layers="0"), "has no list as 'layers'"),
+        (lambda m: m.pop("meta"), "lacks 'meta'"),
     ]:
         manifest = json.loads(json.dumps(original))
         edit(manifest)
