@@ -60,6 +60,11 @@ def _corpus_rows(args: argparse.Namespace):
 
     if not args.inputs:
         raise ValueError("give corpus files (text or token files) or --dataset")
+    indexed = [Path(p) for p in args.inputs if Path(p).suffix in (".bin", ".idx")]
+    if indexed:
+        if len(indexed) != len(args.inputs):
+            raise ValueError("give indexed datasets (.bin/.idx) on their own")
+        return _indexed_rows(indexed, args.vocab_size)
     texts = [Path(p) for p in args.inputs if not str(p).endswith(TOKEN_SUFFIXES)]
     files = [Path(p) for p in args.inputs if str(p).endswith(TOKEN_SUFFIXES)]
     if texts and files:
@@ -77,6 +82,18 @@ def _corpus_rows(args: argparse.Namespace):
         print(f"word-level tokenizer ({tokenizer.get_vocab_size()} words) saved to {path}")
     size = tokenizer.get_vocab_size() if hasattr(tokenizer, "get_vocab_size") else len(tokenizer)
     return encode(tokenizer, docs), args.vocab_size or size, args.tokenizer
+
+
+def _indexed_rows(paths: list[Path], vocab_size: int | None):
+    """Documents of memory-mapped indexed datasets (Pythia's .bin + .idx), read lazily."""
+    from .indexed import IndexedTokens
+
+    datasets = list({IndexedTokens(p).idx_path: IndexedTokens(p) for p in paths}.values())
+    if vocab_size is None:
+        vocab_size = max(d.max_id() for d in datasets) + 1
+        print(f"vocabulary: {vocab_size} (1 + the largest id; give --vocab-size for the model's)")
+    batches = (batch for d in datasets for batch in d.batches())
+    return batches, vocab_size, None
 
 
 def _dataset_stats(args: argparse.Namespace, common: dict):
@@ -424,7 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
         " --tokenizer, or by a word-level tokenizer built from them (saved beside --out).",
     )
     stats.add_argument(
-        "inputs", nargs="*", help=".txt files, or token files (.safetensors/.npy/.pt)"
+        "inputs",
+        nargs="*",
+        help=".txt files, token files (.safetensors/.npy/.pt), or indexed datasets (Pythia's"
+        " .bin + .idx: their documents, read lazily)",
     )
     stats.add_argument("--out", type=Path, required=True, help="statistics file (.safetensors)")
     stats.add_argument(
