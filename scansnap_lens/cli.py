@@ -96,6 +96,30 @@ def _indexed_rows(paths: list[Path], vocab_size: int | None):
     return batches, vocab_size, None
 
 
+def _ray_stats(args: argparse.Namespace, common: dict):
+    """The same statistics, counted in --shards Ray tasks (indexed datasets are read by the
+    workers themselves; other files are read here and put into Ray's object store)."""
+    from . import distributed
+
+    address = args.ray or None
+    distributed.connect(address)
+    indexed = [Path(p) for p in args.inputs if Path(p).suffix in (".bin", ".idx")]
+    if indexed and len(indexed) == len(args.inputs):
+        _, vocab, name = _indexed_rows(indexed, args.vocab_size)
+        shards = [
+            s for p in dict.fromkeys(p.with_suffix("") for p in indexed)
+            for s in distributed.indexed_shards(p, args.shards)
+        ]  # fmt: skip
+    else:
+        rows, vocab, name = _corpus_rows(args)
+        if vocab is None:
+            vocab = max(int(r.max()) for r in rows if len(r)) + 1
+        shards = distributed.row_shards(rows, args.shards)
+    stats = distributed.ray_cooccurrence(shards, vocab, address=address, **common)
+    stats.tokenizer = name
+    return stats
+
+
 def _dataset_stats(args: argparse.Namespace, common: dict):
     """Statistics of a `datasets` dataset: a folder from save_to_disk, or a hub name."""
     import datasets
@@ -137,7 +161,11 @@ def _stats(args: argparse.Namespace) -> int:
         "progress": True,
     }
     if args.dataset:
+        if args.ray is not None:
+            raise ValueError("--ray counts files (text, token or .bin/.idx files), not --dataset")
         stats = _dataset_stats(args, common)
+    elif args.ray is not None:
+        stats = _ray_stats(args, common)
     else:
         rows, vocab, name = _corpus_rows(args)
         stats = cooccurrence(rows, vocab, tokenizer=name, **common)
@@ -447,6 +475,12 @@ def build_parser() -> argparse.ArgumentParser:
         " .bin + .idx: their documents, read lazily)",
     )
     stats.add_argument("--out", type=Path, required=True, help="statistics file (.safetensors)")
+    stats.add_argument(
+        "--ray", nargs="?", const="", metavar="ADDRESS",
+        help="count in Ray tasks: a local instance, or the cluster at ADDRESS (pip install"
+        " 'scansnap-lens[ray]')",
+    )  # fmt: skip
+    stats.add_argument("--shards", type=_count(1, 100_000), default=8, help="Ray tasks")
     stats.add_argument(
         "--dataset", help="a datasets dataset: a name, or a folder from save_to_disk"
     )
