@@ -88,7 +88,8 @@ def _indexed_rows(paths: list[Path], vocab_size: int | None):
     """Documents of memory-mapped indexed datasets (Pythia's .bin + .idx), read lazily."""
     from .indexed import IndexedTokens
 
-    datasets = list({IndexedTokens(p).idx_path: IndexedTokens(p) for p in paths}.values())
+    prefixes = dict.fromkeys(p.with_suffix("") for p in paths)  # a.bin and a.idx: one dataset
+    datasets = [IndexedTokens(p) for p in prefixes]
     if vocab_size is None:
         vocab_size = max(d.max_id() for d in datasets) + 1
         print(f"vocabulary: {vocab_size} (1 + the largest id; give --vocab-size for the model's)")
@@ -373,25 +374,23 @@ def _count(low: int, high: int = 2**31 - 1):
     return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
-    return value
+def _real(test, rule: str):
+    """An argparse type: a finite number that passes `test`, else "must RULE"."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or not test(value):
+            raise argparse.ArgumentTypeError(f"must {rule}, got {text}")
+        return value
+
+    return parse
 
 
-def _fraction(text: str) -> float:
-    """A number in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must lie in [0, 1), got {text}")
-    return value
+_positive_float = _real(lambda v: v > 0, "be a positive finite number")
+_fraction = _real(lambda v: 0 <= v < 1, "lie in [0, 1)")
 
 
 def _device(text: str) -> str:

@@ -105,15 +105,25 @@ def growth_bounds(
     pop = _plan_population(traj) if source is None else _population(traj, source, loss_positions)
     heads_training = _head_training(traj, training)
     t = traj.steps.double().numpy()
-    rows, dzs, lower, upper, f0s = [], [], [], [], []
+    rows, dzs, lower, upper = [], [], [], []
     M = traj.plan.vocab_size
     K = pop.num_classes
-    r0 = rho0(pop.probs.numpy()) if rho0_value == "data" else float(rho0_value)
+    probs = pop.probs  # [K, C], dense once
+    r0 = rho0(probs.numpy()) if rho0_value == "data" else float(rho0_value)
     if not math.isfinite(r0):
         raise ValueError(
             "Theorem 4 needs classes that share context tokens (rho0 from data is"
             f" {r0}: {'one class' if K < 2 else 'no shared token'})"
         )
+    # B(t) from the first checkpoint, per head: K, M and rho0 are shared by every class
+    B_head = np.full((len(t), len(traj.heads)), np.nan)
+    for j, setting in enumerate(heads_training):
+        y = effective_rate(setting["lr_y"], setting["optimizer"], setting["momentum"])
+        zr = effective_rate(setting["lr_z"], setting["optimizer"], setting["momentum"])
+        if y is not None and zr is not None:
+            theory = PhaseTransition(K=K, M=M, lr_y=y, lr_z=zr, rho0=r0)
+            B_head[:, j] = theory.B_integral(t) - theory.B_integral(t[:1])
+    B = np.broadcast_to(B_head[:, None, :], (len(t), len(traj.layers), len(traj.heads)))
     for k in range(groups.num_classes):
         m, n = int(groups.query[k]), int(groups.next_token[k])
         z, held = _z(traj, m, groups.distinct[k])
@@ -125,25 +135,15 @@ def growth_bounds(
         row = ((pop.query == m) & (pop.next_token == n)).nonzero().flatten()
         if row.numel() == 0:
             continue
-        p = pop.probs[int(row[0])]
+        p = probs[int(row[0])]
         col = int(torch.searchsorted(pop.tokens, torch.tensor(l0)))
         if col >= pop.tokens.numel() or int(pop.tokens[col]) != l0:
             continue
         f0_sq = float(p[col] ** 2 / (p**2).sum())
         dz = (z[..., i0] - z[:1, ..., i0]).numpy()  # [S, L, H]
-        B = np.full(dz.shape, np.nan)
-        for j, setting in enumerate(heads_training):
-            y = effective_rate(setting["lr_y"], setting["optimizer"], setting["momentum"])
-            zr = effective_rate(setting["lr_z"], setting["optimizer"], setting["momentum"])
-            if y is None or zr is None:
-                continue
-            theory = PhaseTransition(K=K, M=M, lr_y=y, lr_z=zr, rho0=r0)
-            b = theory.B_integral(t) - theory.B_integral(t[:1])
-            B[:, :, j] = b[:, None]
         dzs.append(dz)
         upper.append(B)
         lower.append(f0_sq * B)
-        f0s.append(f0_sq)
         for li, layer in enumerate(traj.layers):
             for j, head in enumerate(traj.heads):
                 b_final, d_final = B[-1, li, j], dz[-1, li, j]
@@ -268,12 +268,9 @@ def theory_fit(
     if not class_sets:
         raise ValueError("no tracked class has two distinct tokens to rank")
 
-    pop_keys = pop.query * plan.vocab_size + pop.next_token
-    shared = [
-        (int(m), int(n))
-        for m, n, key in zip(plan.class_query, plan.class_next, plan.class_keys)
-        if bool(torch.isin(key, pop_keys))
-    ]  # the snap of both is measured on the classes the statistics hold
+    held = torch.isin(plan.class_keys, pop.query * plan.vocab_size + pop.next_token)
+    shared = list(zip(plan.class_query[held].tolist(), plan.class_next[held].tolist()))
+    # the snap of both is measured on the classes the statistics hold
     measured_snap = snapping(traj, classes=shared).table
     rank = torch.full((S, L, H), math.nan, dtype=torch.float64)
     corr = torch.full((S, L, H), math.nan, dtype=torch.float64)

@@ -383,6 +383,10 @@ THEORY_COLUMNS = ["layer", "head", "snap_step", "predicted_snap", "population_sn
                   "rank_agreement", "dz_corr", "bound_ratio", "inside"]  # fmt: skip
 
 
+def _spread(values: pd.Series) -> str:
+    return f"median {values.median():.3g} (range {values.min():.3g} to {values.max():.3g})"
+
+
 def _theory_section(summary: pd.DataFrame, checks: dict) -> str:
     """The theory against the measurement, per head, with the numbers said in words."""
     table = summary[[c for c in THEORY_COLUMNS if c in summary]]
@@ -394,8 +398,8 @@ def _theory_section(summary: pd.DataFrame, checks: dict) -> str:
             said.append(
                 f"Theorem 3 with rho0 = {detail['rho0'].iloc[0]:.3g} from the data (K ="
                 f" {int(detail['K'].iloc[0])}): at the last checkpoint the measured"
-                f" ln(chi) / 2 is {ratio.median():.3g} times the bound B (median over"
-                f" {len(ratio)} class-heads; range {ratio.min():.3g} to {ratio.max():.3g});"
+                f" ln(chi) / 2 is {_spread(ratio)} times the bound B (over {len(ratio)}"
+                " class-heads);"
                 f" the theorem puts it between f0^2 and 1, and"
                 f" {100 * detail['inside'].mean():.0f} % of class-heads lie there."
             )
@@ -403,8 +407,7 @@ def _theory_section(summary: pd.DataFrame, checks: dict) -> str:
         r = summary["snap_ratio"].dropna()
         if len(r):
             said.append(
-                f"Measured snap / snap of the population dynamics: median {r.median():.3g}"
-                f" (range {r.min():.3g} to {r.max():.3g}); rank agreement"
+                f"Measured snap / snap of the population dynamics: {_spread(r)}; rank agreement"
                 f" {summary['rank_agreement'].median():.3g}, logit-change correlation"
                 f" {summary['dz_corr'].median():.3g} (medians over heads)."
             )
