@@ -265,7 +265,12 @@ def _record(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
     )
     before = len(recorder.done)
-    traj = recorder.record(source, on_error=args.on_error)
+    if args.ray is not None:
+        from .distributed import ray_record
+
+        traj = ray_record(recorder, source, on_error=args.on_error, address=args.ray or None)
+    else:
+        traj = recorder.record(source, on_error=args.on_error)
     print(
         f"{traj.num_steps} checkpoints recorded ({traj.num_steps - before} new,"
         f" {len(traj.skipped)} skipped), layers {traj.layers}, heads {traj.heads},"
@@ -545,6 +550,11 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument(
         "--overwrite", action="store_true", help="replace a trajectory of another run in --out"
     )
+    record.add_argument(
+        "--ray", nargs="?", const="", metavar="ADDRESS",
+        help="one Ray task per checkpoint (a GPU each where there are GPUs), all writing into"
+        " --out: a local instance, or the cluster at ADDRESS (its workers must see --out)",
+    )  # fmt: skip
     record.set_defaults(func=_record)
 
     report = sub.add_parser(

@@ -1,15 +1,25 @@
-"""Corpus statistics on Ray: shards counted as tasks with the same kernel, merged in a tree.
+"""Ray: corpus statistics counted in shards and merged in a tree; checkpoints recorded in
+parallel into one trajectory folder.
 
     pip install "scansnap-lens[ray]"
 
     shards = indexed_shards("pile/document", num_shards=64)      # ranges of documents
     stats = ray_cooccurrence(shards, vocab_size=50304, window=64)  # a local Ray, or address=
 
+    traj = ray_record(Recorder("out/traj", tokens, plan), checkpoints.pretrained(name))
+
 Counts add (`CooccurrenceStats.__add__`), so the merged statistics equal those of one process
 on the whole corpus (`canonical()` forms are identical; tested).  Each worker holds one
 shard's statistics; pruning (`min_count`) runs once, after the last merge, as it must.  Shards
 are small callables that read their own data (a range of an indexed dataset, or rows put in
 Ray's object store), so a worker never receives the corpus through the driver.
+
+`ray_record` runs one task per checkpoint (one GPU each where the cluster has GPUs); each
+worker loads its checkpoint, records it and writes its file into the trajectory folder, which
+every worker must see (a shared file system on a cluster).  Files are written atomically and
+the manifest is updated under the folder's lock, so workers may finish in any order, a worker
+killed mid-write leaves nothing half-written (Ray runs its task again), and an interrupted
+recording resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -19,11 +29,13 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
+from .checkpoints import CheckpointError, CheckpointSource
 from .corpus import CooccurrenceStats, cooccurrence
 
-__all__ = ["indexed_shards", "ray_cooccurrence", "row_shards"]
+__all__ = ["connect", "indexed_shards", "ray_cooccurrence", "ray_record", "row_shards"]
 
 
 def _ray():
@@ -133,3 +145,106 @@ def ray_cooccurrence(
         ]
     stats = ray.get(level[0])
     return stats.prune(min_count) if min_count > 1 else stats
+
+
+def _record_task(checkpoint, job: dict, tokens, device) -> tuple:
+    """In a worker: load, record and write one checkpoint; ("recorded", step) or
+    ("skipped", step, source, error)."""
+    from .record import record_checkpoint
+    from .recorder import recordable
+    from .trajectory import TrajectoryWriter
+
+    try:
+        model = checkpoint.load()
+    except CheckpointError as err:
+        return ("skipped", checkpoint.step, checkpoint.source, str(err))
+    model = recordable(model)
+    if device is not None:
+        model.to(device)
+    record = record_checkpoint(
+        model,
+        tokens,
+        job["plan"],
+        step=checkpoint.step,
+        layers=job["layers"],
+        heads=job["heads"],
+        batch_size=job["batch_size"],
+        device=device,
+        progress=False,
+        prompt=job["prompt"],
+    )
+    writer = TrajectoryWriter(
+        job["out"], job["plan"], job["layers"], job["heads"], job["step_unit"],
+        prompt=job["prompt"],
+    )  # fmt: skip
+    writer.write(record)
+    return ("recorded", checkpoint.step)
+
+
+def ray_record(
+    recorder,
+    source: CheckpointSource,
+    on_error: str = "raise",
+    address: str | None = None,
+    num_cpus: int | None = None,
+    max_retries: int = 3,
+):
+    """`Recorder.record` with one Ray task per checkpoint; the same trajectory.
+
+    recorder: a `recorder.Recorder` (its folder, plan, tokens [N, T], layers, heads, prompt,
+    batch size; its device where the cluster has no GPU).  When the layers and heads are not
+    given, the first checkpoint is recorded here, which fixes them.  A task whose worker dies
+    runs again (`max_retries`); a checkpoint that cannot be read stops the recording or, with
+    ``on_error="skip"``, is noted in the manifest.  Returns the `Trajectory`.
+    """
+    from .trajectory import _read_manifest
+
+    if not isinstance(recorder.tokens, torch.Tensor):
+        raise ValueError("recording on Ray needs the evaluation tokens as one [N, T] tensor")
+    ray = connect(address, num_cpus)
+    try:
+        todo = recorder._begin(source, on_error)
+        while todo and recorder._writer_for() is None:  # layers or heads still unknown
+            recorder._record_sequentially([todo.pop(0)], on_error)
+        if todo:
+            _fan_out(ray, recorder, todo, on_error, max_retries)
+            recorder._writer.manifest = _read_manifest(recorder.out)
+        recorder._end()
+    finally:
+        recorder.lock.release()
+    return recorder.trajectory()
+
+
+def _fan_out(ray, recorder, todo: list, on_error: str, max_retries: int) -> None:
+    gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+    device = "cuda" if gpus else recorder.device
+    job = {"out": str(recorder.out.resolve()), "plan": recorder.plan, "layers": recorder.layers,
+           "heads": recorder.heads, "step_unit": recorder.step_unit, "prompt": recorder.prompt,
+           "batch_size": recorder.batch_size}  # fmt: skip
+    job_ref, tokens_ref = ray.put(job), ray.put(recorder.tokens)
+    task = ray.remote(_record_task).options(num_gpus=gpus, max_retries=max_retries)
+    steps = {task.remote(c, job_ref, tokens_ref, device): c.step for c in todo}
+    pending = list(steps)
+    bar = tqdm(total=len(pending), desc="checkpoints (ray)", unit="ckpt",
+               disable=not recorder.progress)  # fmt: skip
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                outcome = ray.get(done[0])
+            except ray.exceptions.RayError as err:
+                raise ChildProcessError(
+                    f"recording step {steps[done[0]]} failed in its Ray worker"
+                    f" ({type(err).__name__}, after {max_retries} retries): what was recorded"
+                    " is kept; run again to resume"
+                ) from err
+            if outcome[0] == "skipped":
+                _, step, where, error = outcome
+                if on_error == "raise":
+                    raise CheckpointError(error)
+                recorder._writer.skip(step, where, error)
+            bar.update(1)
+    finally:
+        for ref in pending:  # stopped early: the checkpoints not yet recorded stay to do
+            ray.cancel(ref)
+        bar.close()

@@ -21,7 +21,13 @@ from .backend import hf_bridge, is_hf_model
 from .checkpoints import CheckpointError, CheckpointSource
 from .plan import RecordPlan, plan_recording
 from .record import CheckpointRecord, record_checkpoint
-from .trajectory import Trajectory, TrajectoryWriter, _read_manifest, remove_trajectory
+from .trajectory import (
+    RecordingLock,
+    Trajectory,
+    TrajectoryWriter,
+    _read_manifest,
+    remove_trajectory,
+)
 
 __all__ = ["Recorder", "record_trajectory", "trainer_callback"]
 
@@ -37,6 +43,10 @@ class Recorder:
     overwrite: replace a trajectory of another run in ``out``.  Without it, a folder whose
     run differs (plan, layers, heads, prompt, or a value of ``meta`` such as the rates or the
     checkpoint source) is refused with what differs; the same run resumes.
+
+    While it records, the recorder holds the folder's `RecordingLock`: a recorder in another
+    process fails at once.  `record` releases it when done; `on_checkpoint` (a training loop)
+    holds it until `close` or the end of the process (``with Recorder(...) as recorder:``).
     """
 
     def __init__(
@@ -58,6 +68,9 @@ class Recorder:
         self.out = Path(out)
         if self.out.exists() and not self.out.is_dir():
             raise ValueError(f"{self.out} is a file, not a folder for the trajectory")
+        self.lock = RecordingLock(self.out)
+        if (self.out / "manifest.json").exists():
+            self.lock.acquire()  # before anything of the folder is read or removed
         if overwrite and (self.out / "manifest.json").exists():
             remove_trajectory(self.out)
         default_prompt = prompt is None
@@ -105,6 +118,7 @@ class Recorder:
             layers = list(range(model.cfg.n_layers)) if self.layers is None else list(self.layers)
             heads = list(range(model.cfg.n_heads)) if self.heads is None else list(self.heads)
             self.layers, self.heads = layers, heads
+            self.lock.acquire()
             self._writer = TrajectoryWriter(
                 self.out, self.plan, layers, heads, self.step_unit, self.meta, prompt=self.prompt
             )
@@ -112,6 +126,16 @@ class Recorder:
             self._writer.skip(*skip)
         self._skips = []
         return self._writer
+
+    def close(self) -> None:
+        """Release the folder's recording lock (a later call records and takes it again)."""
+        self.lock.release()
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def done(self) -> set[int]:
@@ -145,7 +169,7 @@ class Recorder:
         if is_hf_model(model):
             if int(step) in self.done:
                 return None
-            model = hf_bridge(copy.deepcopy(model).eval())
+            model = recordable(model)
         writer = self._writer_for(model)
         if int(step) in writer.done:
             return None
@@ -170,6 +194,15 @@ class Recorder:
         on_error: "raise" stops at an unreadable checkpoint (everything recorded so far stays
         saved); "skip" notes it in the manifest's ``skipped`` list and goes on.
         """
+        try:
+            self._record_sequentially(self._begin(source, on_error), on_error)
+            self._end()
+        finally:
+            self.lock.release()
+        return self.trajectory()
+
+    def _begin(self, source: CheckpointSource, on_error: str) -> list:
+        """Check `source` against the folder, take the lock; the checkpoints still to record."""
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if source.step_unit != self.step_unit:
@@ -178,7 +211,11 @@ class Recorder:
         self._check_same_run(known)
         if self._writer is None:
             self.meta = {**known, **self.meta}
-        todo = [c for c in source if c.step not in self.done]
+        if self.out.exists():
+            self.lock.acquire()
+        return [c for c in source if c.step not in self.done]
+
+    def _record_sequentially(self, todo: list, on_error: str) -> None:
         for checkpoint in tqdm(todo, desc="checkpoints", unit="ckpt", disable=not self.progress):
             try:
                 model = checkpoint.load()
@@ -193,15 +230,21 @@ class Recorder:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-        if self._skips:
+
+    def _end(self) -> None:
+        if self._skips:  # none could be read, so no writer took them
             raise CheckpointError(
                 "no checkpoint could be read: "
                 + "; ".join(f"{source}: {error}" for _, source, error in self._skips)
             )
-        return self.trajectory()
 
     def trajectory(self) -> Trajectory:
         return Trajectory.load(self.out)
+
+
+def recordable(model):
+    """`model` as the recorder hooks it: a Hugging Face model becomes a bridge around a copy."""
+    return hf_bridge(copy.deepcopy(model).eval()) if is_hf_model(model) else model
 
 
 def trainer_callback(recorder: Recorder):

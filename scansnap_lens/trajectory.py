@@ -17,11 +17,13 @@ the old checkpoint files, and never a file outside the folder's ``checkpoints/``
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import pandas as pd
 import torch
@@ -36,7 +38,7 @@ except ImportError:  # Windows
 from .plan import RecordPlan
 from .record import CheckpointRecord
 
-__all__ = ["Trajectory", "TrajectoryWriter", "remove_trajectory"]
+__all__ = ["RecordingLock", "Trajectory", "TrajectoryWriter", "remove_trajectory"]
 
 FORMAT = "scansnap_lens.Trajectory/1"
 _FIELDS = ("zbar", "chat", "entropy", "query_entropy")
@@ -379,6 +381,66 @@ def _folder_lock(path: Path, active: bool = True):
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class RecordingLock:
+    """The folder's recording lock (``.recording.lock``): one recording process at a time.
+
+    Held by a `Recorder` while it records; a recorder in another process fails at once with
+    this one's pid.  Within one process it is shared (a notebook that builds a new `Recorder`
+    for the same folder takes it over), and the workers a recording fans out to (Ray) write
+    under the manifest's short lock only.  The operating system releases it when the process
+    ends, so a killed recording never leaves a stale lock.
+    """
+
+    _held: ClassVar[dict[Path, tuple[object, set[int]]]] = {}  # folder -> (open file, holder ids)
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._key = self.path.resolve()
+
+    @property
+    def held(self) -> bool:
+        return id(self) in self._held.get(self._key, (None, set()))[1]
+
+    def acquire(self) -> None:
+        if self.held:
+            return
+        if self._key in self._held:
+            self._held[self._key][1].add(id(self))
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path / ".recording.lock", "a+")
+        if fcntl is not None:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "unknown"
+                handle.close()
+                raise BlockingIOError(
+                    f"{self.path} is being recorded by another process (pid {holder}): wait"
+                    " for it to finish, or record into another folder"
+                ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._held[self._key] = (handle, {id(self)})
+
+    def release(self) -> None:
+        handle, holders = self._held.get(self._key, (None, set()))
+        holders.discard(id(self))
+        if handle is not None and not holders:
+            del self._held[self._key]
+            handle.close()  # closing the file releases the flock
+
+    def __enter__(self) -> RecordingLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 def _read_manifest(path: Path) -> dict:

@@ -513,3 +513,47 @@ def test_files_a_user_gets_wrong_are_named(demo_out, own_run, tmp_path, capsys):
         assert main(args) == 2, args
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err
+
+
+def test_a_second_recording_process_fails_at_once(own_run, tmp_path, capsys):
+    """The folder's recording lock: another process holding it stops `record` before anything
+    is read or written; a killed holder leaves no stale lock; one process shares it (a
+    notebook that builds a second Recorder for the same folder)."""
+    import time
+
+    from scansnap_lens.recorder import Recorder
+
+    root, _ = own_run
+    args = ["record", "--checkpoints", str(root / "ckpt"), "--tokens"]
+    args += [str(root / "eval.safetensors"), "--out", str(tmp_path / "t")]
+    assert main([*args, "--steps", "0,10"]) == 0
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from scansnap_lens.trajectory import "
+         "RecordingLock; RecordingLock(sys.argv[1]).acquire(); print('held', flush=True); "
+         "time.sleep(120)", str(tmp_path / "t")],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == b"held"
+        manifest = (tmp_path / "t" / "manifest.json").read_bytes()
+        start = time.monotonic()
+        assert main(args) == 2
+        assert time.monotonic() - start < 10  # at once, not after waiting
+        err = capsys.readouterr().err
+        assert f"being recorded by another process (pid {holder.pid})" in err
+        assert (tmp_path / "t" / "manifest.json").read_bytes() == manifest
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(args) == 0  # the killed holder's lock went with its process
+    assert Trajectory.load(tmp_path / "t").steps.tolist() == [0, 10, 20, 40]
+
+    from scansnap_lens.tokens import read_tokens
+
+    tokens, plan = read_tokens(root / "eval.safetensors"), Trajectory.load(tmp_path / "t").plan
+    first = Recorder(tmp_path / "t", tokens, plan, progress=False)
+    second = Recorder(tmp_path / "t", tokens, plan, progress=False)  # same process: shared
+    assert first.lock.held and second.lock.held
+    first.close()
+    assert second.lock.held
+    second.close()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+from functools import partial
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -69,3 +73,131 @@ def test_ray_stats_on_an_indexed_corpus_through_the_command_line(local_ray, tmp_
     )
     assert_identical(cooccurrence(docs, 50, window=8),
                      CooccurrenceStats.load(tmp_path / "s3.safetensors"))  # fmt: skip
+
+
+# ------------------------------------------------------------------ recording on Ray
+def _slow(seconds: float, loader):
+    """A checkpoint that takes `seconds` to load (so that later steps finish first)."""
+    import time
+
+    time.sleep(seconds)
+    return loader()
+
+
+def _killed_mid_write(marker: str, loader):
+    """The first worker to load this checkpoint dies halfway through writing its file."""
+    import os
+    import signal
+    from pathlib import Path
+
+    import scansnap_lens.trajectory as trajectory
+
+    if not Path(marker).exists():
+        Path(marker).touch()
+
+        def half_then_die(path, tensors, metadata):
+            Path(str(path) + ".half").write_bytes(b"\0" * 100)  # the write it was doing
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        trajectory.write_tensors = half_then_die
+    return loader()
+
+
+@pytest.fixture(scope="module")
+def own_checkpoints(tmp_path_factory):
+    """Five checkpoints of a small run, evaluation tokens, a plan, and the trajectory the
+    sequential recorder writes."""
+    import sys
+
+    from scansnap_lens import checkpoints
+    from scansnap_lens.plan import plan_recording
+    from scansnap_lens.recorder import Recorder
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_checkpoints import syn_data, train_run
+
+    root = tmp_path_factory.mktemp("ray_run")
+    train_run(out=root / "ckpt")
+    tokens = syn_data(8, torch.Generator().manual_seed(7))
+    plan = plan_recording(tokens, 34)
+    source = checkpoints.folder(root / "ckpt")
+    sequential = Recorder(root / "seq", tokens, plan, progress=False).record(source)
+    return root, tokens, plan, sequential
+
+
+def assert_same_trajectory(a, b) -> None:
+    assert a.steps.tolist() == b.steps.tolist() and a.meta == b.meta
+    for name in ("zbar", "chat", "entropy", "query_entropy", "prompt_pattern"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+def test_record_on_ray_out_of_order_with_a_killed_worker_equals_sequential(
+    local_ray, own_checkpoints, tmp_path
+):
+    """Workers finish in reverse step order and the first to record step 10 is killed halfway
+    through its file: Ray runs that task again, and the trajectory is the sequential one."""
+    from ray import cloudpickle
+
+    from scansnap_lens import checkpoints
+    from scansnap_lens.distributed import ray_record
+    from scansnap_lens.recorder import Recorder
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    root, tokens, plan, sequential = own_checkpoints
+    source = checkpoints.folder(root / "ckpt")
+    for i, c in enumerate(source.checkpoints):
+        c.loader = partial(_slow, 0.4 * (len(source) - i), c.loader)
+        if c.step == 10:
+            c.loader = partial(_killed_mid_write, str(tmp_path / "killed"), c.loader)
+    recorder = Recorder(tmp_path / "t", tokens, plan, layers=[0], heads=[0, 1], progress=False)
+    traj = ray_record(recorder, source)
+    assert (tmp_path / "t" / "checkpoints" / "step_000000000010.safetensors.half").exists()
+    assert_same_trajectory(traj, sequential)
+    files = sorted((tmp_path / "t" / "checkpoints").glob("step_*.safetensors"),
+                   key=lambda f: f.stat().st_mtime_ns)  # fmt: skip
+    assert [int(f.name[5:17]) for f in files] != sorted(traj.steps.tolist())  # out of order
+
+
+def test_record_on_ray_resumes_and_skips(local_ray, own_checkpoints, tmp_path, capsys):
+    """Two steps recorded in one process, the rest on Ray (the layers and heads fixed by the
+    first checkpoint, recorded by the driver); an unreadable checkpoint is skipped or stops."""
+    from scansnap_lens import checkpoints
+    from scansnap_lens.checkpoints import CheckpointError
+    from scansnap_lens.distributed import ray_record
+    from scansnap_lens.recorder import Recorder
+
+    root, tokens, plan, sequential = own_checkpoints
+    partial_source = checkpoints.folder(root / "ckpt", steps=[0, 20])
+    Recorder(tmp_path / "t", tokens, plan, progress=False).record(partial_source)
+    traj = ray_record(Recorder(tmp_path / "t", tokens, plan, progress=False),
+                      checkpoints.folder(root / "ckpt"))  # fmt: skip
+    assert_same_trajectory(traj, sequential)
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in (root / "ckpt").iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    (broken / "step_000000005.safetensors").write_bytes(b"truncated")
+    with pytest.raises(CheckpointError, match="step_000000005"):
+        ray_record(Recorder(tmp_path / "u", tokens, plan, progress=False),
+                   checkpoints.folder(broken))  # fmt: skip
+    traj = ray_record(Recorder(tmp_path / "v", tokens, plan, progress=False),
+                      checkpoints.folder(broken), on_error="skip")  # fmt: skip
+    assert traj.steps.tolist() == [0, 10, 20, 30]
+    assert [s["step"] for s in traj.skipped] == [5]
+
+
+def test_record_ray_through_the_command_line(local_ray, own_checkpoints, tmp_path, capsys):
+    root, tokens, _, _ = own_checkpoints
+    from scansnap_lens.tokens import save_tokens
+
+    save_tokens(tmp_path / "eval.safetensors", tokens)
+    args = ["record", "--checkpoints", str(root / "ckpt"), "--tokens"]
+    args += [str(tmp_path / "eval.safetensors")]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert main([*args, "--out", str(tmp_path / "b"), "--ray"]) == 0
+    assert "5 checkpoints recorded (5 new" in capsys.readouterr().out
+    from scansnap_lens.trajectory import Trajectory
+
+    a, b = Trajectory.load(tmp_path / "a"), Trajectory.load(tmp_path / "b")
+    assert_same_trajectory(a, b)
