@@ -114,50 +114,128 @@ def _query_pairs(lo, hi, class_offsets, token, count, stamp, mark, support, top,
     return n_touched
 
 
-@numba.njit(cache=True)
-def pair_summary(query_bounds, class_offsets, token, count, vocab_size):
-    """Per (query, context token) pair, sorted by query then token: the token, its support
-    (occurrences over the query's classes), top count, the class of the top count (ties: the
-    smallest next token) and the number of classes it occurs in.
-
-    query_bounds: [Q + 1] the classes of each query (classes sorted by (m, n)); class_offsets:
-    [C + 1] CSR offsets of the triples.  Work O(triples + pairs log pairs-per-query), memory
-    O(vocab) beyond the output: no sort of the triples.
-    """
-    V = vocab_size
-    stamp = np.full(V, -1, np.int64)
-    support = np.zeros(V, np.int64)
-    top = np.zeros(V, np.int64)
-    top_class = np.zeros(V, np.int64)
-    num_next = np.zeros(V, np.int64)
-    touched = np.empty(V, np.int64)
+@numba.njit(parallel=True, cache=True)
+def pair_counts(query_bounds, class_offsets, token, vocab_size, block_bounds):
+    """[Q] the number of distinct context tokens of each query: `pair_summary`'s output
+    sizes.  Arguments as there."""
     Q = query_bounds.shape[0] - 1
     sizes = np.zeros(Q, np.int64)
-    for q in range(Q):  # pass 1: the output size
-        lo, hi = query_bounds[q], query_bounds[q + 1]
-        args = (class_offsets, token, count, stamp, q, support, top, top_class, num_next)
-        sizes[q] = _query_pairs(lo, hi, *args, touched)
-    total = sizes.sum()
-    out_query = np.empty(total, np.int64)
-    out_token = np.empty(total, np.int64)
-    out_support = np.empty(total, np.int64)
-    out_top = np.empty(total, np.int64)
-    out_class = np.empty(total, np.int64)
-    out_next = np.empty(total, np.int64)
-    stamp[:] = -1
-    at = 0
-    for q in range(Q):  # pass 2: fill, tokens ascending within the query
-        lo, hi = query_bounds[q], query_bounds[q + 1]
-        args = (class_offsets, token, count, stamp, q, support, top, top_class, num_next)
-        n = _query_pairs(lo, hi, *args, touched)
-        tokens = np.sort(touched[:n])
-        for j in range(n):
-            t = tokens[j]
-            out_query[at] = q
-            out_token[at] = t
-            out_support[at] = support[t]
-            out_top[at] = top[t]
-            out_class[at] = top_class[t]
-            out_next[at] = num_next[t]
-            at += 1
-    return out_query, out_token, out_support, out_top, out_class, out_next
+    for b in numba.prange(block_bounds.shape[0] - 1):
+        stamp = np.full(vocab_size, -1, np.int64)
+        for q in range(block_bounds[b], block_bounds[b + 1]):
+            n = 0
+            for i in range(class_offsets[query_bounds[q]], class_offsets[query_bounds[q + 1]]):
+                t = token[i]
+                if stamp[t] != q:
+                    stamp[t] = q
+                    n += 1
+            sizes[q] = n
+    return sizes
+
+
+@numba.njit(parallel=True, cache=True)
+def pair_summary(query_bounds, class_offsets, token, count, vocab_size, block_bounds,
+                 query_ids, class_next, class_total, starts, out, base):  # fmt: skip
+    """Per (query, context token) pair, sorted by query then token, written into ``out``
+    (seven int64 arrays [P]): the query id, the token, its support (occurrences over the
+    query's classes), its top count, the next token of the top count (ties: the smallest),
+    the number of classes it occurs in, the query's number of next tokens; and into ``base``
+    (float64 [P]) the share of that next token among the query's context positions.
+
+    query_bounds: [Q + 1] the classes of each query (classes sorted by (m, n)); class_offsets:
+    [C + 1] CSR offsets of the triples; block_bounds: [B + 1] the queries of each block (the
+    blocks run in parallel, each with its own O(vocab) counters); query_ids [Q]; class_next
+    [C]; class_total [C] context positions of each class; starts [Q + 1] each query's first
+    pair (cumulative `pair_counts`).  Work O(triples + pairs log pairs-per-query), memory
+    O(vocab x threads) beyond the output, which the caller allocates: no sort of triples.
+    """
+    for b in numba.prange(block_bounds.shape[0] - 1):
+        stamp = np.full(vocab_size, -1, np.int64)
+        support = np.zeros(vocab_size, np.int64)
+        top = np.zeros(vocab_size, np.int64)
+        top_class = np.zeros(vocab_size, np.int64)
+        num_next = np.zeros(vocab_size, np.int64)
+        touched = np.empty(vocab_size, np.int64)
+        for q in range(block_bounds[b], block_bounds[b + 1]):
+            lo, hi = query_bounds[q], query_bounds[q + 1]
+            args = (class_offsets, token, count, stamp, q, support, top, top_class, num_next)
+            n = _query_pairs(lo, hi, *args, touched)
+            tokens = np.sort(touched[:n])
+            query_total = 0.0
+            for c in range(lo, hi):
+                query_total += class_total[c]
+            at = starts[q]
+            for j in range(n):
+                t = tokens[j]
+                out[0][at + j] = query_ids[q]
+                out[1][at + j] = t
+                out[2][at + j] = support[t]
+                out[3][at + j] = top[t]
+                out[4][at + j] = class_next[top_class[t]]
+                out[5][at + j] = num_next[t]
+                out[6][at + j] = hi - lo
+                base[at + j] = class_total[top_class[t]] / query_total
+
+
+@numba.njit(parallel=True, cache=True)
+def whole_share_p_values(support, base, rivals):
+    """min(1, rivals * base ** support): the Bonferroni-corrected binomial p-value of a token
+    whose occurrences all go to one next token (P(X = support), X ~ Bin(support, base))."""
+    out = np.empty(support.shape[0], np.float64)
+    for i in numba.prange(support.shape[0]):
+        out[i] = min(1.0, rivals[i] * base[i] ** support[i])
+    return out
+
+
+@numba.njit(parallel=True, cache=True)
+def merge_triples(in_a, in_b, a_offsets, a_token, a_count, b_offsets, b_token, b_count,
+                  vocab_size, num_blocks):  # fmt: skip
+    """The triples of two statistics added, class by class, in one linear pass (no sort).
+
+    in_a, in_b: [K] the index of each class of the union in a and in b (-1: absent there);
+    the rest are the two CSR layouts.  Returns (offsets [K + 1], token, count): within a
+    class a's tokens in a's order, then b's new tokens in b's order.
+    """
+    K = in_a.shape[0]
+    sizes = np.zeros(K, np.int64)
+    block = (K + num_blocks - 1) // num_blocks
+    for blk in numba.prange(num_blocks):  # pass 1: the size of each merged class
+        mark = np.full(vocab_size, -1, np.int64)
+        for k in range(blk * block, min(K, (blk + 1) * block)):
+            n = 0
+            if in_a[k] >= 0:
+                for i in range(a_offsets[in_a[k]], a_offsets[in_a[k] + 1]):
+                    mark[a_token[i]] = k
+                    n += 1
+            if in_b[k] >= 0:
+                for i in range(b_offsets[in_b[k]], b_offsets[in_b[k] + 1]):
+                    if mark[b_token[i]] != k:
+                        n += 1
+            sizes[k] = n
+    offsets = np.zeros(K + 1, np.int64)
+    offsets[1:] = np.cumsum(sizes)
+    token = np.empty(offsets[K], a_token.dtype)
+    count = np.empty(offsets[K], np.int64)
+    for blk in numba.prange(num_blocks):  # pass 2: fill
+        mark = np.full(vocab_size, -1, np.int64)
+        where = np.empty(vocab_size, np.int64)
+        for k in range(blk * block, min(K, (blk + 1) * block)):
+            at = offsets[k]
+            if in_a[k] >= 0:
+                for i in range(a_offsets[in_a[k]], a_offsets[in_a[k] + 1]):
+                    t = a_token[i]
+                    mark[t] = k
+                    where[t] = at
+                    token[at] = t
+                    count[at] = a_count[i]
+                    at += 1
+            if in_b[k] >= 0:
+                for i in range(b_offsets[in_b[k]], b_offsets[in_b[k] + 1]):
+                    t = b_token[i]
+                    if mark[t] == k:
+                        count[where[t]] += b_count[i]
+                    else:
+                        token[at] = t
+                        count[at] = b_count[i]
+                        at += 1
+    return offsets, token, count

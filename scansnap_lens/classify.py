@@ -28,13 +28,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 import pandas as pd
 import torch
 from scipy.stats import binom
 from torch import Tensor
 
-from ._counting import pair_summary
+from ._counting import pair_counts, pair_summary, whole_share_p_values
 from .corpus import CooccurrenceStats
 
 __all__ = ["COMMON", "DISTINCT", "UNDETERMINED", "TokenClasses", "classify"]
@@ -132,21 +133,46 @@ def _decoder(decode):
 
 
 def _benjamini_hochberg(p: np.ndarray) -> np.ndarray:
-    """BH-adjusted p-values (monotone, capped at 1)."""
+    """BH-adjusted p-values (monotone, capped at 1): p * n / (number of p-values <= p),
+    then the running minimum from the largest p down.  Only the values below 1 are sorted
+    (usually a minority, with few distinct values); a p-value of 1 stays 1."""
     n = p.size
-    if n == 0:
-        return p
-    order = np.argsort(p)
-    ranked = p[order] * n / np.arange(1, n + 1)
-    adjusted = np.minimum.accumulate(ranked[::-1])[::-1]
-    out = np.empty(n)
-    out[order] = np.minimum(adjusted, 1.0)
+    out = np.ones(n)
+    below = np.flatnonzero(p < 1.0)
+    if below.size:
+        values = np.unique(p[below])
+        where = np.searchsorted(values, p[below])
+        at_most = np.cumsum(np.bincount(where, minlength=values.size))
+        adjusted = np.minimum.accumulate((values * n / at_most)[::-1])[::-1]
+        out[below] = np.minimum(adjusted, 1.0)[where]
     return out
+
+
+def _guard_p_values(top, support, base, rivals) -> np.ndarray:
+    """Bonferroni-corrected one-sided binomial p-values P(X >= top), X ~ Bin(support, base).
+    Where every occurrence goes to the top next token (top = support, all of them when
+    purity = 1) that is base ** support, computed directly."""
+    p = whole_share_p_values(support, base, rivals)
+    partial = np.flatnonzero(top < support)
+    if partial.size:
+        sf = binom.sf(top[partial] - 1, support[partial], base[partial])
+        p[partial] = np.minimum(sf * rivals[partial], 1.0)
+    return p
 
 
 def _tensor(values: np.ndarray, dtype) -> Tensor:
     """A tensor of `values`, copied only where the dtype or layout asks for it."""
     return torch.from_numpy(np.ascontiguousarray(values, dtype=dtype))
+
+
+def _blocks(class_offsets: np.ndarray, query_bounds: np.ndarray) -> np.ndarray:
+    """[B + 1] query indices cutting the queries into blocks of about equal triple counts,
+    four per thread (a few queries hold most triples)."""
+    triples = class_offsets[query_bounds]  # [Q + 1] cumulative triples at each query's start
+    num_queries = len(query_bounds) - 1
+    targets = np.linspace(0, triples[-1], 4 * numba.get_num_threads() + 1)[1:-1]
+    cuts = np.searchsorted(triples, targets, side="right")
+    return np.unique(np.clip(np.r_[0, cuts, num_queries], 0, num_queries))
 
 
 def _local_pairs(stats: CooccurrenceStats):
@@ -159,13 +185,18 @@ def _local_pairs(stats: CooccurrenceStats):
     class_total = (cum[offsets[1:]] - cum[offsets[:-1]]).astype(np.float64)
     queries, per_query = np.unique(stats.query.numpy(), return_counts=True)
     bounds = np.concatenate([[0], np.cumsum(per_query)])
-    query_total = np.add.reduceat(class_total, bounds[:-1]) if len(queries) else class_total
-    q_idx, token, support, top, top_class, num_next = pair_summary(
-        bounds, offsets, stats.token.numpy(), count, stats.vocab_size
-    )
-    base = class_total[top_class] / query_total[q_idx]
-    return (queries[q_idx], token, support, top, stats.next_token.numpy()[top_class], num_next,
-            base, per_query[q_idx])  # fmt: skip
+    token, blocks = stats.token.numpy(), _blocks(offsets, bounds)
+    starts = np.concatenate([[0], np.cumsum(pair_counts(bounds, offsets, token, stats.vocab_size,
+                                                        blocks))])  # fmt: skip
+    # numpy allocates the output (numba would not ask for huge pages: page faults cost more
+    # than the pass itself here)
+    out = tuple(np.empty(starts[-1], np.int64) for _ in range(7))
+    base = np.empty(starts[-1], np.float64)
+    pair_summary(bounds, offsets, token, count, stats.vocab_size, blocks,
+                 queries.astype(np.int64), stats.next_token.numpy().astype(np.int64),
+                 class_total, starts, out, base)  # fmt: skip
+    query, token, support, top, top_next, num_next, rivals = out
+    return query, token, support, top, top_next, num_next, base, rivals
 
 
 def _global_pairs(stats: CooccurrenceStats):
@@ -185,7 +216,7 @@ def _global_pairs(stats: CooccurrenceStats):
     support = np.add.reduceat(count_s, starts)
     top_n = next_s[starts]
     num_next = np.diff(np.r_[starts, len(tok_s)])
-    rivals = np.full(len(starts), len(next_ids))
+    rivals = np.full(len(starts), len(next_ids), dtype=np.int64)
     return (np.full(len(starts), -1), tok_s[starts], support, count_s[starts], next_ids[top_n],
             num_next, base_of_next[top_n], rivals)  # fmt: skip
 
@@ -214,16 +245,19 @@ def classify(
         query, token, support, top, top_next, num_next, base, rivals = _global_pairs(stats)
     share = top / support
     judged = support >= min_support
-    looks_distinct = judged & (share >= purity - 1e-12)
-    p_value = np.full(len(token), np.nan)
-    label = np.where(judged, COMMON, UNDETERMINED).astype(np.int64)
+    cand = np.flatnonzero(judged & (share >= purity - 1e-12))  # looks distinct
     if guard:  # the binomial test only where support and purity already pass
-        cand = np.flatnonzero(looks_distinct)
-        raw = binom.sf(top[cand] - 1, support[cand], base[cand]) * rivals[cand]
-        p_value[cand] = _benjamini_hochberg(np.minimum(raw, 1.0))
+        raw = _guard_p_values(top[cand], support[cand], base[cand], rivals[cand])
+    # base and rivals are spent: their memory takes p_value and label (fresh pages are slow)
+    p_value, label = base, rivals
+    p_value.fill(np.nan)
+    label.fill(UNDETERMINED)
+    label[judged] = COMMON
+    if guard:
+        p_value[cand] = _benjamini_hochberg(raw)
         label[cand] = np.where(p_value[cand] <= alpha, DISTINCT, UNDETERMINED)
     else:
-        label[looks_distinct] = DISTINCT
+        label[cand] = DISTINCT
     return TokenClasses(
         scope=scope,
         vocab_size=V,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numba
@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ._counting import distinct_per_class, fill_triples, find_events
+from ._counting import distinct_per_class, fill_triples, find_events, merge_triples
 from ._io import read_tensors, write_tensors
 
 __all__ = ["CooccurrenceStats", "cooccurrence", "from_dataset"]
@@ -80,6 +80,13 @@ class CooccurrenceStats:
     tokenizer: str | None = None
     min_count: int = 1
     _index: dict[tuple[int, int], int] | None = field(default=None, repr=False, compare=False)
+
+    def __reduce__(self):
+        """Pickled as numpy arrays: Ray's object store then hands them to the next task
+        without a copy (pickle protocol 5 buffers), where torch tensors would be copied."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_index"}
+        arrays = {k: v.numpy() for k, v in values.items() if isinstance(v, Tensor)}
+        return _from_arrays, ({k: v for k, v in values.items() if k not in arrays}, arrays)
 
     # ----------------------------------------------------------------- accessors
     @property
@@ -202,28 +209,30 @@ class CooccurrenceStats:
             raise ValueError("cannot merge pruned statistics: merge first, then prune")
 
     def __add__(self, other: CooccurrenceStats) -> CooccurrenceStats:
+        """The statistics of both corpora: counts add, class by class, in one linear pass."""
         self._check_compatible(other)
         V = self.vocab_size
-        classes = torch.cat([self.query * V + self.next_token, other.query * V + other.next_token])
-        events = torch.cat([self.events, other.events])
-        keys, inverse = classes.unique(return_inverse=True)
-        merged_events = torch.zeros(keys.numel(), dtype=torch.long).index_add_(0, inverse, events)
-        triple_cls = inverse[torch.cat([self.triple_class, other.triple_class + self.num_classes])]
-        triple_key = triple_cls * V + torch.cat([self.token, other.token])
-        tkeys, tinv = triple_key.unique(return_inverse=True)
-        counts = torch.zeros(tkeys.numel(), dtype=torch.long).index_add_(
-            0, tinv, torch.cat([self.count, other.count])
-        )
-        per_class = torch.bincount(tkeys // V, minlength=keys.numel())
+        a_keys = (self.query * V + self.next_token).numpy()
+        b_keys = (other.query * V + other.next_token).numpy()
+        keys = np.union1d(a_keys, b_keys)  # classes stay sorted by (m, n)
+        in_a, in_b = _positions(a_keys, keys), _positions(b_keys, keys)
+        events = np.zeros(len(keys), np.int64)
+        events[in_a >= 0] += self.events.numpy()[in_a[in_a >= 0]]
+        events[in_b >= 0] += other.events.numpy()[in_b[in_b >= 0]]
+        offsets, token, count = merge_triples(
+            in_a, in_b, self.offsets.numpy(), self.token.numpy(), self.count.numpy(),
+            other.offsets.numpy(), other.token.numpy(), other.count.numpy(), V,
+            4 * numba.get_num_threads(),
+        )  # fmt: skip
         fingerprint = (int(self.fingerprint, 16) + int(other.fingerprint, 16)) & _MASK64
         return replace(
             self,
-            query=keys // V,
-            next_token=keys % V,
-            events=merged_events,
-            offsets=torch.cat([torch.zeros(1, dtype=torch.long), per_class.cumsum(0)]),
-            token=tkeys % V,
-            count=counts,
+            query=torch.from_numpy(keys // V),
+            next_token=torch.from_numpy(keys % V),
+            events=torch.from_numpy(events),
+            offsets=torch.from_numpy(offsets),
+            token=torch.from_numpy(token),
+            count=torch.from_numpy(count),
             num_tokens=self.num_tokens + other.num_tokens,
             num_rows=self.num_rows + other.num_rows,
             fingerprint=f"{fingerprint:016x}",
@@ -432,6 +441,23 @@ def _count_rows(
         num_rows=len(rows),
         fingerprint=f"{_fingerprint(rows):016x}",
     )
+
+
+def _from_arrays(values: dict, arrays: dict) -> CooccurrenceStats:
+    import warnings
+
+    with warnings.catch_warnings():  # a read-only buffer of Ray's store: never written to
+        warnings.simplefilter("ignore", UserWarning)
+        tensors = {k: torch.from_numpy(v) for k, v in arrays.items()}
+    return CooccurrenceStats(**values, **tensors)
+
+
+def _positions(keys: np.ndarray, union: np.ndarray) -> np.ndarray:
+    """[K] the index of each of `union`'s keys in the sorted `keys`, -1 where absent."""
+    if len(keys) == 0:
+        return np.full(len(union), -1, np.int64)
+    at = np.searchsorted(keys, union).clip(max=len(keys) - 1)
+    return np.where(keys[at] == union, at, -1).astype(np.int64)
 
 
 def cooccurrence(

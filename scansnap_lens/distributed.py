@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from dataclasses import fields, replace
 from functools import partial
 
 import numpy as np
@@ -96,8 +97,14 @@ def row_shards(rows: Sequence, num_shards: int, address: str | None = None) -> l
     ]
 
 
-def _count(shard: Callable, vocab_size: int, options: dict) -> CooccurrenceStats:
-    return cooccurrence(shard(), vocab_size, **options)
+def _count(shard: Callable, vocab_size: int, options: dict) -> tuple[CooccurrenceStats, int]:
+    """A shard's statistics and the worker's peak resident memory (bytes) so far."""
+    import resource
+    import sys
+
+    stats = cooccurrence(shard(), vocab_size, **options)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return stats, peak * (1 if sys.platform == "darwin" else 1024)  # bytes on macOS, KiB else
 
 
 def _merge(*parts: CooccurrenceStats) -> CooccurrenceStats:
@@ -105,6 +112,12 @@ def _merge(*parts: CooccurrenceStats) -> CooccurrenceStats:
     for part in parts[1:]:
         total = total + part
     return total
+
+
+def _owned(stats: CooccurrenceStats) -> CooccurrenceStats:
+    """A copy in the driver's own memory (Ray's store hands out read-only buffers)."""
+    tensors = {f.name: getattr(stats, f.name) for f in fields(stats)}
+    return replace(stats, **{k: v.clone() for k, v in tensors.items() if torch.is_tensor(v)})
 
 
 def ray_cooccurrence(
@@ -119,10 +132,16 @@ def ray_cooccurrence(
     num_cpus: int | None = None,
     merge_arity: int = 2,
     progress: bool = False,
+    timings: dict | None = None,
 ) -> CooccurrenceStats:
     """`corpus.cooccurrence` of the shards' rows, one Ray task per shard, merged in a tree of
     `merge_arity`.  `address`: a Ray cluster (default: the running instance, else a local one
-    with `num_cpus`)."""
+    with `num_cpus`).  `timings`, a dict, receives ``count_s`` (until the last shard is
+    counted), ``merge_s`` (the merges after it) and ``worker_peak_bytes`` (per shard, the
+    peak resident memory so far of the worker that counted it: Ray reuses workers, so this
+    bounds the shard's own peak from above)."""
+    import time
+
     if not shards:
         raise ValueError("no shard to count")
     if merge_arity < 2:
@@ -130,20 +149,26 @@ def ray_cooccurrence(
     ray = connect(address, num_cpus)
     options = {"window": window, "exclude_bos": exclude_bos, "queries": queries,
                "next_tokens": next_tokens, "num_proc": 1}  # fmt: skip
-    count = ray.remote(_count)
+    count = ray.remote(_count).options(num_returns=2)
     merge = ray.remote(_merge)
-    level = [count.remote(shard, vocab_size, options) for shard in shards]
+    start = time.perf_counter()
+    level, peaks = zip(*[count.remote(shard, vocab_size, options) for shard in shards])
+    level = list(level)
     bar = tqdm(total=len(level), desc="shards", unit="shard", disable=not progress)
     pending = list(level)
     while pending:  # progress as shards finish, in any order
         done, pending = ray.wait(pending, num_returns=1)
         bar.update(len(done))
     bar.close()
+    counted = time.perf_counter()
     while len(level) > 1:
         level = [
             merge.remote(*level[i : i + merge_arity]) for i in range(0, len(level), merge_arity)
         ]
-    stats = ray.get(level[0])
+    stats = _owned(ray.get(level[0]))
+    if timings is not None:
+        timings.update(count_s=counted - start, merge_s=time.perf_counter() - counted,
+                       worker_peak_bytes=ray.get(list(peaks)))  # fmt: skip
     return stats.prune(min_count) if min_count > 1 else stats
 
 

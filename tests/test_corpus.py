@@ -85,7 +85,9 @@ def test_merge_equals_the_concatenation_and_is_associative_and_commutative():
     assert as_dicts(left) == as_dicts(right) == as_dicts(whole) == as_dicts(sc + sb + sa)
     assert left.fingerprint == whole.fingerprint == (sc + (sa + sb)).fingerprint
     assert left.num_tokens == whole.num_tokens and left.num_rows == 15
-    assert torch.equal(left.token, whole.canonical().token)
+    # merging keeps the order of first occurrence: the tokens come as counting a + b + c
+    assert torch.equal(left.token, whole.token) and torch.equal(left.count, whole.count)
+    assert torch.equal(left.offsets, whole.offsets) and torch.equal(left.events, whole.events)
 
 
 def test_iterable_of_batches_in_small_chunks_equals_one_batch():
@@ -249,3 +251,15 @@ def test_hand_edited_statistics_are_refused_by_name(edit, message, tmp_path):
     save_file(tensors, str(path), metadata={**header, "meta": json.dumps(meta)})
     with pytest.raises(ValueError, match=re.escape(message)):
         CooccurrenceStats.load(path)
+
+
+def test_statistics_pickle_as_arrays_and_come_back_equal():
+    """What Ray's object store does with them: numpy buffers out, equal statistics back."""
+    import pickle
+
+    rows = torch.randint(20, (16, 12), generator=torch.Generator().manual_seed(3))
+    stats = cooccurrence(rows, vocab_size=20, window=5, queries=[1, 2, 3])
+    back = pickle.loads(pickle.dumps(stats, protocol=5))
+    assert as_dicts(back) == as_dicts(stats) and back.fingerprint == stats.fingerprint
+    assert torch.equal(back.tracked_queries, stats.tracked_queries)
+    assert as_dicts(back + back) == as_dicts(stats + stats)
