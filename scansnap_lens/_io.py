@@ -33,8 +33,15 @@ def write_tensors(path: str | Path, tensors: dict[str, Tensor], metadata: dict[s
     crash or power loss leaves the old file or the new one."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-    _commit(tmp, path)
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        _commit(tmp, path)
+    except SafetensorError as err:  # safetensors reports a failed write (full, read-only) so
+        tmp.unlink(missing_ok=True)
+        raise OSError(f"cannot write {path}: {err}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -2,6 +2,7 @@
 input (exit code 2 and a message naming the problem)."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -557,3 +558,64 @@ def test_a_second_recording_process_fails_at_once(own_run, tmp_path, capsys):
     first.close()
     assert second.lock.held
     second.close()
+
+
+def _config_variant(root, tmp, edit):
+    folder = tmp / "variant"
+    shutil.copytree(root / "ckpt", folder)
+    config = json.loads((folder / "config.json").read_text())
+    edit(config.get("config", config))
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_more_inputs_a_user_gets_wrong(own_run, tmp_path, capsys):
+    """(what is wrong, arguments, exit code, what the message says or what happens): config
+    fields, unsigned token files, statistics pruned to nothing, an output that cannot be
+    written.  Exit 2 with the file named and no traceback, or a stated behaviour."""
+    import numpy as np
+
+    root, _ = own_run
+    ev = str(root / "eval.safetensors")
+    np.save(tmp_path / "u16.npy", np.array([[1, 2, 3, 4], [5, 6, 7, 8]], dtype=np.uint16))
+    np.save(tmp_path / "u64.npy", np.array([[1, 2, 3, 2**63 + 5]], dtype=np.uint64))
+    pruned = tmp_path / "pruned.safetensors"
+    traj = tmp_path / "traj"
+    assert main(["record", "--checkpoints", str(root / "ckpt"), "--tokens", ev, "--out",
+                 str(traj), "--steps", "0,40"]) == 0  # fmt: skip
+
+    def record(edit):
+        out = str(tmp_path / "t")
+        return lambda: ["record", "--checkpoints", str(_config_variant(root, tmp_path, edit)),
+                        "--tokens", ev, "--out", out, "--steps", "0,40"]  # fmt: skip
+
+    cases = [
+        ("config.json lacks a field", record(lambda c: c.pop("d_model")), 2,
+         "the model config does not build a model (the model config lacks d_model)"),
+        ("config.json field of the wrong type", record(lambda c: c.update(n_layers="two")), 2,
+         "the model config does not build a model"),
+        ("config.json with an unknown field: ignored (configs of newer versions load)",
+         record(lambda c: c.update(frobnicate=3)), 0, "2 checkpoints recorded"),
+        ("uint16 token file: read as the ids it holds",
+         lambda: ["stats", str(tmp_path / "u16.npy"), "--out", str(tmp_path / "s16")], 0,
+         "4 events, 4 classes (m, n), 6 co-occurrences over a vocabulary of 9"),
+        ("uint64 ids beyond int32",
+         lambda: ["stats", str(tmp_path / "u64.npy"), "--out", str(tmp_path / "s64")], 2,
+         "u64.npy is not a readable token file (token id 9223372036854775813 is beyond"),
+        ("statistics pruned to nothing: counted, then the report says what to change",
+         lambda: ["stats", str(root / "corpus.safetensors"), "--out", str(pruned),
+                  "--min-count", "1000000"], 0, "0 co-occurrences"),
+        ("report on statistics without a co-occurrence",
+         lambda: ["report", str(traj), "--stats", str(pruned), "--out", str(tmp_path / "r")],
+         2, "or count statistics over a larger corpus"),
+        ("an output that cannot be written",
+         lambda: ["stats", str(root / "corpus.safetensors"), "--out", "/proc/s.safetensors"],
+         2, "cannot write /proc/s.safetensors"),
+    ]  # fmt: skip
+    capsys.readouterr()
+    for what, args, code, message in cases:
+        shutil.rmtree(tmp_path / "variant", ignore_errors=True)
+        shutil.rmtree(tmp_path / "t", ignore_errors=True)
+        assert main(args()) == code, what
+        out = capsys.readouterr()
+        assert message in out.out + out.err and "Traceback" not in out.err, (what, out.err)
