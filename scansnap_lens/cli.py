@@ -80,8 +80,7 @@ def _corpus_rows(args: argparse.Namespace):
         path = Path(args.out).with_suffix(".tokenizer.json")
         tokenizer.save(str(path))
         print(f"word-level tokenizer ({tokenizer.get_vocab_size()} words) saved to {path}")
-    size = tokenizer.get_vocab_size() if hasattr(tokenizer, "get_vocab_size") else len(tokenizer)
-    return encode(tokenizer, docs), args.vocab_size or size, args.tokenizer
+    return encode(tokenizer, docs), args.vocab_size or _vocab_of(tokenizer), args.tokenizer
 
 
 def _indexed_rows(paths: list[Path], vocab_size: int | None):
@@ -121,34 +120,49 @@ def _ray_stats(args: argparse.Namespace, common: dict):
     return stats
 
 
+def _dataset_tokenizer(args: argparse.Namespace):
+    if not args.text_column:
+        return None
+    if not args.tokenizer:
+        raise ValueError("--text-column needs --tokenizer")
+    from .tokens import load_tokenizer
+
+    return load_tokenizer(args.tokenizer)
+
+
 def _dataset_stats(args: argparse.Namespace, common: dict):
-    """Statistics of a `datasets` dataset: a folder from save_to_disk, or a hub name."""
-    import datasets
+    """Statistics of a `datasets` dataset: a folder from save_to_disk, or a hub name; with
+    --ray, --shards contiguous parts of it, each read and counted by its own Ray task."""
+    from .corpus import from_dataset, open_dataset
 
-    from .corpus import from_dataset
+    if args.ray is not None:
+        from . import distributed
 
-    path = Path(args.dataset)
-    if path.exists():
-        data = datasets.load_from_disk(str(path))
-    else:
-        data = datasets.load_dataset(args.dataset, split=args.split)
-    if isinstance(data, datasets.DatasetDict):
-        data = data[args.split]
-    tokenizer = None
-    if args.text_column:
-        from .tokens import load_tokenizer
-
-        if not args.tokenizer:
-            raise ValueError("--text-column needs --tokenizer")
-        tokenizer = load_tokenizer(args.tokenizer)
+        address = args.ray or None
+        distributed.connect(address)
+        tokenizer = _dataset_tokenizer(args)  # checked here, loaded again in each worker
+        vocab = args.vocab_size or (None if tokenizer is None else _vocab_of(tokenizer))
+        if vocab is None:
+            raise ValueError("--ray over a dataset of token ids needs --vocab-size")
+        shards = distributed.dataset_shards(
+            args.dataset, args.shards, split=args.split, column=args.column,
+            text_column=args.text_column, tokenizer=args.tokenizer,
+        )  # fmt: skip
+        stats = distributed.ray_cooccurrence(shards, vocab, address=address, **common)
+        stats.tokenizer = args.tokenizer
+        return stats
     return from_dataset(
-        data,
+        open_dataset(args.dataset, args.split),
         column=args.column,
         text_column=args.text_column,
-        tokenizer=tokenizer,
+        tokenizer=_dataset_tokenizer(args),
         vocab_size=args.vocab_size,
         **common,
     )
+
+
+def _vocab_of(tokenizer) -> int:
+    return tokenizer.get_vocab_size() if hasattr(tokenizer, "get_vocab_size") else len(tokenizer)
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -162,8 +176,6 @@ def _stats(args: argparse.Namespace) -> int:
         "progress": True,
     }
     if args.dataset:
-        if args.ray is not None:
-            raise ValueError("--ray counts files (text, token or .bin/.idx files), not --dataset")
         stats = _dataset_stats(args, common)
     elif args.ray is not None:
         stats = _ray_stats(args, common)

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from ._counting import distinct_per_class, fill_triples, find_events, merge_triples
 from ._io import read_tensors, write_tensors
 
-__all__ = ["CooccurrenceStats", "cooccurrence", "from_dataset"]
+__all__ = ["CooccurrenceStats", "cooccurrence", "dataset_batches", "from_dataset", "open_dataset"]
 
 FORMAT = "scansnap_lens.CooccurrenceStats/1"
 _MASK64 = (1 << 64) - 1
@@ -571,29 +571,34 @@ def _tokenizer_parts(tokenizer):
     )
 
 
-def from_dataset(
-    dataset,
-    column: str = "input_ids",
-    text_column: str | None = None,
-    tokenizer=None,
-    vocab_size: int | None = None,
-    batch_size: int = 1000,
-    num_proc: int | None = None,
-    progress: bool = True,
-    **kwargs,
-) -> CooccurrenceStats:
-    """Statistics of a ``datasets.Dataset`` / ``IterableDataset``, one row per example.
+def open_dataset(spec: str | Path, split: str = "train", streaming: bool = False):
+    """A ``datasets`` dataset: a folder written by ``save_to_disk`` (memory-mapped), or a hub
+    name loaded with ``load_dataset`` (``streaming=True``: read as it is iterated)."""
+    import datasets
 
-    Either a token column (``column``), or a ``text_column`` with a ``tokenizer`` (Hugging Face,
-    ``tokenizers`` or a TransformerLens model).  ``num_proc`` tokenises a map-style dataset in
-    parallel and sets the counting threads; other keyword arguments go to `cooccurrence`.
-    """
-    name = None
+    path = Path(spec)
+    if path.exists():
+        data = datasets.load_from_disk(str(path))
+    else:
+        data = datasets.load_dataset(str(spec), split=split, streaming=streaming)
+    if isinstance(data, datasets.DatasetDict | datasets.IterableDatasetDict):
+        if split not in data:
+            raise ValueError(f"{spec} has no split {split!r}: {list(data)}")
+        data = data[split]
+    return data
+
+
+def dataset_batches(
+    dataset, column: str = "input_ids", text_column: str | None = None, tokenizer=None,
+    batch_size: int = 1000, num_proc: int | None = None,
+):  # fmt: skip
+    """(batches of rows, vocabulary size of the tokenizer or None, tokenizer name) of a
+    ``datasets`` dataset: its token column, or its text column encoded with `tokenizer`."""
+    name, vocab_size = None, None
     if text_column is not None:
         if tokenizer is None:
             raise ValueError("a text column needs a tokenizer")
-        encode, tok_vocab, name = _tokenizer_parts(tokenizer)
-        vocab_size = vocab_size or tok_vocab
+        encode, vocab_size, name = _tokenizer_parts(tokenizer)
         if text_column not in (dataset.column_names or [text_column]):
             raise ValueError(f"dataset has no column {text_column!r}: {dataset.column_names}")
         column = "_scansnap_ids"
@@ -612,10 +617,34 @@ def from_dataset(
         for batch in dataset.iter(batch_size=batch_size):
             yield [np.asarray(row, dtype=np.int64) for row in batch[column] if len(row)]
 
+    return batches(), vocab_size, name
+
+
+def from_dataset(
+    dataset,
+    column: str = "input_ids",
+    text_column: str | None = None,
+    tokenizer=None,
+    vocab_size: int | None = None,
+    batch_size: int = 1000,
+    num_proc: int | None = None,
+    progress: bool = True,
+    **kwargs,
+) -> CooccurrenceStats:
+    """Statistics of a ``datasets.Dataset`` / ``IterableDataset``, one row per example.
+
+    Either a token column (``column``), or a ``text_column`` with a ``tokenizer`` (Hugging Face,
+    ``tokenizers`` or a TransformerLens model).  ``num_proc`` tokenises a map-style dataset in
+    parallel and sets the counting threads; other keyword arguments go to `cooccurrence`.
+    """
+    batches, tok_vocab, name = dataset_batches(
+        dataset, column, text_column, tokenizer, batch_size, num_proc
+    )
+    vocab_size = vocab_size or tok_vocab
     if vocab_size is None:
         raise ValueError("vocab_size is required for a dataset of token ids")
     return cooccurrence(
-        batches(),
+        batches,
         vocab_size=vocab_size,
         num_proc=num_proc,
         tokenizer=kwargs.pop("tokenizer_name", name),

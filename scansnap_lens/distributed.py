@@ -36,7 +36,14 @@ from tqdm.auto import tqdm
 from .checkpoints import CheckpointError, CheckpointSource
 from .corpus import CooccurrenceStats, cooccurrence
 
-__all__ = ["connect", "indexed_shards", "ray_cooccurrence", "ray_record", "row_shards"]
+__all__ = [
+    "connect",
+    "dataset_shards",
+    "indexed_shards",
+    "ray_cooccurrence",
+    "ray_record",
+    "row_shards",
+]
 
 
 def _ray():
@@ -78,6 +85,44 @@ def indexed_shards(prefix, num_shards: int) -> list[Callable]:
         for a, b in itertools.pairwise(edges)
         if b > a
     ]
+
+
+def _read_dataset(spec: str, split: str, streaming: bool, column: str, text_column,
+                  tokenizer, num_shards: int, index: int):  # fmt: skip
+    from .corpus import dataset_batches, open_dataset
+    from .tokens import load_tokenizer
+
+    data = open_dataset(spec, split, streaming)
+    if streaming:
+        data = data.shard(num_shards=num_shards, index=index)
+    else:
+        data = data.shard(num_shards=num_shards, index=index, contiguous=True)
+    tokenizer = None if tokenizer is None else load_tokenizer(tokenizer)
+    return dataset_batches(data, column, text_column, tokenizer)[0]
+
+
+def dataset_shards(
+    spec, num_shards: int, split: str = "train", column: str = "input_ids",
+    text_column: str | None = None, tokenizer: str | None = None, streaming: bool = False,
+) -> list[Callable]:  # fmt: skip
+    """`num_shards` parts of a ``datasets`` dataset (a ``save_to_disk`` folder every worker
+    sees, or a hub name), each opened and read by the worker that counts it: its token
+    `column`, or its `text_column` encoded with `tokenizer` (a tokenizer.json or a hub name).
+    A map-style dataset is cut into contiguous ranges of rows; a streaming one
+    (``streaming=True``) into groups of its source files, so `num_shards` must not exceed
+    its ``n_shards``."""
+    from .corpus import open_dataset
+
+    data = open_dataset(spec, split, streaming)  # fail here, not in every worker
+    available = getattr(data, "n_shards", None) if streaming else len(data)
+    if available is not None and num_shards > available:
+        what = "source files" if streaming else "rows"
+        raise ValueError(f"{spec} has {available} {what}: fewer than {num_shards} shards")
+    return [
+        partial(_read_dataset, str(spec), split, streaming, column, text_column, tokenizer,
+                num_shards, i)
+        for i in range(num_shards)
+    ]  # fmt: skip
 
 
 def _get_rows(ref):

@@ -507,7 +507,7 @@ def test_files_a_user_gets_wrong_are_named(demo_out, own_run, tmp_path, capsys):
         (["report", str(out / "trajectory"), "--stats", str(stats), "--out", str(a_file)],
          "a_file is a file: the report needs a folder"),
         (["stats", "--dataset", str(tmp_path), "--out", str(tmp_path / "y"), "--ray"],
-         "--ray counts files"),
+         "--ray over a dataset of token ids needs --vocab-size"),
     ]  # fmt: skip
     capsys.readouterr()
     for args, message in cases:

@@ -201,3 +201,30 @@ def test_record_ray_through_the_command_line(local_ray, own_checkpoints, tmp_pat
 
     a, b = Trajectory.load(tmp_path / "a"), Trajectory.load(tmp_path / "b")
     assert_same_trajectory(a, b)
+
+
+def test_ray_stats_of_a_dataset_on_disk_through_the_command_line(local_ray, shared_dir, tmp_path):
+    """`scansnap stats --dataset DIR --ray`: each worker opens the saved dataset and reads its
+    own contiguous part, of a token column or of a text column it encodes itself."""
+    import datasets
+
+    docs = wikitext_documents(shared_dir / "data" / "wikitext-2" / "valid.txt")[:40]
+    tok = word_level_tokenizer(docs)
+    tok.save(str(tmp_path / "tok.json"))
+    ids = [list(map(int, r)) for r in encode_documents(tok, docs)]
+    datasets.Dataset.from_dict({"input_ids": ids, "text": docs}).save_to_disk(tmp_path / "ds")
+    V = str(tok.get_vocab_size())
+    runs = {
+        "ids": ["--vocab-size", V],
+        "ids_ray": ["--vocab-size", V, "--ray", "--shards", "3"],
+        "text_ray": ["--text-column", "text", "--tokenizer", str(tmp_path / "tok.json"),
+                     "--ray", "--shards", "4"],
+    }  # fmt: skip
+    for name, extra in runs.items():
+        args = ["stats", "--dataset", str(tmp_path / "ds"), "--out", str(tmp_path / name)]
+        assert main([*args, "--window", "16", *extra]) == 0, name
+    one = CooccurrenceStats.load(tmp_path / "ids")
+    assert_identical(one, cooccurrence(encode_documents(tok, docs), tok.get_vocab_size(),
+                                       window=16))  # fmt: skip
+    for name in ("ids_ray", "text_ray"):
+        assert_identical(one, CooccurrenceStats.load(tmp_path / name))
