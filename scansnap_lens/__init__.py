@@ -12,7 +12,7 @@ Functions named like their module (``classify``, ``train``) are imported from it
 ``from scansnap_lens.classify import classify``.
 
 Modules, one per concept: synthetic, yz, theory (the paper's lab and theory); corpus,
-classify, groups (co-occurrence and token classes); plan, record, recorder, trajectory,
+kinds, classify, groups (co-occurrence and token kinds); plan, record, recorder, trajectory,
 checkpoints, train (recording attention over checkpoints); measure, viz, report (results).
 """
 
@@ -34,6 +34,7 @@ _NAMES = {
     "from_dataset": "corpus",
     "CooccurrenceStats": "corpus",
     "TokenGroups": "groups",
+    "TokenKind": "kinds",
     "plan_recording": "plan",
     "record_checkpoint": "record",
     "Recorder": "recorder",
@@ -48,6 +49,8 @@ _MODULES = {
     "checkpoints",
     "classify",
     "corpus",
+    "distributed",
+    "kinds",
     "measure",
     "report",
     "synthetic",

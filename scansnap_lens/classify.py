@@ -37,11 +37,12 @@ from torch import Tensor
 
 from ._counting import pair_counts, pair_summary, whole_share_p_values
 from .corpus import CooccurrenceStats
+from .kinds import TokenKind
 
 __all__ = ["COMMON", "DISTINCT", "UNDETERMINED", "TokenClasses", "classify"]
 
-UNDETERMINED, DISTINCT, COMMON = 0, 1, 2
-LABELS = {UNDETERMINED: "undetermined", DISTINCT: "distinct", COMMON: "common"}
+UNDETERMINED, DISTINCT, COMMON = TokenKind.UNDETERMINED, TokenKind.DISTINCT, TokenKind.COMMON
+LABELS = {kind: kind.label for kind in (UNDETERMINED, DISTINCT, COMMON)}  # codes 0, 1, 2
 
 
 @dataclass

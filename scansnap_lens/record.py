@@ -20,6 +20,7 @@ HookedTransformer and the dtype's minimum on TransformerBridge.  Where a bridge 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -386,6 +387,15 @@ def record_checkpoint(
         raise ValueError(
             f"vocabulary mismatch: the plan was built for {plan.vocab_size} tokens and the"
             f" model has d_vocab = {vocab}"
+        )
+    broken = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if broken:  # a diverged run: its attention is what it is, but the user should know
+        warnings.warn(
+            f"checkpoint at step {step}: {len(broken)} weight tensors hold NaN or inf"
+            f" ({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}); its attention"
+            " is recorded as the model computes it",
+            RuntimeWarning,
+            stacklevel=2,
         )
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     layers = list(range(n_layers)) if layers is None else [int(v) for v in layers]

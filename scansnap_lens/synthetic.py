@@ -25,15 +25,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-# Codes of `SequenceClasses.kind`, one per vocabulary entry.
-UNUSED, COMMON, DISTINCT, QUERY, NEXT = 0, 1, 2, 3, 4
-KIND_NAMES = {
-    UNUSED: "unused",
-    COMMON: "common",
-    DISTINCT: "distinct",
-    QUERY: "query",
-    NEXT: "next",
-}
+from .kinds import TokenKind
+
+# `SequenceClasses.kind` codes (`kinds.TokenKind`); a token in no class is UNDETERMINED.
+UNDETERMINED, DISTINCT, COMMON = TokenKind.UNDETERMINED, TokenKind.DISTINCT, TokenKind.COMMON
+QUERY, NEXT = TokenKind.QUERY, TokenKind.NEXT
 
 
 @dataclass(frozen=True)
@@ -101,9 +97,10 @@ class SequenceClasses:
         return torch.where(single, owner, torch.full_like(owner, -1))
 
     def kind(self) -> Tensor:
-        """[M] per-token code: UNUSED, COMMON, DISTINCT (global definition), QUERY or NEXT."""
+        """[V] per-token `TokenKind`: DISTINCT or COMMON (global definition), QUERY, NEXT, or
+        UNDETERMINED for a token in no class."""
         count = self.support().sum(0)
-        kind = torch.full((self.vocab_size,), UNUSED, dtype=torch.long)
+        kind = torch.full((self.vocab_size,), UNDETERMINED, dtype=torch.long)
         kind[count == 1] = DISTINCT
         kind[count > 1] = COMMON
         kind[self.query] = QUERY

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ._io import read_tensors
+from .kinds import TokenKind
 from .synthetic import SequenceClasses, syn_small
 
 __all__ = [
@@ -193,14 +195,17 @@ class YZRun:
         """c_n in long form: one row per (step, run, class, context token of the class)."""
         attention = self.attention()  # [S, R, K, M]
         s, r, k, m = torch.nonzero(self.classes.support().expand_as(attention), as_tuple=True)
-        kind = torch.where(self.classes.common_mask(), 1, 2)[m]
+        common = self.classes.common_mask()[m]
         return pd.DataFrame(
             {
                 "step": self.steps[s].numpy(),
                 "run": r.numpy(),
                 "class": k.numpy(),
                 "token": m.numpy(),
-                "kind": pd.Categorical.from_codes(kind.numpy() - 1, ["common", "distinct"]),
+                "kind": pd.Categorical(
+                    np.where(common.numpy(), TokenKind.COMMON.label, TokenKind.DISTINCT.label),
+                    categories=[TokenKind.COMMON.label, TokenKind.DISTINCT.label],
+                ),
                 "p_context": self.classes.probs[k, m].numpy(),
                 "attention": attention[s, r, k, m].numpy(),
             }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from _backends import BACKENDS, requires_hooked
@@ -124,6 +126,20 @@ def test_bad_inputs_name_the_problem():
         record_checkpoint(model, other, plan, progress=False)
     with pytest.raises(ValueError, match="layers"):
         record_checkpoint(model, tokens, plan, layers=[2], progress=False)
+
+
+def test_non_finite_weights_are_recorded_with_a_warning():
+    """A diverged checkpoint is recorded as computed (NaN attention), never silently."""
+    model = tiny_model()
+    tokens = torch.randint(0, V, (3, 10), generator=torch.Generator().manual_seed(4))
+    plan = plan_recording(tokens, V)
+    name, weight = next((n, w) for n, w in model.named_parameters() if ".attn." in n)
+    with torch.no_grad():
+        weight.view(-1)[0] = float("nan")
+    message = rf"step 7: 1 weight tensors hold NaN or inf \({re.escape(name)}\)"
+    with pytest.warns(RuntimeWarning, match=message):
+        record = record_checkpoint(model, tokens, plan, step=7, progress=False)
+    assert torch.isnan(record.zbar).any()  # the NaN reaches the attention logits
 
 
 def test_coverage_selects_frequent_queries():

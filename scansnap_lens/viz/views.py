@@ -23,6 +23,7 @@ from torch import Tensor
 
 from .._io import write_text
 from ..groups import TokenGroups
+from ..kinds import TokenKind
 from ..trajectory import Trajectory
 from . import palette
 
@@ -37,8 +38,11 @@ __all__ = [
     "token_classes",
 ]
 
-# Codes of `token_classes`: the colour scale runs from common (-1) to distinct (+1).
-DISTINCT_CODE, COMMON_CODE, OTHER_CODE = 1.0, -1.0, 0.0
+# The colour scale of `token_classes` runs from common (-1) to distinct (+1): each
+# `TokenKind`'s place on it (the labels themselves are the kinds').
+SCALE = {TokenKind.DISTINCT: 1.0, TokenKind.COMMON: -1.0, TokenKind.UNDETERMINED: 0.0}
+DISTINCT_CODE, COMMON_CODE = SCALE[TokenKind.DISTINCT], SCALE[TokenKind.COMMON]
+OTHER_CODE = SCALE[TokenKind.UNDETERMINED]
 
 
 @dataclass
