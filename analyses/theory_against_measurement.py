@@ -141,7 +141,7 @@ def optimizers(out, demo_steps: int, lab_steps: int) -> tuple[pd.DataFrame, pd.D
 
         lr_y, lr_z = setting["demo"]
         result = run_demo(
-            out / f"demo_{name}", steps=demo_steps, lr=lr_y, lr_attention=lr_z,
+            out / f"demo_{name}", steps=demo_steps, lr_y=lr_y, lr_z=lr_z,
             optimizer=optimizer, momentum=setting["momentum"], progress=False, overwrite=True,
         )  # fmt: skip
         summary = result.summary.iloc[0]

@@ -27,7 +27,7 @@ from .plan import plan_recording
 from .recorder import Recorder
 from .report import Report, write_report
 from .synthetic import SequenceClasses, syn_medium, syn_small
-from .train import TrainResult, attention_only_model, train
+from .train import TrainResult, attention_only_model, rates, train
 from .trajectory import Trajectory
 
 __all__ = ["DEMO_DATA", "DemoResult", "run_demo", "sequences"]
@@ -64,22 +64,26 @@ def run_demo(
     out: str | Path = "demo_out",
     data: str = "syn-medium",
     steps: int = 250,
-    lr: float = 0.1,
-    lr_attention: float = 3.0,
+    lr_y: float | None = None,
+    lr_z: float | None = None,
     checkpoints: str = "log:15",
     seed: int = 0,
     progress: bool = True,
     overwrite: bool = False,
     optimizer: str = "sgd",
     momentum: float = 0.0,
+    lr: float | None = None,
+    lr_attention: float | None = None,
 ) -> DemoResult:
     """Train, record, measure and report into `out` (``out/report/report.html``).
 
-    `lr` is eta_Y (every parameter but W_Q, W_K), `lr_attention` eta_Z; `optimizer` "sgd"
-    (with `momentum`) or "adam".  A folder that holds a demo of other settings is refused
+    `lr_y` is eta_Y (every parameter but W_Q, W_K; default 0.1), `lr_z` eta_Z (default 3);
+    ``lr`` and ``lr_attention`` are their former names (deprecated); `optimizer` "sgd" (with
+    `momentum`) or "adam".  A folder that holds a demo of other settings is refused
     unless `overwrite`."""
     if data not in DEMO_DATA:
         raise ValueError(f"data must be one of {sorted(DEMO_DATA)}, got {data!r}")
+    lr_y, lr_z = rates(lr_y, lr_z, lr, lr_attention, default_y=0.1, default_z=3.0)
     out = Path(out)
     classes = DEMO_DATA[data]()
     sample = sequences(classes)
@@ -115,8 +119,8 @@ def run_demo(
         model,
         sample,
         steps=steps,
-        lr=lr,
-        lr_attention=lr_attention,
+        lr_y=lr_y,
+        lr_z=lr_z,
         optimizer=optimizer,
         momentum=momentum,
         batch_size=64,

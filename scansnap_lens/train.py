@@ -1,7 +1,7 @@
 """Train small TransformerLens models with the paper's two learning rates, saving checkpoints.
 
-The attention logits (W_Q, W_K and their biases) learn at ``lr_attention`` (the paper's eta_Z)
-and everything else at ``lr`` (eta_Y).  Checkpoints go to ``out/step_000000100.safetensors``
+The attention logits (W_Q, W_K and their biases) learn at ``lr_z`` (the paper's eta_Z) and
+everything else at ``lr_y`` (eta_Y).  Checkpoints go to ``out/step_000000100.safetensors``
 with the *global* step in the name (TransformerLens's own trainer restarts its counter every
 epoch and overwrites files) and the model's ``config.json`` beside them, the layout
 `checkpoints.folder` reads back.
@@ -38,7 +38,7 @@ from .backend import (
     positional_parameter,
 )
 
-__all__ = ["TrainResult", "attention_only_model", "schedule", "train"]
+__all__ = ["TrainResult", "attention_only_model", "rates", "schedule", "train"]
 
 
 def attention_only_model(
@@ -184,14 +184,33 @@ class TrainResult:
         return pd.DataFrame({"step": range(1, len(self.loss) + 1), "loss": self.loss})
 
 
-def _param_groups(model, lr: float, lr_attention: float, weight_decay: float):
+def _param_groups(model, lr_y: float, lr_z: float, weight_decay: float):
     attention, rest = attention_logit_parameters(model)
     if not attention:
         raise ValueError("the model has no W_Q / W_K parameters to give the attention rate")
     return [
-        {"params": attention, "lr": lr_attention, "weight_decay": weight_decay},
-        {"params": rest, "lr": lr, "weight_decay": weight_decay},
+        {"params": attention, "lr": lr_z, "weight_decay": weight_decay},
+        {"params": rest, "lr": lr_y, "weight_decay": weight_decay},
     ]
+
+
+def rates(lr_y, lr_z, lr=None, lr_attention=None, default_y: float = 1.0,
+          default_z: float | None = None) -> tuple[float, float]:  # fmt: skip
+    """(eta_Y, eta_Z) from ``lr_y`` / ``lr_z``, or from the former names ``lr`` /
+    ``lr_attention`` (deprecated, with a warning); eta_Z defaults to `default_z`, else
+    eta_Y."""
+    import warnings
+
+    for old, new, value, given in (("lr", "lr_y", lr, lr_y), ("lr_attention", "lr_z",
+                                                              lr_attention, lr_z)):  # fmt: skip
+        if value is not None:
+            if given is not None:
+                raise TypeError(f"give {new} (the paper's eta), not both {new} and {old}")
+            warnings.warn(f"{old}= is now {new}=", DeprecationWarning, stacklevel=3)
+    lr_y = lr_y if lr_y is not None else (lr if lr is not None else default_y)
+    if lr_z is None:
+        lr_z = lr_attention if lr_attention is not None else default_z
+    return float(lr_y), float(lr_y if lr_z is None else lr_z)
 
 
 def _sampler(data, batch_size: int, generator: torch.Generator) -> Callable[[], Tensor]:
@@ -217,8 +236,8 @@ def train(
     data,
     steps: int,
     out: str | Path | None = None,
-    lr: float = 1.0,
-    lr_attention: float | None = None,
+    lr_y: float | None = None,
+    lr_z: float | None = None,
     optimizer: str = "sgd",
     momentum: float = 0.0,
     weight_decay: float = 0.0,
@@ -229,12 +248,15 @@ def train(
     device=None,
     progress: bool = True,
     on_checkpoint: Callable[[int, object], None] | None = None,
+    lr: float | None = None,
+    lr_attention: float | None = None,
 ) -> TrainResult:
     """Train `model` for `steps` steps of next-token prediction, saving checkpoints.
 
     data: token tensor [N, T] (rows sampled with replacement), a `datasets.Dataset` with a
         ``tokens`` or ``input_ids`` column, or a callable ``(batch_size, generator) -> [B, T]``.
-    lr, lr_attention: eta_Y (all parameters but W_Q, W_K) and eta_Z (W_Q, W_K); equal by default.
+    lr_y, lr_z: eta_Y (all parameters but W_Q, W_K; default 1) and eta_Z (W_Q, W_K; default
+        eta_Y).  ``lr`` and ``lr_attention`` are their former names (deprecated).
     optimizer: "sgd" (with `momentum`) or "adam".
     loss_on: "all" positions, or "last": only the prediction of the final token (the paper's
         setup, where the final token is the next token n of the query before it).
@@ -246,10 +268,10 @@ def train(
     """
     if loss_on not in ("all", "last"):
         raise ValueError(f"loss_on must be 'all' or 'last', got {loss_on!r}")
-    lr_attention = lr if lr_attention is None else lr_attention
+    lr_y, lr_z = rates(lr_y, lr_z, lr, lr_attention)
     device = device or next(model.parameters()).device
     model.to(device)
-    groups = _param_groups(model, lr, lr_attention, weight_decay)
+    groups = _param_groups(model, lr_y, lr_z, weight_decay)
     if optimizer == "sgd":
         opt = torch.optim.SGD(groups, momentum=momentum)
     elif optimizer == "adam":
@@ -261,8 +283,8 @@ def train(
     save_at = set(schedule(steps, checkpoints))
     result = TrainResult(loss=[], out=None if out is None else str(out))
     training = {
-        "lr_y": float(lr),
-        "lr_z": float(lr_attention),
+        "lr_y": lr_y,
+        "lr_z": lr_z,
         "optimizer": optimizer,
         "momentum": float(momentum) if optimizer == "sgd" else 0.0,
         "loss_on": loss_on,  # which positions the loss averages over (`fit.theory_fit`)

@@ -42,8 +42,8 @@ def own_run(tmp_path_factory):
         model,
         sample,
         steps=40,
-        lr=0.1,
-        lr_attention=3.0,
+        lr_y=0.1,
+        lr_z=3.0,
         batch_size=32,
         checkpoints=[0, 10, 20, 40],
         out=root / "ckpt",
@@ -317,7 +317,7 @@ def test_padded_model_vocabulary_measures_with_tokenizer_statistics(own_run, tmp
     M, pad = classes.vocab_size, 7
     sample = sequences(classes, seq_len=24)
     model = attention_only_model(M + pad, d_model=16, n_ctx=32, seed=0)
-    train(model, sample, steps=20, lr=0.1, lr_attention=3.0, batch_size=32, out=tmp_path / "ckpt",
+    train(model, sample, steps=20, lr_y=0.1, lr_z=3.0, batch_size=32, out=tmp_path / "ckpt",
           checkpoints=[0, 10, 20], loss_on="last", progress=False)  # fmt: skip
     ev = str(root / "eval.safetensors")
     args = ["record", "--checkpoints", str(tmp_path / "ckpt"), "--tokens", ev]

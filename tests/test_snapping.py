@@ -98,7 +98,7 @@ def test_training_writes_its_rates_into_the_trajectory(tmp_path):
     plan = plan_recording(tokens, classes.vocab_size)
     recorder = Recorder(tmp_path / "loop", tokens, plan, progress=False)
     model = attention_only_model(classes.vocab_size, d_model=16, n_ctx=32)
-    train(model, sample, steps=4, lr=0.2, lr_attention=2.0, momentum=0.5, checkpoints=[0, 4],
+    train(model, sample, steps=4, lr_y=0.2, lr_z=2.0, momentum=0.5, checkpoints=[0, 4],
           out=tmp_path / "ckpt", on_checkpoint=recorder.on_checkpoint, progress=False)  # fmt: skip
     want = {"lr_y": 0.2, "lr_z": 2.0, "optimizer": "sgd", "momentum": 0.5}
     in_loop = recorder.trajectory()
