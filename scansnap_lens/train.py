@@ -184,14 +184,32 @@ class TrainResult:
         return pd.DataFrame({"step": range(1, len(self.loss) + 1), "loss": self.loss})
 
 
-def _param_groups(model, lr_y: float, lr_z: float, weight_decay: float):
+def _param_groups(model, lr_y: float, lr_z: float, weight_decay: float,
+                  lr_by_name: dict[str, float] | None = None):  # fmt: skip
+    """Optimizer groups: eta_Z for the attention logits' parameters, eta_Y for the rest, and
+    for parameters whose name matches a pattern of `lr_by_name` (``re.search``, the first
+    pattern that matches) that pattern's rate."""
     attention, rest = attention_logit_parameters(model)
     if not attention:
         raise ValueError("the model has no W_Q / W_K parameters to give the attention rate")
-    return [
-        {"params": attention, "lr": lr_z, "weight_decay": weight_decay},
-        {"params": rest, "lr": lr_y, "weight_decay": weight_decay},
-    ]
+    groups = [{"params": attention, "lr": lr_z}, {"params": rest, "lr": lr_y}]
+    if lr_by_name:
+        names = {id(p): n for n, p in model.named_parameters()}
+        chosen: dict[str, list] = {pattern: [] for pattern in lr_by_name}
+        for group in groups:
+            kept = []
+            for param in group["params"]:
+                pattern = next((q for q in lr_by_name if re.search(q, names[id(param)])), None)
+                (chosen[pattern] if pattern is not None else kept).append(param)
+            group["params"] = kept
+        unused = [q for q, params in chosen.items() if not params]
+        if unused:
+            some = ", ".join(list(names.values())[:6])
+            raise ValueError(
+                f"lr_by_name: no parameter name matches {unused} (names look like {some}, ...)"
+            )
+        groups += [{"params": chosen[q], "lr": float(lr)} for q, lr in lr_by_name.items()]
+    return [{**g, "weight_decay": weight_decay} for g in groups if g["params"]]
 
 
 def rates(lr_y, lr_z, lr=None, lr_attention=None, default_y: float = 1.0,
@@ -213,7 +231,38 @@ def rates(lr_y, lr_z, lr=None, lr_attention=None, default_y: float = 1.0,
     return float(lr_y), float(lr_y if lr_z is None else lr_z)
 
 
-def _sampler(data, batch_size: int, generator: torch.Generator) -> Callable[[], Tensor]:
+def _stream_batches(stream: Tensor, batch_size: int, bptt: int) -> Callable[[], Tensor]:
+    """The PyTorch tutorial's batching of a token stream [L]: cut into `batch_size` columns
+    read in parallel, each step the next `bptt` + 1 positions of every column (the last of
+    one window is the first of the next), from the start again after an epoch."""
+    columns = stream.numel() // batch_size
+    if columns < bptt + 1:
+        raise ValueError(
+            f"a stream of {stream.numel()} tokens in {batch_size} columns leaves {columns}"
+            f" positions each, fewer than bptt + 1 = {bptt + 1}"
+        )
+    grid = stream[: columns * batch_size].reshape(batch_size, columns)  # batchify
+    starts = range(0, columns - bptt, bptt)
+    position = iter(())
+
+    def sample():
+        nonlocal position
+        start = next(position, None)
+        if start is None:  # a new epoch
+            position = iter(starts)
+            start = next(position)
+        return grid[:, start : start + bptt + 1]
+
+    return sample
+
+
+def _sampler(data, batch_size: int, generator: torch.Generator,
+             bptt: int | None = None) -> Callable[[], Tensor]:  # fmt: skip
+    if bptt is not None:
+        stream = torch.as_tensor(data)
+        if stream.ndim != 1:
+            raise ValueError(f"bptt batching reads a 1-D token stream, got {tuple(stream.shape)}")
+        return _stream_batches(stream, batch_size, bptt)
     if callable(data):
         return lambda: data(batch_size, generator)
     if not isinstance(data, Tensor):
@@ -248,10 +297,13 @@ def train(
     device=None,
     progress: bool = True,
     on_checkpoint: Callable[[int, object], None] | None = None,
+    clip_grad_norm: float | None = None,
+    lr_by_name: dict[str, float] | None = None,
+    bptt: int | None = None,
     lr: float | None = None,
     lr_attention: float | None = None,
 ) -> TrainResult:
-    """Train `model` for `steps` steps of next-token prediction, saving checkpoints.
+    r"""Train `model` for `steps` steps of next-token prediction, saving checkpoints.
 
     data: token tensor [N, T] (rows sampled with replacement), a `datasets.Dataset` with a
         ``tokens`` or ``input_ids`` column, or a callable ``(batch_size, generator) -> [B, T]``.
@@ -261,6 +313,13 @@ def train(
     loss_on: "all" positions, or "last": only the prediction of the final token (the paper's
         setup, where the final token is the next token n of the query before it).
     checkpoints: schedule of steps to save (see `schedule`); step 0 is the initial model.
+    clip_grad_norm: clip the gradients' global norm to this before each step.
+    lr_by_name: {name pattern: rate} for parameters whose name matches (``re.search``; the
+        first pattern wins), beyond the eta_Y / eta_Z split, e.g. ``{r"mlp\.W_in": 10.0}``.
+    bptt: `data` is one token stream [L], read as the PyTorch tutorial reads it: `batch_size`
+        contiguous columns, `bptt` positions a step (see `_stream_batches`).
+    Dropout is on while training wherever the model has it (bridges over Hugging Face
+    models; TransformerLens's own models have none) and off while recording.
     on_checkpoint: called as ``on_checkpoint(step, model)`` at every scheduled step, e.g.
         ``Recorder.on_checkpoint`` to record without saving weights; a callback with a
         ``training`` parameter also gets the rates (``lr_y``, ``lr_z``), optimizer and momentum,
@@ -271,7 +330,11 @@ def train(
     lr_y, lr_z = rates(lr_y, lr_z, lr, lr_attention)
     device = device or next(model.parameters()).device
     model.to(device)
-    groups = _param_groups(model, lr_y, lr_z, weight_decay)
+    if clip_grad_norm is not None and not clip_grad_norm > 0:
+        raise ValueError(f"clip_grad_norm must be positive, got {clip_grad_norm}")
+    if bptt is not None and bptt < 1:
+        raise ValueError(f"bptt must be >= 1, got {bptt}")
+    groups = _param_groups(model, lr_y, lr_z, weight_decay, lr_by_name)
     if optimizer == "sgd":
         opt = torch.optim.SGD(groups, momentum=momentum)
     elif optimizer == "adam":
@@ -279,7 +342,7 @@ def train(
     else:
         raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
     generator = torch.Generator().manual_seed(seed)
-    sample = _sampler(data, batch_size, generator)
+    sample = _sampler(data, batch_size, generator, bptt)
     save_at = set(schedule(steps, checkpoints))
     result = TrainResult(loss=[], out=None if out is None else str(out))
     training = {
@@ -289,6 +352,8 @@ def train(
         "momentum": float(momentum) if optimizer == "sgd" else 0.0,
         "loss_on": loss_on,  # which positions the loss averages over (`fit.theory_fit`)
     }
+    extras = {"clip_grad_norm": clip_grad_norm, "lr_by_name": lr_by_name, "bptt": bptt}
+    training.update({k: v for k, v in extras.items() if v is not None})
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
@@ -327,6 +392,8 @@ def train(
             loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
         opt.step()
         result.loss.append(loss.item())
         if step % 10 == 0:

@@ -50,3 +50,20 @@ def test_hooked_backend_on_4x_is_a_clear_error():
     with pytest.raises(BackendError, match=r"backend 'hooked'.*4\.\d.*use backend 'bridge'"):
         checkpoints.pretrained("EleutherAI/pythia-14m", steps=[0], backend="hooked")
     assert default_backend() == "bridge"
+
+
+def test_dropout_is_off_while_recording():
+    """A GPT-2 bridge with dropout 0.5 left in training mode: its forward passes differ, its
+    recordings do not (the recorder evaluates), and it is back in training mode after."""
+    hf = tiny_hf_model("gpt2", vocab_size=20, n_ctx=16, d_model=16, n_layers=1, n_heads=2)
+    hf.config.resid_pdrop = hf.config.attn_pdrop = hf.config.embd_pdrop = 0.5
+    hf = type(hf)(hf.config)  # rebuilt with the dropout rates
+    bridge = bridge_from_hf(hf, "gpt2")
+    bridge.train()
+    tokens = torch.randint(0, 20, (3, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert not torch.equal(bridge(tokens), bridge(tokens))  # dropout is active
+    plan = plan_recording(tokens, 20)
+    a, b = (record_checkpoint(bridge, tokens, plan, progress=False) for _ in range(2))
+    assert torch.equal(a.zbar, b.zbar) and torch.equal(a.entropy, b.entropy)
+    assert bridge.training

@@ -297,3 +297,49 @@ def test_trajectory_files_that_cannot_be_read(trained, tmp_path):
     (tmp_path / "t" / "manifest.json").write_text("{not json")
     with pytest.raises(ValueError, match="corrupt manifest"):
         Trajectory.load(tmp_path / "t")
+
+
+def test_gradient_clipping_bounds_each_step():
+    """One SGD step with clipping moves the weights by exactly lr * clip (global norm), when
+    the unclipped gradient is larger."""
+    model = attention_only_model(V, d_model=16, n_heads=1, n_ctx=32, seed=1)
+    before = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+    train(model, syn_data, steps=1, lr_y=0.5, clip_grad_norm=1e-3, checkpoints=[],
+          progress=False)  # fmt: skip
+    after = [p.detach() for p in model.parameters() if p.requires_grad]
+    moved = torch.sqrt(sum(((a - b).double() ** 2).sum() for a, b in zip(after, before)))
+    # float32 weights of size ~1 hold the step to ~1e-7 absolute per entry: rtol 1e-3
+    assert moved.item() == pytest.approx(0.5 * 1e-3, rel=1e-3)
+
+
+def test_rates_by_parameter_name():
+    model = attention_only_model(V, d_model=16, n_heads=1, n_ctx=32, seed=1)
+    before = native({k: v.clone() for k, v in model.state_dict().items()})
+    train(model, syn_data, steps=3, lr_y=0.5, lr_by_name={"unembed": 0.0}, checkpoints=[],
+          progress=False)  # fmt: skip
+    after = native(model.state_dict())
+    assert torch.equal(before["unembed.weight"], after["unembed.weight"])  # its own rate: 0
+    assert not torch.equal(before["embed.weight"], after["embed.weight"])
+    with pytest.raises(ValueError, match=r"no parameter name matches \['mlp\\\\.W_in'\]"):
+        train(model, syn_data, steps=1, lr_by_name={r"mlp\.W_in": 10.0}, progress=False)
+
+
+def test_bptt_reads_a_stream_in_contiguous_columns(tmp_path):
+    """The tutorial's batchify + get_batch: column i is the i-th contiguous part of the
+    stream; each step the next bptt positions (windows share their boundary token); an epoch
+    ends and the reading starts again."""
+    from scansnap_lens.train import _stream_batches
+
+    stream = torch.arange(103)
+    sample = _stream_batches(stream, batch_size=4, bptt=5)  # 25 positions per column
+    batches = [sample() for _ in range(6)]
+    assert batches[0].tolist() == [list(range(c * 25, c * 25 + 6)) for c in range(4)]
+    assert batches[1][:, 0].tolist() == batches[0][:, -1].tolist()  # contiguous
+    assert [b[0, 0].item() for b in batches] == [0, 5, 10, 15, 0, 5]  # 4 windows an epoch
+    model = attention_only_model(V, d_model=16, n_heads=1, n_ctx=32, seed=1)
+    result = train(model, torch.randint(0, V, (500,)), steps=8, bptt=10, batch_size=4,
+                   out=tmp_path, checkpoints=[], progress=False)  # fmt: skip
+    assert len(result.loss) == 8
+    assert json.loads((tmp_path / "training.json").read_text())["bptt"] == 10
+    with pytest.raises(ValueError, match="fewer than bptt"):
+        train(model, torch.arange(20), steps=1, bptt=10, batch_size=4, progress=False)
