@@ -261,7 +261,7 @@ def _record(args: argparse.Namespace) -> int:
         tokens,
         vocab,
         queries=args.queries,
-        exclude_bos=not args.include_bos,
+        exclude_bos=args.exclude_bos,
         tokenizer=tokenizer,
     )
     recorder = Recorder(
@@ -509,7 +509,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--vocab-size", type=_count(1, 2**31 - 1), help="vocabulary size of token ids"
     )
     stats.add_argument("--window", type=_count(1), help="most context positions before the query")
-    stats.add_argument("--exclude-bos", action="store_true", help="keep position 0 out of context")
+    stats.add_argument(
+        "--exclude-bos", action="store_true",
+        help="keep position 0 out of context (a BOS token; record with the same flag)",
+    )  # fmt: skip
     stats.add_argument("--queries", type=_ints, help="count only these query ids (a,b,c)")
     stats.add_argument("--min-count", type=_count(1), default=1, help="prune rarer co-occurrences")
     stats.set_defaults(func=_stats)
@@ -549,7 +552,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     record.add_argument("--layers", type=_ints, help="layers to watch (a,b); default all")
     record.add_argument("--heads", type=_ints, help="heads to watch (a,b); default all")
-    record.add_argument("--include-bos", action="store_true", help="attend to position 0 too")
+    record.add_argument(
+        "--exclude-bos", action="store_true",
+        help="keep position 0 out of context (as scansnap stats --exclude-bos: the two must agree)",
+    )  # fmt: skip
+    record.add_argument("--include-bos", action="store_true", help=argparse.SUPPRESS)  # former
     record.add_argument("--batch-size", type=_count(1, 1 << 20), default=8)
     record.add_argument(
         "--prompt-length", type=_count(0, 1 << 16), default=64, help="example prompt kept"

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from ._counting import distinct_per_class, fill_triples, find_events, merge_triples
 from ._io import read_tensors, write_tensors
+from .context import Context
 
 __all__ = ["CooccurrenceStats", "cooccurrence", "dataset_batches", "from_dataset", "open_dataset"]
 
@@ -92,6 +93,11 @@ class CooccurrenceStats:
     @property
     def num_classes(self) -> int:
         return int(self.query.numel())
+
+    @property
+    def context(self) -> Context:
+        """The context convention these statistics were counted with."""
+        return Context(window=self.window or None, exclude_bos=bool(self.exclude_bos))
 
     @property
     def num_triples(self) -> int:

@@ -39,6 +39,10 @@ __all__ = ["growth_bounds", "theory_checks", "theory_fit"]
 
 
 def _population(traj: Trajectory, source, loss_positions: int | None, classes=None):
+    context = getattr(source, "context", None)  # statistics have one, the lab's classes not
+    problem = None if context is None else context.mismatch(traj.plan.context)
+    if problem:
+        raise ValueError(problem)
     if classes is None:
         classes = list(zip(traj.plan.class_query.tolist(), traj.plan.class_next.tolist()))
     if (

@@ -19,6 +19,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from .context import Context
+
 __all__ = ["TokenGroups"]
 
 
@@ -78,6 +80,13 @@ class TokenGroups:
     distinct_p: list[Tensor]
     common: dict[int, Tensor]
     source: str = "corpus"
+    context: Context | None = None  # of the statistics the groups came from (None: the lab)
+
+    def check_context(self, plan) -> None:
+        """Refuse a recording whose context convention differs from the statistics'."""
+        problem = None if self.context is None else self.context.mismatch(plan.context)
+        if problem:
+            raise ValueError(problem)
 
     @property
     def num_classes(self) -> int:
@@ -171,4 +180,5 @@ class TokenGroups:
             distinct_p,
             common,
             source="corpus",
+            context=stats.context,
         )

@@ -136,6 +136,7 @@ def discriminative_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
     """Mean dz of a query's distinct tokens minus its common tokens, and the AUROC of dz
     separating them; averaged over queries with both kinds, weighted by their events.
     The table also keeps the two means, dz_distinct and dz_common (bias is their difference)."""
+    groups.check_context(traj.plan)
     biases, aurocs, d_means, c_means, weights, rows = [], [], [], [], [], []
     for m in groups.query.unique().tolist():
         d_dz, _ = _dz(traj, m, groups.distinct_of_query(m))
@@ -182,6 +183,7 @@ def frequency_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
     """Spearman correlation of dz[m, l] with P(l|m, n) over the distinct tokens of each class,
     averaged over classes with weights N(m, n).  Classes with fewer than two distinct tokens,
     or with all P equal, have no correlation and are left out; so are steps where dz is flat."""
+    groups.check_context(traj.plan)
     rhos, weights, rows = [], [], []
     for k in range(groups.num_classes):
         m = int(groups.query[k])
@@ -223,6 +225,7 @@ def sparsity(
     Entropy and top share need two distinct tokens: a class with one would give 0 and 1 by
     construction, so it counts for the mass and recall only (``sparsity_classes`` counts the
     classes the entropy averages; NaN where there is none, `SINGLE_DISTINCT` says why)."""
+    groups.check_context(traj.plan)
     ents, masses, tops, recalls = [], [], [], []
     judged = 0
     if thresholds is None:
@@ -270,6 +273,7 @@ def growth(traj: Trajectory, groups: TokenGroups) -> Measurement:
     distinct l, r(t) = (ctilde_l0 / ctilde_l)^2 - 1 with ctilde = P exp(zbar), the growth factor
     chi_l0(t) = exp(2 (z_l0(t) - z_l0(0))), and the relative deviation |r - r(0) chi| / r(0) chi.
     The table keeps chi of l0 (mean over classes) and the worst deviation per step."""
+    groups.check_context(traj.plan)
     chis, devs, rows = [], [], []
     for k in range(groups.num_classes):
         m = int(groups.query[k])

@@ -6,7 +6,7 @@ and one chat slot per triple (m, n, l) that actually occurs in the evaluation te
 memory follows the text's co-occurrence structure, never V x V.
 
 >>> rows = torch.tensor([[0, 1, 2, 1, 3], [0, 2, 2, 1, 3]])
->>> plan = plan_recording(rows, vocab_size=4, queries=[1])
+>>> plan = plan_recording(rows, vocab_size=4, queries=[1], exclude_bos=True)  # 0 is BOS
 >>> plan.pair_query.tolist(), plan.pair_token.tolist(), plan.pair_count.tolist()
 ([1, 1], [1, 2], [1, 3])
 >>> plan.class_query.tolist(), plan.class_next.tolist(), plan.class_events.tolist()
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields
 import torch
 from torch import Tensor
 
+from .context import Context
 from .corpus import CooccurrenceStats, cooccurrence
 
 __all__ = ["RecordPlan", "plan_recording", "select_queries"]
@@ -164,6 +165,11 @@ class RecordPlan:
                 out.append(f"the {name} are not sorted and unique")
         return out
 
+    @property
+    def context(self) -> Context:
+        """The context convention of the recording (the whole causal context before a query)."""
+        return Context(exclude_bos=bool(self.exclude_bos), include_self=bool(self.include_self))
+
     def same_as(self, other: RecordPlan) -> bool:
         """True when both plans track the same slots of the same evaluation text."""
         mine, theirs = self.metadata(), other.metadata()
@@ -191,7 +197,7 @@ def plan_recording(
     queries: Iterable[int] | Tensor | float | None = None,
     classes: Iterable[tuple[int, int]] | None = None,
     min_class_events: int = 1,
-    exclude_bos: bool = True,
+    exclude_bos: bool = False,
     include_self: bool = False,
     tokenizer=None,
 ) -> RecordPlan:
@@ -203,7 +209,8 @@ def plan_recording(
         classes: (m, n) pairs whose per-token attention chat is kept (default: every class of a
             tracked query); zbar always uses all events of a tracked query.
         min_class_events: drop classes with fewer events from chat.
-        exclude_bos, include_self: the context convention (DESIGN section 2).
+        exclude_bos, include_self: the context convention (DESIGN section 2; `context.Context`):
+            position 0 is context unless exclude_bos, as in `corpus.cooccurrence`.
         tokenizer: anything with ``decode([id])`` (HF tokenizer, TransformerLens model's
             ``tokenizer``), for readable token strings.
     """

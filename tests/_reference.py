@@ -45,7 +45,7 @@ def _float64_copy(model, in_place=False):
     return exact
 
 
-def brute_force(model, tokens, exclude_bos=True, include_self=False, queries=None, in_place=False):
+def brute_force(model, tokens, exclude_bos=False, include_self=False, queries=None, in_place=False):
     """Dicts zbar[(layer, head, m, l)], chat[(layer, head, m, n, l)], entropy per (m, n) and m,
     and the float32 tolerance of comparing a recording of `model` against them.
 

@@ -70,7 +70,7 @@ def test_tracked_queries_classes_layers_heads():
     plan_c = plan_recording(tokens, V, queries=queries, classes=classes)
     assert plan_c.num_classes == 2 and plan_c.num_pairs == plan.num_pairs
     rec = record_checkpoint(model, tokens, plan_c, layers=[1], heads=[2, 0], progress=False)
-    zbar, chat, _, _, tol = brute_force(model, tokens, True, False, queries=set(queries))
+    zbar, chat, _, _, tol = brute_force(model, tokens, False, False, queries=set(queries))
     assert rec.zbar.shape == (1, 2, plan_c.num_pairs)
     for j, (m, l) in enumerate(zip(plan_c.pair_query.tolist(), plan_c.pair_token.tolist())):
         assert rec.zbar[0, 0, j].item() == pytest.approx(zbar[1, 2, m, l], abs=tol["zbar"])

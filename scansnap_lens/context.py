@@ -1,0 +1,41 @@
+"""The context convention: which positions before a query count as its context.
+
+Statistics (`corpus.CooccurrenceStats.context`) and recordings (`plan.RecordPlan.context`)
+each carry one; where the two meet (token groups against a trajectory, the theory fit, the
+report) they must agree on position 0, or the distinct and common tokens of the statistics
+are measured over other contexts than they were counted in.
+
+>>> Context(window=64).mismatch(Context(exclude_bos=True)) is not None
+True
+>>> Context(window=64).mismatch(Context()) is None  # a window is the statistics' own choice
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Context"]
+
+
+@dataclass(frozen=True)
+class Context:
+    """window: the most positions before the query (None: the whole row; recordings always
+    take the whole causal context); exclude_bos: position 0 of each row is not context;
+    include_self: the query's own position is context (statistics never count it)."""
+
+    window: int | None = None
+    exclude_bos: bool = False
+    include_self: bool = False
+
+    def mismatch(self, recorded: Context) -> str | None:
+        """What makes statistics of this context unfit for a recording of `recorded`, or None."""
+        if self.exclude_bos != recorded.exclude_bos:
+            counted = "leave position 0 out of" if self.exclude_bos else "count position 0 as"
+            kept = "leaves it out" if recorded.exclude_bos else "counts it"
+            return (
+                f"the statistics {counted} context and the recording {kept} (exclude_bos"
+                f" {self.exclude_bos} there, {recorded.exclude_bos} here): count and record"
+                " with the same exclude_bos (scansnap stats / record --exclude-bos)"
+            )
+        return None
