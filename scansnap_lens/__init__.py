@@ -45,20 +45,37 @@ _NAMES = {
     "read_tokens": "tokens",
     "save_tokens": "tokens",
 }
-_MODULES = {
+_MODULES = {  # every public module, so that ``ss.<module>`` never depends on import order
+    "backend",
     "checkpoints",
     "classify",
+    "context",
     "corpus",
+    "demo",
     "distributed",
+    "fit",
+    "formats",
+    "groups",
+    "heads",
+    "indexed",
     "kinds",
+    "lab",
+    "labels",
     "measure",
+    "plan",
+    "population",
+    "record",
+    "recorder",
     "report",
     "synthetic",
+    "testing",
     "text",
     "theory",
     "tokens",
     "train",
+    "trajectory",
     "viz",
+    "yz",
 }
 
 __all__ = sorted(set(_NAMES) | _MODULES)

@@ -159,7 +159,10 @@ class _Sums:
         buffer.zero_()
 
 
-class _Recorder:
+class _HookAggregator:
+    """The hooks of one checkpoint's recording: each batch's attention scores and weights
+    summed into the plan's slots (`recorder.Recorder` is the public, resumable recorder)."""
+
     def __init__(self, model, plan: RecordPlan, layers, heads, device):
         self.model, self.plan = model, plan
         self.layers, self.heads = list(layers), torch.as_tensor(list(heads), device=device)
@@ -406,7 +409,7 @@ def record_checkpoint(
             raise ValueError(f"{name}s {bad or values} out of range: the model has {n}")
     if device is None:
         device = next(model.parameters()).device
-    recorder = _Recorder(model, plan, layers, heads, device)
+    aggregator = _HookAggregator(model, plan, layers, heads, device)
     was_training = model.training
     model.eval()
     fingerprint = 0
@@ -424,7 +427,7 @@ def record_checkpoint(
             fingerprint = (fingerprint + _fingerprint(list(x.cpu().numpy().astype(np.int64)))) & (
                 (1 << 64) - 1
             )
-            recorder.run(x.to(device))
+            aggregator.run(x.to(device))
     finally:
         model.train(was_training)
     if fingerprint != plan.fingerprint:
@@ -432,7 +435,7 @@ def record_checkpoint(
             "these evaluation tokens are not the ones the plan was built from"
             " (fingerprints differ): build the plan with plan_recording(tokens, ...)"
         )
-    sums = recorder.sums.total
+    sums = aggregator.sums.total
 
     def mean(name: str, count: Tensor) -> Tensor:
         total = sums[name]  # [L, slot, H]

@@ -82,7 +82,7 @@ def rss_mb() -> float:
 
 
 def run_mode(mode: str, folder: Path, batch_size: int, repeats: int) -> dict:
-    from scansnap_lens.record import _Recorder, record_checkpoint
+    from scansnap_lens.record import _HookAggregator, record_checkpoint
 
     model, tokens, plan = load(folder)
     torch.set_grad_enabled(False)
@@ -101,7 +101,7 @@ def run_mode(mode: str, folder: Path, batch_size: int, repeats: int) -> dict:
                 model.run_with_cache(tokens[i : i + batch_size], names_filter=names)[1]
                 for i in range(0, N_SEQ, batch_size)
             ]
-            rec = _Recorder(model, plan, range(2), range(8), "cpu")
+            rec = _HookAggregator(model, plan, range(2), range(8), "cpu")
             rec.scores_from_qk = {0: False, 1: False}
             for j, cache in enumerate(caches):
                 rec.batch = rec.index(tokens[j * batch_size : (j + 1) * batch_size])
