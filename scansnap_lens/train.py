@@ -188,13 +188,18 @@ def _param_groups(model, lr_y: float, lr_z: float, weight_decay: float,
                   lr_by_name: dict[str, float] | None = None):  # fmt: skip
     """Optimizer groups: eta_Z for the attention logits' parameters, eta_Y for the rest, and
     for parameters whose name matches a pattern of `lr_by_name` (``re.search``, the first
-    pattern that matches) that pattern's rate."""
+    pattern that matches) that pattern's rate.  Names are the model's state-dict keys, those
+    its checkpoints are saved under (``blocks.0.mlp.W_in`` on a HookedTransformer,
+    ``blocks.0.mlp.in.weight`` on a bridge)."""
     attention, rest = attention_logit_parameters(model)
     if not attention:
         raise ValueError("the model has no W_Q / W_K parameters to give the attention rate")
     groups = [{"params": attention, "lr": lr_z}, {"params": rest, "lr": lr_y}]
     if lr_by_name:
         names = {id(p): n for n, p in model.named_parameters()}
+        names.update(  # a bridge's state-dict keys differ from its module paths
+            {id(v): k for k, v in model.state_dict(keep_vars=True).items() if id(v) in names}
+        )
         chosen: dict[str, list] = {pattern: [] for pattern in lr_by_name}
         for group in groups:
             kept = []

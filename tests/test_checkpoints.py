@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from _backends import BACKENDS
 
 from scansnap_lens import checkpoints
 from scansnap_lens.backend import state_layout, tl_to_native
@@ -312,8 +313,10 @@ def test_gradient_clipping_bounds_each_step():
     assert moved.item() == pytest.approx(0.5 * 1e-3, rel=1e-3)
 
 
-def test_rates_by_parameter_name():
-    model = attention_only_model(V, d_model=16, n_heads=1, n_ctx=32, seed=1)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rates_by_parameter_name(backend):
+    """Patterns match the state-dict keys (the names checkpoints are saved under)."""
+    model = attention_only_model(V, d_model=16, n_heads=1, n_ctx=32, seed=1, backend=backend)
     before = native({k: v.clone() for k, v in model.state_dict().items()})
     train(model, syn_data, steps=3, lr_y=0.5, lr_by_name={"unembed": 0.0}, checkpoints=[],
           progress=False)  # fmt: skip
