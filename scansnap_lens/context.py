@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Context"]
+__all__ = ["Context", "require_same"]
 
 
 @dataclass(frozen=True)
@@ -39,3 +39,13 @@ class Context:
                 " with the same exclude_bos (scansnap stats / record --exclude-bos)"
             )
         return None
+
+
+def require_same(statistics, plan) -> None:
+    """Raise ValueError when `statistics` (anything with a ``context``: statistics, token
+    groups; None or the lab's classes have none, so nothing to check) were counted with
+    another position-0 convention than `plan` records."""
+    context = getattr(statistics, "context", None)
+    problem = None if context is None else context.mismatch(plan.context)
+    if problem:
+        raise ValueError(problem)

@@ -21,6 +21,7 @@ import torch
 from scipy.stats import rankdata
 from torch import Tensor
 
+from .context import require_same
 from .groups import TokenGroups
 from .measure import (
     Measurement,
@@ -39,10 +40,7 @@ __all__ = ["growth_bounds", "theory_checks", "theory_fit"]
 
 
 def _population(traj: Trajectory, source, loss_positions: int | None, classes=None):
-    context = getattr(source, "context", None)  # statistics have one, the lab's classes not
-    problem = None if context is None else context.mismatch(traj.plan.context)
-    if problem:
-        raise ValueError(problem)
+    require_same(source, traj.plan)
     if classes is None:
         classes = list(zip(traj.plan.class_query.tolist(), traj.plan.class_next.tolist()))
     if (

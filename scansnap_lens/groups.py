@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .context import Context
+from .context import Context, require_same
 
 __all__ = ["TokenGroups"]
 
@@ -84,9 +84,7 @@ class TokenGroups:
 
     def check_context(self, plan) -> None:
         """Refuse a recording whose context convention differs from the statistics'."""
-        problem = None if self.context is None else self.context.mismatch(plan.context)
-        if problem:
-            raise ValueError(problem)
+        require_same(self, plan)
 
     @property
     def num_classes(self) -> int:

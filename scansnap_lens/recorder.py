@@ -71,6 +71,15 @@ class Recorder:
         self.lock = RecordingLock(self.out)
         if (self.out / "manifest.json").exists():
             self.lock.acquire()  # before anything of the folder is read or removed
+        try:
+            self._open(tokens, plan, layers, heads, step_unit, batch_size, device, progress,
+                       meta, prompt, prompt_length, overwrite)  # fmt: skip
+        except BaseException:
+            self.lock.release()  # a refused folder stays free for a corrected recorder
+            raise
+
+    def _open(self, tokens, plan, layers, heads, step_unit, batch_size, device, progress, meta,
+              prompt, prompt_length, overwrite) -> None:  # fmt: skip
         if overwrite and (self.out / "manifest.json").exists():
             remove_trajectory(self.out)
         default_prompt = prompt is None
@@ -161,6 +170,8 @@ class Recorder:
             self._check_same_run(training)
             if self._writer is None:
                 self.meta = {**training, **self.meta}
+        if self.out.exists():
+            self.lock.acquire()  # again after a `record` or `close` released it
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices):
             return self._record_model(step, model)

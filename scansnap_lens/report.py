@@ -23,6 +23,7 @@ import pandas as pd
 
 from . import heads, measure
 from ._io import write_text
+from .context import require_same
 from .groups import TokenGroups
 from .trajectory import Trajectory
 
@@ -141,11 +142,8 @@ def write_report(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} is a file: the report needs a folder (give another --out)")
-    groups.check_context(traj.plan)  # before anything is measured or written
-    source_context = getattr(source, "context", None)
-    problem = None if source_context is None else source_context.mismatch(traj.plan.context)
-    if problem:
-        raise ValueError(problem)
+    for statistics in (groups, source):  # before anything is measured or written
+        require_same(statistics, traj.plan)
     figures_dir = out / "figures"
     figures_dir.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}

@@ -549,6 +549,7 @@ def test_a_second_recording_process_fails_at_once(own_run, tmp_path, capsys):
     assert main(args) == 0  # the killed holder's lock went with its process
     assert Trajectory.load(tmp_path / "t").steps.tolist() == [0, 10, 20, 40]
 
+    from scansnap_lens.plan import plan_recording
     from scansnap_lens.tokens import read_tokens
 
     tokens, plan = read_tokens(root / "eval.safetensors"), Trajectory.load(tmp_path / "t").plan
@@ -558,6 +559,12 @@ def test_a_second_recording_process_fails_at_once(own_run, tmp_path, capsys):
     first.close()
     assert second.lock.held
     second.close()
+    # a recorder refused by the folder (another plan) does not keep it locked
+    with pytest.raises(ValueError, match="another plan"):
+        Recorder(tmp_path / "t", tokens[:4], plan_recording(tokens[:4], plan.vocab_size))
+    probe = ("import sys; from scansnap_lens.trajectory import RecordingLock; "
+             "RecordingLock(sys.argv[1]).acquire()")  # fmt: skip
+    subprocess.run([sys.executable, "-c", probe, str(tmp_path / "t")], check=True)
 
 
 def _config_variant(root, tmp, edit):
