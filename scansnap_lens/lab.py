@@ -1,9 +1,9 @@
-"""The paper's synthetic experiments (Sec. 8) as library calls: Fig. 4-6 and their numbers."""
+"""The paper's synthetic experiments (Sec. 8, App. G) as library calls: Figs. 4-6, 11-12."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -14,11 +14,20 @@ from .measure import restricted_entropy
 from .synthetic import SequenceClasses, syn_medium
 from .yz import YZRun, train_yz
 
-__all__ = ["distinct_entropy", "entropy_sweep", "summarize_sweep", "syn_small_experiment"]
+__all__ = [
+    "distinct_entropy",
+    "distinct_recall",
+    "entropy_sweep",
+    "recall_sweep",
+    "summarize_sweep",
+    "syn_small_experiment",
+]
 
 FIG6_NUM_LAST = (1, 3, 5, 10)
 FIG6_LR_Z = (0.5, 1.0, 2.0, 3.0)
 FIG6_RATIO = (1.0, 2.0, 5.0, 10.0)
+# Figs. 11-12 read recall at thresholds around 1/M
+FIG11_THRESHOLD_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)
 
 
 def distinct_entropy(run: YZRun, snapshot: int = -1) -> torch.Tensor:
@@ -27,6 +36,45 @@ def distinct_entropy(run: YZRun, snapshot: int = -1) -> torch.Tensor:
     owner = classes.distinct_for()
     mask = owner[None, :] == torch.arange(classes.num_classes)[:, None]
     return restricted_entropy(run.attention()[snapshot], mask)
+
+
+def distinct_recall(run: YZRun, thresholds, snapshot: int = -1) -> torch.Tensor:
+    """[R, X] Figs. 11-12: for each threshold, the share of each class's distinct tokens whose
+    attention c_n[l] exceeds it ("retrieved"), averaged over the classes.
+
+    thresholds: [X], in the paper around 1/M.  A sparser attention keeps fewer distinct
+    tokens above a given threshold, so its recall falls more slowly as the threshold grows
+    past 1/M (few tokens hold most of the weight) and starts lower below it.
+    """
+    classes: SequenceClasses = run.classes
+    owner = classes.distinct_for()
+    mask = owner[None, :] == torch.arange(classes.num_classes)[:, None]  # [K, M]
+    x = torch.as_tensor(thresholds, dtype=torch.float64)
+    attention = run.attention()[snapshot].double()  # [R, K, M]
+    retrieved = (attention[..., None] > x) & mask[..., None]  # [R, K, M, X]
+    return (retrieved.sum(-2).double() / mask.sum(-1)[:, None]).mean(-2)
+
+
+def _sweep(
+    num_last: Sequence[int], lr_z: Sequence[float], ratio: Sequence[float], seeds: int,
+    progress: bool, desc: str, **train_kwargs,
+) -> Iterator[tuple[int, list[tuple[float, float, int]], YZRun]]:  # fmt: skip
+    """Train the grid of Fig. 6 (and Figs. 11-12): for each ``num_last``, every (lr_z,
+    ratio, seed) cell in one batched computation; seed s is the same initialisation and data
+    stream in every cell (common random numbers).  Yields (num_last, cells, run)."""
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    for q in tqdm(list(num_last), desc=desc, disable=not progress):
+        cells = list(itertools.product(lr_z, ratio, range(seeds)))
+        run = train_yz(
+            syn_medium(q),
+            lr_z=[c[0] for c in cells],
+            ratio=[c[1] for c in cells],
+            seeds=[c[2] for c in cells],
+            snapshot_every=0,
+            **train_kwargs,
+        )
+        yield q, cells, run
 
 
 def entropy_sweep(
@@ -44,28 +92,13 @@ def entropy_sweep(
 ) -> pd.DataFrame:
     """The Fig. 6 grid on Syn-Medium: one row per (num_last, lr_z, ratio, seed).
 
-    All cells and seeds of one ``num_last`` train together in one batched computation; seed
-    s is the same initialisation and data stream in every cell (common random numbers).
     Column ``entropy`` is the final-step distinct-token entropy averaged over the classes.
     """
-    if seeds < 1:
-        raise ValueError(f"seeds must be >= 1, got {seeds}")
     rows = []
-    for q in tqdm(list(num_last), desc="Fig. 6 sweep (num_last)", disable=not progress):
-        cells = list(itertools.product(lr_z, ratio, range(seeds)))
-        run = train_yz(
-            syn_medium(q),
-            lr_z=[c[0] for c in cells],
-            ratio=[c[1] for c in cells],
-            seeds=[c[2] for c in cells],
-            optimizer=optimizer,
-            momentum=momentum,
-            init=init,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            steps=steps,
-            snapshot_every=0,
-        )
+    sweep = _sweep(num_last, lr_z, ratio, seeds, progress, "Fig. 6 sweep (num_last)",
+                   optimizer=optimizer, momentum=momentum, init=init, batch_size=batch_size,
+                   seq_len=seq_len, steps=steps)  # fmt: skip
+    for q, cells, run in sweep:
         entropy = distinct_entropy(run).mean(-1)
         final_loss = run.loss[-1]
         for i, (lz, r, s) in enumerate(cells):
@@ -79,6 +112,46 @@ def entropy_sweep(
                     "final_loss": final_loss[i].item(),
                 }
             )
+    return pd.DataFrame(rows)
+
+
+def recall_sweep(
+    lr_z: Sequence[float],
+    ratio: Sequence[float],
+    threshold_factors: Sequence[float] = FIG11_THRESHOLD_FACTORS,
+    num_last: int = 1,
+    seeds: int = 10,
+    steps: int = 100,
+    batch_size: int = 128,
+    seq_len: int = 128,
+    optimizer: str = "sgd",
+    momentum: float = 0.9,
+    init: str = "uniform",
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Figs. 11-12 on Syn-Medium: `distinct_recall` after training, one row per (lr_z, ratio,
+    seed, threshold), thresholds ``factor / M``.  Fig. 11 varies ``ratio`` (eta_Y / eta_Z) at
+    one eta_Z, Fig. 12 varies ``lr_z`` at one ratio; the paper averages 10 seeds.
+    """
+    rows = []
+    sweep = _sweep([num_last], lr_z, ratio, seeds, progress, "Figs. 11-12 sweep",
+                   optimizer=optimizer, momentum=momentum, init=init, batch_size=batch_size,
+                   seq_len=seq_len, steps=steps)  # fmt: skip
+    for q, cells, run in sweep:
+        thresholds = torch.tensor(threshold_factors, dtype=torch.float64) / run.classes.vocab_size
+        recall = distinct_recall(run, thresholds)
+        for i, (lz, r, s) in enumerate(cells):
+            for j, x in enumerate(thresholds.tolist()):
+                rows.append(
+                    {
+                        "num_last": q,
+                        "lr_z": lz,
+                        "ratio": r,
+                        "seed": s,
+                        "threshold": x,
+                        "recall": recall[i, j].item(),
+                    }
+                )
     return pd.DataFrame(rows)
 
 
