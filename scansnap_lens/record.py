@@ -310,19 +310,48 @@ class _HookAggregator:
             return hook
 
         hooks = [(f"blocks.{L}.attn.hook_attn_scores", probe_hook(L)) for L in self.layers]
-        self.model.run_with_hooks(
-            x, return_type=None, stop_at_layer=max(self.layers) + 1, fwd_hooks=hooks
-        )
+        run_until(self.model, x, max(self.layers), hooks)
 
     def run(self, x: Tensor) -> None:
         if len(self.scores_from_qk) < len(self.layers):
             self.probe(x[:1])
         self.batch = self.index(x)
-        self.model.run_with_hooks(
-            x, return_type=None, stop_at_layer=max(self.layers) + 1, fwd_hooks=self.hooks()
-        )
+        run_until(self.model, x, max(self.layers), self.hooks())
         self.batch = None
         self.qk.clear()
+
+
+class _Enough(Exception):
+    """Raised by the last hook a recording needs, so that the forward pass goes no further."""
+
+
+def run_until(model, x: Tensor, last_layer: int, hooks: list) -> None:
+    """Run `model` on `x` with `hooks` and stop once the attention scores and pattern of
+    `last_layer` have both fired (after the hooks given for them).
+
+    ``stop_at_layer`` alone is not enough: a TransformerBridge stops only *before* a block,
+    so at its last block it runs the MLP, the final norm and the unembedding, which with a
+    large vocabulary is most of a small model's forward pass.  Bridges also fire the scores
+    and pattern hooks in either order, after ``hook_attn_out`` on some architectures.
+    """
+    names = [f"blocks.{last_layer}.attn.hook_attn_scores", f"blocks.{last_layer}.attn.hook_pattern"]
+    fired: set[str] = set()
+
+    def stop(name: str):
+        def hook(tensor: Tensor, hook=None):
+            fired.add(name)
+            if len(fired) == len(names):
+                raise _Enough
+
+        return hook
+
+    stops = [(name, stop(name)) for name in names]
+    try:
+        model.run_with_hooks(
+            x, return_type=None, stop_at_layer=last_layer + 1, fwd_hooks=[*hooks, *stops]
+        )
+    except _Enough:
+        pass
 
 
 def _looks_like_pattern(scores: Tensor) -> bool:
@@ -478,9 +507,7 @@ def prompt_attention(model, prompt: Tensor, layers: Sequence[int], heads: Sequen
     was_training = model.training
     model.eval()
     try:
-        model.run_with_hooks(
-            prompt.to(device), return_type=None, stop_at_layer=max(layers) + 1, fwd_hooks=hooks
-        )
+        run_until(model, prompt.to(device), max(layers), hooks)
     finally:
         model.train(was_training)
     return torch.stack([kept[layer] for layer in layers])
@@ -539,9 +566,7 @@ def position_entropy(
     try:
         for start in range(0, tokens.shape[0], batch_size):
             batch = tokens[start : start + batch_size].to(device)
-            model.run_with_hooks(
-                batch, return_type=None, stop_at_layer=max(layers) + 1, fwd_hooks=hooks
-            )
+            run_until(model, batch, max(layers), hooks)
     finally:
         model.train(was_training)
     count = tokens.shape[0] * int(rows.sum())

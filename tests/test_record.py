@@ -11,7 +11,12 @@ from _reference import assert_matches, brute_force
 
 from scansnap_lens.backend import attention_logit_parameters, build_model
 from scansnap_lens.plan import plan_recording
-from scansnap_lens.record import _looks_like_pattern, record_checkpoint
+from scansnap_lens.record import (
+    _looks_like_pattern,
+    position_entropy,
+    prompt_attention,
+    record_checkpoint,
+)
 
 V = 13
 
@@ -59,6 +64,32 @@ def test_aggregates_equal_brute_force(exclude_bos, include_self, backend):
     # chat sums to 1 over the tokens of each class
     per_class = torch.zeros(L, H, plan.num_classes).index_add_(2, plan.triple_class, rec.chat)
     torch.testing.assert_close(per_class, torch.ones_like(per_class))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_recording_stops_after_the_last_watched_attention(backend):
+    """Recording the last layer runs neither its MLP nor the unembedding (a bridge's
+    stop_at_layer does not stop after its last block), and leaves no hook behind: the model's
+    logits are the same before and after."""
+    model = tiny_model(backend=backend)
+    tokens = torch.randint(0, V, (3, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(tokens)
+    modules = {"unembed": model.unembed, "last mlp": model.blocks[1].mlp}
+    calls = {name: 0 for name in modules}
+    handles = [
+        module.register_forward_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
+        for name, module in modules.items()
+    ]
+    plan = plan_recording(tokens, V)
+    record_checkpoint(model, tokens, plan, progress=False)
+    prompt_attention(model, tokens[0], layers=[1], heads=[0])
+    position_entropy(model, tokens)
+    assert calls == {"unembed": 0, "last mlp": 0}
+    for handle in handles:
+        handle.remove()
+    with torch.no_grad():
+        assert torch.equal(model(tokens), before)
 
 
 def test_tracked_queries_classes_layers_heads():
