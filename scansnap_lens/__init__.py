@@ -13,7 +13,8 @@ Functions named like their module (``classify``, ``train``) are imported from it
 
 Modules, one per concept: synthetic, yz, theory (the paper's lab and theory); corpus,
 kinds, classify, groups (co-occurrence and token kinds); plan, record, recorder, trajectory,
-checkpoints, train (recording attention over checkpoints); measure, viz, report (results).
+checkpoints, train, tutorial (recording attention over checkpoints); measure, viz, report
+(results).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ _NAMES = {
     "record_trajectory": "recorder",
     "Trajectory": "trajectory",
     "attention_only_model": "train",
+    "tutorial_model": "tutorial",
+    "position_entropy": "record",
     "write_report": "report",
     "read_tokens": "tokens",
     "save_tokens": "tokens",
@@ -74,6 +77,7 @@ _MODULES = {  # every public module, so that ``ss.<module>`` never depends on im
     "tokens",
     "train",
     "trajectory",
+    "tutorial",
     "viz",
     "yz",
 }

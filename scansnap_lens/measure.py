@@ -75,10 +75,8 @@ def restricted_entropy(attention: Tensor, mask: Tensor) -> Tensor:
 # ------------------------------------------------------------------ lookups
 def _z(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:
     """zbar [S, L, H, n] of the pairs (query, l) the plan holds, and the mask of `tokens` held."""
-    plan = traj.plan
-    keys = query * plan.vocab_size + tokens
-    slot = torch.searchsorted(plan.pair_keys, keys).clamp_max(max(plan.num_pairs - 1, 0))
-    held = plan.pair_keys[slot] == keys if plan.num_pairs else torch.zeros_like(keys, dtype=bool)
+    slot = traj.plan.pair_slot(query, tokens)
+    held = slot >= 0
     return traj.zbar[..., slot[held]].double(), held
 
 
@@ -113,9 +111,21 @@ def _weighted_nanmean(values: Tensor, weights: Tensor) -> Tensor:
     return torch.where(total > 0, (torch.nan_to_num(values) * w).sum(-1) / total, math.nan)
 
 
+INDEX = ("step", "layer", "head")
+
+
 @dataclass
 class Measurement:
-    """Per (step, layer, head) values in ``table``, per query or class detail in ``detail``."""
+    """Per (step, layer, head) values in ``table``, per query or class detail in ``detail``.
+
+    `tensor` gives a column as a tensor indexed like TransformerLens's head scores,
+    ``[step, layer, head]`` (``[layer, head]`` for per-head results such as snap steps):
+
+    >>> table = pd.DataFrame({"step": [0, 0, 9, 9], "layer": 0, "head": [0, 1, 0, 1],
+    ...                       "bias": [0.0, 0.1, 2.0, 0.5]})
+    >>> Measurement("bias", table).tensor("bias")[-1]  # the last step, [layer, head]
+    tensor([[2.0000, 0.5000]], dtype=torch.float64)
+    """
 
     name: str
     table: pd.DataFrame
@@ -129,6 +139,27 @@ class Measurement:
     def final(self) -> pd.DataFrame:
         """The rows of the last checkpoint."""
         return self.table[self.table["step"] == self.table["step"].max()].reset_index(drop=True)
+
+    def tensor(self, column: str | None = None) -> Tensor:
+        """`column` of the table (default: the measurement's first value column) as a float64
+        tensor [S, L, H] over the table's steps, layers and heads in ascending order (or
+        [L, H] where the table has no step); NaN where the table has no row."""
+        index = [c for c in INDEX if c in self.table.columns]
+        if column is None:
+            numeric = self.table.select_dtypes("number").columns
+            column = next(c for c in numeric if c not in index)
+        if column not in self.table.columns:
+            raise KeyError(f"{self.name} has no column {column!r}: {list(self.table.columns)}")
+        grid = pd.MultiIndex.from_product([sorted(self.table[c].unique()) for c in index])
+        values = self.table.set_index(index)[column].astype(float).reindex(grid)
+        shape = [len(level) for level in grid.levels]
+        return torch.tensor(values.to_numpy(), dtype=torch.float64).reshape(shape)
+
+    def tensors(self) -> dict[str, Tensor]:
+        """Every numeric value column as `tensor` gives it."""
+        index = [c for c in INDEX if c in self.table.columns]
+        numeric = self.table.select_dtypes("number").columns
+        return {c: self.tensor(c) for c in numeric if c not in index}
 
 
 # ------------------------------------------------------------------ scan

@@ -98,8 +98,21 @@ class RecordPlan:
 
     def triple_pair(self) -> Tensor:
         """[Pc] the zbar slot (m, l) of every chat slot (m, n, l)."""
-        keys = self.class_query[self.triple_class] * self.vocab_size + self.triple_token
-        return torch.searchsorted(self.pair_keys, keys)
+        return self.pair_slot(self.class_query[self.triple_class], self.triple_token)
+
+    # -- slot lookups: the one place that maps (query, token) pairs to tensor slots --------
+    def pair_slot(self, query, tokens) -> Tensor:
+        """[n] the zbar slot of each pair (query, token), -1 where the plan holds none."""
+        return _find(self.pair_keys, torch.as_tensor(query) * self.vocab_size + _ids(tokens))
+
+    def class_slot(self, query: int, next_token: int) -> int | None:
+        """The slot of class (query, next_token), None where the plan does not track it."""
+        c = int(_find(self.class_keys, torch.tensor([int(query) * self.vocab_size + next_token])))
+        return None if c < 0 else c
+
+    def triple_slot(self, c: int, tokens) -> Tensor:
+        """[n] the chat slot of each token of class slot `c`, -1 where the plan holds none."""
+        return _find(self.triple_keys, c * self.vocab_size + _ids(tokens))
 
     def decode(self, token: int) -> str:
         return self.token_strings.get(int(token), str(int(token)))
@@ -189,6 +202,18 @@ def select_queries(stats: CooccurrenceStats, coverage: float) -> Tensor:
     share = torch.cumsum(events[order].double(), 0) / events.sum()
     k = int(torch.searchsorted(share, torch.tensor([coverage], dtype=share.dtype)).item()) + 1
     return torch.sort(query[order[: min(k, order.numel())]]).values
+
+
+def _ids(tokens) -> Tensor:
+    return torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+
+
+def _find(keys: Tensor, wanted: Tensor) -> Tensor:
+    """Positions of `wanted` in the ascending `keys`, -1 where absent."""
+    if keys.numel() == 0:
+        return torch.full_like(wanted, -1)
+    slot = torch.searchsorted(keys, wanted).clamp_max(keys.numel() - 1)
+    return torch.where(keys[slot] == wanted, slot, -1)
 
 
 def plan_recording(

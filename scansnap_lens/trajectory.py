@@ -17,6 +17,7 @@ the old checkpoint files, and never a file outside the folder's ``checkpoints/``
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import secrets
@@ -95,21 +96,34 @@ class Trajectory:
     # -- lookups ---------------------------------------------------------------------
     def class_slot(self, query: int, next_token: int) -> int | None:
         """Index of the class (query, next_token) in the plan, None if it is not tracked."""
-        plan = self.plan
-        key = int(query) * plan.vocab_size + int(next_token)
-        c = int(torch.searchsorted(plan.class_keys, torch.tensor([key])))
-        return c if c < plan.num_classes and int(plan.class_keys[c]) == key else None
+        return self.plan.class_slot(query, next_token)
 
     def class_attention(self, c: int, tokens: Tensor) -> Tensor:
         """chat [S, L, H, n] (float64) of class slot `c` for `tokens`; 0 where a token never
         occurred in the context of the class."""
-        plan = self.plan
-        keys = c * plan.vocab_size + tokens
-        tk = plan.triple_keys
-        slot = torch.searchsorted(tk, keys).clamp_max(max(tk.numel() - 1, 0))
-        held = tk[slot] == keys
-        out = torch.zeros(*self.chat.shape[:3], tokens.numel(), dtype=torch.float64)
+        slot = self.plan.triple_slot(c, tokens)
+        held = slot >= 0
+        out = torch.zeros(*self.chat.shape[:3], slot.numel(), dtype=torch.float64)
         out[..., held] = self.chat[..., slot[held]].double()
+        return out
+
+    def attention(self, query: int, next_token: int, tokens) -> Tensor:
+        """[S, L, H, n] (float64) the attention that class (query, next_token) puts on each of
+        `tokens` (chat: per event, the weights on the token's context positions, summed and
+        renormalised over the context; averaged over events); 0 where a token never occurred
+        in the class's contexts.  KeyError where the class is not tracked."""
+        c = self.plan.class_slot(query, next_token)
+        if c is None:
+            raise KeyError(f"class (query {query}, next token {next_token}) is not tracked")
+        return self.class_attention(c, torch.as_tensor(tokens))
+
+    def logits(self, query: int, tokens) -> Tensor:
+        """[S, L, H, n] (float64) the mean attention logit zbar of `query` on each of `tokens`
+        (over every event of the query); NaN where a token never occurred in its context."""
+        slot = self.plan.pair_slot(query, tokens)
+        held = slot >= 0
+        out = torch.full((*self.zbar.shape[:3], slot.numel()), math.nan, dtype=torch.float64)
+        out[..., held] = self.zbar[..., slot[held]].double()
         return out
 
     # -- selection -------------------------------------------------------------------

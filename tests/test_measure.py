@@ -70,6 +70,28 @@ def groups(distinct: dict, common: dict, events=None) -> TokenGroups:
     )
 
 
+def test_trajectory_logits_and_attention_of_given_tokens():
+    """The public accessors read the slots the plan holds: values where held, NaN (logits) or
+    0 (attention) where a token never met the query, KeyError for an untracked class."""
+    traj = hand_trajectory(
+        [0, 10],
+        {(0, 1): [0.5, 1.5], (0, 3): [1.0, 0.0], (2, 1): [7.0, 8.0]},
+        {(0, 5): {1: [0.25, 0.75], 3: [0.75, 0.25]}},
+        heads=2,
+    )
+    z = traj.logits(0, [3, 2, 1])
+    assert z.shape == (2, 1, 2, 3) and z.dtype == torch.float64
+    assert z[:, 0, 1, 0].tolist() == [1.0, 0.0] and z[:, 0, 0, 2].tolist() == [0.5, 1.5]
+    assert z[..., 1].isnan().all()
+    assert traj.logits(2, torch.tensor([1]))[:, 0, 0, 0].tolist() == [7.0, 8.0]
+    a = traj.attention(0, 5, [1, 4, 3])
+    assert a[:, 0, 0].tolist() == [[0.25, 0.0, 0.75], [0.75, 0.0, 0.25]]
+    with pytest.raises(KeyError, match="query 0, next token 6"):
+        traj.attention(0, 6, [1])
+    assert traj.plan.pair_slot(0, [1, 2, 3]).tolist() == [0, -1, 1]
+    assert traj.plan.class_slot(0, 5) == 0 and traj.plan.class_slot(2, 5) is None
+
+
 def test_discriminative_bias_by_hand_with_ties():
     traj = hand_trajectory(
         [0, 10],
@@ -229,6 +251,26 @@ def test_lab_scan_claims(lab):
     assert (measure.frequency_bias(traj, g).final()["spearman"] > 0.8).all()
     final = measure.sparsity(traj, g).final().set_index("head")
     assert (final["top_share"] < 0.9).all()  # never winner-takes-all
+
+
+def test_measurements_as_step_layer_head_tensors(lab):
+    """`Measurement.tensor` puts every table row at [step, layer, head] (snap steps at
+    [layer, head]), the layout a notebook indexes."""
+    traj, g = lab
+    for result in (measure.discriminative_bias(traj, g), measure.sparsity(traj, g)):
+        tensors = result.tensors()
+        steps = traj.steps.tolist()
+        for _, row in result.table.iterrows():
+            for column, values in tensors.items():
+                assert values.shape == (traj.num_steps, 1, 3)
+                got = values[steps.index(row["step"]), int(row["layer"]), int(row["head"])].item()
+                want = row[column]
+                assert got == want or (math.isnan(got) and math.isnan(want)), column
+    snaps = measure.snapping(traj)
+    assert torch.equal(snaps.tensor("snap_step")[0], torch.tensor(snaps.table["snap_step"]))
+    assert torch.equal(result.tensor(), result.tensor(result.table.columns[3]))
+    with pytest.raises(KeyError, match="no column 'bais'"):
+        result.tensor("bais")
 
 
 def test_lab_snap_claims(lab):
