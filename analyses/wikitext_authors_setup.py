@@ -1,6 +1,8 @@
 """Scan and snap on WikiText-2 in the authors' own setting (the paper's Figs. 7, 10, 11-12).
 
     python analyses/wikitext_authors_setup.py --out out/authors [--quick] [--shared ../shared]
+    python analyses/wikitext_authors_setup.py --out out/long --parts fig7 --runs 1layer \
+        --iterations 6000      # past the theory's t0 (about 4,100 iterations here)
 
 The model is the PyTorch transformer tutorial's (`tutorial.tutorial_model`: embedding 200,
 1 head, feed-forward 200, ReLU, post-LN, sinusoidal positions, dropout 0.3, 0.2 for 3 layers),
@@ -40,7 +42,6 @@ import torch
 from _common import parser
 
 from scansnap_lens import measure, viz
-from scansnap_lens.classify import classify
 from scansnap_lens.corpus import cooccurrence
 from scansnap_lens.groups import TokenGroups
 from scansnap_lens.lab import FIG6_NUM_LAST, recall_sweep
@@ -87,6 +88,7 @@ QUICK = {
     "recall_seeds": 2,
 }
 ENTROPY = ["entropy_with_self", "entropy_without_self"]
+PARTS = ["fig7", "fig10", "fig11-12"]
 
 
 def split(shared: Path) -> tuple[list[str], list[str]]:
@@ -239,8 +241,17 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a reduced run of about a minute")
     p.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS, help="what to run")
+    p.add_argument("--runs", nargs="+", choices=list(FULL["fig7"]), help="Fig. 7 runs to train")
+    p.add_argument("--iterations", type=int, help="the Fig. 7 runs' length (default 2000)")
     args = p.parse_args()
-    cfg = QUICK if args.quick else FULL
+    cfg = dict(QUICK if args.quick else FULL)
+    if args.runs:
+        cfg["fig7"] = {name: cfg["fig7"][name] for name in args.runs}
+    if args.iterations is not None:
+        if args.iterations < max(cfg["map_steps"]) or args.iterations % cfg["every"]:
+            p.error(f"--iterations: a multiple of {cfg['every']} from {max(cfg['map_steps'])}")
+        cfg["iterations"] = args.iterations
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -261,30 +272,32 @@ def main() -> None:
     stats = cooccurrence(bptt_rows(train_stream, cfg["batch"], cfg["bptt"]), V,
                          queries=plan.queries.tolist())  # fmt: skip
     variants = {
-        "paper": classify(stats, scope="local", guard=False, purity=0.9, min_support=2),
-        "guarded": classify(stats, scope="local"),
+        "paper": {"guard": False, "purity": 0.9, "min_support": 2},
+        "guarded": {},
     }
-    variants = {k: TokenGroups.from_classification(c, stats, min_distinct=1)
-                for k, c in variants.items()}  # fmt: skip
+    variants = {k: TokenGroups.from_statistics(stats, min_distinct=1, **options)
+                for k, options in variants.items()}  # fmt: skip
     print(f"vocabulary {V}, training tokens {train_stream.numel()}, held-out rows"
           f" {len(eval_rows)} ({unk:.1%} <unk>), tracked queries {plan.num_queries}")  # fmt: skip
     data = (tok, train_stream, eval_rows, plan, variants)
 
     rows, curves, scans = [], [], []
-    for name, (layers, dropout) in cfg["fig7"].items():
+    for name, (layers, dropout) in cfg["fig7"].items() if "fig7" in args.parts else ():
         row, curve, scan = run_fig7(name, layers, dropout, cfg, data, out, args.seed)
         rows.append(row), curves.append(curve), scans.extend(scan)
         print(f"{name}: {({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})}"
               f" ({time.time() - start:.0f} s)")  # fmt: skip
-    runs = pd.DataFrame(rows)
-    runs.to_csv(out / "runs.csv", index=False)
-    pd.concat(curves, ignore_index=True).to_csv(out / "entropy.csv", index=False)
-    pd.concat(scans, ignore_index=True).to_csv(out / "scan.csv", index=False)
-    print(runs.T.to_string())
-
-    _, fig10 = run_sweep(cfg, data, out)
-    print(fig10.round(4).to_string(index=False))
-    run_recall(cfg, out)
+    if rows:
+        runs = pd.DataFrame(rows)
+        runs.to_csv(out / "runs.csv", index=False)
+        pd.concat(curves, ignore_index=True).to_csv(out / "entropy.csv", index=False)
+        pd.concat(scans, ignore_index=True).to_csv(out / "scan.csv", index=False)
+        print(runs.T.to_string())
+    if "fig10" in args.parts:
+        _, fig10 = run_sweep(cfg, data, out)
+        print(fig10.round(4).to_string(index=False))
+    if "fig11-12" in args.parts:
+        run_recall(cfg, out)
     seconds = round(time.time() - start, 1)
     meta = {"config": cfg, "seconds": seconds, "vocab": V, "held_out_unk": unk,
             "training_tokens": int(train_stream.numel()),
@@ -316,6 +329,8 @@ def _plot_fig10(summary: pd.DataFrame, cfg: dict, path: Path) -> None:
         ax.errorbar(summary["lr"], summary[f"{column}_mean"], yerr=summary[f"{column}_std"],
                     marker="o", capsize=3, label=label)  # fmt: skip
     ax.set_xscale("log")
+    ax.set_xticks(summary["lr"], [f"{v:g}" for v in summary["lr"]])
+    ax.minorticks_off()
     ax.set_xlabel("SGD learning rate (every parameter)")
     ax.set_ylabel("first-layer attention entropy (nats)")
     ax.set_title(f"Fig. 10: after {cfg['sweep_iterations']} iterations,"

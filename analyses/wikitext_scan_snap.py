@@ -40,7 +40,6 @@ from _common import parser
 
 from scansnap_lens import measure, viz
 from scansnap_lens.backend import build_model as backend_model
-from scansnap_lens.classify import classify
 from scansnap_lens.corpus import cooccurrence
 from scansnap_lens.groups import TokenGroups
 from scansnap_lens.plan import plan_recording
@@ -136,12 +135,12 @@ def main() -> None:
     queries = plan.queries.tolist()
     stats = cooccurrence(train_rows, V, queries=queries)
     variants = {
-        "paper": classify(stats, scope="local", guard=False, purity=0.9, min_support=2),
-        "guarded": classify(stats, scope="local"),
+        "paper": {"guard": False, "purity": 0.9, "min_support": 2},
+        "guarded": {},
     }
     all_groups = {
-        name: TokenGroups.from_classification(classes, stats, min_distinct=1)
-        for name, classes in variants.items()
+        name: TokenGroups.from_statistics(stats, min_distinct=1, **options)
+        for name, options in variants.items()
     }
     groups = all_groups["paper"]
     print(

@@ -37,9 +37,9 @@ def find_events(tokens, row_starts, window, skip_bos, track_query, track_next):
 
 @numba.njit(parallel=True, cache=True)
 def distinct_per_class(tokens, positions, starts, class_bounds, vocab_size, num_blocks):
-    """First pass: the number of distinct context tokens of each class [C].
+    """First pass: the number of distinct context tokens of each class [K].
 
-    Events are sorted by class; ``class_bounds`` [C + 1] delimits the events of each class.
+    Events are sorted by class; ``class_bounds`` [K + 1] delimits the events of each class.
     """
     num_classes = class_bounds.shape[0] - 1
     distinct = np.zeros(num_classes, np.int64)
@@ -64,7 +64,7 @@ def distinct_per_class(tokens, positions, starts, class_bounds, vocab_size, num_
 
 @numba.njit(parallel=True, cache=True)
 def fill_triples(tokens, positions, starts, class_bounds, vocab_size, num_blocks, offsets):
-    """Second pass: (token, count) of each class written at ``offsets`` [C + 1], tokens in
+    """Second pass: (token, count) of each class written at ``offsets`` [K + 1], tokens in
     order of first occurrence (sorting them would double the cost; merging sorts anyway)."""
     num_classes = class_bounds.shape[0] - 1
     out_token = np.empty(offsets[-1], np.int32)
@@ -137,15 +137,15 @@ def pair_counts(query_bounds, class_offsets, token, vocab_size, block_bounds):
 def pair_summary(query_bounds, class_offsets, token, count, vocab_size, block_bounds,
                  query_ids, class_next, class_total, starts, out, base):  # fmt: skip
     """Per (query, context token) pair, sorted by query then token, written into ``out``
-    (seven int64 arrays [P]): the query id, the token, its support (occurrences over the
+    (seven int64 arrays [Pz]): the query id, the token, its support (occurrences over the
     query's classes), its top count, the next token of the top count (ties: the smallest),
     the number of classes it occurs in, the query's number of next tokens; and into ``base``
-    (float64 [P]) the share of that next token among the query's context positions.
+    (float64 [Pz]) the share of that next token among the query's context positions.
 
     query_bounds: [Q + 1] the classes of each query (classes sorted by (m, n)); class_offsets:
-    [C + 1] CSR offsets of the triples; block_bounds: [B + 1] the queries of each block (the
+    [K + 1] CSR offsets of the triples; block_bounds: [B + 1] the queries of each block (the
     blocks run in parallel, each with its own O(vocab) counters); query_ids [Q]; class_next
-    [C]; class_total [C] context positions of each class; starts [Q + 1] each query's first
+    [K]; class_total [K] context positions of each class; starts [Q + 1] each query's first
     pair (cumulative `pair_counts`).  Work O(triples + pairs log pairs-per-query), memory
     O(vocab x threads) beyond the output, which the caller allocates: no sort of triples.
     """

@@ -49,7 +49,7 @@ LABELS = {kind: kind.label for kind in (UNDETERMINED, DISTINCT, COMMON)}  # code
 class TokenClasses:
     """One entry per judged (query, context token) pair (``query`` is -1 when global).
 
-    Attributes (all [P]):
+    Attributes (all [Pz]: one row per (query, context token)):
         query, token: the query m (local) and the context token l.
         label: UNDETERMINED, DISTINCT or COMMON.
         next_token: l's most frequent next token (the one it is distinct for, if distinct).

@@ -294,7 +294,6 @@ def _record(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ report
 def _report(args: argparse.Namespace) -> int:
-    from .classify import classify
     from .corpus import CooccurrenceStats
     from .groups import TokenGroups, check_vocabulary
     from .report import write_report
@@ -305,15 +304,14 @@ def _report(args: argparse.Namespace) -> int:
     traj = Trajectory.load(args.trajectory)
     stats = CooccurrenceStats.load(args.stats)
     check_vocabulary(stats.vocab_size, traj.plan)
-    classes = classify(
+    groups = TokenGroups.from_statistics(
         stats,
+        queries=traj.plan.queries.tolist(),
+        min_distinct=args.min_distinct,
         scope=args.scope,
         min_support=args.min_support,
         purity=args.purity,
         guard=not args.no_guard,
-    )
-    groups = TokenGroups.from_classification(
-        classes, stats, queries=traj.plan.queries.tolist(), min_distinct=args.min_distinct
     )
     out = args.out or Path(args.trajectory) / "report"
     training = None
@@ -355,7 +353,9 @@ def _theory(args: argparse.Namespace) -> int:
     t = np.unique(np.concatenate([np.logspace(0, np.log10(args.t_max), args.points), [theory.t0]]))
     frame = theory.to_dataframe(t)
     if args.csv:
-        frame.to_csv(args.csv, index=False)
+        from ._io import write_text
+
+        write_text(args.csv, frame.to_csv(index=False))
         print(f"B_n(t) curve written to {args.csv}")
     else:
         print(

@@ -53,9 +53,9 @@ class CooccurrenceStats:
         vocab_size: V, token ids lie in [0, V).
         window: W, the most context positions before the query (0: the whole row).
         exclude_bos: whether the first position of each row was kept out of the context.
-        query, next_token, events: [C] the classes (m, n), sorted, and N(m, n).
-        offsets: [C + 1] where the triples of each class start in ``token`` / ``count``.
-        token, count: [P] context token l and C(m, n, l); within a class the tokens come in
+        query, next_token, events: [K] the classes (m, n), sorted, and N(m, n).
+        offsets: [K + 1] where the triples of each class start in ``token`` / ``count``.
+        token, count: [Pc] context token l and C(m, n, l); within a class the tokens come in
             order of first occurrence (``canonical()`` sorts them).
         num_tokens, num_rows: size of the corpus counted.
         fingerprint: order-free hash of the rows (merging combines it like the counts).
@@ -105,12 +105,12 @@ class CooccurrenceStats:
 
     @property
     def triple_class(self) -> Tensor:
-        """[P] the class index of every triple."""
+        """[Pc] the class index of every triple."""
         return torch.repeat_interleave(torch.arange(self.num_classes), torch.diff(self.offsets))
 
     @property
     def total_context(self) -> Tensor:
-        """[C] sum over l of C(m, n, l): the context positions counted for each class."""
+        """[K] sum over l of C(m, n, l): the context positions counted for each class."""
         return torch.zeros(self.num_classes, dtype=torch.long).index_add_(
             0, self.triple_class, self.count
         )

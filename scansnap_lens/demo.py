@@ -20,7 +20,6 @@ import pandas as pd
 import torch
 
 from ._io import write_text
-from .classify import classify
 from .corpus import CooccurrenceStats, cooccurrence
 from .groups import TokenGroups
 from .plan import plan_recording
@@ -93,7 +92,7 @@ def run_demo(
     corpus = sample(512, torch.Generator().manual_seed(seed + 1))  # the training distribution
     stats = cooccurrence(corpus, vocab, queries=queries)
     # distinct = seen with one next token only, across queries (Sec. 3.2: global scope)
-    groups = TokenGroups.from_classification(classify(stats, scope="global"), stats, min_distinct=1)
+    groups = TokenGroups.from_statistics(stats, min_distinct=1, scope="global")
 
     eval_tokens = sample(64, torch.Generator().manual_seed(seed + 2))
     plan = plan_recording(eval_tokens, vocab, queries=queries, exclude_bos=False)

@@ -110,7 +110,7 @@ def growth_bounds(
     rows, dzs, lower, upper = [], [], [], []
     M = traj.plan.vocab_size
     K = pop.num_classes
-    probs = pop.probs  # [K, C], dense once
+    probs = pop.probs  # [K, U], dense once
     r0 = rho0(probs.numpy()) if rho0_value == "data" else float(rho0_value)
     if not math.isfinite(r0):
         raise ValueError(

@@ -120,6 +120,30 @@ class TokenGroups:
         )
 
     @classmethod
+    def from_statistics(
+        cls,
+        stats,
+        queries=None,
+        min_events: int = 1,
+        min_distinct: int = 0,
+        scope: str = "local",
+        min_support: int = 1,
+        purity: float = 1.0,
+        guard: bool = True,
+        alpha: float = 0.05,
+    ) -> TokenGroups:
+        """Classify the context tokens of `stats` (`classify.classify` with `scope`,
+        `min_support`, `purity`, `guard`, `alpha`) and group them (`from_classification`
+        with `queries`, `min_events`, `min_distinct`): the one call from statistics to the
+        groups that every measurement takes."""
+        from .classify import classify
+
+        token_classes = classify(
+            stats, scope=scope, min_support=min_support, purity=purity, guard=guard, alpha=alpha
+        )
+        return cls.from_classification(token_classes, stats, queries, min_events, min_distinct)
+
+    @classmethod
     def from_classification(
         cls, token_classes, stats, queries=None, min_events: int = 1, min_distinct: int = 0
     ):

@@ -10,6 +10,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from ._io import write_text
 from .measure import restricted_entropy
 from .synthetic import SequenceClasses, syn_medium
 from .yz import YZRun, train_yz
@@ -48,10 +49,10 @@ def distinct_recall(run: YZRun, thresholds, snapshot: int = -1) -> torch.Tensor:
     """
     classes: SequenceClasses = run.classes
     owner = classes.distinct_for()
-    mask = owner[None, :] == torch.arange(classes.num_classes)[:, None]  # [K, M]
+    mask = owner[None, :] == torch.arange(classes.num_classes)[:, None]  # [K, V]
     x = torch.as_tensor(thresholds, dtype=torch.float64)
-    attention = run.attention()[snapshot].double()  # [R, K, M]
-    retrieved = (attention[..., None] > x) & mask[..., None]  # [R, K, M, X]
+    attention = run.attention()[snapshot].double()  # [R, K, V]
+    retrieved = (attention[..., None] > x) & mask[..., None]  # [R, K, V, X]
     return (retrieved.sum(-2).double() / mask.sum(-1)[:, None]).mean(-2)
 
 
@@ -191,6 +192,6 @@ def syn_small_experiment(
         tables.append(run.attention_dataframe().assign(setting=label, lr_z=lr_z, ratio=ratio))
         losses.append(run.to_dataframe().assign(setting=label))
     plot_loss(runs, path=out / f"{prefix}_loss.png")
-    pd.concat(tables).to_csv(out / f"{prefix}_attention.csv", index=False)
-    pd.concat(losses).to_csv(out / f"{prefix}_loss.csv", index=False)
+    write_text(out / f"{prefix}_attention.csv", pd.concat(tables).to_csv(index=False))
+    write_text(out / f"{prefix}_loss.csv", pd.concat(losses).to_csv(index=False))
     return runs

@@ -53,8 +53,8 @@ __all__ = [
 def restricted_entropy(attention: Tensor, mask: Tensor) -> Tensor:
     """Shannon entropy (nats) of ``attention`` restricted to ``mask`` and renormalised.
 
-    attention: [..., K, M] per-token attention of each class (rows sum to 1);
-    mask: [K, M] bool, the tokens to keep for each class (its distinct tokens for the Fig. 6
+    attention: [..., K, V] per-token attention of each class (rows sum to 1);
+    mask: [K, V] bool, the tokens to keep for each class (its distinct tokens for the Fig. 6
     metric).  Returns [..., K]; a class with one kept token has entropy 0, and 0 log 0 = 0.
 
     >>> a = torch.tensor([[0.5, 0.25, 0.25, 0.0]])

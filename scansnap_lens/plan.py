@@ -40,7 +40,7 @@ class RecordPlan:
         fingerprint: order-free hash of the evaluation rows the plan was built from.
         queries: [Q] tracked query tokens, ascending.
         query_events: [Q] events of each tracked query.
-        class_query, class_next, class_events: [C] tracked classes (m, n), sorted, and N(m, n).
+        class_query, class_next, class_events: [K] tracked classes (m, n), sorted, and N(m, n).
         pair_query, pair_token, pair_count: [Pz] zbar slots (m, l), sorted, and the number of
             (T, t) position pairs averaged in each.
         triple_class, triple_token, triple_count: [Pc] chat slots (class index, l), sorted, and
@@ -88,7 +88,7 @@ class RecordPlan:
 
     @property
     def class_keys(self) -> Tensor:
-        """[C] m * V + n, ascending."""
+        """[K] m * V + n, ascending."""
         return self.class_query * self.vocab_size + self.class_next
 
     @property

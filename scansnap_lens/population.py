@@ -6,8 +6,8 @@ its weight, the share of the training loss its events carry.  Nothing here looks
 the input is a `CooccurrenceStats` (or the lab's `SequenceClasses`) and the rates.
 
     pop = Population.from_stats(stats, classes=[(m, n), ...])
-    run = predict(pop, lr_y=0.1, lr_z=3.0, steps=traj.steps)   # Z [S, Q, C] over training
-    run.attention()                                           # c(t) [S, K, C] of Eq. 5
+    run = predict(pop, lr_y=0.1, lr_z=3.0, steps=traj.steps)   # Z [S, Q, U] over training
+    run.attention()                                           # c(t) [S, K, U] of Eq. 5
     predicted = run.to_trajectory(traj.plan)                  # measured like any trajectory
 
 Shape letters: S steps, K classes, Q query tokens of the classes, C context tokens (the union
@@ -22,7 +22,7 @@ softmax with multiplicity M - (O - 1).  With zero initialisation (the paper's) a
 >>> from scansnap_lens.synthetic import syn_small
 >>> pop = Population.from_classes(syn_small())
 >>> run = predict(pop, lr_y=1.0, lr_z=1.0, steps=[0, 10, 100])
->>> run.Z.shape, run.attention().shape   # [S, Q, C], [S, K, C]
+>>> run.Z.shape, run.attention().shape   # [S, Q, U], [S, K, U]
 (torch.Size([3, 2, 30]), torch.Size([3, 2, 30]))
 """
 
@@ -44,8 +44,8 @@ __all__ = ["Population", "PopulationRun", "predict"]
 class Population:
     """Classes k = (query[k], next_token[k]) with weight[k] (their share of the training loss),
     and their context distributions P(l|m, n), stored sparse: one triple per (k, l) in the
-    support, l = tokens[triple_column], over the context ids `tokens` [C] (ascending) of a
-    vocabulary of M = `vocab_size` tokens.  `probs` gives them dense, [K, C]."""
+    support, l = tokens[triple_column], over the context ids `tokens` [U] (ascending) of a
+    vocabulary of M = `vocab_size` tokens.  `probs` gives them dense, [K, U]."""
 
     query: Tensor  # [K]
     next_token: Tensor  # [K]
@@ -53,7 +53,7 @@ class Population:
     triple_class: Tensor  # [T] ascending
     triple_column: Tensor  # [T]
     triple_p: Tensor  # [T] float64, > 0, summing to 1 within each class
-    tokens: Tensor  # [C]
+    tokens: Tensor  # [U]
     vocab_size: int
 
     def __post_init__(self) -> None:
@@ -69,10 +69,10 @@ class Population:
 
     @classmethod
     def from_dense(cls, query, next_token, weight, probs, tokens, vocab_size) -> Population:
-        """From probs [K, C] over `tokens` [C] (rows summing to 1)."""
+        """From probs [K, U] over `tokens` [U] (rows summing to 1)."""
         probs = torch.as_tensor(probs, dtype=torch.float64)
         if probs.shape != (len(query), len(tokens)):
-            raise ValueError(f"probs must be [K={len(query)}, C={len(tokens)}]")
+            raise ValueError(f"probs must be [K={len(query)}, U={len(tokens)}]")
         k, col = (probs > 0).nonzero(as_tuple=True)
         return cls(
             torch.as_tensor(query), torch.as_tensor(next_token),
@@ -82,7 +82,7 @@ class Population:
 
     @property
     def probs(self) -> Tensor:
-        """[K, C] P(l|m, n), dense."""
+        """[K, U] P(l|m, n), dense."""
         dense = torch.zeros(self.num_classes, self.tokens.numel(), dtype=torch.float64)
         dense[self.triple_class, self.triple_column] = self.triple_p
         return dense
@@ -196,7 +196,7 @@ def _segment_softmax(logits: Tensor, segment: Tensor, K: int) -> Tensor:
 
 @dataclass
 class PopulationRun:
-    """A population run: Z [S, Q, C] (logits of each query of `population.queries` over its
+    """A population run: Z [S, Q, U] (logits of each query of `population.queries` over its
     `population.tokens`) at `steps` [S], the loss [S] there, and the `training` settings."""
 
     population: Population
@@ -213,7 +213,7 @@ class PopulationRun:
         return _segment_softmax(logits, pop.triple_class, pop.num_classes)
 
     def attention(self) -> Tensor:
-        """c[l|n] of Eq. 5 for every class, dense: [S, K, C]."""
+        """c[l|n] of Eq. 5 for every class, dense: [S, K, U]."""
         pop = self.population
         out = torch.zeros(self.steps.numel(), pop.num_classes, pop.tokens.numel(),
                           dtype=self.Z.dtype)  # fmt: skip

@@ -47,7 +47,7 @@ class CheckpointRecord:
 
     zbar: [L, H, Pz] mean score of each pair slot (m, l).
     chat: [L, H, Pc] per-token attention of each triple slot (m, n, l).
-    entropy: [L, H, C] mean entropy (nats) of the renormalised context attention per class.
+    entropy: [L, H, K] mean entropy (nats) of the renormalised context attention per class.
     query_entropy: [L, H, Q] the same per tracked query, over all its events.
     prompt_pattern: [L, H, T, T] attention weights of one example prompt, or None.
     """
@@ -124,13 +124,13 @@ class _Lookup:
 class _Batch:
     """Index tensors of the tracked position pairs of one batch (P pairs, E events)."""
 
-    flat: Tensor  # [P, H] flat index into a [B, n_heads, T, T] tensor
-    q_pos: Tensor  # [P] flat index (b * T + T_query) of each pair's query position
-    k_pos: Tensor  # [P] flat index (b * T + t) of each pair's key position
-    event: Tensor  # [P] event of each pair
-    pair_slot: Tensor  # [P] zbar slot
-    chat_pairs: Tensor  # [P'] the pairs whose class is tracked
-    triple_slot: Tensor  # [P'] their chat slot
+    flat: Tensor  # [J, H] flat index into a [B, n_heads, T, T] tensor
+    q_pos: Tensor  # [J] flat index (b * T + T_query) of each pair's query position
+    k_pos: Tensor  # [J] flat index (b * T + t) of each pair's key position
+    event: Tensor  # [J] event of each pair
+    pair_slot: Tensor  # [J] zbar slot
+    chat_pairs: Tensor  # [J'] the pairs whose class is tracked
+    triple_slot: Tensor  # [J'] their chat slot
     all_tracked: bool  # every pair's class is tracked (chat_pairs is everything)
     event_query: Tensor  # [E] query slot of each event
     event_class: Tensor  # [E] class slot, -1 when the class is not tracked
@@ -237,7 +237,7 @@ class _HookAggregator:
         def hook(scores: Tensor, hook=None):
             if self.scores_from_qk[layer]:
                 return None
-            vals = scores.reshape(-1)[self.batch.flat].float()  # [P, H]
+            vals = scores.reshape(-1)[self.batch.flat].float()  # [J, H]
             self.sums.add("zbar", i, self.batch.pair_slot, vals)
             return None
 
@@ -260,7 +260,7 @@ class _HookAggregator:
                     f"layer {layer}: hook_pattern has {pattern.shape[1]} heads,"
                     f" the config says {self.n_heads}"
                 )
-            a = pattern.reshape(-1)[bt.flat].float()  # [P, H]
+            a = pattern.reshape(-1)[bt.flat].float()  # [J, H]
             den = torch.zeros(bt.num_events, a.shape[1], dtype=a.dtype, device=a.device)
             den.index_add_(0, bt.event, a)
             # An event whose context weights all underflow to 0 contributes zeros.
@@ -285,7 +285,7 @@ class _HookAggregator:
         bt = self.batch
         q = acts["q"].reshape(-1, self.n_heads, acts["q"].shape[-1])[:, self.heads]  # [B*T, H, d]
         k = acts["k"].reshape(-1, self.n_heads, acts["k"].shape[-1])[:, self.heads]
-        vals = (q[bt.q_pos].float() * k[bt.k_pos].float()).sum(-1)  # [P, H]
+        vals = (q[bt.q_pos].float() * k[bt.k_pos].float()).sum(-1)  # [J, H]
         vals = vals / _attn_scale(self.model, layer)
         self.sums.add("zbar", i, bt.pair_slot, vals)
 

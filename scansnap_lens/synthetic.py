@@ -37,7 +37,7 @@ class SequenceClasses:
     """A mixture of sequence classes over a vocabulary of ``vocab_size`` tokens.
 
     Attributes:
-        probs: [K, M] P(l|n), each row sums to 1 (the context distribution of class n).
+        probs: [K, V] P(l|n), each row sums to 1 (the context distribution of class n).
         query: [K] the query token m = psi(n) of each class.
         next_token: [K] the next token (label) of each class.
     """
@@ -48,7 +48,7 @@ class SequenceClasses:
 
     def __post_init__(self) -> None:
         if self.probs.ndim != 2:
-            raise ValueError(f"probs must be [K, M], got shape {tuple(self.probs.shape)}")
+            raise ValueError(f"probs must be [K, V], got shape {tuple(self.probs.shape)}")
         num_classes, vocab = self.probs.shape
         for name in ("query", "next_token"):
             ids = getattr(self, name)
@@ -73,11 +73,11 @@ class SequenceClasses:
         return self.probs.shape[1]
 
     def support(self) -> Tensor:
-        """[K, M] bool: P(l|n) > 0."""
+        """[K, V] bool: P(l|n) > 0."""
         return self.probs > 0
 
     def distinct_for(self) -> Tensor:
-        """[M] global definition (Sec. 3.2): the class index l is distinct for, -1 otherwise.
+        """[V] global definition (Sec. 3.2): the class index l is distinct for, -1 otherwise.
 
         Distinct means |Omega(l)| = 1: l is in the context support of exactly one class.
         """
@@ -86,7 +86,7 @@ class SequenceClasses:
         return torch.where(support.sum(0) == 1, owner, torch.full_like(owner, -1))
 
     def distinct_for_query(self, query: int) -> Tensor:
-        """[M] local definition (Sec. 7) for query m: the class l is distinct for among the
+        """[V] local definition (Sec. 7) for query m: the class l is distinct for among the
         classes of that query only, or -1."""
         rows = (self.query == query).nonzero().flatten()
         if rows.numel() == 0:
@@ -108,7 +108,7 @@ class SequenceClasses:
         return kind
 
     def common_mask(self) -> Tensor:
-        """[M] bool: tokens in the context support of more than one class."""
+        """[V] bool: tokens in the context support of more than one class."""
         return self.support().sum(0) > 1
 
     def sample(

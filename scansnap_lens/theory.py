@@ -113,14 +113,14 @@ def rho0(probs) -> float:
     f_n(0)^T f_n'(0))^(-1/2); inf when no two classes share a context token (common tokens are
     what drives xi), NaN for fewer than two classes.
 
-    probs: [K, C] P(l|m, n) of the K classes of one query.
+    probs: [K, U] P(l|m, n) of the K classes of one query over U context tokens.
 
     >>> round(rho0(np.array([[0.5, 0.5, 0.0], [0.5, 0.0, 0.5]])), 6)  # overlap 1/2
     1.414214
     """
     p = np.asarray(probs, dtype=np.float64)
     if p.ndim != 2:
-        raise ValueError(f"probs must be [K, C], got shape {p.shape}")
+        raise ValueError(f"probs must be [K, U], got shape {p.shape}")
     K = p.shape[0]
     if K < 2:
         return math.nan

@@ -53,7 +53,7 @@ class Trajectory:
     """Aggregates of S checkpoints, L layers and H heads (see `record` for each quantity).
 
     steps: [S] ascending, in ``step_unit`` ("steps" or "tokens").
-    zbar: [S, L, H, Pz]; chat: [S, L, H, Pc]; entropy: [S, L, H, C]; query_entropy: [S, L, H, Q].
+    zbar: [S, L, H, Pz]; chat: [S, L, H, Pc]; entropy: [S, L, H, K]; query_entropy: [S, L, H, Q].
     skipped: checkpoints that could not be read: dicts with step, source and error.
     prompt: [T] ids of an example prompt, and prompt_pattern [S, L, H, T, T] its attention
     weights at every checkpoint (None where no prompt was recorded).

@@ -16,7 +16,7 @@ theorems: the attention of class n is c_n = P(.|n) exp(z_m) normalised (Eq. 5) a
 uses the expected gradient over the classes, with no sampling.
 
 >>> run = train_yz(syn_small(), lr_z=1.0, ratio=1.0, steps=5, seeds=[0, 1])
->>> run.Z.shape  # [snapshots, runs, M, M]
+>>> run.Z.shape  # [snapshots, runs, V, V]
 torch.Size([6, 2, 34, 34])
 >>> round(run.loss[0, 0].item(), 4) == round(math.log(34), 4)  # zero init: uniform prediction
 True
@@ -36,11 +36,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from safetensors.torch import save_file
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ._io import read_tensors
+from ._io import read_tensors, write_tensors
 from .kinds import TokenKind
 from .synthetic import SequenceClasses, syn_small
 
@@ -56,7 +55,7 @@ __all__ = [
 def per_token_attention(Z: Tensor, classes: SequenceClasses) -> Tensor:
     """Eq. 5: c[l|n] = P(l|n) exp(Z[m_n, l]) / sum_l' P(l'|n) exp(Z[m_n, l']).
 
-    Z: [..., M, M] -> [..., K, M].  Computed in log space, so large logits do not overflow.
+    Z: [..., V, V] -> [..., K, V].  Computed in log space, so large logits do not overflow.
     """
     logp = classes.probs.to(Z).log()  # -inf off the support
     logits = Z[..., classes.query, :] + logp
@@ -66,12 +65,12 @@ def per_token_attention(Z: Tensor, classes: SequenceClasses) -> Tensor:
 def sample_attention_output(Z: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
     """Attention over the context of sampled sequences.
 
-    Z: [R, M, M], tokens: [R, B, T] (context then query).  Returns the attention weights
-    b [R, B, T-1] and the attended one-hot mixture X^T b [R, B, M].
+    Z: [R, V, V], tokens: [R, B, T] (context then query).  Returns the attention weights
+    b [R, B, T-1] and the attended one-hot mixture X^T b [R, B, V].
     """
     context, query = tokens[..., :-1], tokens[..., -1]
     vocab = Z.shape[-1]
-    rows = torch.gather(Z, 1, query[..., None].expand(-1, -1, vocab))  # [R, B, M]
+    rows = torch.gather(Z, 1, query[..., None].expand(-1, -1, vocab))  # [R, B, V]
     weights = torch.softmax(torch.gather(rows, 2, context), dim=-1)
     mixture = torch.zeros_like(rows).scatter_add_(2, context, weights)
     return weights, mixture
@@ -87,7 +86,7 @@ def yz_loss(
     """Cross-entropy per run, [R].  Sampled batch if ``tokens`` [R, B, T] and ``labels``
     [R, B] are given, otherwise the population loss (mean over the classes)."""
     if tokens is None:
-        mixture = per_token_attention(Z, classes)  # [R, K, M]
+        mixture = per_token_attention(Z, classes)  # [R, K, V]
         labels = classes.next_token.expand(Z.shape[0], -1)
     else:
         _, mixture = sample_attention_output(Z, tokens)
@@ -106,7 +105,7 @@ class YZRun:
     Attributes:
         classes: the sequence classes trained on.
         steps: [S] the step of each snapshot (0 is the initialisation).
-        Z, Y: [S, R, M, M] the weights at those steps.
+        Z, Y: [S, R, V, V] the weights at those steps.
         loss: [steps, R] the training loss of each step, before its update.
         lr_z, ratio, seeds: [R] eta_Z, eta_Y / eta_Z and the seed of each run.
         config: settings shared by the runs (optimizer, momentum, init, batch, ...).
@@ -131,7 +130,7 @@ class YZRun:
         return self.lr_z * self.ratio
 
     def attention(self) -> Tensor:
-        """[S, R, K, M] the per-token attention c_n (Eq. 5) at every snapshot."""
+        """[S, R, K, V] the per-token attention c_n (Eq. 5) at every snapshot."""
         return per_token_attention(self.Z, self.classes)
 
     def to_trajectory(self):
@@ -145,7 +144,7 @@ class YZRun:
 
         classes, M = self.classes, self.classes.vocab_size
         order = torch.argsort(classes.query * M + classes.next_token)
-        support = classes.support()[order]  # [K, M] in plan class order
+        support = classes.support()[order]  # [K, V] in plan class order
         k_idx, l_idx = support.nonzero(as_tuple=True)
         q_sorted = classes.query[order]
         pair_keys, pair_count = torch.unique(q_sorted[k_idx] * M + l_idx, return_counts=True)
@@ -193,7 +192,7 @@ class YZRun:
 
     def attention_dataframe(self) -> pd.DataFrame:
         """c_n in long form: one row per (step, run, class, context token of the class)."""
-        attention = self.attention()  # [S, R, K, M]
+        attention = self.attention()  # [S, R, K, V]
         s, r, k, m = torch.nonzero(self.classes.support().expand_as(attention), as_tuple=True)
         common = self.classes.common_mask()[m]
         return pd.DataFrame(
@@ -226,7 +225,7 @@ class YZRun:
         )
 
     def save(self, path: str | Path) -> Path:
-        """Write ``path`` (safetensors) holding the tensors and the JSON settings."""
+        """Write ``path`` (safetensors, atomically) holding the tensors and the JSON settings."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tensors = {
@@ -242,8 +241,7 @@ class YZRun:
             "next_token": self.classes.next_token,
         }
         meta = {"format": "scansnap_lens.YZRun/1", "config": json.dumps(self.config)}
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
-        return path
+        return write_tensors(path, {k: v.contiguous() for k, v in tensors.items()}, meta)
 
     @classmethod
     def load(cls, path: str | Path) -> YZRun:

@@ -25,7 +25,7 @@ def test_wikitext_authors_setup_quick(shared_dir, tmp_path):
     for name in ["1layer", "3layer"]:
         for file in [f"fig7_{name}.png", f"fig7_{name}.html", f"entropy_{name}.png"]:
             assert (out / file).stat().st_size > 0, file
-        assert (out / "reports" / name / "index.html").is_file()
+        assert (out / "reports" / name / "report.html").is_file()
     for file in ["fig10.png", "fig11.png", "fig12.png", "fig10.csv", "fig11.csv", "fig12.csv"]:
         assert (out / file).stat().st_size > 0, file
 

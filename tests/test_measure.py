@@ -331,8 +331,11 @@ def test_trained_transformer_scans_and_snaps(tmp_path):
         == classes.num_classes
     )
     truth = TokenGroups.from_synthetic(classes)
+    one_call = TokenGroups.from_statistics(stats, scope="global")  # the same, in one call
+    assert torch.equal(one_call.query, found.query) and one_call.context == found.context
     for k in range(classes.num_classes):
         assert found.distinct[k].tolist() == truth.distinct[k].tolist()
+        assert torch.equal(one_call.distinct_p[k], found.distinct_p[k])
     assert (
         found.common[int(classes.query[0])].tolist() == truth.common[int(classes.query[0])].tolist()
     )

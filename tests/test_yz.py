@@ -155,7 +155,7 @@ def test_theorem3_relative_gain_equals_initial_gain_times_growth_factor():
 def test_scan_distinct_tokens_lose_attention_from_low_to_high_probability():
     classes = syn_small()
     run = train_yz(classes, 0.05, 20.0, momentum=0.0, population=True, steps=300)
-    c = run.attention()[:, 0]  # [S, K, M]
+    c = run.attention()[:, 0]  # [S, K, V]
     owner = classes.distinct_for()
     for k in range(2):
         idx = (owner == k).nonzero().flatten()  # index order = increasing P(l|n)
