@@ -33,9 +33,9 @@ import dataclasses
 import json
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import einops
 import torch
@@ -44,6 +44,7 @@ from torch import nn
 __all__ = [
     "BACKENDS",
     "BackendError",
+    "HookedModel",
     "build_model",
     "config_fields",
     "default_backend",
@@ -59,6 +60,31 @@ __all__ = [
 ]
 
 BACKENDS = ("hooked", "bridge")
+
+
+@runtime_checkable
+class HookedModel(Protocol):
+    """What the recorder and the trainer use of a model: a HookedTransformer (3.x) or a
+    TransformerBridge (3.9+ and 4.x) satisfies it; a Hugging Face causal LM is wrapped in a
+    bridge first (`hf_bridge`).
+
+    ``cfg`` carries ``n_layers``, ``n_heads``, ``d_head``, ``d_vocab`` (and, where set, the
+    attention scale); hooks are named ``blocks.{L}.attn.hook_attn_scores`` /
+    ``hook_pattern`` / ``hook_q`` / ``hook_k``.
+    """
+
+    cfg: Any
+
+    def run_with_hooks(
+        self,
+        *model_args: Any,
+        fwd_hooks: Sequence[tuple[str, Any]] = (),
+        **model_kwargs: Any,
+    ) -> Any: ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
 
 
 class BackendError(RuntimeError):

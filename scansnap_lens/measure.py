@@ -598,12 +598,55 @@ def predicted_snap(traj: Trajectory, training: dict | None = None) -> list[float
     return None if theories is None else [math.nan if t is None else t.t0 for t in theories]
 
 
+MEASURES = (
+    "snapping",
+    "discriminative_bias",
+    "frequency_bias",
+    "sparsity",
+    "attention_entropy",
+    "growth",
+)
+SUMMARY_MEASURES = MEASURES[:-1]  # the ones whose last checkpoint `summarize` tabulates
+
+
+def measure_all(
+    traj: Trajectory, groups: TokenGroups, names=MEASURES
+) -> tuple[dict[str, Measurement], dict[str, str]]:
+    """Each measurement of `names` once: ({name: result}, {name: why it is not measurable}).
+
+    `snapping` needs two checkpoints and raises otherwise; the others are left out with the
+    reason where the trajectory or the groups lack what they need.  `summarize` and
+    `report.write_report` share these results rather than measuring twice.
+    """
+    from .heads import attention_entropy  # one quantity per module; it builds on this one
+
+    functions = {
+        "snapping": lambda: snapping(traj),
+        "discriminative_bias": lambda: discriminative_bias(traj, groups),
+        "frequency_bias": lambda: frequency_bias(traj, groups),
+        "sparsity": lambda: sparsity(traj, groups),
+        "attention_entropy": lambda: attention_entropy(traj),
+        "growth": lambda: growth(traj, groups),
+    }
+    results, why = {}, {}
+    for name in names:
+        if name == "snapping":
+            results[name] = functions[name]()
+            continue
+        try:
+            results[name] = functions[name]()
+        except ValueError as err:
+            why[name] = str(err)
+    return results, why
+
+
 def summarize(
     traj: Trajectory,
     groups: TokenGroups,
     prediction=None,
     checks: dict | None = None,
     training: dict | None = None,
+    results: dict[str, Measurement] | None = None,
 ) -> pd.DataFrame:
     """One row per layer and head: scan scores and sparsity at the last checkpoint, snap steps,
     and the theory's transition t0 (`prediction`: one value, one per head, or by default
@@ -611,23 +654,15 @@ def summarize(
     `fit.theory_checks`, whose last-checkpoint columns join the row (``bound_ratio``,
     ``inside`` of `growth_bounds`; ``population_snap``, ``snap_ratio``, ``rank_agreement``,
     ``dz_corr`` of `theory_fit`).  `training`: the rates if the trajectory does not hold them
-    (see `training_of`)."""
+    (see `training_of`).  `results`: the measurements of `measure_all`, if already made."""
     from .fit import SUMMARY_COLUMNS
 
-    snap = snapping(traj).table  # attention movement of every tracked class
-    parts = [snap]
-    for measure in (discriminative_bias, frequency_bias, sparsity):
-        try:
-            final = measure(traj, groups).final()
-        except ValueError:
-            continue
-        parts.append(final.drop(columns=["step"]))
-    from .heads import attention_entropy  # one quantity per module; it builds on this one
-
-    try:
-        parts.append(attention_entropy(traj).final().drop(columns=["step"]))
-    except ValueError:
-        pass
+    if results is None:
+        results, _ = measure_all(traj, groups, SUMMARY_MEASURES)
+    parts = [results["snapping"].table]  # attention movement of every tracked class
+    for name in SUMMARY_MEASURES[1:]:
+        if name in results:
+            parts.append(results[name].final().drop(columns=["step"]))
     for name, result in (checks or {}).items():
         final = result.final()
         parts.append(final[["layer", "head", *SUMMARY_COLUMNS[name]]])

@@ -23,6 +23,7 @@ import math
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,6 +32,9 @@ from tqdm.auto import tqdm
 
 from .corpus import _fingerprint
 from .plan import RecordPlan
+
+if TYPE_CHECKING:
+    from .backend import HookedModel
 
 __all__ = [
     "CheckpointRecord",
@@ -325,7 +329,7 @@ class _Enough(Exception):
     """Raised by the last hook a recording needs, so that the forward pass goes no further."""
 
 
-def run_until(model, x: Tensor, last_layer: int, hooks: list) -> None:
+def run_until(model: HookedModel, x: Tensor, last_layer: int, hooks: list) -> None:
     """Run `model` on `x` with `hooks` and stop once the attention scores and pattern of
     `last_layer` have both fired (after the hooks given for them).
 
@@ -403,7 +407,7 @@ def check_tokens(x: Tensor, vocab_size: int) -> None:
 
 @torch.no_grad()
 def record_checkpoint(
-    model,
+    model: HookedModel,
     tokens: Tensor | Iterable,
     plan: RecordPlan,
     step: int = 0,
@@ -488,7 +492,9 @@ def record_checkpoint(
 
 
 @torch.no_grad()
-def prompt_attention(model, prompt: Tensor, layers: Sequence[int], heads: Sequence[int]) -> Tensor:
+def prompt_attention(
+    model: HookedModel, prompt: Tensor, layers: Sequence[int], heads: Sequence[int]
+) -> Tensor:
     """Attention weights [L, H, T, T] (float32, CPU) of one prompt [T] on the given layers and
     heads: the maps of Fig. 7 and of the circuitsvis views."""
     prompt = torch.as_tensor(prompt).reshape(1, -1)
@@ -515,7 +521,7 @@ def prompt_attention(model, prompt: Tensor, layers: Sequence[int], heads: Sequen
 
 @torch.no_grad()
 def position_entropy(
-    model,
+    model: HookedModel,
     tokens: Tensor,
     layers: Sequence[int] | None = None,
     include_self: bool = True,

@@ -162,22 +162,14 @@ def write_report(
         except ValueError as err:
             why["growth_bounds"] = str(err)
     not_measured.update(why)
-    summary = measure.summarize(traj, groups, prediction, checks=checks, training=training)
-    results: dict[str, measure.Measurement] = {}
-    for name, fn in (
-        ("discriminative_bias", measure.discriminative_bias),
-        ("frequency_bias", measure.frequency_bias),
-        ("sparsity", measure.sparsity),
-        ("growth", measure.growth),
-    ):
-        try:
-            results[name] = fn(traj, groups)
-        except ValueError as err:
-            not_measured[name] = str(err)
+    results, why = measure.measure_all(traj, groups)  # once, shared with the summary
+    not_measured.update(why)
+    summary = measure.summarize(
+        traj, groups, prediction, checks=checks, training=training, results=results
+    )
     if "sparsity" in results and not results["sparsity"].table["sparsity_classes"].iloc[0]:
         not_measured["entropy, top_share"] = measure.SINGLE_DISTINCT
-    snaps = measure.snapping(traj)
-    results["snapping"] = snaps
+    snaps = results["snapping"]
     results.update(checks)
 
     def csv(name: str, frame: pd.DataFrame) -> None:
@@ -233,10 +225,8 @@ def write_report(
                 table, "distinct_mass", snaps=snaps.table, title="mass on distinct tokens", path=p
             ),
         )
-    try:
-        entropy = heads.attention_entropy(traj)
-        results["attention_entropy"] = entropy
-        csv("attention_entropy", entropy.table)
+    if "attention_entropy" in results:
+        entropy = results["attention_entropy"]
         figure(
             "attention_entropy",
             "Fig. 10: entropy of each head's attention row, averaged over the evaluation"
@@ -247,8 +237,6 @@ def write_report(
                 title="attention entropy (nats)", path=p,
             ),
         )  # fmt: skip
-    except ValueError as err:
-        not_measured["attention_entropy"] = str(err)
     ranking = heads.rank_heads(summary)
     csv("head_ranking", ranking)
     if len(summary) > 1:

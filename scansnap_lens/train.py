@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from ._io import write_tensors, write_text
 from .backend import (
+    HookedModel,
     attention_logit_parameters,
     build_model,
     config_fields,
@@ -286,7 +287,7 @@ def _sampler(data, batch_size: int, generator: torch.Generator,
 
 
 def train(
-    model,
+    model: HookedModel,
     data,
     steps: int,
     out: str | Path | None = None,

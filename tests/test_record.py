@@ -67,6 +67,16 @@ def test_aggregates_equal_brute_force(exclude_bos, include_self, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_models_of_both_backends_satisfy_the_model_protocol(backend):
+    from scansnap_lens.backend import HookedModel
+    from scansnap_lens.testing import tiny_hf_model
+
+    assert isinstance(tiny_model(backend=backend), HookedModel)
+    hf = tiny_hf_model("gpt2", vocab_size=V, n_ctx=8, d_model=8, n_layers=1, n_heads=1)
+    assert not isinstance(hf, HookedModel)  # wrapped in a bridge first (backend.hf_bridge)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_recording_stops_after_the_last_watched_attention(backend):
     """Recording the last layer runs neither its MLP nor the unembedding (a bridge's
     stop_at_layer does not stop after its last block), and leaves no hook behind: the model's

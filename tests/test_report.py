@@ -219,3 +219,33 @@ def test_a_full_disk_never_leaves_half_a_report(demo_out, tmp_path, monkeypatch)
     for path, data in after.items():  # each file is the old one or a whole new one
         assert data == before[path] or path in {w.with_name(w.name[:-4]) for w in written[:2]}
     assert after[folder / "report.html"] == before[folder / "report.html"]
+
+
+def test_the_report_measures_each_quantity_once(demo_out, tmp_path, monkeypatch):
+    """`write_report` and its summary share one `measure.measure_all`: every measurement runs
+    once (the theory's checks, given here, run none of them)."""
+    from scansnap_lens import heads, measure
+
+    out, _ = demo_out
+    traj = Trajectory.load(out / "trajectory")
+    groups = TokenGroups.from_synthetic(syn_medium(1))
+    calls: dict[str, int] = {}
+
+    def counted(module, name):
+        original = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    for name in ["snapping", "discriminative_bias", "frequency_bias", "sparsity", "growth"]:
+        counted(measure, name)
+    counted(heads, "attention_entropy")
+    report = write_report(traj, groups, tmp_path / "r", views=False, checks={})
+    assert calls == {name: 1 for name in calls} and len(calls) == 6, calls
+    summary = pd.read_csv(tmp_path / "r" / "summary.csv")
+    table = pd.read_csv(tmp_path / "r" / "discriminative_bias.csv")
+    last = table[table["step"] == table["step"].max()].reset_index(drop=True)
+    assert np.allclose(summary["bias"], last["bias"]) and report.summary is not None
