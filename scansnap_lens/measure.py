@@ -21,6 +21,8 @@ shift-invariant, so only changes of the logits are compared, never raw levels.
 from __future__ import annotations
 
 import math
+import re
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -558,6 +560,14 @@ def training_of(traj: Trajectory, training: dict | None = None) -> list[dict] | 
     elif "lr" in meta and "lr_attention" in meta:
         pairs = [(float(meta["lr"]), float(meta["lr_attention"]))] * len(traj.heads)
     else:
+        typed = sorted(k for k in meta if re.match(r"(lr|eta|learning_rate)", k, re.IGNORECASE))
+        if typed:  # rates under other names would silently give no prediction
+            warnings.warn(
+                f"the trajectory's meta holds {typed} but not lr_y and lr_z (the paper's eta_Y,"
+                " eta_Z), so the theory gives no prediction: record with those keys, or pass"
+                " training={'lr_y': ..., 'lr_z': ...}",
+                stacklevel=3,
+            )
         return None
     return [{"lr_y": y, "lr_z": z, "optimizer": optimizer, "momentum": momentum} for y, z in pairs]
 

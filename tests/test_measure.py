@@ -4,6 +4,7 @@ on the Y/Z lab and on a trained TransformerLens model."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -90,6 +91,21 @@ def test_trajectory_logits_and_attention_of_given_tokens():
         traj.attention(0, 6, [1])
     assert traj.plan.pair_slot(0, [1, 2, 3]).tolist() == [0, -1, 1]
     assert traj.plan.class_slot(0, 5) == 0 and traj.plan.class_slot(2, 5) is None
+
+
+def test_rates_under_other_names_warn_instead_of_predicting_nothing_silently():
+    traj = hand_trajectory([0, 10], {(0, 1): [0.0, 1.0]}, {(0, 5): {1: [1.0, 1.0]}})
+    traj.meta = {"eta_y": 0.1, "eta_z": 3.0}
+    with pytest.warns(UserWarning, match=r"\['eta_y', 'eta_z'\] but not lr_y and lr_z"):
+        assert measure.predicted_snap(traj) is None
+    traj.meta = {"lr_y": 0.1, "lr_z": 3.0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert measure.predicted_snap(traj)[0] > 0
+    traj.meta = {"model": "pythia"}  # a pretrained model: no rates, nothing to warn about
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert measure.predicted_snap(traj) is None
 
 
 def test_discriminative_bias_by_hand_with_ties():
