@@ -124,13 +124,12 @@ class TokenClasses:
 
 
 def _decoder(decode):
-    if decode is None or (callable(decode) and not hasattr(decode, "id_to_token")):
+    """id -> str from a callable, or from any tokenizer `tokens.codec` takes."""
+    if decode is None or (callable(decode) and not hasattr(decode, "decode")):
         return decode
-    if hasattr(decode, "id_to_token"):  # tokenizers.Tokenizer
-        return decode.id_to_token
-    if hasattr(decode, "convert_ids_to_tokens"):  # transformers
-        return decode.convert_ids_to_tokens
-    raise TypeError(f"cannot decode token ids with {type(decode).__name__}")
+    from .tokens import codec
+
+    return codec(decode).decode
 
 
 def _benjamini_hochberg(p: np.ndarray) -> np.ndarray:

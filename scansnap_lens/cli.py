@@ -162,7 +162,9 @@ def _dataset_stats(args: argparse.Namespace, common: dict):
 
 
 def _vocab_of(tokenizer) -> int:
-    return tokenizer.get_vocab_size() if hasattr(tokenizer, "get_vocab_size") else len(tokenizer)
+    from .tokens import codec
+
+    return codec(tokenizer).vocab_size
 
 
 def _stats(args: argparse.Namespace) -> int:

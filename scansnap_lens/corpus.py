@@ -550,33 +550,6 @@ def _chunked(batches: Iterable, chunk_tokens: int):
 
 
 # --------------------------------------------------------------------- datasets
-def _tokenizer_parts(tokenizer):
-    """(encode_batch(list[str]) -> list[list[int]], vocab_size, name) for supported tokenizers."""
-    if hasattr(tokenizer, "to_tokens") and hasattr(
-        tokenizer, "tokenizer"
-    ):  # a TransformerLens model
-        model = tokenizer
-        hf = model.tokenizer
-        encode, _, name = _tokenizer_parts(hf)
-        return encode, model.cfg.d_vocab, name
-    if hasattr(tokenizer, "encode_batch") and hasattr(tokenizer, "get_vocab_size"):  # tokenizers
-        return (
-            lambda texts: [e.ids for e in tokenizer.encode_batch(texts)],
-            tokenizer.get_vocab_size(),
-            "tokenizers.Tokenizer",
-        )
-    if callable(tokenizer) and hasattr(tokenizer, "name_or_path"):  # transformers
-        return (
-            lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"],
-            len(tokenizer),
-            tokenizer.name_or_path,
-        )
-    raise TypeError(
-        "tokenizer must be a Hugging Face tokenizer, a tokenizers.Tokenizer or a TransformerLens"
-        f" model, got {type(tokenizer).__name__}"
-    )
-
-
 def open_dataset(spec: str | Path, split: str = "train", streaming: bool = False):
     """A ``datasets`` dataset: a folder written by ``save_to_disk`` (memory-mapped), or a hub
     name loaded with ``load_dataset`` (``streaming=True``: read as it is iterated)."""
@@ -604,7 +577,14 @@ def dataset_batches(
     if text_column is not None:
         if tokenizer is None:
             raise ValueError("a text column needs a tokenizer")
-        encode, vocab_size, name = _tokenizer_parts(tokenizer)
+        from .tokens import codec
+
+        tok = codec(tokenizer)
+        encode, vocab_size, name = (
+            (lambda texts: tok.encode(texts, False)),
+            tok.vocab_size,
+            tok.name,
+        )
         if text_column not in (dataset.column_names or [text_column]):
             raise ValueError(f"dataset has no column {text_column!r}: {dataset.column_names}")
         column = "_scansnap_ids"

@@ -295,7 +295,13 @@ def plan_recording(
     )
     if tokenizer is not None:
         ids = torch.unique(torch.cat([plan.queries, plan.class_next, plan.pair_token]))
-        plan.token_strings = {int(i): tokenizer.decode([int(i)]) for i in ids}
+        from .tokens import codec
+
+        try:
+            decode = codec(tokenizer).decode
+        except TypeError:  # anything else with decode([id])
+            decode = lambda i: tokenizer.decode([i])  # noqa: E731
+        plan.token_strings = {int(i): decode(int(i)) for i in ids}
     return plan
 
 

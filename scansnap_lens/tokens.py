@@ -15,7 +15,8 @@ torch.Size([3, 4])
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from torch import Tensor
 
 from ._io import write_tensors
 
-__all__ = ["load_tokenizer", "read_tokens", "rows_of", "save_tokens"]
+__all__ = ["Codec", "codec", "encode", "load_tokenizer", "read_tokens", "rows_of", "save_tokens"]
 
 TOKEN_SUFFIXES = (".safetensors", ".npy", ".pt", ".pth")
 
@@ -110,11 +111,69 @@ def load_tokenizer(spec: str | Path):
         ) from None
 
 
-def encode(tokenizer, texts: Sequence[str]) -> list[np.ndarray]:
-    """Ids of each text with a ``tokenizers`` or Hugging Face tokenizer."""
-    if hasattr(tokenizer, "encode_batch"):
-        return [np.asarray(e.ids, dtype=np.int64) for e in tokenizer.encode_batch(list(texts))]
-    return [np.asarray(tokenizer(t)["input_ids"], dtype=np.int64) for t in texts]
+@dataclass(frozen=True)
+class Codec:
+    """The one adapter over the tokenizers users have: what the package needs of them.
+
+    encode: texts -> their ids (``special_tokens``: let the tokenizer add its BOS/EOS);
+    decode: one id -> its text (as ``tokenizer.decode([id])`` gives it: what views show);
+    vocab_size: ids lie in [0, vocab_size); name: the tokenizer's name or path.
+    """
+
+    encode: Callable[[list[str], bool], list[list[int]]]
+    decode: Callable[[int], str]
+    vocab_size: int
+    name: str
+
+
+def codec(tokenizer) -> Codec:
+    """The `Codec` of a ``tokenizers.Tokenizer``, a Hugging Face tokenizer, a TransformerLens
+    model (its tokenizer, with the model's vocabulary size) or a `Codec`.
+
+    >>> from scansnap_lens.text import word_level_tokenizer
+    >>> c = codec(word_level_tokenizer(["a b b"]))
+    >>> c.encode(["b a c"], False), c.decode(1), c.vocab_size
+    ([[1, 2, 0]], 'b', 3)
+    """
+    if isinstance(tokenizer, Codec):
+        return tokenizer
+    if hasattr(tokenizer, "to_tokens") and hasattr(tokenizer, "tokenizer"):  # a TL model
+        inner = codec(tokenizer.tokenizer)
+        return Codec(inner.encode, inner.decode, int(tokenizer.cfg.d_vocab), inner.name)
+    if hasattr(tokenizer, "encode_batch") and hasattr(tokenizer, "get_vocab_size"):  # tokenizers
+
+        def encode(texts, special_tokens=False):
+            batch = tokenizer.encode_batch(list(texts), add_special_tokens=special_tokens)
+            return [e.ids for e in batch]
+
+        return Codec(
+            encode,
+            lambda i: tokenizer.decode([int(i)]),
+            tokenizer.get_vocab_size(),
+            "tokenizers.Tokenizer",
+        )
+    if callable(tokenizer) and hasattr(tokenizer, "convert_ids_to_tokens"):  # transformers
+
+        def encode(texts, special_tokens=False):
+            return tokenizer(list(texts), add_special_tokens=special_tokens)["input_ids"]
+
+        return Codec(
+            encode,
+            lambda i: tokenizer.decode([int(i)]),
+            len(tokenizer),
+            getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
+        )
+    raise TypeError(
+        "tokenizer must be a Hugging Face tokenizer, a tokenizers.Tokenizer or a TransformerLens"
+        f" model, got {type(tokenizer).__name__}"
+    )
+
+
+def encode(tokenizer, texts: Sequence[str], special_tokens: bool = True) -> list[np.ndarray]:
+    """Ids (int64) of each text with any tokenizer `codec` takes; ``special_tokens``: the
+    tokenizer adds its BOS/EOS where it has them, as a model's own tokenizer would."""
+    ids = codec(tokenizer).encode(list(texts), special_tokens)
+    return [np.asarray(i, dtype=np.int64) for i in ids]
 
 
 def rows_of(

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from scansnap_lens.tokens import read_tokens, rows_of, save_tokens
+from scansnap_lens.tokens import codec, encode, read_tokens, rows_of, save_tokens
 
 
 def test_formats_round_trip(tmp_path):
@@ -69,3 +69,28 @@ def test_unsigned_token_files_read_as_int64_and_huge_ids_are_refused(tmp_path):
     torch.save(torch.tensor([[1, 2**40]]), tmp_path / "big.pt")
     with pytest.raises(ValueError, match=r"token id 1099511627776, beyond"):
         read_tokens(tmp_path / "big.pt")
+
+
+def test_one_codec_for_every_kind_of_tokenizer():
+    """A tokenizers.Tokenizer, the Hugging Face tokenizer around it and a TransformerLens-like
+    model holding that tokenizer encode and decode the same, and report one vocabulary size
+    (the model's own for the model); anything else is refused by name."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    from scansnap_lens.classify import _decoder
+    from scansnap_lens.text import word_level_tokenizer
+
+    raw = word_level_tokenizer(["the cat sat on the mat", "the dog"])
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>")
+    model = SimpleNamespace(to_tokens=None, tokenizer=hf, cfg=SimpleNamespace(d_vocab=50))
+    texts = ["the cat ran", "dog on the mat"]
+    codecs = [codec(t) for t in (raw, hf, model)]
+    assert all(c.encode(texts, False) == [[1, 2, 0], [3, 5, 1, 4]] for c in codecs)
+    assert all(c.decode(2) == "cat" for c in codecs)
+    assert [c.vocab_size for c in codecs] == [7, 7, 50]
+    assert [a.tolist() for a in encode(hf, texts)] == [[1, 2, 0], [3, 5, 1, 4]]
+    assert _decoder(hf)(5) == "on" and codec(codecs[0]) is codecs[0]
+    with pytest.raises(TypeError, match=r"tokenizer must be .* got dict"):
+        codec({})
