@@ -36,6 +36,10 @@ class Recorder:
     """Records checkpoints into ``out``; steps already recorded there are skipped.
 
     tokens: the evaluation tokens [N, T] (or batches) the plan was built from.
+    plan: what to track (`plan.plan_recording`); without one, the recorder plans for
+    `queries` (None: every query; a float: the most frequent covering that share of the
+    events; or token ids) from the first model it records (its vocabulary and tokenizer), or
+    reads the plan of the folder it resumes.
     layers, heads: what to watch (default: all); step_unit: "steps" or "tokens".
     prompt: [T'] ids whose full attention weights are kept at every checkpoint (for attention
     maps and circuitsvis views); by default the first ``prompt_length`` tokens of the first
@@ -53,7 +57,7 @@ class Recorder:
         self,
         out: str | Path,
         tokens: Tensor,
-        plan: RecordPlan,
+        plan: RecordPlan | None = None,
         layers=None,
         heads=None,
         step_unit: str = "steps",
@@ -64,6 +68,7 @@ class Recorder:
         prompt: Tensor | None = None,
         prompt_length: int = 64,
         overwrite: bool = False,
+        queries=None,
     ):
         self.out = Path(out)
         if self.out.exists() and not self.out.is_dir():
@@ -73,15 +78,27 @@ class Recorder:
             self.lock.acquire()  # before anything of the folder is read or removed
         try:
             self._open(tokens, plan, layers, heads, step_unit, batch_size, device, progress,
-                       meta, prompt, prompt_length, overwrite)  # fmt: skip
+                       meta, prompt, prompt_length, overwrite, queries)  # fmt: skip
         except BaseException:
             self.lock.release()  # a refused folder stays free for a corrected recorder
             raise
 
     def _open(self, tokens, plan, layers, heads, step_unit, batch_size, device, progress, meta,
-              prompt, prompt_length, overwrite) -> None:  # fmt: skip
+              prompt, prompt_length, overwrite, queries) -> None:  # fmt: skip
+        if plan is not None and queries is not None:
+            raise ValueError("give a plan or queries to plan for, not both")
         if overwrite and (self.out / "manifest.json").exists():
             remove_trajectory(self.out)
+        if plan is None and (self.out / "manifest.json").exists():
+            plan = Trajectory.load(self.out).plan  # resuming: the folder's own plan
+            if queries is not None and not isinstance(queries, float):
+                wanted = torch.as_tensor(sorted({int(q) for q in queries}))
+                if not torch.equal(wanted, plan.queries):
+                    raise ValueError(
+                        f"{self.out} tracks other queries: record into another folder, or"
+                        " pass overwrite=True to replace it"
+                    )
+        self._queries = queries
         default_prompt = prompt is None
         if prompt is None and prompt_length > 0 and isinstance(tokens, Tensor):
             prompt = tokens[0, :prompt_length]
@@ -122,8 +139,15 @@ class Recorder:
         """The writer; it needs the layers and heads, so perhaps a model to count them."""
         if self._writer is None:
             self._check_same_run(self.meta)
-            if model is None and (self.layers is None or self.heads is None):
+            if model is None and (self.plan is None or self.layers is None or self.heads is None):
                 return None
+            if self.plan is None:  # planned from the first model: its vocabulary, its tokenizer
+                self.plan = plan_recording(
+                    self.tokens,
+                    int(model.cfg.d_vocab),
+                    queries=self._queries,
+                    tokenizer=getattr(model, "tokenizer", None),
+                )
             layers = list(range(model.cfg.n_layers)) if self.layers is None else list(self.layers)
             heads = list(range(model.cfg.n_heads)) if self.heads is None else list(self.heads)
             self.layers, self.heads = layers, heads
@@ -287,12 +311,7 @@ def record_trajectory(
     **kwargs,
 ) -> Trajectory:
     """Plan (unless given), record every checkpoint of `source` into `out`, and load the result."""
-    if plan is None:
-        first = source.checkpoints[0].load() if len(source) else None
-        if first is None:
-            raise ValueError("the checkpoint source is empty")
-        plan = plan_recording(
-            tokens, int(first.cfg.d_vocab), queries=queries, tokenizer=first.tokenizer
-        )
-        del first
-    return Recorder(out, tokens, plan, **kwargs).record(source, on_error=on_error)
+    if not len(source):
+        raise ValueError("the checkpoint source is empty")
+    recorder = Recorder(out, tokens, plan, queries=None if plan is not None else queries, **kwargs)
+    return recorder.record(source, on_error=on_error)

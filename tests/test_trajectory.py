@@ -160,6 +160,34 @@ def test_a_recorder_with_other_rates_is_refused_and_overwrite_replaces(tmp_path)
     assert replaced.steps.tolist() == [5] and replaced.meta["lr_y"] == 0.2
 
 
+def test_a_recorder_plans_for_queries_from_the_first_model_and_resumes_without_one(tmp_path):
+    """`Recorder(queries=)`: the plan is built from the first model recorded (its vocabulary)
+    and equals `plan_recording`'s; a recorder resuming the folder reads its plan back; other
+    queries are refused by name."""
+    from scansnap_lens.recorder import Recorder
+
+    tokens = torch.randint(0, V, (4, 10), generator=torch.Generator().manual_seed(0))
+    models = [attention_only_model(V, d_model=8, n_ctx=16, seed=s) for s in range(3)]
+    planned = Recorder(tmp_path / "q", tokens, queries=[3, 5, 7], progress=False)
+    planned.on_checkpoint(0, models[0])
+    Recorder(tmp_path / "q", tokens, progress=False).on_checkpoint(1, models[1])  # resumes
+    Recorder(tmp_path / "q", tokens, queries=[7, 5, 3], progress=False).on_checkpoint(2, models[2])
+    explicit = plan_recording(tokens, V, queries=[3, 5, 7])
+    reference = record_trajectory(in_memory(dict(enumerate(models))), tokens, tmp_path / "p",
+                                  plan=explicit, progress=False)  # fmt: skip
+    got = Trajectory.load(tmp_path / "q")
+    assert got.plan.queries.tolist() == [3, 5, 7] and got.steps.tolist() == [0, 1, 2]
+    for name in ("zbar", "chat", "entropy", "query_entropy"):
+        assert torch.equal(getattr(got, name), getattr(reference, name)), name
+    with pytest.raises(ValueError, match="tracks other queries"):
+        Recorder(tmp_path / "q", tokens, queries=[3, 5], progress=False)
+    with pytest.raises(ValueError, match="a plan or queries"):
+        Recorder(tmp_path / "r", tokens, explicit, queries=[3], progress=False)
+    traj = record_trajectory(in_memory({0: models[0]}), tokens, tmp_path / "s", queries=[5],
+                             progress=False)  # fmt: skip
+    assert traj.plan.queries.tolist() == [5]
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [
