@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from _common import parser
+from _common import measure_or_nan, parser
 
 from scansnap_lens import measure, viz
 from scansnap_lens.corpus import cooccurrence
@@ -163,8 +163,10 @@ def run_fig7(name, layers, dropout, cfg, data, out, seed) -> tuple[dict, pd.Data
 
     scans = []
     for variant, groups in variants.items():
-        disc = _table(measure.discriminative_bias, traj, groups, ["bias", "auroc"])
-        freq = _table(measure.frequency_bias, traj, groups, ["spearman", "spearman_classes"])
+        disc = measure_or_nan(measure.discriminative_bias, traj, groups, ["bias", "auroc"])
+        freq = measure_or_nan(
+            measure.frequency_bias, traj, groups, ["spearman", "spearman_classes"]
+        )
         scans.append(disc.merge(freq, on=["step", "layer", "head"]).assign(classes=variant))
     scan = pd.concat(scans, ignore_index=True).assign(run=name)
     write_report(traj, variants["paper"], out / "reports" / name, token_strings=words,
@@ -304,18 +306,6 @@ def main() -> None:
             "threads": torch.get_num_threads()}  # fmt: skip
     (out / "run.json").write_text(json.dumps(meta, indent=1, default=str))
     print(f"wrote {out} in {seconds:.0f} s")
-
-
-def _table(measurement, traj, groups, columns) -> pd.DataFrame:
-    """The measurement's table, or NaN columns where the held-out text lacks what it needs."""
-    try:
-        return measurement(traj, groups).table
-    except ValueError as err:
-        print(f"  {measurement.__name__}: {err}")
-        idx = pd.MultiIndex.from_product(
-            [traj.steps.tolist(), traj.layers, traj.heads], names=["step", "layer", "head"]
-        ).to_frame(index=False)
-        return idx.assign(**{c: np.nan for c in columns})
 
 
 def _plot_fig10(summary: pd.DataFrame, cfg: dict, path: Path) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from _common import parser
+from _common import measure_or_nan, parser
 
 from scansnap_lens import measure, viz
 from scansnap_lens.backend import build_model as backend_model
@@ -200,8 +200,10 @@ def main() -> None:
             summaries.append(summary.assign(**tag, final_loss=loss))
             theories.append(summary[THEORY].assign(**tag))
             for variant, g in all_groups.items():
-                disc = _table(measure.discriminative_bias, traj, g, ["bias", "auroc"])
-                freq = _table(measure.frequency_bias, traj, g, ["spearman", "spearman_classes"])
+                disc = measure_or_nan(measure.discriminative_bias, traj, g, ["bias", "auroc"])
+                freq = measure_or_nan(
+                    measure.frequency_bias, traj, g, ["spearman", "spearman_classes"]
+                )
                 part = disc.merge(freq, on=["step", "layer", "head"]).assign(classes=variant)
                 scans.append(part.assign(**tag))
                 if variant == "paper":
@@ -214,7 +216,7 @@ def main() -> None:
                 token_strings=words,
                 checks=checks,
             )
-            sparsity = _table(measure.sparsity, traj, groups, ["entropy"])
+            sparsity = measure_or_nan(measure.sparsity, traj, groups, ["entropy"])
             entropy = traj.entropy_dataframe()
             attn_entropy = (
                 entropy.assign(w=entropy["events"] * entropy["entropy"])
@@ -267,19 +269,6 @@ def main() -> None:
     meta = {"config": cfg, "seconds": round(time.time() - start, 1), "vocab": V}
     (out / "run.json").write_text(json.dumps(meta, indent=1))
     print(f"wrote {out} in {time.time() - start:.0f} s")
-
-
-def _table(measurement, traj, groups, columns) -> pd.DataFrame:
-    """The measurement's table, or NaN columns where the evaluation text lacks what it needs
-    (say, no distinct token of a query occurs in its evaluation contexts)."""
-    try:
-        return measurement(traj, groups).table
-    except ValueError as err:
-        print(f"  {measurement.__name__}: {err}")
-        idx = pd.MultiIndex.from_product(
-            [traj.steps.tolist(), traj.layers, traj.heads], names=["step", "layer", "head"]
-        ).to_frame(index=False)
-        return idx.assign(**{c: np.nan for c in columns})
 
 
 def _plot_fig10(table: pd.DataFrame, path: Path) -> None:
