@@ -215,24 +215,8 @@ def _eval_tokens(args: argparse.Namespace):
     return tokens
 
 
-def _first_loadable(source, on_error: str):
-    """The first checkpoint's model (for its vocabulary); with skip, the first that loads."""
-    from .checkpoints import CheckpointError
-
-    errors = []
-    for checkpoint in source:
-        try:
-            return checkpoint.load()
-        except CheckpointError as err:
-            if on_error == "raise":
-                raise
-            errors.append(str(err))
-    raise CheckpointError("no checkpoint could be read: " + "; ".join(errors))
-
-
 def _record(args: argparse.Namespace) -> int:
     from . import checkpoints
-    from .plan import plan_recording
     from .recorder import Recorder
 
     if bool(args.checkpoints) == bool(args.model):
@@ -252,24 +236,14 @@ def _record(args: argparse.Namespace) -> int:
         )
     if len(source) == 0:
         raise ValueError(f"{source.name}: no checkpoint selected")
-    first = _first_loadable(source, args.on_error)
-    vocab, tokenizer = int(first.cfg.d_vocab), getattr(first, "tokenizer", None)
-    del first
+    tokenizer = None
     if args.tokenizer:  # the user's own checkpoints carry none; strings for the report
         from .tokens import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer)
-    plan = plan_recording(
-        tokens,
-        vocab,
-        queries=args.queries,
-        exclude_bos=args.exclude_bos,
-        tokenizer=tokenizer,
-    )
-    recorder = Recorder(
+    recorder = Recorder(  # plans from the first checkpoint it loads (its vocabulary)
         args.out,
         tokens,
-        plan,
         layers=args.layers,
         heads=args.heads,
         batch_size=args.batch_size,
@@ -277,6 +251,9 @@ def _record(args: argparse.Namespace) -> int:
         prompt_length=args.prompt_length,
         meta={"source": source.name},
         overwrite=args.overwrite,
+        queries=args.queries,
+        exclude_bos=args.exclude_bos,
+        tokenizer=tokenizer,
     )
     before = len(recorder.done)
     if args.ray is not None:
@@ -288,7 +265,7 @@ def _record(args: argparse.Namespace) -> int:
     print(
         f"{traj.num_steps} checkpoints recorded ({traj.num_steps - before} new,"
         f" {len(traj.skipped)} skipped), layers {traj.layers}, heads {traj.heads},"
-        f" {plan.num_queries} queries, {plan.num_classes} classes"
+        f" {traj.plan.num_queries} queries, {traj.plan.num_classes} classes"
     )
     print(f"trajectory: {Path(args.out).resolve()}")
     return 0

@@ -26,6 +26,7 @@ from .trajectory import (
     Trajectory,
     TrajectoryWriter,
     _read_manifest,
+    _read_plan,
     remove_trajectory,
 )
 
@@ -38,8 +39,9 @@ class Recorder:
     tokens: the evaluation tokens [N, T] (or batches) the plan was built from.
     plan: what to track (`plan.plan_recording`); without one, the recorder plans for
     `queries` (None: every query; a float: the most frequent covering that share of the
-    events; or token ids) from the first model it records (its vocabulary and tokenizer), or
-    reads the plan of the folder it resumes.
+    events; or token ids), `exclude_bos` and `tokenizer` (for token strings; default the
+    model's) from the first model it records, or, resuming a folder, with the folder's
+    vocabulary (and its queries unless given): a plan that differs from the folder's is refused.
     layers, heads: what to watch (default: all); step_unit: "steps" or "tokens".
     prompt: [T'] ids whose full attention weights are kept at every checkpoint (for attention
     maps and circuitsvis views); by default the first ``prompt_length`` tokens of the first
@@ -69,6 +71,8 @@ class Recorder:
         prompt_length: int = 64,
         overwrite: bool = False,
         queries=None,
+        exclude_bos: bool = False,
+        tokenizer=None,
     ):
         self.out = Path(out)
         if self.out.exists() and not self.out.is_dir():
@@ -77,28 +81,30 @@ class Recorder:
         if (self.out / "manifest.json").exists():
             self.lock.acquire()  # before anything of the folder is read or removed
         try:
+            planning = {"queries": queries, "exclude_bos": exclude_bos, "tokenizer": tokenizer}
             self._open(tokens, plan, layers, heads, step_unit, batch_size, device, progress,
-                       meta, prompt, prompt_length, overwrite, queries)  # fmt: skip
+                       meta, prompt, prompt_length, overwrite, planning)  # fmt: skip
         except BaseException:
             self.lock.release()  # a refused folder stays free for a corrected recorder
             raise
 
     def _open(self, tokens, plan, layers, heads, step_unit, batch_size, device, progress, meta,
-              prompt, prompt_length, overwrite, queries) -> None:  # fmt: skip
-        if plan is not None and queries is not None:
-            raise ValueError("give a plan or queries to plan for, not both")
+              prompt, prompt_length, overwrite, planning) -> None:  # fmt: skip
+        if plan is not None and (
+            planning["queries"] is not None or planning["exclude_bos"] or planning["tokenizer"]
+        ):
+            raise ValueError("give a plan, or queries (exclude_bos, tokenizer) to plan for")
         if overwrite and (self.out / "manifest.json").exists():
             remove_trajectory(self.out)
-        if plan is None and (self.out / "manifest.json").exists():
-            plan = Trajectory.load(self.out).plan  # resuming: the folder's own plan
-            if queries is not None and not isinstance(queries, float):
-                wanted = torch.as_tensor(sorted({int(q) for q in queries}))
-                if not torch.equal(wanted, plan.queries):
-                    raise ValueError(
-                        f"{self.out} tracks other queries: record into another folder, or"
-                        " pass overwrite=True to replace it"
-                    )
-        self._queries = queries
+        manifest_path = self.out / "manifest.json"
+        if plan is None and manifest_path.exists():  # resuming: plan as the folder did
+            saved = _read_plan(self.out / _read_manifest(self.out).get("plan", "plan.safetensors"))
+            queries = saved.queries if planning["queries"] is None else planning["queries"]
+            plan = plan_recording(tokens, saved.vocab_size, queries=queries,
+                                  exclude_bos=planning["exclude_bos"],
+                                  include_self=saved.include_self,
+                                  tokenizer=planning["tokenizer"])  # fmt: skip
+        self._planning = planning
         default_prompt = prompt is None
         if prompt is None and prompt_length > 0 and isinstance(tokens, Tensor):
             prompt = tokens[0, :prompt_length]
@@ -142,11 +148,13 @@ class Recorder:
             if model is None and (self.plan is None or self.layers is None or self.heads is None):
                 return None
             if self.plan is None:  # planned from the first model: its vocabulary, its tokenizer
+                options = self._planning
                 self.plan = plan_recording(
                     self.tokens,
                     int(model.cfg.d_vocab),
-                    queries=self._queries,
-                    tokenizer=getattr(model, "tokenizer", None),
+                    queries=options["queries"],
+                    exclude_bos=options["exclude_bos"],
+                    tokenizer=options["tokenizer"] or getattr(model, "tokenizer", None),
                 )
             layers = list(range(model.cfg.n_layers)) if self.layers is None else list(self.layers)
             heads = list(range(model.cfg.n_heads)) if self.heads is None else list(self.heads)

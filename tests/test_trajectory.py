@@ -179,9 +179,11 @@ def test_a_recorder_plans_for_queries_from_the_first_model_and_resumes_without_o
     assert got.plan.queries.tolist() == [3, 5, 7] and got.steps.tolist() == [0, 1, 2]
     for name in ("zbar", "chat", "entropy", "query_entropy"):
         assert torch.equal(getattr(got, name), getattr(reference, name)), name
-    with pytest.raises(ValueError, match="tracks other queries"):
+    with pytest.raises(ValueError, match="another plan"):
         Recorder(tmp_path / "q", tokens, queries=[3, 5], progress=False)
-    with pytest.raises(ValueError, match="a plan or queries"):
+    with pytest.raises(ValueError, match="another plan"):  # another context convention
+        Recorder(tmp_path / "q", tokens, exclude_bos=True, progress=False)
+    with pytest.raises(ValueError, match="give a plan, or queries"):
         Recorder(tmp_path / "r", tokens, explicit, queries=[3], progress=False)
     traj = record_trajectory(in_memory({0: models[0]}), tokens, tmp_path / "s", queries=[5],
                              progress=False)  # fmt: skip
