@@ -91,7 +91,9 @@ class Recorder:
     def _open(self, tokens, plan, layers, heads, step_unit, batch_size, device, progress, meta,
               prompt, prompt_length, overwrite, planning) -> None:  # fmt: skip
         if plan is not None and (
-            planning["queries"] is not None or planning["exclude_bos"] or planning["tokenizer"]
+            planning["queries"] is not None
+            or planning["exclude_bos"]
+            or planning["tokenizer"] is not None
         ):
             raise ValueError("give a plan, or queries (exclude_bos, tokenizer) to plan for")
         if overwrite and (self.out / "manifest.json").exists():

@@ -153,3 +153,13 @@ def test_position_entropy_equals_a_loop_over_rows(include_self, exclude_bos):
                 count += 1
         tol = T * EPS32 * (1 + math.log(T)) * 4
         assert abs(float(got[layer, 0]) - total / count) <= tol
+
+
+def test_bad_sizes_and_tokens_name_the_problem():
+    with pytest.raises(ValueError, match="d_model=10 is not a multiple of n_heads=3"):
+        tutorial_model(V, d_model=10, n_heads=3)
+    model = tutorial_model(V, d_model=D, d_mlp=24, n_ctx=T)
+    with pytest.raises(ValueError, match=r"tokens must be \[N, T\] with T >= 2, got \(12,\)"):
+        position_entropy(model, _tokens(1)[0])
+    with pytest.raises(ValueError, match="token ids"):
+        position_entropy(model, _tokens(2) + V)
