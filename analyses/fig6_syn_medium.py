@@ -14,7 +14,14 @@ import time
 
 from _common import parser
 
-from scansnap_lens.lab import FIG6_LR_Z, FIG6_NUM_LAST, FIG6_RATIO, entropy_sweep, summarize_sweep
+from scansnap_lens.lab import (
+    FIG6_LR_Z,
+    FIG6_NUM_LAST,
+    FIG6_RATIO,
+    LabTraining,
+    entropy_sweep,
+    summarize_sweep,
+)
 from scansnap_lens.viz import plot_entropy_sweep
 
 
@@ -28,7 +35,9 @@ def main() -> None:
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    per_seed = entropy_sweep(args.num_last, args.lr_z, args.ratio, args.seeds, args.steps)
+    training = LabTraining(seeds=args.seeds, steps=args.steps)
+    training.save(args.out / "training.json")  # the setting, beside the results
+    per_seed = entropy_sweep(args.num_last, args.lr_z, args.ratio, training)
     elapsed = time.perf_counter() - start
     summary = summarize_sweep(per_seed)
     per_seed.to_csv(args.out / "fig6_per_seed.csv", index=False)

@@ -13,7 +13,7 @@ the demo's transformer.
    trained with SGD, SGD with momentum 0.9 (rates / 10, the same effective rates) and Adam:
    measured snap_step, t0 at the effective rates (none for Adam), and the snap of the
    population dynamics integrated with the same optimizer on the training statistics.
-3. Theory fit (`measure.theory_fit`) of every run: rank agreement, logit-change correlation,
+3. Theory fit (`measures.theory_fit`) of every run: rank agreement, logit-change correlation,
    snap ratio.
 
 Writes horizons.csv, lab.csv, optimizers.csv, fit.csv and figures (growth bounds of the lab;
@@ -27,12 +27,12 @@ import time
 import pandas as pd
 from _common import parser
 
-from scansnap_lens import measure, viz
+from scansnap_lens import measures, viz
 from scansnap_lens.demo import run_demo
-from scansnap_lens.groups import TokenGroups
-from scansnap_lens.synthetic import sequence_classes, syn_medium
+from scansnap_lens.lab.synthetic import sequence_classes, syn_medium
+from scansnap_lens.lab.yz import train_yz
+from scansnap_lens.statistics.groups import TokenGroups
 from scansnap_lens.theory import PhaseTransition
-from scansnap_lens.yz import train_yz
 
 LAB = {  # name -> (classes, [(eta_Y, eta_Z), ...])
     "K2": (lambda: syn_medium(1), [(2.0, 0.5), (5.0, 0.5), (1.0, 1.0)]),
@@ -82,7 +82,7 @@ def horizon_table(horizons=(3, 30, 300)) -> pd.DataFrame:
                "eta_Y_eff": eff_y, "eta_Z_eff": eff_z, "t0": t0}  # fmt: skip
         for h in horizons:
             cut = [s for s in traj.steps.tolist() if s <= h * t0]
-            snap = measure.snapping(traj.select(steps=cut)).table.iloc[0]
+            snap = measures.snapping(traj.select(steps=cut)).table.iloc[0]
             row[f"snap@{h}t0"] = snap["snap_step"]
             if snap["snap_reason"]:
                 row[f"why@{h}t0"] = snap["snap_reason"]
@@ -103,9 +103,9 @@ def lab_bounds(horizon: float) -> tuple[pd.DataFrame, list]:
             theory = PhaseTransition(classes.num_classes, classes.vocab_size, lr_y, lr_z)
             steps = int(horizon * theory.t0)
             traj = _lab_run(classes, lr_y, lr_z, steps, population=True)
-            snap = measure.snapping(traj).table["snap_step"].iloc[0]
-            data = measure.growth_bounds(traj, groups, classes).detail
-            one = measure.growth_bounds(traj, groups, classes, rho0_value=1.0).detail
+            snap = measures.snapping(traj).table["snap_step"].iloc[0]
+            data = measures.growth_bounds(traj, groups, classes).detail
+            one = measures.growth_bounds(traj, groups, classes, rho0_value=1.0).detail
             rows.append({
                 "setting": name, "K": classes.num_classes, "M": classes.vocab_size,
                 "lr_y": lr_y, "lr_z": lr_z, "steps": steps, "t0": theory.t0,
@@ -129,8 +129,8 @@ def optimizers(out, demo_steps: int, lab_steps: int) -> tuple[pd.DataFrame, pd.D
         lr_y, lr_z = setting["lab"]
         traj = _lab_run(classes, lr_y, lr_z, lab_steps, False, optimizer, setting["momentum"],
                         seeds=(0, 1, 2))  # fmt: skip
-        fit = measure.theory_fit(traj, classes, groups).final()
-        t0 = measure.predicted_snap(traj)
+        fit = measures.theory_fit(traj, classes, groups).final()
+        t0 = measures.predicted_snap(traj)
         for head in range(3):
             rows.append({
                 "model": "lab (T=128)", "optimizer": name, "seed": head, "lr_y": lr_y,
@@ -179,7 +179,7 @@ def main() -> None:
     print("Lab, population dynamics (plain SGD from zero): snap and Theorem 3 bounds")
     print(lab.round(3).to_string(index=False))
     _, traj, groups, classes = trajectories[0]
-    bounds = measure.growth_bounds(traj, groups, classes)
+    bounds = measures.growth_bounds(traj, groups, classes)
     viz.plot_growth_bounds(bounds.table, path=out / "lab_growth_bounds.png")
 
     table, fits = optimizers(out, demo_steps=300 if args.quick else 1000,

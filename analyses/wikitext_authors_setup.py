@@ -18,7 +18,7 @@ Fig. 7: the 1- and 3-layer runs, their first layer's attention on a held-out seq
 iterations 0, 500, 1000, 1500 (PNG and a circuitsvis view), the entropy of the first layer
 over iterations (every held-out position, the query's own position included as the authors
 measured it, and left out as the library's recorder measures it), the snap step of the
-library's estimator (`measure.snapping`), discriminative and frequency bias on two class
+library's estimator (`measures.snapping`), discriminative and frequency bias on two class
 variants, and the report.  Fig. 10: the 1-layer model at one learning rate for all
 parameters, several rates and seeds, the first layer's entropy at the end.  Figs. 11-12: the
 recall of distinct tokens against a threshold near 1/M on Syn-Medium (the Y/Z lab).
@@ -41,17 +41,17 @@ import pandas as pd
 import torch
 from _common import measure_or_nan, parser
 
-from scansnap_lens import measure, viz
-from scansnap_lens.corpus import cooccurrence
-from scansnap_lens.groups import TokenGroups
+from scansnap_lens import measures, viz
+from scansnap_lens.inputs.text import encode_documents, wikitext_documents, word_level_tokenizer
 from scansnap_lens.lab import FIG6_NUM_LAST, recall_sweep
-from scansnap_lens.plan import plan_recording
-from scansnap_lens.record import position_entropy
-from scansnap_lens.recorder import Recorder
+from scansnap_lens.models.training import train
+from scansnap_lens.models.tutorial import FIRST_FEED_FORWARD, tutorial_model
+from scansnap_lens.recording.hooks import position_entropy
+from scansnap_lens.recording.plan import plan_recording
+from scansnap_lens.recording.recorder import Recorder
 from scansnap_lens.report import write_report
-from scansnap_lens.text import encode_documents, wikitext_documents, word_level_tokenizer
-from scansnap_lens.train import train
-from scansnap_lens.tutorial import FIRST_FEED_FORWARD, tutorial_model
+from scansnap_lens.statistics.corpus import cooccurrence
+from scansnap_lens.statistics.groups import TokenGroups
 
 FULL = {
     "max_vocab": None,  # every word of the training text
@@ -154,7 +154,7 @@ def run_fig7(name, layers, dropout, cfg, data, out, seed) -> tuple[dict, pd.Data
                             path=out / f"fig7_{name}.png")  # fmt: skip
     viz.attention_over_checkpoints(traj, layer=0, steps=list(cfg["map_steps"]),
                                    token_strings=words).save(out / f"fig7_{name}.html")  # fmt: skip
-    snaps = measure.snapping(traj).table
+    snaps = measures.snapping(traj).table
     first = snaps[snaps["layer"] == 0].iloc[0]
     viz.plot_over_steps(curve.assign(layer=0, head=0), ENTROPY[0],
                         snaps=snaps[snaps["layer"] == 0],
@@ -163,9 +163,9 @@ def run_fig7(name, layers, dropout, cfg, data, out, seed) -> tuple[dict, pd.Data
 
     scans = []
     for variant, groups in variants.items():
-        disc = measure_or_nan(measure.discriminative_bias, traj, groups, ["bias", "auroc"])
+        disc = measure_or_nan(measures.discriminative_bias, traj, groups, ["bias", "auroc"])
         freq = measure_or_nan(
-            measure.frequency_bias, traj, groups, ["spearman", "spearman_classes"]
+            measures.frequency_bias, traj, groups, ["spearman", "spearman_classes"]
         )
         scans.append(disc.merge(freq, on=["step", "layer", "head"]).assign(classes=variant))
     scan = pd.concat(scans, ignore_index=True).assign(run=name)
@@ -184,7 +184,7 @@ def run_fig7(name, layers, dropout, cfg, data, out, seed) -> tuple[dict, pd.Data
         "snap_step": first["snap_step"],
         "snap_reason": first["snap_reason"],
         "rate_peak_step": first["rate_peak_step"],
-        "predicted_snap": measure.predicted_snap(traj)[0],
+        "predicted_snap": measures.predicted_snap(traj)[0],
     }
     final = scan[(scan["step"] == scan["step"].max()) & (scan["layer"] == 0)]
     for variant, part in final.groupby("classes"):

@@ -17,9 +17,9 @@ from pathlib import Path
 import pandas as pd
 from _common import parser
 
-from scansnap_lens.classify import DISTINCT, classify
-from scansnap_lens.corpus import cooccurrence
-from scansnap_lens.text import encode_documents, wikitext_documents, word_level_tokenizer
+from scansnap_lens.inputs.text import encode_documents, wikitext_documents, word_level_tokenizer
+from scansnap_lens.statistics.classification import DISTINCT, classify
+from scansnap_lens.statistics.corpus import cooccurrence
 
 
 def example_classes(stats, classes, tok, queries, k=10, top=5):

@@ -38,16 +38,16 @@ import pandas as pd
 import torch
 from _common import measure_or_nan, parser
 
-from scansnap_lens import measure, viz
-from scansnap_lens.backend import build_model as backend_model
-from scansnap_lens.corpus import cooccurrence
-from scansnap_lens.groups import TokenGroups
-from scansnap_lens.plan import plan_recording
-from scansnap_lens.recorder import Recorder
+from scansnap_lens import measures, viz
+from scansnap_lens.inputs.text import encode_documents, wikitext_documents, word_level_tokenizer
+from scansnap_lens.inputs.tokens import rows_of
+from scansnap_lens.models.backend import build_model as backend_model
+from scansnap_lens.models.training import attention_only_model, train
+from scansnap_lens.recording.plan import plan_recording
+from scansnap_lens.recording.recorder import Recorder
 from scansnap_lens.report import write_report
-from scansnap_lens.text import encode_documents, wikitext_documents, word_level_tokenizer
-from scansnap_lens.tokens import rows_of
-from scansnap_lens.train import attention_only_model, train
+from scansnap_lens.statistics.corpus import cooccurrence
+from scansnap_lens.statistics.groups import TokenGroups
 
 FULL = {
     "vocab": 2000,
@@ -193,16 +193,16 @@ def main() -> None:
             print(f"{run}: final loss {loss:.3f} ({time.time() - start:.0f} s)")
             tag = {"model": name, "lr": lr, "lr_attention": lr_attention}
             checks = {
-                "theory_fit": measure.theory_fit(traj, stats, groups, classes=fit_classes),
-                "growth_bounds": measure.growth_bounds(traj, groups, stats),
+                "theory_fit": measures.theory_fit(traj, stats, groups, classes=fit_classes),
+                "growth_bounds": measures.growth_bounds(traj, groups, stats),
             }
-            summary = measure.summarize(traj, groups, checks=checks)
+            summary = measures.summarize(traj, groups, checks=checks)
             summaries.append(summary.assign(**tag, final_loss=loss))
             theories.append(summary[THEORY].assign(**tag))
             for variant, g in all_groups.items():
-                disc = measure_or_nan(measure.discriminative_bias, traj, g, ["bias", "auroc"])
+                disc = measure_or_nan(measures.discriminative_bias, traj, g, ["bias", "auroc"])
                 freq = measure_or_nan(
-                    measure.frequency_bias, traj, g, ["spearman", "spearman_classes"]
+                    measures.frequency_bias, traj, g, ["spearman", "spearman_classes"]
                 )
                 part = disc.merge(freq, on=["step", "layer", "head"]).assign(classes=variant)
                 scans.append(part.assign(**tag))
@@ -216,7 +216,7 @@ def main() -> None:
                 token_strings=words,
                 checks=checks,
             )
-            sparsity = measure_or_nan(measure.sparsity, traj, groups, ["entropy"])
+            sparsity = measure_or_nan(measures.sparsity, traj, groups, ["entropy"])
             entropy = traj.entropy_dataframe()
             attn_entropy = (
                 entropy.assign(w=entropy["events"] * entropy["entropy"])
@@ -232,7 +232,7 @@ def main() -> None:
             viz.plot_over_steps(
                 scan,
                 "bias",
-                snaps=measure.snapping(traj).table,
+                snaps=measures.snapping(traj).table,
                 title=f"{run}: discriminative bias (dotted: snap)",
                 path=out / f"bias_over_steps_{run}.png",
             )

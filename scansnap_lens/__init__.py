@@ -8,91 +8,90 @@ The names a notebook needs are here, imported on first use::
     result.summary  # one row per layer and head
     ss.viz.attention_over_checkpoints(result.trajectory)  # circuitsvis, inline
 
-Functions named like their module (``classify``, ``train``) are imported from it:
-``from scansnap_lens.classify import classify``.
+The folders follow the pipeline, each stage importing only the ones before it:
 
-Modules, one per concept: synthetic, yz, theory (the paper's lab and theory); corpus,
-kinds, classify, groups (co-occurrence and token kinds); plan, record, recorder, trajectory,
-checkpoints, train, tutorial (recording attention over checkpoints); measure, viz, report
-(results).
+    inputs/       text, token files and tokenizers, Pythia's indexed datasets
+    models/       TransformerLens backends, checkpoint formats and sources, training
+    statistics/   corpus co-occurrence, the context convention, token kinds and groups
+    recording/    hooks, the recording plan, the recorder, trajectories
+    theory/       the paper's predictions: the phase transition, population dynamics
+    measures/     one module per quantity: scan, frequency bias, sparsity, growth, snap
+    lab/          the paper's synthetic experiments (sequence classes, the Y/Z model)
+    viz/, report  figures, circuitsvis views, the HTML report; cli, demo, distributed (Ray)
 """
 
 from __future__ import annotations
 
-import importlib
+from scansnap_lens import _moved
+from scansnap_lens._lazy import exports
 
 __version__ = "0.1.0"
 
 _NAMES = {
     "run_demo": "demo",
-    "sequences": "demo",
-    "syn_small": "synthetic",
-    "syn_medium": "synthetic",
-    "sequence_classes": "synthetic",
-    "train_yz": "yz",
-    "PhaseTransition": "theory",
-    "cooccurrence": "corpus",
-    "from_dataset": "corpus",
-    "CooccurrenceStats": "corpus",
-    "TokenGroups": "groups",
-    "TokenKind": "kinds",
-    "plan_recording": "plan",
-    "record_checkpoint": "record",
-    "Recorder": "recorder",
-    "record_trajectory": "recorder",
-    "Trajectory": "trajectory",
-    "attention_only_model": "train",
-    "tutorial_model": "tutorial",
-    "position_entropy": "record",
+    "sequence_sampler": "lab.synthetic",
+    "syn_small": "lab.synthetic",
+    "syn_medium": "lab.synthetic",
+    "sequence_classes": "lab.synthetic",
+    "train_yz": "lab.yz",
+    "PhaseTransition": "theory.transition",
+    "cooccurrence": "statistics.corpus",
+    "cooccurrence_from_dataset": "statistics.corpus",
+    "CooccurrenceStats": "statistics.corpus",
+    "Context": "statistics.context",
+    "classify": "statistics.classification",
+    "TokenGroups": "statistics.groups",
+    "TokenKind": "statistics.kinds",
+    "plan_recording": "recording.plan",
+    "record_checkpoint": "recording.hooks",
+    "position_entropy": "recording.hooks",
+    "Recorder": "recording.recorder",
+    "record_trajectory": "recording.recorder",
+    "Trajectory": "recording.trajectory",
+    "attention_only_model": "models.training",
+    "train": "models.training",
+    "tutorial_model": "models.tutorial",
+    "summarize": "measures.summary",
     "write_report": "report",
-    "read_tokens": "tokens",
-    "save_tokens": "tokens",
+    "read_tokens": "inputs.tokens",
+    "save_tokens": "inputs.tokens",
 }
-_MODULES = {  # every public module, so that ``ss.<module>`` never depends on import order
-    "backend",
-    "checkpoints",
-    "classify",
-    "context",
-    "corpus",
+_MODULES = {  # ``ss.<module>`` for each stage and tool, never dependent on import order
+    "inputs",
+    "models",
+    "statistics",
+    "recording",
+    "theory",
+    "measures",
+    "lab",
+    "viz",
+    "report",
     "demo",
     "distributed",
-    "fit",
-    "formats",
-    "groups",
-    "heads",
-    "indexed",
-    "kinds",
-    "lab",
-    "labels",
-    "measure",
-    "plan",
-    "population",
-    "record",
-    "recorder",
-    "report",
-    "synthetic",
     "testing",
-    "text",
-    "theory",
-    "tokens",
-    "train",
-    "trajectory",
-    "tutorial",
-    "viz",
-    "yz",
+}
+_RENAMED = {
+    "sequences": "sequence_sampler",
+    "from_dataset": "cooccurrence_from_dataset",
 }
 
 __all__ = sorted(set(_NAMES) | _MODULES)
 
+_moved.install()
+_getattr, __dir__ = exports(__name__, _NAMES, _MODULES)
+
 
 def __getattr__(name: str):
-    if name in _NAMES:
-        module = importlib.import_module(f".{_NAMES[name]}", __name__)
-        return getattr(module, name)
-    if name in _MODULES:
-        return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module 'scansnap_lens' has no attribute {name!r}")
+    import importlib
+    import warnings
 
-
-def __dir__() -> list[str]:
-    return __all__
+    if name in _RENAMED:
+        warnings.warn(
+            f"scansnap_lens.{name} is now scansnap_lens.{_RENAMED[name]}", FutureWarning, 2
+        )
+        return _getattr(_RENAMED[name])
+    if (
+        name in _moved.MOVED and name not in _NAMES
+    ):  # an old module path: warns, reads through to where it moved
+        return importlib.import_module(f"{__name__}.{name}")
+    return _getattr(name)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 
 def _print_summary(summary) -> None:
-    from .report import KEY_COLUMNS
+    from scansnap_lens.report import KEY_COLUMNS
 
     columns = [c for c in KEY_COLUMNS if c in summary]
     print(summary[columns].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
@@ -32,7 +32,7 @@ def _print_summary(summary) -> None:
 
 # ------------------------------------------------------------------ demo
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from scansnap_lens.demo import run_demo
 
     start = time.perf_counter()
     result = run_demo(
@@ -55,8 +55,8 @@ def _demo(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ stats
 def _corpus_rows(args: argparse.Namespace):
     """(rows, vocab size, tokenizer name) of the text or token files given."""
-    from .text import wikitext_documents, word_level_tokenizer
-    from .tokens import TOKEN_SUFFIXES, encode, load_tokenizer, read_tokens
+    from scansnap_lens.inputs.text import wikitext_documents, word_level_tokenizer
+    from scansnap_lens.inputs.tokens import TOKEN_SUFFIXES, encode, load_tokenizer, read_tokens
 
     if not args.inputs:
         raise ValueError("give corpus files (text or token files) or --dataset")
@@ -85,7 +85,7 @@ def _corpus_rows(args: argparse.Namespace):
 
 def _indexed_rows(paths: list[Path], vocab_size: int | None):
     """Documents of memory-mapped indexed datasets (Pythia's .bin + .idx), read lazily."""
-    from .indexed import IndexedTokens
+    from scansnap_lens.inputs.indexed import IndexedTokens
 
     prefixes = dict.fromkeys(p.with_suffix("") for p in paths)  # a.bin and a.idx: one dataset
     datasets = [IndexedTokens(p) for p in prefixes]
@@ -99,7 +99,7 @@ def _indexed_rows(paths: list[Path], vocab_size: int | None):
 def _ray_stats(args: argparse.Namespace, common: dict):
     """The same statistics, counted in --shards Ray tasks (indexed datasets are read by the
     workers themselves; other files are read here and put into Ray's object store)."""
-    from . import distributed
+    from scansnap_lens import distributed
 
     address = args.ray or None
     distributed.connect(address)
@@ -125,7 +125,7 @@ def _dataset_tokenizer(args: argparse.Namespace):
         return None
     if not args.tokenizer:
         raise ValueError("--text-column needs --tokenizer")
-    from .tokens import load_tokenizer
+    from scansnap_lens.inputs.tokens import load_tokenizer
 
     return load_tokenizer(args.tokenizer)
 
@@ -133,10 +133,10 @@ def _dataset_tokenizer(args: argparse.Namespace):
 def _dataset_stats(args: argparse.Namespace, common: dict):
     """Statistics of a `datasets` dataset: a folder from save_to_disk, or a hub name; with
     --ray, --shards contiguous parts of it, each read and counted by its own Ray task."""
-    from .corpus import from_dataset, open_dataset
+    from scansnap_lens.statistics.corpus import cooccurrence_from_dataset, open_dataset
 
     if args.ray is not None:
-        from . import distributed
+        from scansnap_lens import distributed
 
         address = args.ray or None
         distributed.connect(address)
@@ -151,7 +151,7 @@ def _dataset_stats(args: argparse.Namespace, common: dict):
         stats = distributed.ray_cooccurrence(shards, vocab, address=address, **common)
         stats.tokenizer = args.tokenizer
         return stats
-    return from_dataset(
+    return cooccurrence_from_dataset(
         open_dataset(args.dataset, args.split),
         column=args.column,
         text_column=args.text_column,
@@ -162,13 +162,13 @@ def _dataset_stats(args: argparse.Namespace, common: dict):
 
 
 def _vocab_of(tokenizer) -> int:
-    from .tokens import codec
+    from scansnap_lens.inputs.tokens import codec
 
     return codec(tokenizer).vocab_size
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from .corpus import cooccurrence
+    from scansnap_lens.statistics.corpus import cooccurrence
 
     common = {
         "window": args.window,
@@ -197,8 +197,8 @@ def _stats(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ record
 def _eval_tokens(args: argparse.Namespace):
-    from .text import wikitext_documents
-    from .tokens import encode, load_tokenizer, read_tokens, rows_of
+    from scansnap_lens.inputs.text import wikitext_documents
+    from scansnap_lens.inputs.tokens import encode, load_tokenizer, read_tokens, rows_of
 
     if bool(args.tokens) == bool(args.text):
         raise ValueError("give the evaluation tokens with either --tokens FILE or --text FILE")
@@ -216,8 +216,8 @@ def _eval_tokens(args: argparse.Namespace):
 
 
 def _record(args: argparse.Namespace) -> int:
-    from . import checkpoints
-    from .recorder import Recorder
+    from scansnap_lens.models import checkpoints
+    from scansnap_lens.recording.recorder import Recorder
 
     if bool(args.checkpoints) == bool(args.model):
         raise ValueError("give either --checkpoints DIR or --model NAME")
@@ -238,7 +238,7 @@ def _record(args: argparse.Namespace) -> int:
         raise ValueError(f"{source.name}: no checkpoint selected")
     tokenizer = None
     if args.tokenizer:  # the user's own checkpoints carry none; strings for the report
-        from .tokens import load_tokenizer
+        from scansnap_lens.inputs.tokens import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer)
     recorder = Recorder(  # plans from the first checkpoint it loads (its vocabulary)
@@ -257,7 +257,7 @@ def _record(args: argparse.Namespace) -> int:
     )
     before = len(recorder.done)
     if args.ray is not None:
-        from .distributed import ray_record
+        from scansnap_lens.distributed import ray_record
 
         traj = ray_record(recorder, source, on_error=args.on_error, address=args.ray or None)
     else:
@@ -273,10 +273,10 @@ def _record(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ report
 def _report(args: argparse.Namespace) -> int:
-    from .corpus import CooccurrenceStats
-    from .groups import TokenGroups, check_vocabulary
-    from .report import write_report
-    from .trajectory import Trajectory
+    from scansnap_lens.recording.trajectory import Trajectory
+    from scansnap_lens.report import write_report
+    from scansnap_lens.statistics.corpus import CooccurrenceStats
+    from scansnap_lens.statistics.groups import TokenGroups, check_vocabulary
 
     if (args.lr_y is None) != (args.lr_z is None):
         raise ValueError("--lr-y and --lr-z go together: give both or neither")
@@ -318,7 +318,7 @@ def _report(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ theory
 def _theory(args: argparse.Namespace) -> int:
-    from .theory import PhaseTransition
+    from scansnap_lens.theory.transition import PhaseTransition
 
     theory = PhaseTransition(args.K, args.M, args.lr_y, args.lr_z, args.rho0)
     print(f"K={args.K} M={args.M} eta_Y={args.lr_y:g} eta_Z={args.lr_z:g}")
@@ -332,7 +332,7 @@ def _theory(args: argparse.Namespace) -> int:
     t = np.unique(np.concatenate([np.logspace(0, np.log10(args.t_max), args.points), [theory.t0]]))
     frame = theory.to_dataframe(t)
     if args.csv:
-        from ._io import write_text
+        from scansnap_lens._io import write_text
 
         write_text(args.csv, frame.to_csv(index=False))
         print(f"B_n(t) curve written to {args.csv}")
@@ -629,8 +629,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    from .backend import BackendError
-    from .checkpoints import CheckpointError
+    from scansnap_lens.models.backend import BackendError
+    from scansnap_lens.models.checkpoints import CheckpointError
 
     try:
         return args.func(args)

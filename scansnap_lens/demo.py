@@ -19,29 +19,21 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ._io import write_text
-from .corpus import CooccurrenceStats, cooccurrence
-from .groups import TokenGroups
-from .plan import plan_recording
-from .recorder import Recorder
-from .report import Report, write_report
-from .synthetic import SequenceClasses, syn_medium, syn_small
-from .train import TrainResult, attention_only_model, rates, train
-from .trajectory import Trajectory
+from scansnap_lens._io import write_text
+from scansnap_lens._moved import old_names
+from scansnap_lens.lab.synthetic import sequence_sampler, syn_medium, syn_small
+from scansnap_lens.models.training import TrainResult, attention_only_model, rates, train
+from scansnap_lens.recording.plan import plan_recording
+from scansnap_lens.recording.recorder import Recorder
+from scansnap_lens.recording.trajectory import Trajectory
+from scansnap_lens.report import Report, write_report
+from scansnap_lens.statistics.corpus import CooccurrenceStats, cooccurrence
+from scansnap_lens.statistics.groups import TokenGroups
 
-__all__ = ["DEMO_DATA", "DemoResult", "run_demo", "sequences"]
+__all__ = ["DEMO_DATA", "DemoResult", "run_demo"]
+__getattr__ = old_names(__name__, {"sequences": "sequence_sampler"})
 
 DEMO_DATA = {"syn-medium": lambda: syn_medium(1), "syn-small": syn_small}
-
-
-def sequences(classes: SequenceClasses, seq_len: int = 32):
-    """A sampler ``(batch_size, generator) -> [B, seq_len + 1]``: context, query, next token."""
-
-    def sample(batch_size: int, generator: torch.Generator) -> torch.Tensor:
-        tokens, labels, _ = classes.sample(batch_size, seq_len, generator)
-        return torch.cat([tokens, labels[:, None]], 1)
-
-    return sample
 
 
 @dataclass
@@ -85,7 +77,7 @@ def run_demo(
     lr_y, lr_z = rates(lr_y, lr_z, lr, lr_attention, default_y=0.1, default_z=3.0)
     out = Path(out)
     classes = DEMO_DATA[data]()
-    sample = sequences(classes)
+    sample = sequence_sampler(classes)
     vocab = classes.vocab_size
     queries = classes.query.unique().tolist()
 

@@ -33,8 +33,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .checkpoints import CheckpointError, CheckpointSource
-from .corpus import CooccurrenceStats, cooccurrence
+from scansnap_lens.models.checkpoints import CheckpointError, CheckpointSource
+from scansnap_lens.statistics.corpus import CooccurrenceStats, cooccurrence
 
 __all__ = [
     "connect",
@@ -68,7 +68,7 @@ def connect(address: str | None = None, num_cpus: int | None = None):
 
 
 def _read_indexed(prefix: str, start: int, stop: int):
-    from .indexed import IndexedTokens
+    from scansnap_lens.inputs.indexed import IndexedTokens
 
     return IndexedTokens(prefix).batches(start, stop)
 
@@ -76,7 +76,7 @@ def _read_indexed(prefix: str, start: int, stop: int):
 def indexed_shards(prefix, num_shards: int) -> list[Callable]:
     """`num_shards` ranges of documents of an indexed dataset (``.bin`` + ``.idx``), each read
     by the worker that counts it (the files must be visible to every worker)."""
-    from .indexed import IndexedTokens
+    from scansnap_lens.inputs.indexed import IndexedTokens
 
     data = IndexedTokens(prefix)
     edges = np.linspace(0, data.num_documents, max(1, num_shards) + 1).round().astype(int)
@@ -89,8 +89,8 @@ def indexed_shards(prefix, num_shards: int) -> list[Callable]:
 
 def _read_dataset(spec: str, split: str, streaming: bool, column: str, text_column,
                   tokenizer, num_shards: int, index: int):  # fmt: skip
-    from .corpus import dataset_batches, open_dataset
-    from .tokens import load_tokenizer
+    from scansnap_lens.inputs.tokens import load_tokenizer
+    from scansnap_lens.statistics.corpus import dataset_batches, open_dataset
 
     data = open_dataset(spec, split, streaming)
     if streaming:
@@ -111,7 +111,7 @@ def dataset_shards(
     A map-style dataset is cut into contiguous ranges of rows; a streaming one
     (``streaming=True``) into groups of its source files, so `num_shards` must not exceed
     its ``n_shards``."""
-    from .corpus import open_dataset
+    from scansnap_lens.statistics.corpus import open_dataset
 
     data = open_dataset(spec, split, streaming)  # fail here, not in every worker
     available = getattr(data, "n_shards", None) if streaming else len(data)
@@ -220,9 +220,9 @@ def ray_cooccurrence(
 def _record_task(checkpoint, job: dict, tokens, device) -> tuple:
     """In a worker: load, record and write one checkpoint; ("recorded", step) or
     ("skipped", step, source, error)."""
-    from .record import record_checkpoint
-    from .recorder import recordable
-    from .trajectory import TrajectoryWriter
+    from scansnap_lens.recording.hooks import record_checkpoint
+    from scansnap_lens.recording.recorder import recordable
+    from scansnap_lens.recording.trajectory import TrajectoryWriter
 
     try:
         model = checkpoint.load()
@@ -267,7 +267,7 @@ def ray_record(
     runs again (`max_retries`); a checkpoint that cannot be read stops the recording or, with
     ``on_error="skip"``, is noted in the manifest.  Returns the `Trajectory`.
     """
-    from .trajectory import _read_manifest
+    from scansnap_lens.recording.trajectory import _read_manifest
 
     if not isinstance(recorder.tokens, torch.Tensor):
         raise ValueError("recording on Ray needs the evaluation tokens as one [N, T] tensor")

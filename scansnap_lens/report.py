@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import heads, measure
-from ._io import write_text
-from .context import require_same
-from .groups import TokenGroups
-from .trajectory import Trajectory
+from scansnap_lens import measures
+from scansnap_lens._io import write_text
+from scansnap_lens.recording.trajectory import Trajectory
+from scansnap_lens.statistics.context import require_same
+from scansnap_lens.statistics.groups import TokenGroups
 
 __all__ = ["Report", "write_report"]
 
@@ -127,7 +127,7 @@ def write_report(
 ) -> Report:
     """Measure `traj` against `groups` and write the report folder `out`.
 
-    prediction: the theory's snap step (see `measure.summarize`); views: include the
+    prediction: the theory's snap step (see `measures.summarize`); views: include the
     circuitsvis views (they need the trajectory's example prompt); token_strings: strings of
     the prompt's tokens for the views (default: the plan's).  source: the training corpus's
     `CooccurrenceStats` (or the lab's `SequenceClasses`), for the theory's checks
@@ -136,8 +136,8 @@ def write_report(
     training, loss_positions: see `fit.theory_fit`.  checks: the theory's checks computed
     already (``{"growth_bounds": ..., "theory_fit": ...}``), used instead of `source`.
     """
-    from .viz import figures
-    from .viz import views as cv
+    from scansnap_lens.viz import figures
+    from scansnap_lens.viz import views as cv
 
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -149,7 +149,7 @@ def write_report(
     files: dict[str, Path] = {}
     not_measured: dict[str, str] = {}
 
-    from .fit import growth_bounds, theory_checks
+    from scansnap_lens.measures import growth_bounds, theory_checks
 
     if checks is not None:
         why = {k: "not given" for k in ("growth_bounds", "theory_fit") if k not in checks}
@@ -162,13 +162,13 @@ def write_report(
         except ValueError as err:
             why["growth_bounds"] = str(err)
     not_measured.update(why)
-    results, why = measure.measure_all(traj, groups)  # once, shared with the summary
+    results, why = measures.measure_all(traj, groups)  # once, shared with the summary
     not_measured.update(why)
-    summary = measure.summarize(
+    summary = measures.summarize(
         traj, groups, prediction, checks=checks, training=training, results=results
     )
     if "sparsity" in results and not results["sparsity"].table["sparsity_classes"].iloc[0]:
-        not_measured["entropy, top_share"] = measure.SINGLE_DISTINCT
+        not_measured["entropy, top_share"] = measures.SINGLE_DISTINCT
     snaps = results["snapping"]
     results.update(checks)
 
@@ -237,7 +237,7 @@ def write_report(
                 title="attention entropy (nats)", path=p,
             ),
         )  # fmt: skip
-    ranking = heads.rank_heads(summary)
+    ranking = measures.rank_heads(summary)
     csv("head_ranking", ranking)
     if len(summary) > 1:
         figure(
@@ -308,7 +308,7 @@ def write_report(
     if views and traj.prompt_pattern is not None:
         made = [cv.attention_over_checkpoints(traj, layer, [head], token_strings=token_strings)]
         try:
-            made.append(cv.token_classes(traj, groups, token_strings=token_strings))
+            made.append(cv.token_kinds(traj, groups, token_strings=token_strings))
             made.append(
                 cv.query_attention(
                     traj, groups, layer=layer, head=head, token_strings=token_strings
@@ -428,9 +428,9 @@ def _overview(traj: Trajectory, groups: TokenGroups) -> str:
 
 
 def _theory_figure(traj: Trajectory, summary: pd.DataFrame, path: Path, training=None):
-    from .viz import figures
+    from scansnap_lens.viz import figures
 
-    theories = {(t.lr_y, t.lr_z): t for t in measure.theory_of(traj, training) if t is not None}
+    theories = {(t.lr_y, t.lr_z): t for t in measures.theory_of(traj, training) if t is not None}
     theories = list(theories.values())  # one curve per distinct pair of rates
     snap = float(summary["snap_step"].iloc[0])
     measured = [snap] if len(theories) == 1 and math.isfinite(snap) else []

@@ -136,7 +136,7 @@ def fake_legacy_tl_model(
     are written in an order where a label that is a decimal suffix of another comes second,
     which is where a lookup by suffix goes wrong.
     """
-    from .train import initial_weights
+    from scansnap_lens.models.training import initial_weights
 
     repo = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))
     commit = hashlib.sha1(repo_id.encode()).hexdigest()

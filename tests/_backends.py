@@ -2,7 +2,7 @@
 
 import pytest
 
-from scansnap_lens.backend import tl_major
+from scansnap_lens.models.backend import tl_major
 
 HAS_HOOKED = tl_major() < 4
 BACKENDS = ["hooked", "bridge"] if HAS_HOOKED else ["bridge"]

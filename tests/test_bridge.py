@@ -7,11 +7,11 @@ import torch
 from _backends import requires_tl4
 from _reference import assert_matches, brute_force
 
-from scansnap_lens import checkpoints
-from scansnap_lens.backend import BackendError, default_backend
-from scansnap_lens.plan import plan_recording
-from scansnap_lens.record import CheckpointRecord, record_checkpoint
-from scansnap_lens.recorder import Recorder
+from scansnap_lens.models import checkpoints
+from scansnap_lens.models.backend import BackendError, default_backend
+from scansnap_lens.recording.hooks import CheckpointRecord, record_checkpoint
+from scansnap_lens.recording.plan import plan_recording
+from scansnap_lens.recording.recorder import Recorder
 from scansnap_lens.testing import bridge_from_hf, tiny_hf_model
 
 

@@ -8,14 +8,14 @@ import pytest
 import torch
 from _backends import BACKENDS
 
-from scansnap_lens import checkpoints
-from scansnap_lens.backend import state_layout, tl_to_native
-from scansnap_lens.checkpoints import CheckpointError, load_state_dict
-from scansnap_lens.plan import plan_recording
-from scansnap_lens.recorder import Recorder, record_trajectory
-from scansnap_lens.synthetic import syn_small
-from scansnap_lens.train import attention_only_model, train
-from scansnap_lens.trajectory import Trajectory
+from scansnap_lens.lab.synthetic import syn_small
+from scansnap_lens.models import checkpoints
+from scansnap_lens.models.backend import state_layout, tl_to_native
+from scansnap_lens.models.checkpoints import CheckpointError, load_state_dict
+from scansnap_lens.models.training import attention_only_model, train
+from scansnap_lens.recording.plan import plan_recording
+from scansnap_lens.recording.recorder import Recorder, record_trajectory
+from scansnap_lens.recording.trajectory import Trajectory
 
 V = 34
 
@@ -331,7 +331,7 @@ def test_bptt_reads_a_stream_in_contiguous_columns(tmp_path):
     """The tutorial's batchify + get_batch: column i is the i-th contiguous part of the
     stream; each step the next bptt positions (windows share their boundary token); an epoch
     ends and the reading starts again."""
-    from scansnap_lens.train import _stream_batches
+    from scansnap_lens.models.training import _stream_batches
 
     stream = torch.arange(103)
     sample = _stream_batches(stream, batch_size=4, bptt=5)  # 25 positions per column

@@ -3,9 +3,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scansnap_lens.classify import COMMON, DISTINCT, UNDETERMINED, classify
-from scansnap_lens.corpus import cooccurrence
-from scansnap_lens.synthetic import sequence_classes, syn_medium, syn_small
+from scansnap_lens.lab.synthetic import sequence_classes, syn_medium, syn_small
+from scansnap_lens.statistics.classification import COMMON, DISTINCT, UNDETERMINED, classify
+from scansnap_lens.statistics.corpus import cooccurrence
 
 
 def synthetic_stats(classes, n=3000, seed=0):
@@ -89,7 +89,7 @@ def test_guard_marks_rare_lookalikes_undetermined_and_keeps_strong_distinct_toke
 
 
 def test_dataframe_with_token_strings():
-    from scansnap_lens.text import encode_documents, word_level_tokenizer
+    from scansnap_lens.inputs.text import encode_documents, word_level_tokenizer
 
     docs = ["a b c d", "a b c e", "x b c d"]
     tok = word_level_tokenizer(docs)
@@ -149,7 +149,7 @@ def test_classification_equals_brute_force(seed, vocab, scope):
     over the candidates that pass support and purity)."""
     import numpy as np
 
-    from scansnap_lens.classify import _benjamini_hochberg
+    from scansnap_lens.statistics.classification import _benjamini_hochberg
 
     rows = torch.randint(vocab, (8, 14), generator=torch.Generator().manual_seed(seed))
     stats = cooccurrence(rows, vocab_size=vocab, window=4)

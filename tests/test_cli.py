@@ -9,13 +9,12 @@ import sys
 import pytest
 import torch
 
-from scansnap_lens.backend import tl_major
 from scansnap_lens.cli import main
-from scansnap_lens.demo import sequences
-from scansnap_lens.synthetic import syn_medium
-from scansnap_lens.tokens import save_tokens
-from scansnap_lens.train import attention_only_model, train
-from scansnap_lens.trajectory import Trajectory
+from scansnap_lens.inputs.tokens import save_tokens
+from scansnap_lens.lab.synthetic import sequence_sampler, syn_medium
+from scansnap_lens.models.backend import tl_major
+from scansnap_lens.models.training import attention_only_model, train
+from scansnap_lens.recording.trajectory import Trajectory
 
 
 def test_demo_shows_scan_and_snap(demo_out):
@@ -36,7 +35,7 @@ def own_run(tmp_path_factory):
     """A user's own run: checkpoints in a folder, a training corpus and evaluation tokens."""
     root = tmp_path_factory.mktemp("own")
     classes = syn_medium(1)
-    sample = sequences(classes, seq_len=24)
+    sample = sequence_sampler(classes, seq_len=24)
     model = attention_only_model(classes.vocab_size, d_model=16, n_ctx=32, seed=0)
     train(
         model,
@@ -315,7 +314,7 @@ def test_padded_model_vocabulary_measures_with_tokenizer_statistics(own_run, tmp
     """A model whose d_vocab is padded beyond the tokenizer's (Pythia: 50304 vs 50277)."""
     root, classes = own_run
     M, pad = classes.vocab_size, 7
-    sample = sequences(classes, seq_len=24)
+    sample = sequence_sampler(classes, seq_len=24)
     model = attention_only_model(M + pad, d_model=16, n_ctx=32, seed=0)
     train(model, sample, steps=20, lr_y=0.1, lr_z=3.0, batch_size=32, out=tmp_path / "ckpt",
           checkpoints=[0, 10, 20], loss_on="last", progress=False)  # fmt: skip
@@ -395,7 +394,7 @@ def test_bad_arguments_exit_2_before_anything_is_written(args, message, tmp_path
 
 def test_record_keeps_the_tokenizer_strings_for_own_checkpoints(own_run, tmp_path, capsys):
     """Own checkpoints carry no tokenizer: --tokenizer gives the report its words."""
-    from scansnap_lens.text import word_level_tokenizer
+    from scansnap_lens.inputs.text import word_level_tokenizer
 
     root, classes = own_run
     words = " ".join(f"w{i}" for i in range(classes.vocab_size))
@@ -522,14 +521,14 @@ def test_a_second_recording_process_fails_at_once(own_run, tmp_path, capsys):
     notebook that builds a second Recorder for the same folder)."""
     import time
 
-    from scansnap_lens.recorder import Recorder
+    from scansnap_lens.recording.recorder import Recorder
 
     root, _ = own_run
     args = ["record", "--checkpoints", str(root / "ckpt"), "--tokens"]
     args += [str(root / "eval.safetensors"), "--out", str(tmp_path / "t")]
     assert main([*args, "--steps", "0,10"]) == 0
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from scansnap_lens.trajectory import "
+        [sys.executable, "-c", "import sys, time; from scansnap_lens.recording.trajectory import "
          "RecordingLock; RecordingLock(sys.argv[1]).acquire(); print('held', flush=True); "
          "time.sleep(120)", str(tmp_path / "t")],
         stdout=subprocess.PIPE,
@@ -549,8 +548,8 @@ def test_a_second_recording_process_fails_at_once(own_run, tmp_path, capsys):
     assert main(args) == 0  # the killed holder's lock went with its process
     assert Trajectory.load(tmp_path / "t").steps.tolist() == [0, 10, 20, 40]
 
-    from scansnap_lens.plan import plan_recording
-    from scansnap_lens.tokens import read_tokens
+    from scansnap_lens.inputs.tokens import read_tokens
+    from scansnap_lens.recording.plan import plan_recording
 
     tokens, plan = read_tokens(root / "eval.safetensors"), Trajectory.load(tmp_path / "t").plan
     first = Recorder(tmp_path / "t", tokens, plan, progress=False)
@@ -562,7 +561,7 @@ def test_a_second_recording_process_fails_at_once(own_run, tmp_path, capsys):
     # a recorder refused by the folder (another plan) does not keep it locked
     with pytest.raises(ValueError, match="another plan"):
         Recorder(tmp_path / "t", tokens[:4], plan_recording(tokens[:4], plan.vocab_size))
-    probe = ("import sys; from scansnap_lens.trajectory import RecordingLock; "
+    probe = ("import sys; from scansnap_lens.recording.trajectory import RecordingLock; "
              "RecordingLock(sys.argv[1]).acquire()")  # fmt: skip
     subprocess.run([sys.executable, "-c", probe, str(tmp_path / "t")], check=True)
 

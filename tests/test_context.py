@@ -5,21 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scansnap_lens import measure
-from scansnap_lens.classify import classify
-from scansnap_lens.context import Context
-from scansnap_lens.corpus import cooccurrence
-from scansnap_lens.demo import sequences
-from scansnap_lens.groups import TokenGroups
-from scansnap_lens.plan import plan_recording
-from scansnap_lens.recorder import Recorder
-from scansnap_lens.synthetic import syn_medium
-from scansnap_lens.train import attention_only_model
+from scansnap_lens import measures
+from scansnap_lens.lab.synthetic import sequence_sampler, syn_medium
+from scansnap_lens.models.training import attention_only_model
+from scansnap_lens.recording.plan import plan_recording
+from scansnap_lens.recording.recorder import Recorder
+from scansnap_lens.statistics.classification import classify
+from scansnap_lens.statistics.context import Context
+from scansnap_lens.statistics.corpus import cooccurrence
+from scansnap_lens.statistics.groups import TokenGroups
 
 
 def test_defaults_agree_and_a_mismatch_is_refused_where_the_two_meet(tmp_path):
     classes = syn_medium(1)
-    sample = sequences(classes)
+    sample = sequence_sampler(classes)
     V = classes.vocab_size
     eval_tokens = sample(16, torch.Generator().manual_seed(2))
     corpus = sample(64, torch.Generator().manual_seed(1))
@@ -33,16 +32,16 @@ def test_defaults_agree_and_a_mismatch_is_refused_where_the_two_meet(tmp_path):
     stats = cooccurrence(corpus, V, queries=queries)  # the defaults: position 0 is context
     assert stats.context.mismatch(plan.context) is None
     groups = TokenGroups.from_classification(classify(stats, scope="global", guard=False), stats)
-    assert measure.discriminative_bias(traj, groups).table["bias"].notna().all()
+    assert measures.discriminative_bias(traj, groups).table["bias"].notna().all()
 
     other = cooccurrence(corpus, V, queries=queries, exclude_bos=True)
     groups = TokenGroups.from_classification(classify(other, scope="global", guard=False), other)
     message = "the statistics leave position 0 out of context and the recording counts it"
-    for measurement in (measure.discriminative_bias, measure.frequency_bias, measure.sparsity):
+    for measurement in (measures.discriminative_bias, measures.frequency_bias, measures.sparsity):
         with pytest.raises(ValueError, match=message):
             measurement(traj, groups)
     with pytest.raises(ValueError, match=message):
-        measure.theory_fit(traj, other)
+        measures.theory_fit(traj, other)
     # a window is the statistics' own choice, not a mismatch
     assert Context(window=8).mismatch(plan.context) is None
     assert TokenGroups.from_synthetic(classes).context is None  # the lab: nothing to check
@@ -50,11 +49,11 @@ def test_defaults_agree_and_a_mismatch_is_refused_where_the_two_meet(tmp_path):
 
 def test_the_command_line_refuses_statistics_of_another_convention(tmp_path, capsys):
     from scansnap_lens.cli import main
-    from scansnap_lens.tokens import save_tokens
-    from scansnap_lens.train import train
+    from scansnap_lens.inputs.tokens import save_tokens
+    from scansnap_lens.models.training import train
 
     classes = syn_medium(1)
-    sample = sequences(classes)
+    sample = sequence_sampler(classes)
     model = attention_only_model(classes.vocab_size, d_model=16, n_ctx=64, seed=0)
     train(model, sample, steps=4, lr_y=0.1, lr_z=3.0, checkpoints=[0, 4], out=tmp_path / "ckpt",
           loss_on="last", progress=False)  # fmt: skip

@@ -7,8 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scansnap_lens.corpus import CooccurrenceStats, cooccurrence, from_dataset
-from scansnap_lens.text import encode_documents, wikitext_documents, word_level_tokenizer
+from scansnap_lens.inputs.text import encode_documents, wikitext_documents, word_level_tokenizer
+from scansnap_lens.statistics.corpus import (
+    CooccurrenceStats,
+    cooccurrence,
+    cooccurrence_from_dataset,
+)
 
 
 def brute_force(rows, window, exclude_bos, queries=None, next_tokens=None):
@@ -131,15 +135,19 @@ def test_datasets_token_column_and_text_column_with_tokenizer():
     expected = as_dicts(cooccurrence(ids, vocab_size=tok.get_vocab_size(), window=3))
     token_ds = datasets.Dataset.from_dict({"input_ids": [r.tolist() for r in ids]})
     assert (
-        as_dicts(from_dataset(token_ds, vocab_size=tok.get_vocab_size(), window=3, progress=False))
+        as_dicts(
+            cooccurrence_from_dataset(
+                token_ds, vocab_size=tok.get_vocab_size(), window=3, progress=False
+            )
+        )
         == expected
     )
     text_ds = datasets.Dataset.from_dict({"text": docs})
-    stats = from_dataset(
+    stats = cooccurrence_from_dataset(
         text_ds, text_column="text", tokenizer=tok, window=3, num_proc=1, progress=False
     )
     assert as_dicts(stats) == expected and stats.tokenizer == "tokenizers.Tokenizer"
-    streamed = from_dataset(
+    streamed = cooccurrence_from_dataset(
         text_ds.to_iterable_dataset(), text_column="text", tokenizer=tok, window=3, progress=False
     )
     assert as_dicts(streamed) == expected

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from scansnap_lens.cli import main
-from scansnap_lens.corpus import CooccurrenceStats, cooccurrence
-from scansnap_lens.text import encode_documents, wikitext_documents, word_level_tokenizer
+from scansnap_lens.inputs.text import encode_documents, wikitext_documents, word_level_tokenizer
+from scansnap_lens.statistics.corpus import CooccurrenceStats, cooccurrence
 
 ray = pytest.importorskip("ray")
 
@@ -53,7 +53,7 @@ def test_sharded_wikitext_equals_one_process(local_ray, shared_dir):
 
 def test_ray_stats_on_an_indexed_corpus_through_the_command_line(local_ray, tmp_path):
     """`scansnap stats data.bin --ray`: the workers read their own ranges of documents."""
-    from scansnap_lens.indexed import IndexedTokens
+    from scansnap_lens.inputs.indexed import IndexedTokens
 
     indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
     g = np.random.default_rng(0)
@@ -90,7 +90,7 @@ def _killed_mid_write(marker: str, loader):
     import signal
     from pathlib import Path
 
-    import scansnap_lens.trajectory as trajectory
+    import scansnap_lens.recording.trajectory as trajectory
 
     if not Path(marker).exists():
         Path(marker).touch()
@@ -109,9 +109,9 @@ def own_checkpoints(tmp_path_factory):
     sequential recorder writes."""
     import sys
 
-    from scansnap_lens import checkpoints
-    from scansnap_lens.plan import plan_recording
-    from scansnap_lens.recorder import Recorder
+    from scansnap_lens.models import checkpoints
+    from scansnap_lens.recording.plan import plan_recording
+    from scansnap_lens.recording.recorder import Recorder
 
     sys.path.insert(0, str(Path(__file__).parent))
     from test_checkpoints import syn_data, train_run
@@ -138,9 +138,9 @@ def test_record_on_ray_out_of_order_with_a_killed_worker_equals_sequential(
     through its file: Ray runs that task again, and the trajectory is the sequential one."""
     from ray import cloudpickle
 
-    from scansnap_lens import checkpoints
     from scansnap_lens.distributed import ray_record
-    from scansnap_lens.recorder import Recorder
+    from scansnap_lens.models import checkpoints
+    from scansnap_lens.recording.recorder import Recorder
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     root, tokens, plan, sequential = own_checkpoints
@@ -161,10 +161,10 @@ def test_record_on_ray_out_of_order_with_a_killed_worker_equals_sequential(
 def test_record_on_ray_resumes_and_skips(local_ray, own_checkpoints, tmp_path, capsys):
     """Two steps recorded in one process, the rest on Ray (the layers and heads fixed by the
     first checkpoint, recorded by the driver); an unreadable checkpoint is skipped or stops."""
-    from scansnap_lens import checkpoints
-    from scansnap_lens.checkpoints import CheckpointError
     from scansnap_lens.distributed import ray_record
-    from scansnap_lens.recorder import Recorder
+    from scansnap_lens.models import checkpoints
+    from scansnap_lens.models.checkpoints import CheckpointError
+    from scansnap_lens.recording.recorder import Recorder
 
     root, tokens, plan, sequential = own_checkpoints
     partial_source = checkpoints.folder(root / "ckpt", steps=[0, 20])
@@ -189,7 +189,7 @@ def test_record_on_ray_resumes_and_skips(local_ray, own_checkpoints, tmp_path, c
 
 def test_record_ray_through_the_command_line(local_ray, own_checkpoints, tmp_path, capsys):
     root, tokens, _, _ = own_checkpoints
-    from scansnap_lens.tokens import save_tokens
+    from scansnap_lens.inputs.tokens import save_tokens
 
     save_tokens(tmp_path / "eval.safetensors", tokens)
     args = ["record", "--checkpoints", str(root / "ckpt"), "--tokens"]
@@ -197,7 +197,7 @@ def test_record_ray_through_the_command_line(local_ray, own_checkpoints, tmp_pat
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
     assert main([*args, "--out", str(tmp_path / "b"), "--ray"]) == 0
     assert "5 checkpoints recorded (5 new" in capsys.readouterr().out
-    from scansnap_lens.trajectory import Trajectory
+    from scansnap_lens.recording.trajectory import Trajectory
 
     a, b = Trajectory.load(tmp_path / "a"), Trajectory.load(tmp_path / "b")
     assert_same_trajectory(a, b)

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from scansnap_lens import measure
-from scansnap_lens.groups import TokenGroups
-from scansnap_lens.synthetic import syn_medium, syn_small
+from scansnap_lens import measures
+from scansnap_lens.lab.synthetic import syn_medium, syn_small
+from scansnap_lens.lab.yz import train_yz
+from scansnap_lens.statistics.groups import TokenGroups
 from scansnap_lens.theory import PhaseTransition, rho0
-from scansnap_lens.yz import train_yz
 
 RATES = {"lr_z": [0.5, 1.0], "ratio": [4.0, 2.0]}  # two heads: eta_Y = 2 and 2, eta_Z = .5, 1
 
@@ -48,7 +48,7 @@ def test_population_lab_fits_its_own_prediction(lab):
     """The population lab is the theory's own dynamics: every score is perfect, per head at
     that head's rates."""
     classes, groups, traj = lab
-    fit = measure.theory_fit(traj, classes, groups)
+    fit = measures.theory_fit(traj, classes, groups)
     final = fit.final()
     assert final["rank_agreement"].tolist() == pytest.approx([1.0, 1.0], abs=1e-12)
     # the lab runs in float32, the prediction in float64
@@ -62,7 +62,7 @@ def test_sampled_lab_fits_closely():
     """Finite sequences (T = 128) instead of the T -> infinity limit: close, not exact."""
     classes = syn_small()
     run = train_yz(classes, **RATES, seeds=[0, 1], steps=400, snapshot_every=10)
-    fit = measure.theory_fit(run.to_trajectory(), classes, TokenGroups.from_synthetic(classes))
+    fit = measures.theory_fit(run.to_trajectory(), classes, TokenGroups.from_synthetic(classes))
     final = fit.final()
     assert (final["rank_agreement"] > 0.9).all()
     assert (final["dz_corr"] > 0.95).all()
@@ -73,14 +73,14 @@ def test_a_head_against_the_theory_scores_badly(lab):
     """The same trajectory with every logit change and attention order reversed: -1."""
     classes, groups, traj = lab
     reversed_ = replace(traj, zbar=2 * traj.zbar[:1] - traj.zbar, chat=-traj.chat)
-    final = measure.theory_fit(reversed_, classes, groups).final()
+    final = measures.theory_fit(reversed_, classes, groups).final()
     assert final["dz_corr"].tolist() == pytest.approx([-1.0, -1.0], abs=1e-5)
     assert final["rank_agreement"].tolist() == pytest.approx([-1.0, -1.0], abs=1e-12)
 
 
 def test_growth_bounds_use_theorem_4_with_data_rho0(lab):
     classes, groups, traj = lab
-    bounds = measure.growth_bounds(traj, groups, classes)
+    bounds = measures.growth_bounds(traj, groups, classes)
     detail = bounds.detail
     r0 = rho0(classes.probs.double().numpy())
     assert detail["rho0"].tolist() == pytest.approx([r0] * len(detail))
@@ -98,11 +98,11 @@ def test_growth_bounds_use_theorem_4_with_data_rho0(lab):
     dz = float(traj.zbar[-1, 0, 0, slot] - traj.zbar[0, 0, 0, slot])
     assert detail["dz"].iloc[0] == pytest.approx(dz, rel=1e-6)
     # rho0 = 1 (the paper's default) makes C0 smaller and the bound larger
-    ones = measure.growth_bounds(traj, groups, classes, rho0_value=1.0).detail
+    ones = measures.growth_bounds(traj, groups, classes, rho0_value=1.0).detail
     assert r0 > 1 and (ones["B"] > detail["B"]).all()
     assert bounds.values.shape == (traj.num_steps, 1, 2)
     # without the corpus, P(l|m, n) comes from the recording's own evaluation text
-    own = measure.growth_bounds(traj, groups).detail
+    own = measures.growth_bounds(traj, groups).detail
     assert own["dz"].tolist() == pytest.approx(detail["dz"].tolist())
     assert own["B"].notna().all() and (own["B"] > 0).all()
 
@@ -110,9 +110,9 @@ def test_growth_bounds_use_theorem_4_with_data_rho0(lab):
 def test_adam_has_no_bound_and_missing_rates_are_named(lab):
     classes, groups, traj = lab
     adam = replace(traj, meta={**traj.meta, "optimizer": "adam"})
-    assert measure.growth_bounds(adam, groups, classes).detail["B"].isna().all()
+    assert measures.growth_bounds(adam, groups, classes).detail["B"].isna().all()
     bare = replace(traj, meta={"source": "yz"})
     with pytest.raises(ValueError, match="does not say how the model was trained"):
-        measure.theory_fit(bare, classes, groups)
-    fit = measure.theory_fit(bare, classes, groups, training={"lr_y": 2.0, "lr_z": 0.5})
+        measures.theory_fit(bare, classes, groups)
+    fit = measures.theory_fit(bare, classes, groups, training={"lr_y": 2.0, "lr_z": 0.5})
     assert fit.final()["dz_corr"].iloc[0] == pytest.approx(1.0, abs=1e-5)

@@ -13,13 +13,13 @@ from _backends import requires_tl4
 from _nanogpt import GPT
 from _reference import assert_matches, brute_force
 
-from scansnap_lens import checkpoints
-from scansnap_lens.backend import default_backend, make_config, state_layout, tl_to_native
-from scansnap_lens.checkpoints import CheckpointError
-from scansnap_lens.plan import plan_recording
-from scansnap_lens.record import CheckpointRecord
-from scansnap_lens.recorder import Recorder, trainer_callback
-from scansnap_lens.train import attention_only_model, initial_weights
+from scansnap_lens.models import checkpoints
+from scansnap_lens.models.backend import default_backend, make_config, state_layout, tl_to_native
+from scansnap_lens.models.checkpoints import CheckpointError
+from scansnap_lens.models.training import attention_only_model, initial_weights
+from scansnap_lens.recording.hooks import CheckpointRecord
+from scansnap_lens.recording.plan import plan_recording
+from scansnap_lens.recording.recorder import Recorder, trainer_callback
 
 V = 40
 
@@ -287,8 +287,8 @@ def _tl_folder(tmp_path):
 )  # fmt: skip
 def test_record_command_reads_every_format(make, tmp_path, capsys):
     from scansnap_lens.cli import main
-    from scansnap_lens.tokens import save_tokens
-    from scansnap_lens.trajectory import Trajectory
+    from scansnap_lens.inputs.tokens import save_tokens
+    from scansnap_lens.recording.trajectory import Trajectory
 
     (tmp_path / "ckpt").mkdir()
     folder, flags, steps = make(tmp_path / "ckpt")
@@ -300,8 +300,8 @@ def test_record_command_reads_every_format(make, tmp_path, capsys):
 
 def test_record_command_reads_legacy_labels_offline(tmp_path, capsys):
     from scansnap_lens.cli import main
+    from scansnap_lens.inputs.tokens import save_tokens
     from scansnap_lens.testing import fake_legacy_tl_model
-    from scansnap_lens.tokens import save_tokens
 
     fake_legacy_tl_model(os.environ["HF_HUB_CACHE"], "NeelNanda/attn-only-2l-demo", [0, 10, 110])
     save_tokens(tmp_path / "eval.safetensors", EVAL)

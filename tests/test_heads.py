@@ -6,10 +6,11 @@ from __future__ import annotations
 import torch
 from test_record import V, tiny_model
 
-from scansnap_lens import heads, measure
-from scansnap_lens.checkpoints import in_memory
-from scansnap_lens.plan import plan_recording
-from scansnap_lens.recorder import record_trajectory
+from scansnap_lens import measures
+from scansnap_lens.measures import heads
+from scansnap_lens.models.checkpoints import in_memory
+from scansnap_lens.recording.plan import plan_recording
+from scansnap_lens.recording.recorder import record_trajectory
 
 
 def test_attention_entropy_is_the_mean_row_entropy_with_the_query_included(tmp_path):
@@ -19,7 +20,7 @@ def test_attention_entropy_is_the_mean_row_entropy_with_the_query_included(tmp_p
     plan = plan_recording(tokens, V, include_self=True, exclude_bos=False)
     traj = record_trajectory(in_memory({0: model}), tokens, tmp_path / "t", plan=plan,
                              progress=False)  # fmt: skip
-    got = heads.attention_entropy(traj).values[0]  # [L, H]
+    got = measures.attention_entropy(traj).values[0]  # [L, H]
     _, cache = model.run_with_cache(tokens)
     for layer in range(2):
         A = cache[f"blocks.{layer}.attn.hook_pattern"].double()  # [B, H, T, T]
@@ -30,7 +31,7 @@ def test_attention_entropy_is_the_mean_row_entropy_with_the_query_included(tmp_p
 
 
 def test_summary_ranks_heads_and_maps_them(tmp_path):
-    from scansnap_lens.groups import TokenGroups
+    from scansnap_lens.statistics.groups import TokenGroups
 
     model = tiny_model()
     tokens = torch.randint(0, V, (4, 12), generator=torch.Generator().manual_seed(7))
@@ -46,7 +47,7 @@ def test_summary_ranks_heads_and_maps_them(tmp_path):
         distinct_p=[torch.tensor([1.0], dtype=torch.float64)],
         common={m: plan.pair_token[plan.pair_query == m][1:]},
     )
-    summary = measure.summarize(traj, groups)
+    summary = measures.summarize(traj, groups)
     assert "attention_entropy" in summary and len(summary) == 6
     ranked = heads.rank_heads(summary)
     assert ranked["rank"].tolist() == list(range(1, 7))

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from scansnap_lens.cli import main
-from scansnap_lens.corpus import CooccurrenceStats, cooccurrence
-from scansnap_lens.indexed import IndexedTokens
+from scansnap_lens.inputs.indexed import IndexedTokens
+from scansnap_lens.statistics.corpus import CooccurrenceStats, cooccurrence
 
 with warnings.catch_warnings():  # megatron warns that Apex and Transformer Engine are absent
     warnings.simplefilter("ignore")

@@ -8,11 +8,11 @@ import pytest
 import torch
 from _backends import BACKENDS
 
-from scansnap_lens import checkpoints
-from scansnap_lens.backend import state_layout, tl_to_native
-from scansnap_lens.checkpoints import CheckpointError
+from scansnap_lens.models import checkpoints
+from scansnap_lens.models.backend import state_layout, tl_to_native
+from scansnap_lens.models.checkpoints import CheckpointError
+from scansnap_lens.models.training import initial_weights
 from scansnap_lens.testing import fake_legacy_tl_model
-from scansnap_lens.train import initial_weights
 
 LABELS = (0, 5_000_000, 15_000_000)  # 5,000,000 is a decimal suffix of 15,000,000
 

@@ -9,10 +9,10 @@ import warnings
 import pytest
 import torch
 
-from scansnap_lens import measure
-from scansnap_lens.groups import TokenGroups
-from scansnap_lens.plan import RecordPlan
-from scansnap_lens.trajectory import Trajectory
+from scansnap_lens import measures
+from scansnap_lens.recording.plan import RecordPlan
+from scansnap_lens.recording.trajectory import Trajectory
+from scansnap_lens.statistics.groups import TokenGroups
 
 V = 10
 
@@ -97,15 +97,15 @@ def test_rates_under_other_names_warn_instead_of_predicting_nothing_silently():
     traj = hand_trajectory([0, 10], {(0, 1): [0.0, 1.0]}, {(0, 5): {1: [1.0, 1.0]}})
     traj.meta = {"eta_y": 0.1, "eta_z": 3.0}
     with pytest.warns(UserWarning, match=r"\['eta_y', 'eta_z'\] but not lr_y and lr_z"):
-        assert measure.predicted_snap(traj) is None
+        assert measures.predicted_snap(traj) is None
     traj.meta = {"lr_y": 0.1, "lr_z": 3.0}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert measure.predicted_snap(traj)[0] > 0
+        assert measures.predicted_snap(traj)[0] > 0
     traj.meta = {"model": "pythia"}  # a pretrained model: no rates, nothing to warn about
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert measure.predicted_snap(traj) is None
+        assert measures.predicted_snap(traj) is None
 
 
 def test_discriminative_bias_by_hand_with_ties():
@@ -115,7 +115,7 @@ def test_discriminative_bias_by_hand_with_ties():
         {(0, 5): {1: [0.25, 0.25], 2: [0.25, 0.25], 3: [0.25, 0.25], 4: [0.25, 0.25]}},
     )
     g = groups({(0, 5): {1: 0.5, 2: 0.5}}, {0: [3, 4]})
-    table = measure.discriminative_bias(traj, g).table
+    table = measures.discriminative_bias(traj, g).table
     # dz distinct = {1, 3}, common = {-1, 0}: bias = 2 - (-0.5) = 2.5, every pair ordered
     assert table["bias"].tolist() == pytest.approx([0.0, 2.5])
     assert table["auroc"].tolist() == pytest.approx([0.5, 1.0])
@@ -123,9 +123,9 @@ def test_discriminative_bias_by_hand_with_ties():
     traj.zbar[1, 0, 0, 1] = traj.zbar[0, 0, 0, 1]  # pair (0, 2) frozen
     traj.zbar[1, 0, 0, 0] = traj.zbar[0, 0, 0, 0] + 1
     g_tie = groups({(0, 5): {1: 0.5, 2: 0.5}}, {0: [4]})
-    assert measure.discriminative_bias(traj, g_tie).final()["auroc"].item() == pytest.approx(0.75)
+    assert measures.discriminative_bias(traj, g_tie).final()["auroc"].item() == pytest.approx(0.75)
     with pytest.raises(ValueError, match="both distinct and common"):
-        measure.discriminative_bias(traj, groups({(0, 5): {1: 0.5}}, {}))
+        measures.discriminative_bias(traj, groups({(0, 5): {1: 0.5}}, {}))
 
 
 def test_frequency_bias_spearman_weighting_and_single_token_class():
@@ -150,7 +150,7 @@ def test_frequency_bias_spearman_weighting_and_single_token_class():
         {},
         events=[1, 3, 5],
     )
-    result = measure.frequency_bias(traj, g)
+    result = measures.frequency_bias(traj, g)
     final = result.final()
     # class (0, 7): ranks dz (1, 3, 2) vs P (1, 2, 3) -> rho = 0.5; class (1, 8): rho = -1;
     # class (2, 9) has one distinct token and is left out; weights N = 1 and 3.
@@ -166,7 +166,7 @@ def test_sparsity_entropy_mass_and_recall():
         {(0, 5): {1: [0.25, 0.4], 2: [0.25, 0.1], 3: [0.5, 0.5]}},
     )
     g = groups({(0, 5): {1: 0.5, 2: 0.5, 4: 0.0}}, {0: [3]})
-    table = measure.sparsity(traj, g, thresholds=torch.tensor([0.2])).table
+    table = measures.sparsity(traj, g, thresholds=torch.tensor([0.2])).table
     first, last = table.iloc[0], table.iloc[1]
     # distinct tokens 1, 2 and 4 (4 never seen: attention 0)
     assert first["distinct_mass"] == pytest.approx(0.5)
@@ -186,14 +186,14 @@ def test_sparsity_of_single_distinct_tokens_is_not_measured(tmp_path):
         {(0, 5): {1: [0.25, 0.4], 2: [0.75, 0.6]}},
     )
     g = groups({(0, 5): {1: 1.0}}, {0: [2]})
-    last = measure.sparsity(traj, g).table.iloc[1]
+    last = measures.sparsity(traj, g).table.iloc[1]
     assert math.isnan(last["entropy"]) and math.isnan(last["top_share"])
     assert last["distinct_mass"] == pytest.approx(0.4)
     assert last["sparsity_classes"] == 0
     from scansnap_lens.report import write_report
 
     report = write_report(traj, g, tmp_path / "r", views=False)
-    assert report.not_measured["entropy, top_share"] == measure.SINGLE_DISTINCT
+    assert report.not_measured["entropy, top_share"] == measures.SINGLE_DISTINCT
 
 
 def test_growth_deviation_by_hand():
@@ -205,7 +205,7 @@ def test_growth_deviation_by_hand():
         {(0, 5): {1: [0.6, 0.75], 2: [0.4, 0.25]}},
     )
     g = groups({(0, 5): {1: 0.6, 2: 0.3}}, {})
-    table = measure.growth(traj, g).table
+    table = measures.growth_factor(traj, g).table
     assert table["chi_l0"].tolist() == pytest.approx([1.0, 4.0])
     assert table["max_deviation"].tolist() == pytest.approx([0.0, 0.25], abs=1e-6)
 
@@ -213,14 +213,14 @@ def test_growth_deviation_by_hand():
 def test_snap_steps_frozen_settling_and_never_settling():
     steps = torch.tensor([0, 1, 3, 7, 15, 31])
     frozen = torch.zeros(5)
-    path, rate = measure.snap_steps(steps, frozen)
+    path, rate = measures.snap_steps(steps, frozen)
     assert math.isnan(path) and math.isnan(rate)
     # equal movement per unit of log-step: the rate never falls, so it never settles
     steady = torch.full((5,), 0.1)
-    path, rate = measure.snap_steps(steps, steady)
+    path, rate = measures.snap_steps(steps, steady)
     assert path.item() == 31.0 and math.isnan(rate)
     settling = torch.tensor([0.4, 0.4, 0.1, 0.01, 0.0])
-    path, rate = measure.snap_steps(steps, settling, fraction=0.9)
+    path, rate = measures.snap_steps(steps, settling, fraction=0.9)
     assert path.item() == 7.0  # cumulative share 0.44, 0.88, 0.99 -> third interval ends at 7
     assert rate.item() == 7.0  # 0.01 and 0 are below a tenth of the peak rate 0.4 / ln 2
 
@@ -232,7 +232,7 @@ def test_snap_steps_frozen_settling_and_never_settling():
             (0, 6): {1: [0.5] * 4, 2: [0.5] * 4},
         },
     )
-    result = measure.snapping(traj)
+    result = measures.snapping(traj)
     detail = result.detail.set_index("next")
     assert detail.loc[5, "snap_path"] == 3.0 and detail.loc[5, "snap_rate"] == 3.0
     assert math.isnan(detail.loc[6, "snap_path"])  # frozen class
@@ -242,8 +242,8 @@ def test_snap_steps_frozen_settling_and_never_settling():
 # ------------------------------------------------------------------ the lab (Sec. 8 claims)
 @pytest.fixture(scope="module")
 def lab():
-    from scansnap_lens.synthetic import syn_small
-    from scansnap_lens.yz import train_yz
+    from scansnap_lens.lab.synthetic import syn_small
+    from scansnap_lens.lab.yz import train_yz
 
     classes = syn_small()
     # heads: (eta_Z, eta_Y / eta_Z) = (1, 1), (1, 10), (2, 1)
@@ -260,12 +260,12 @@ def lab():
 
 def test_lab_scan_claims(lab):
     traj, g = lab
-    bias = measure.discriminative_bias(traj, g).table
+    bias = measures.discriminative_bias(traj, g).table
     base = bias[bias["head"] == 0]["bias"].to_numpy()
     assert base[10] > 0 and base[-1] > base[10] > base[2] >= 0  # positive and growing
-    assert (measure.discriminative_bias(traj, g).final()["auroc"] > 0.95).all()
-    assert (measure.frequency_bias(traj, g).final()["spearman"] > 0.8).all()
-    final = measure.sparsity(traj, g).final().set_index("head")
+    assert (measures.discriminative_bias(traj, g).final()["auroc"] > 0.95).all()
+    assert (measures.frequency_bias(traj, g).final()["spearman"] > 0.8).all()
+    final = measures.sparsity(traj, g).final().set_index("head")
     assert (final["top_share"] < 0.9).all()  # never winner-takes-all
 
 
@@ -273,7 +273,7 @@ def test_measurements_as_step_layer_head_tensors(lab):
     """`Measurement.tensor` puts every table row at [step, layer, head] (snap steps at
     [layer, head]), the layout a notebook indexes."""
     traj, g = lab
-    for result in (measure.discriminative_bias(traj, g), measure.sparsity(traj, g)):
+    for result in (measures.discriminative_bias(traj, g), measures.sparsity(traj, g)):
         tensors = result.tensors()
         steps = traj.steps.tolist()
         for _, row in result.table.iterrows():
@@ -282,7 +282,7 @@ def test_measurements_as_step_layer_head_tensors(lab):
                 got = values[steps.index(row["step"]), int(row["layer"]), int(row["head"])].item()
                 want = row[column]
                 assert got == want or (math.isnan(got) and math.isnan(want)), column
-    snaps = measure.snapping(traj)
+    snaps = measures.snapping(traj)
     assert torch.equal(snaps.tensor("snap_step")[0], torch.tensor(snaps.table["snap_step"]))
     assert torch.equal(result.tensor(), result.tensor(result.table.columns[3]))
     with pytest.raises(KeyError, match="no column 'bais'"):
@@ -291,7 +291,7 @@ def test_measurements_as_step_layer_head_tensors(lab):
 
 def test_lab_snap_claims(lab):
     traj, g = lab
-    summary = measure.summarize(traj, g).set_index("head")
+    summary = measures.summarize(traj, g).set_index("head")
     # larger eta_Y: earlier snap and denser attention; larger eta_Z: sparser attention
     assert summary.loc[1, "snap_path"] < summary.loc[0, "snap_path"]
     assert summary.loc[1, "entropy"] > summary.loc[0, "entropy"]
@@ -301,8 +301,8 @@ def test_lab_snap_claims(lab):
 
 
 def test_lab_syn_medium_bias_and_entropy():
-    from scansnap_lens.synthetic import syn_medium
-    from scansnap_lens.yz import train_yz
+    from scansnap_lens.lab.synthetic import syn_medium
+    from scansnap_lens.lab.yz import train_yz
 
     classes = syn_medium(3)
     run = train_yz(
@@ -314,20 +314,20 @@ def test_lab_syn_medium_bias_and_entropy():
         progress=False,
     )
     traj, g = run.to_trajectory(), TokenGroups.from_synthetic(classes)
-    assert (measure.discriminative_bias(traj, g).final()["bias"] > 0).all()
-    assert (measure.frequency_bias(traj, g).final()["spearman"] > 0.5).all()
-    entropy = measure.sparsity(traj, g).final().set_index("head")["entropy"]
+    assert (measures.discriminative_bias(traj, g).final()["bias"] > 0).all()
+    assert (measures.frequency_bias(traj, g).final()["spearman"] > 0.5).all()
+    entropy = measures.sparsity(traj, g).final().set_index("head")["entropy"]
     assert entropy[1] < entropy[0]  # larger eta_Z, sparser
 
 
 # ------------------------------------------------------------------ a real model (item 3)
 def test_trained_transformer_scans_and_snaps(tmp_path):
-    from scansnap_lens.classify import classify
-    from scansnap_lens.corpus import cooccurrence
-    from scansnap_lens.plan import plan_recording
-    from scansnap_lens.recorder import Recorder
-    from scansnap_lens.synthetic import syn_medium
-    from scansnap_lens.train import attention_only_model, train
+    from scansnap_lens.lab.synthetic import syn_medium
+    from scansnap_lens.models.training import attention_only_model, train
+    from scansnap_lens.recording.plan import plan_recording
+    from scansnap_lens.recording.recorder import Recorder
+    from scansnap_lens.statistics.classification import classify
+    from scansnap_lens.statistics.corpus import cooccurrence
 
     classes = syn_medium(1)
     M = classes.vocab_size
@@ -377,9 +377,9 @@ def test_trained_transformer_scans_and_snaps(tmp_path):
         on_checkpoint=recorder.on_checkpoint,
     )
     traj = recorder.trajectory()
-    summary = measure.summarize(traj, found).iloc[0]
+    summary = measures.summarize(traj, found).iloc[0]
     assert summary["bias"] > 0.5 and summary["auroc"] > 0.8
     assert summary["spearman"] > 0.2
     assert summary["snap_path"] <= 250 and summary["snap_path"] > 0
-    sparsity = measure.sparsity(traj, found).table
+    sparsity = measures.sparsity(traj, found).table
     assert sparsity["distinct_mass"].iloc[-1] > 0.8 > sparsity["distinct_mass"].iloc[0]

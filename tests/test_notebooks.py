@@ -43,7 +43,7 @@ def test_quick_start(tmp_path):
     book = execute(
         "01_quick_start.ipynb",
         "OUT = 'qs'  # relative, as a user writes it",
-        "s = ss.measure.summarize(traj, groups).iloc[0]\n"
+        "s = ss.measures.summarize(traj, groups).iloc[0]\n"
         "assert s['bias'] > 0.5 and s['spearman'] > 0 and 0 < s['snap_step'] <= STEPS\n"
         "assert report.path.is_file()",
         tmp_path,
@@ -62,10 +62,9 @@ def synthetic_text(folder: Path) -> Path:
     sequences, one article each, so that distinct and common tokens exist."""
     import torch
 
-    from scansnap_lens.demo import sequences
-    from scansnap_lens.synthetic import syn_medium
+    from scansnap_lens.lab.synthetic import sequence_sampler, syn_medium
 
-    sample = sequences(syn_medium(1), seq_len=11)  # + label + 4 header words = 16
+    sample = sequence_sampler(syn_medium(1), seq_len=11)  # + label + 4 header words = 16
     folder.mkdir()
     for name, seed in (("valid.txt", 1), ("test.txt", 2)):
         rows = sample(200, torch.Generator().manual_seed(seed)) + 1  # id 0 is BOS there

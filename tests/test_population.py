@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scansnap_lens.corpus import cooccurrence
-from scansnap_lens.plan import plan_recording
-from scansnap_lens.population import Population, predict
-from scansnap_lens.synthetic import sequence_classes, syn_medium, syn_small
-from scansnap_lens.yz import train_yz
+from scansnap_lens.lab.synthetic import sequence_classes, syn_medium, syn_small
+from scansnap_lens.lab.yz import train_yz
+from scansnap_lens.recording.plan import plan_recording
+from scansnap_lens.statistics.corpus import cooccurrence
+from scansnap_lens.theory.population import Population, predict
 
 EPS32 = torch.finfo(torch.float32).eps
 

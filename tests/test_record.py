@@ -9,14 +9,14 @@ import torch
 from _backends import BACKENDS, requires_hooked
 from _reference import assert_matches, brute_force
 
-from scansnap_lens.backend import attention_logit_parameters, build_model
-from scansnap_lens.plan import plan_recording
-from scansnap_lens.record import (
+from scansnap_lens.models.backend import attention_logit_parameters, build_model
+from scansnap_lens.recording.hooks import (
     _looks_like_pattern,
     position_entropy,
     prompt_attention,
     record_checkpoint,
 )
+from scansnap_lens.recording.plan import plan_recording
 
 V = 13
 
@@ -68,7 +68,7 @@ def test_aggregates_equal_brute_force(exclude_bos, include_self, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_models_of_both_backends_satisfy_the_model_protocol(backend):
-    from scansnap_lens.backend import HookedModel
+    from scansnap_lens.models.backend import HookedModel
     from scansnap_lens.testing import tiny_hf_model
 
     assert isinstance(tiny_model(backend=backend), HookedModel)

@@ -14,11 +14,12 @@ import pytest
 import torch
 from _browser import open_page, screenshot
 
-from scansnap_lens.groups import TokenGroups
+from scansnap_lens import measures
+from scansnap_lens.lab.synthetic import syn_medium
+from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.report import write_report
-from scansnap_lens.synthetic import syn_medium
-from scansnap_lens.trajectory import Trajectory
-from scansnap_lens.viz import View, attention_over_checkpoints, query_attention, token_classes
+from scansnap_lens.statistics.groups import TokenGroups
+from scansnap_lens.viz import View, attention_over_checkpoints, query_attention, token_kinds
 from scansnap_lens.viz.views import default_position, page
 
 
@@ -115,7 +116,7 @@ def test_views_hold_the_recorded_attention(demo_out, tmp_path):
         common={int(prompt[31]): prompt[2:3]},
     )
     assert default_position(traj, groups) == 31
-    codes = token_classes(traj, groups).props["values"]
+    codes = token_kinds(traj, groups).props["values"]
     expected = torch.zeros(32)
     expected[torch.isin(prompt[:32], prompt[2:3])] = -1
     expected[torch.isin(prompt[:32], prompt[:2])] = 1
@@ -125,7 +126,7 @@ def test_views_hold_the_recorded_attention(demo_out, tmp_path):
     assert torch.equal(multi[:, 0], expected)
     torch.testing.assert_close(multi[:, 1], traj.prompt_pattern[-1, 0, 0, 31, :32])
     with pytest.raises(ValueError, match="token_strings has 3 entries"):
-        token_classes(traj, groups, token_strings=["a", "b", "c"])
+        token_kinds(traj, groups, token_strings=["a", "b", "c"])
     with pytest.raises(KeyError, match=r"steps \[7\]"):
         attention_over_checkpoints(traj, steps=[7])
 
@@ -222,9 +223,9 @@ def test_a_full_disk_never_leaves_half_a_report(demo_out, tmp_path, monkeypatch)
 
 
 def test_the_report_measures_each_quantity_once(demo_out, tmp_path, monkeypatch):
-    """`write_report` and its summary share one `measure.measure_all`: every measurement runs
+    """`write_report` and its summary share one `measures.measure_all`: every measurement runs
     once (the theory's checks, given here, run none of them)."""
-    from scansnap_lens import heads, measure
+    from scansnap_lens.measures import summary as measured
 
     out, _ = demo_out
     traj = Trajectory.load(out / "trajectory")
@@ -240,9 +241,8 @@ def test_the_report_measures_each_quantity_once(demo_out, tmp_path, monkeypatch)
 
         monkeypatch.setattr(module, name, wrapper)
 
-    for name in ["snapping", "discriminative_bias", "frequency_bias", "sparsity", "growth"]:
-        counted(measure, name)
-    counted(heads, "attention_entropy")
+    for name in measures.MEASURES:
+        counted(measured, name)
     report = write_report(traj, groups, tmp_path / "r", views=False, checks={})
     assert calls == {name: 1 for name in calls} and len(calls) == 6, calls
     summary = pd.read_csv(tmp_path / "r" / "summary.csv")

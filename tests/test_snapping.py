@@ -9,11 +9,11 @@ import math
 import pytest
 import torch
 
-from scansnap_lens import measure
-from scansnap_lens.checkpoints import select_steps
-from scansnap_lens.synthetic import syn_medium
+from scansnap_lens import measures
+from scansnap_lens.lab.synthetic import syn_medium
+from scansnap_lens.lab.yz import train_yz
+from scansnap_lens.models.checkpoints import select_steps
 from scansnap_lens.theory import PhaseTransition
-from scansnap_lens.yz import train_yz
 
 SETTINGS = {  # population Y/Z runs (T -> infinity), eta_Y = 10 eta_Z (Assumption 1)
     "sgd": dict(lr_z=0.1, ratio=10, optimizer="sgd", momentum=0.0, init="zero"),
@@ -32,18 +32,18 @@ def test_snap_step_does_not_depend_on_the_horizon(name):
     setting = SETTINGS[name]
     classes = syn_medium(1)
     traj = snap_of(classes, 10, **setting)
-    t0 = measure.predicted_snap(traj)[0]  # at the effective rates
+    t0 = measures.predicted_snap(traj)[0]  # at the effective rates
     snaps = {}
     for horizon in (3, 30, 300):
         steps = int(horizon * t0) + 1
         traj = snap_of(classes, steps, every=max(1, round(steps / 2000)), **setting)
-        row = measure.snapping(traj).table.iloc[0]
+        row = measures.snapping(traj).table.iloc[0]
         snaps[horizon] = row["snap_step"]
         if math.isnan(row["snap_step"]):
-            assert row["snap_reason"] == measure.NOT_YET_SNAPPED
+            assert row["snap_reason"] == measures.NOT_YET_SNAPPED
             assert horizon == 3  # only a run that ends first may not have snapped
         log_steps = select_steps(traj.steps.tolist(), "log:30")
-        on_log_grid = measure.snapping(traj.select(steps=log_steps)).table.iloc[0]["snap_step"]
+        on_log_grid = measures.snapping(traj.select(steps=log_steps)).table.iloc[0]["snap_step"]
         if not math.isnan(on_log_grid):
             assert on_log_grid == pytest.approx(row["snap_step"], rel=0.05)
     defined = [s for s in snaps.values() if not math.isnan(s)]
@@ -56,11 +56,11 @@ def test_snap_step_does_not_depend_on_the_horizon(name):
 def test_adam_snaps_the_same_at_every_horizon_and_has_no_prediction():
     classes = syn_medium(1)
     setting = dict(lr_z=0.01, ratio=10, optimizer="adam", init="zero")
-    assert measure.predicted_snap(snap_of(classes, 10, **setting)) == [
+    assert measures.predicted_snap(snap_of(classes, 10, **setting)) == [
         pytest.approx(math.nan, nan_ok=True)
     ]
     snaps = [
-        measure.snapping(snap_of(classes, h, every=max(1, h // 2000), **setting)).table.iloc[0]
+        measures.snapping(snap_of(classes, h, every=max(1, h // 2000), **setting)).table.iloc[0]
         for h in (80, 800)
     ]
     assert snaps[0]["snap_step"] == pytest.approx(snaps[1]["snap_step"], rel=0.05)
@@ -70,30 +70,30 @@ def test_a_frozen_map_has_no_scan_and_a_short_run_has_not_snapped():
     classes = syn_medium(1)
     frozen = snap_of(classes, 50, lr_z=0.1, ratio=10, momentum=0.0)
     frozen.chat[:] = frozen.chat[:1].clone()  # an attention map that never moves
-    row = measure.snapping(frozen).table.iloc[0]
-    assert math.isnan(row["snap_step"]) and row["snap_reason"] == measure.NO_SCAN
+    row = measures.snapping(frozen).table.iloc[0]
+    assert math.isnan(row["snap_step"]) and row["snap_reason"] == measures.NO_SCAN
     short = snap_of(classes, 20, lr_z=0.1, ratio=10, momentum=0.0)  # ends near t0
-    row = measure.snapping(short).table.iloc[0]
-    assert math.isnan(row["snap_step"]) and row["snap_reason"] == measure.NOT_YET_SNAPPED
+    row = measures.snapping(short).table.iloc[0]
+    assert math.isnan(row["snap_step"]) and row["snap_reason"] == measures.NOT_YET_SNAPPED
 
 
 def test_predicted_snap_uses_effective_rates():
     classes = syn_medium(1)
     K, M = int(classes.next_token.unique().numel()), classes.vocab_size
-    plain = measure.predicted_snap(snap_of(classes, 2, lr_z=0.1, ratio=10, momentum=0.0))[0]
-    heavy = measure.predicted_snap(snap_of(classes, 2, lr_z=0.01, ratio=10, momentum=0.9))[0]
+    plain = measures.predicted_snap(snap_of(classes, 2, lr_z=0.1, ratio=10, momentum=0.0))[0]
+    heavy = measures.predicted_snap(snap_of(classes, 2, lr_z=0.01, ratio=10, momentum=0.9))[0]
     assert plain == pytest.approx(PhaseTransition(K=K, M=M, lr_y=1.0, lr_z=0.1).t0)
     assert heavy == pytest.approx(plain)  # 0.01 / (1 - 0.9) = 0.1: the same effective rate
 
 
 def test_training_writes_its_rates_into_the_trajectory(tmp_path):
-    from scansnap_lens import checkpoints
-    from scansnap_lens.demo import sequences
-    from scansnap_lens.plan import plan_recording
-    from scansnap_lens.recorder import Recorder
-    from scansnap_lens.train import attention_only_model, train
+    from scansnap_lens.lab.synthetic import sequence_sampler
+    from scansnap_lens.models import checkpoints
+    from scansnap_lens.models.training import attention_only_model, train
+    from scansnap_lens.recording.plan import plan_recording
+    from scansnap_lens.recording.recorder import Recorder
 
-    sample = sequences(classes := syn_medium(1), seq_len=16)
+    sample = sequence_sampler(classes := syn_medium(1), seq_len=16)
     tokens = sample(8, torch.Generator().manual_seed(1))
     plan = plan_recording(tokens, classes.vocab_size)
     recorder = Recorder(tmp_path / "loop", tokens, plan, progress=False)
@@ -107,4 +107,4 @@ def test_training_writes_its_rates_into_the_trajectory(tmp_path):
         checkpoints.folder(tmp_path / "ckpt")
     )
     assert {k: from_folder.meta[k] for k in want} == want
-    assert measure.known_rates(from_folder) == [(0.4, 4.0)]  # lr / (1 - momentum)
+    assert measures.known_rates(from_folder) == [(0.4, 4.0)]  # lr / (1 - momentum)

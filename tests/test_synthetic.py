@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from scansnap_lens.synthetic import (
+from scansnap_lens.lab.synthetic import (
     COMMON,
     DISTINCT,
     NEXT,

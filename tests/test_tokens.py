@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from scansnap_lens.tokens import codec, encode, read_tokens, rows_of, save_tokens
+from scansnap_lens.inputs.tokens import codec, encode, read_tokens, rows_of, save_tokens
 
 
 def test_formats_round_trip(tmp_path):
@@ -79,8 +79,8 @@ def test_one_codec_for_every_kind_of_tokenizer():
 
     import transformers
 
-    from scansnap_lens.classify import _decoder
-    from scansnap_lens.text import word_level_tokenizer
+    from scansnap_lens.inputs.text import word_level_tokenizer
+    from scansnap_lens.statistics.classification import _decoder
 
     raw = word_level_tokenizer(["the cat sat on the mat", "the dog"])
     hf = transformers.PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>")

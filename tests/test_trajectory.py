@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from scansnap_lens import _io
-from scansnap_lens.checkpoints import in_memory
-from scansnap_lens.plan import plan_recording
-from scansnap_lens.recorder import record_trajectory
-from scansnap_lens.train import attention_only_model
-from scansnap_lens.trajectory import Trajectory
+from scansnap_lens.models.checkpoints import in_memory
+from scansnap_lens.models.training import attention_only_model
+from scansnap_lens.recording.plan import plan_recording
+from scansnap_lens.recording.recorder import record_trajectory
+from scansnap_lens.recording.trajectory import Trajectory
 
 V = 20
 
@@ -63,7 +63,7 @@ def test_a_crash_in_the_middle_of_a_resave_keeps_the_old_trajectory(
             raise OSError("disk full")
         return real(path, tensors, metadata)
 
-    monkeypatch.setattr("scansnap_lens.trajectory.write_tensors", crash_on_third)
+    monkeypatch.setattr("scansnap_lens.recording.trajectory.write_tensors", crash_on_third)
     with pytest.raises(OSError, match="disk full"):
         b.save(folder)
     loaded = Trajectory.load(folder)  # still the whole old trajectory
@@ -114,8 +114,8 @@ def test_writers_on_one_folder_lose_no_step(trajectories, tmp_path):
     """Two recorders (threads here, processes alike: the lock is the folder's) interleave."""
     import threading
 
-    from scansnap_lens.record import CheckpointRecord
-    from scansnap_lens.trajectory import TrajectoryWriter
+    from scansnap_lens.recording.hooks import CheckpointRecord
+    from scansnap_lens.recording.trajectory import TrajectoryWriter
 
     a, _ = trajectories
     writers = [
@@ -141,7 +141,7 @@ def test_writers_on_one_folder_lose_no_step(trajectories, tmp_path):
 
 
 def test_a_recorder_with_other_rates_is_refused_and_overwrite_replaces(tmp_path):
-    from scansnap_lens.recorder import Recorder
+    from scansnap_lens.recording.recorder import Recorder
 
     tokens = torch.randint(0, V, (4, 10), generator=torch.Generator().manual_seed(0))
     plan = plan_recording(tokens, V)
@@ -164,7 +164,7 @@ def test_a_recorder_plans_for_queries_from_the_first_model_and_resumes_without_o
     """`Recorder(queries=)`: the plan is built from the first model recorded (its vocabulary)
     and equals `plan_recording`'s; a recorder resuming the folder reads its plan back; other
     queries are refused by name."""
-    from scansnap_lens.recorder import Recorder
+    from scansnap_lens.recording.recorder import Recorder
 
     tokens = torch.randint(0, V, (4, 10), generator=torch.Generator().manual_seed(0))
     models = [attention_only_model(V, d_model=8, n_ctx=16, seed=s) for s in range(3)]

@@ -10,10 +10,10 @@ import torch
 from _reference import EPS32, assert_matches, brute_force
 from torch import nn
 
-from scansnap_lens.plan import plan_recording
-from scansnap_lens.record import position_entropy, record_checkpoint
-from scansnap_lens.train import _param_groups, train
-from scansnap_lens.tutorial import FIRST_FEED_FORWARD, sinusoidal_positions, tutorial_model
+from scansnap_lens.models.training import _param_groups, train
+from scansnap_lens.models.tutorial import FIRST_FEED_FORWARD, sinusoidal_positions, tutorial_model
+from scansnap_lens.recording.hooks import position_entropy, record_checkpoint
+from scansnap_lens.recording.plan import plan_recording
 
 V, T, D = 40, 12, 16
 

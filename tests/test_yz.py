@@ -11,8 +11,8 @@ from scansnap_lens.lab import (
     recall_sweep,
     summarize_sweep,
 )
-from scansnap_lens.synthetic import sequence_classes, syn_medium, syn_small
-from scansnap_lens.yz import YZRun, per_token_attention, train_yz, yz_loss
+from scansnap_lens.lab.synthetic import sequence_classes, syn_medium, syn_small
+from scansnap_lens.lab.yz import YZRun, per_token_attention, train_yz, yz_loss
 
 
 def reference_loss(Y, Z, tokens, labels):

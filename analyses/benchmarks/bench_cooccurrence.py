@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from scansnap_lens.corpus import cooccurrence
-from scansnap_lens.text import encode_documents, wikitext_documents, word_level_tokenizer
+from scansnap_lens.inputs.text import encode_documents, wikitext_documents, word_level_tokenizer
+from scansnap_lens.statistics.corpus import cooccurrence
 
 
 def python_reference(rows, window):

@@ -28,7 +28,7 @@ VOCAB, N_SEQ, SEQ = 5000, 64, 256
 
 
 def build_model():
-    from scansnap_lens.backend import build_model as backend_model
+    from scansnap_lens.models.backend import build_model as backend_model
 
     torch.manual_seed(0)
     cfg = dict(
@@ -49,8 +49,8 @@ def setup(shared: Path, folder: Path) -> None:
     """Tokens, model weights and plan, saved so each mode's process starts light."""
     from safetensors.torch import save_file
 
-    from scansnap_lens.plan import plan_recording
-    from scansnap_lens.text import encode_documents, wikitext_documents, word_level_tokenizer
+    from scansnap_lens.inputs.text import encode_documents, wikitext_documents, word_level_tokenizer
+    from scansnap_lens.recording.plan import plan_recording
 
     docs = wikitext_documents(shared / "data" / "wikitext-2" / "test.txt")
     tok = word_level_tokenizer(docs, max_vocab=VOCAB)
@@ -66,7 +66,7 @@ def setup(shared: Path, folder: Path) -> None:
 def load(folder: Path):
     from safetensors.torch import load_file
 
-    from scansnap_lens.plan import RecordPlan
+    from scansnap_lens.recording.plan import RecordPlan
 
     model = build_model()
     model.load_state_dict(load_file(folder / "model.safetensors"))
@@ -82,7 +82,7 @@ def rss_mb() -> float:
 
 
 def run_mode(mode: str, folder: Path, batch_size: int, repeats: int) -> dict:
-    from scansnap_lens.record import _HookAggregator, record_checkpoint
+    from scansnap_lens.recording.hooks import _HookAggregator, record_checkpoint
 
     model, tokens, plan = load(folder)
     torch.set_grad_enabled(False)

@@ -51,7 +51,7 @@ def stats_bytes(stats) -> int:
 
 SINGLE = """
 import json, resource, sys, time, numpy as np, torch
-from scansnap_lens.corpus import cooccurrence
+from scansnap_lens.statistics.corpus import cooccurrence
 path, queries = sys.argv[1], int(sys.argv[2])
 rows = torch.from_numpy(np.load(path).astype(np.int64))
 start = time.perf_counter()

@@ -9,7 +9,8 @@
   query pays them.
 """
 
-from .figures import (
+from scansnap_lens._moved import old_names
+from scansnap_lens.viz.figures import (
     plot_attention_heatmap,
     plot_attention_maps,
     plot_class_attention,
@@ -22,7 +23,13 @@ from .figures import (
     plot_over_steps,
     plot_theory_fit,
 )
-from .views import View, attention_over_checkpoints, page, query_attention, token_classes
+from scansnap_lens.viz.views import (
+    View,
+    attention_over_checkpoints,
+    page,
+    query_attention,
+    token_kinds,
+)
 
 
 def _show_figures_inline() -> None:
@@ -57,5 +64,6 @@ __all__ = [
     "plot_over_steps",
     "plot_theory_fit",
     "query_attention",
-    "token_classes",
+    "token_kinds",
 ]
+__getattr__ = old_names(__name__, {"token_classes": "token_kinds"})

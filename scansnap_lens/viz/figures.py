@@ -15,13 +15,13 @@ import pandas as pd
 import torch
 from matplotlib.figure import Figure
 
-from .._io import write_bytes
-from ..groups import TokenGroups
-from ..measure import Measurement
-from ..theory import PhaseTransition
-from ..trajectory import Trajectory
-from ..yz import YZRun
-from . import palette
+from scansnap_lens._io import write_bytes
+from scansnap_lens.lab.yz import YZRun
+from scansnap_lens.measures import Measurement
+from scansnap_lens.recording.trajectory import Trajectory
+from scansnap_lens.statistics.groups import TokenGroups
+from scansnap_lens.theory.transition import PhaseTransition
+from scansnap_lens.viz import palette
 
 __all__ = [
     "plot_attention_heatmap",
@@ -316,7 +316,7 @@ def plot_head_grid(
     path: str | Path | None = None,
 ) -> Figure:
     """[layer, head] heat maps of summary columns: where in the model the scan and snap are."""
-    from ..heads import head_grid
+    from scansnap_lens.measures.heads import head_grid
 
     columns = [c for c in columns if c in summary]
     if not columns:

@@ -21,11 +21,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._io import write_text
-from ..groups import TokenGroups
-from ..kinds import TokenKind
-from ..trajectory import Trajectory
-from . import palette
+from scansnap_lens._io import write_text
+from scansnap_lens._moved import old_names
+from scansnap_lens.recording.trajectory import Trajectory
+from scansnap_lens.statistics.groups import TokenGroups
+from scansnap_lens.statistics.kinds import TokenKind
+from scansnap_lens.viz import palette
 
 __all__ = [
     "View",
@@ -35,10 +36,11 @@ __all__ = [
     "prompt_pattern",
     "query_attention",
     "spread_steps",
-    "token_classes",
+    "token_kinds",
 ]
+__getattr__ = old_names(__name__, {"token_classes": "token_kinds"})
 
-# The colour scale of `token_classes` runs from common (-1) to distinct (+1): each
+# The colour scale of `token_kinds` runs from common (-1) to distinct (+1): each
 # `TokenKind`'s place on it (the labels themselves are the kinds').
 SCALE = {TokenKind.DISTINCT: 1.0, TokenKind.COMMON: -1.0, TokenKind.UNDETERMINED: 0.0}
 DISTINCT_CODE, COMMON_CODE = SCALE[TokenKind.DISTINCT], SCALE[TokenKind.COMMON]
@@ -221,7 +223,7 @@ def default_position(traj: Trajectory, groups: TokenGroups) -> int:
     raise ValueError("the example prompt holds none of the queries of these token groups")
 
 
-def token_classes(
+def token_kinds(
     traj: Trajectory,
     groups: TokenGroups,
     position: int | None = None,

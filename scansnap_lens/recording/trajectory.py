@@ -30,14 +30,14 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ._io import read_tensors, write_tensors, write_text
+from scansnap_lens._io import read_tensors, write_tensors, write_text
 
 try:
     import fcntl
 except ImportError:  # Windows
     fcntl = None
-from .plan import RecordPlan
-from .record import CheckpointRecord
+from scansnap_lens.recording.hooks import CheckpointRecord
+from scansnap_lens.recording.plan import RecordPlan
 
 __all__ = ["RecordingLock", "Trajectory", "TrajectoryWriter", "remove_trajectory"]
 

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from . import backend as be
-from .formats import CheckpointError
+from scansnap_lens.models import backend as be
+from scansnap_lens.models.formats import CheckpointError
 
 __all__ = ["checkpoint_labels", "label_of_file", "load_labelled", "revision_of"]
 
@@ -202,7 +202,7 @@ def load_labelled(name: str, label: int, backend: str | None = None, **load_kwar
         return model.eval()
     from huggingface_hub import snapshot_download
 
-    from .formats import hf_folder_model
+    from scansnap_lens.models.formats import hf_folder_model
 
     try:
         folder = Path(snapshot_download(name, revision=revision))

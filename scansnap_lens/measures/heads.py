@@ -1,5 +1,4 @@
-"""Per-head views of a model: the paper's Fig. 10 attention entropy, and every head ranked by
-scan and snap.
+"""Every head of a model ranked by scan and snap, and a summary column as a [layer, head] grid.
 
 Shape letters: S checkpoints, L watched layers, H watched heads, Q tracked queries.
 
@@ -22,34 +21,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .measure import Measurement, _frame
-from .trajectory import Trajectory
-
-__all__ = ["attention_entropy", "head_grid", "rank_heads"]
-
-
-def attention_entropy(traj: Trajectory) -> Measurement:
-    """Fig. 10: the entropy (nats) of each head's attention row, averaged over every recorded
-    evaluation position (events-weighted over the tracked queries), per checkpoint.
-
-    The row is the recorded context: with ``plan_recording(include_self=True)`` the query's
-    own position is in it, as the authors measured; by default it is not (the paper's model
-    masks it).  ``values`` of the result: [S, L, H].
-    """
-    plan = traj.plan
-    w = plan.query_events.double()
-    if w.numel() == 0 or float(w.sum()) == 0:
-        raise ValueError("the trajectory tracks no query events")
-    ent = traj.query_entropy.double()  # [S, L, H, Q]
-    ok = ~torch.isnan(ent)
-    weights = torch.where(ok, w, torch.zeros_like(w))
-    total = weights.sum(-1)
-    values = torch.where(
-        total > 0, (torch.nan_to_num(ent) * weights).sum(-1) / total.clamp_min(1e-300), math.nan
-    )
-    table = _frame(traj, {"attention_entropy": values})
-    table.attrs["include_self"] = bool(plan.include_self)
-    return Measurement("attention_entropy", table, values=values)
+__all__ = ["head_grid", "rank_heads"]
 
 
 def rank_heads(summary: pd.DataFrame, by: Sequence[str] = ("auroc", "bias")) -> pd.DataFrame:

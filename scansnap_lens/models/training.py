@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ._io import write_tensors, write_text
-from .backend import (
+from scansnap_lens._io import write_tensors, write_text
+from scansnap_lens.models.backend import (
     HookedModel,
     attention_logit_parameters,
     build_model,

@@ -39,9 +39,9 @@ from einops import rearrange
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ._io import read_tensors, write_tensors
-from .kinds import TokenKind
-from .synthetic import SequenceClasses, syn_small
+from scansnap_lens._io import read_tensors, write_tensors
+from scansnap_lens.lab.synthetic import SequenceClasses, syn_small
+from scansnap_lens.statistics.kinds import TokenKind
 
 __all__ = [
     "YZRun",
@@ -139,8 +139,8 @@ class YZRun:
         zbar[m, l] = Z[m, l] exactly, chat = Eq. 5's c[l|n]; the attention entropy over positions
         is not defined for the population model and is NaN.  Steps are the snapshot steps.
         """
-        from .plan import RecordPlan
-        from .trajectory import Trajectory
+        from scansnap_lens.recording.plan import RecordPlan
+        from scansnap_lens.recording.trajectory import Trajectory
 
         classes, M = self.classes, self.classes.vocab_size
         order = torch.argsort(classes.query * M + classes.next_token)

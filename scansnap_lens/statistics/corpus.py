@@ -35,11 +35,24 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ._counting import distinct_per_class, fill_triples, find_events, merge_triples
-from ._io import read_tensors, write_tensors
-from .context import Context
+from scansnap_lens._io import read_tensors, write_tensors
+from scansnap_lens._moved import old_names
+from scansnap_lens.statistics._counting import (
+    distinct_per_class,
+    fill_triples,
+    find_events,
+    merge_triples,
+)
+from scansnap_lens.statistics.context import Context
 
-__all__ = ["CooccurrenceStats", "cooccurrence", "dataset_batches", "from_dataset", "open_dataset"]
+__all__ = [
+    "CooccurrenceStats",
+    "cooccurrence",
+    "cooccurrence_from_dataset",
+    "dataset_batches",
+    "open_dataset",
+]
+__getattr__ = old_names(__name__, {"from_dataset": "cooccurrence_from_dataset"})
 
 FORMAT = "scansnap_lens.CooccurrenceStats/1"
 _MASK64 = (1 << 64) - 1
@@ -47,7 +60,7 @@ _MASK64 = (1 << 64) - 1
 
 @dataclass
 class CooccurrenceStats:
-    """Sparse co-occurrence counts; build with `cooccurrence` or `from_dataset`.
+    """Sparse co-occurrence counts; build with `cooccurrence` or `cooccurrence_from_dataset`.
 
     Attributes:
         vocab_size: V, token ids lie in [0, V).
@@ -577,7 +590,7 @@ def dataset_batches(
     if text_column is not None:
         if tokenizer is None:
             raise ValueError("a text column needs a tokenizer")
-        from .tokens import codec
+        from scansnap_lens.inputs.tokens import codec
 
         tok = codec(tokenizer)
         encode, vocab_size, name = (
@@ -606,7 +619,7 @@ def dataset_batches(
     return batches(), vocab_size, name
 
 
-def from_dataset(
+def cooccurrence_from_dataset(
     dataset,
     column: str = "input_ids",
     text_column: str | None = None,

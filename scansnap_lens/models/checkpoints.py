@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from . import formats, labels
-from .backend import BackendError, config_fields, load_weights, resolve_backend
-from .formats import WEIGHT_SUFFIXES, CheckpointError, load_state_dict
+from scansnap_lens.models import formats, hub
+from scansnap_lens.models.backend import BackendError, config_fields, load_weights, resolve_backend
+from scansnap_lens.models.formats import WEIGHT_SUFFIXES, CheckpointError, load_state_dict
 
 __all__ = [
     "Checkpoint",
@@ -144,7 +144,7 @@ def pretrained(
     device: str | None = None,
     **load_kwargs,
 ) -> CheckpointSource:
-    """Checkpoints of a model TransformerLens knows by checkpoint labels (`labels`).
+    """Checkpoints of a model TransformerLens knows by checkpoint labels (`hub`).
 
     Each label is resolved here to the exact hub revision (Pythia, stanford-crfm) or file
     (NeelNanda) that holds it.  backend: "bridge" loads that revision into a TransformerBridge
@@ -156,17 +156,17 @@ def pretrained(
     if Path(name).is_dir():  # a local model or checkpoint folder, not a hub name
         return folder(name, steps=steps, backend=backend, device=device)
     backend = resolve_backend(backend)
-    if labels.family(name) is None:
+    if hub.family(name) is None:
         raise ValueError(
             f"{name} has no checkpoint labels TransformerLens knows (Pythia, stanford-crfm,"
             " NeelNanda models): for your own checkpoints use a folder"
         )
-    available, unit = labels.checkpoint_labels(name)
+    available, unit = hub.checkpoint_labels(name)
     chosen = select_steps(available, steps)
 
     def loader(step):
         def load():
-            model = labels.load_labelled(name, step, backend, **load_kwargs)
+            model = hub.load_labelled(name, step, backend, **load_kwargs)
             return model if device is None else model.to(device)
 
         return load
@@ -178,7 +178,7 @@ def pretrained(
 
 def checkpoint_labels(name: str) -> tuple[list[int], str]:
     """The checkpoint labels of a model and their unit ("steps" or "tokens")."""
-    return labels.checkpoint_labels(name)
+    return hub.checkpoint_labels(name)
 
 
 # ------------------------------------------------------------------ saved files

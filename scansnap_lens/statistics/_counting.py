@@ -1,4 +1,4 @@
-"""Compiled kernels for co-occurrence counting (numba).  Internal: use `scansnap_lens.corpus`.
+"""Compiled kernels for co-occurrence counting (numba).  Internal: use `statistics.corpus`.
 
 Events are grouped by class (m, n) first; each class then walks the context windows of its
 events into a dense per-thread counter over the vocabulary, so the work is one increment per

@@ -28,7 +28,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from . import backend as be
+from scansnap_lens.models import backend as be
 
 __all__ = [
     "CheckpointError",

@@ -17,11 +17,11 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .backend import hf_bridge, is_hf_model
-from .checkpoints import CheckpointError, CheckpointSource
-from .plan import RecordPlan, plan_recording
-from .record import CheckpointRecord, record_checkpoint
-from .trajectory import (
+from scansnap_lens.models.backend import hf_bridge, is_hf_model
+from scansnap_lens.models.checkpoints import CheckpointError, CheckpointSource
+from scansnap_lens.recording.hooks import CheckpointRecord, record_checkpoint
+from scansnap_lens.recording.plan import RecordPlan, plan_recording
+from scansnap_lens.recording.trajectory import (
     RecordingLock,
     Trajectory,
     TrajectoryWriter,

@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ._io import write_text
-from .measure import restricted_entropy
-from .synthetic import SequenceClasses, syn_medium
-from .yz import YZRun, train_yz
+from scansnap_lens._io import write_text
+from scansnap_lens.lab.synthetic import SequenceClasses, syn_medium
+from scansnap_lens.lab.yz import YZRun, train_yz
+from scansnap_lens.measures import restricted_entropy
 
 __all__ = [
+    "FIG6_LR_Z",
+    "FIG6_NUM_LAST",
+    "FIG6_RATIO",
+    "FIG11_THRESHOLD_FACTORS",
+    "LabTraining",
     "distinct_entropy",
     "distinct_recall",
     "entropy_sweep",
@@ -56,24 +63,52 @@ def distinct_recall(run: YZRun, thresholds, snapshot: int = -1) -> torch.Tensor:
     return (retrieved.sum(-2).double() / mask.sum(-1)[:, None]).mean(-2)
 
 
+@dataclass(frozen=True)
+class LabTraining:
+    """How each run of a sweep trains (App. G's setting by default); saved beside its CSVs
+    with `save` as ``training.json``.
+
+    >>> LabTraining(steps=50).steps, LabTraining().optimizer
+    (50, 'sgd')
+    """
+
+    seeds: int = 10
+    steps: int = 100
+    batch_size: int = 128
+    seq_len: int = 128
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    init: str = "uniform"
+
+    def __post_init__(self):
+        if self.seeds < 1:
+            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
+
+    def save(self, path: str | Path) -> Path:
+        return write_text(path, json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> LabTraining:
+        return cls(**json.loads(Path(path).read_text()))
+
+
 def _sweep(
-    num_last: Sequence[int], lr_z: Sequence[float], ratio: Sequence[float], seeds: int,
-    progress: bool, desc: str, **train_kwargs,
+    num_last: Sequence[int], lr_z: Sequence[float], ratio: Sequence[float],
+    training: LabTraining, progress: bool, desc: str,
 ) -> Iterator[tuple[int, list[tuple[float, float, int]], YZRun]]:  # fmt: skip
     """Train the grid of Fig. 6 (and Figs. 11-12): for each ``num_last``, every (lr_z,
     ratio, seed) cell in one batched computation; seed s is the same initialisation and data
     stream in every cell (common random numbers).  Yields (num_last, cells, run)."""
-    if seeds < 1:
-        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    settings = {k: v for k, v in asdict(training).items() if k != "seeds"}
     for q in tqdm(list(num_last), desc=desc, disable=not progress):
-        cells = list(itertools.product(lr_z, ratio, range(seeds)))
+        cells = list(itertools.product(lr_z, ratio, range(training.seeds)))
         run = train_yz(
             syn_medium(q),
             lr_z=[c[0] for c in cells],
             ratio=[c[1] for c in cells],
             seeds=[c[2] for c in cells],
             snapshot_every=0,
-            **train_kwargs,
+            **settings,
         )
         yield q, cells, run
 
@@ -82,24 +117,18 @@ def entropy_sweep(
     num_last: Sequence[int] = FIG6_NUM_LAST,
     lr_z: Sequence[float] = FIG6_LR_Z,
     ratio: Sequence[float] = FIG6_RATIO,
-    seeds: int = 10,
-    steps: int = 100,
-    batch_size: int = 128,
-    seq_len: int = 128,
-    optimizer: str = "sgd",
-    momentum: float = 0.9,
-    init: str = "uniform",
+    training: LabTraining | None = None,
     progress: bool = True,
+    **settings,
 ) -> pd.DataFrame:
     """The Fig. 6 grid on Syn-Medium: one row per (num_last, lr_z, ratio, seed).
 
+    `training` (or its fields as keywords, ``seeds=3, steps=50``) says how each run trains.
     Column ``entropy`` is the final-step distinct-token entropy averaged over the classes.
     """
+    training = replace(training or LabTraining(), **settings)
     rows = []
-    sweep = _sweep(num_last, lr_z, ratio, seeds, progress, "Fig. 6 sweep (num_last)",
-                   optimizer=optimizer, momentum=momentum, init=init, batch_size=batch_size,
-                   seq_len=seq_len, steps=steps)  # fmt: skip
-    for q, cells, run in sweep:
+    for q, cells, run in _sweep(num_last, lr_z, ratio, training, progress, "Fig. 6 sweep"):
         entropy = distinct_entropy(run).mean(-1)
         final_loss = run.loss[-1]
         for i, (lz, r, s) in enumerate(cells):
@@ -121,24 +150,18 @@ def recall_sweep(
     ratio: Sequence[float],
     threshold_factors: Sequence[float] = FIG11_THRESHOLD_FACTORS,
     num_last: int = 1,
-    seeds: int = 10,
-    steps: int = 100,
-    batch_size: int = 128,
-    seq_len: int = 128,
-    optimizer: str = "sgd",
-    momentum: float = 0.9,
-    init: str = "uniform",
+    training: LabTraining | None = None,
     progress: bool = True,
+    **settings,
 ) -> pd.DataFrame:
     """Figs. 11-12 on Syn-Medium: `distinct_recall` after training, one row per (lr_z, ratio,
     seed, threshold), thresholds ``factor / M``.  Fig. 11 varies ``ratio`` (eta_Y / eta_Z) at
-    one eta_Z, Fig. 12 varies ``lr_z`` at one ratio; the paper averages 10 seeds.
+    one eta_Z, Fig. 12 varies ``lr_z`` at one ratio; the paper averages 10 seeds.  `training`
+    as in `entropy_sweep`.
     """
+    training = replace(training or LabTraining(), **settings)
     rows = []
-    sweep = _sweep([num_last], lr_z, ratio, seeds, progress, "Figs. 11-12 sweep",
-                   optimizer=optimizer, momentum=momentum, init=init, batch_size=batch_size,
-                   seq_len=seq_len, steps=steps)  # fmt: skip
-    for q, cells, run in sweep:
+    for q, cells, run in _sweep([num_last], lr_z, ratio, training, progress, "Figs. 11-12"):
         thresholds = torch.tensor(threshold_factors, dtype=torch.float64) / run.classes.vocab_size
         recall = distinct_recall(run, thresholds)
         for i, (lz, r, s) in enumerate(cells):
@@ -176,8 +199,8 @@ def syn_small_experiment(
     Writes ``{prefix}_attention_{label}.png`` (the c_n heat maps), ``{prefix}_loss.png``,
     ``{prefix}_attention.csv`` and ``{prefix}_loss.csv`` to ``out``; returns the runs.
     """
-    from .synthetic import syn_small
-    from .viz import plot_attention_heatmap, plot_loss
+    from scansnap_lens.lab.synthetic import syn_small
+    from scansnap_lens.viz import plot_attention_heatmap, plot_loss
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,8 @@ import pandas as pd
 from scipy.integrate import solve_ivp
 from scipy.optimize import brentq
 
+__all__ = ["B", "B_integral", "PhaseTransition", "big_gamma", "gamma", "h", "omega1", "rho0", "xi"]
+
 ArrayLike = float | np.ndarray
 
 

@@ -19,7 +19,7 @@ start equal and get equal gradients, so they stay equal and are one row of Y tha
 softmax with multiplicity M - (O - 1).  With zero initialisation (the paper's) a run on
 `Population.from_classes(classes)` equals `yz.train_yz(classes, population=True)` (tested).
 
->>> from scansnap_lens.synthetic import syn_small
+>>> from scansnap_lens.lab.synthetic import syn_small
 >>> pop = Population.from_classes(syn_small())
 >>> run = predict(pop, lr_y=1.0, lr_z=1.0, steps=[0, 10, 100])
 >>> run.Z.shape, run.attention().shape   # [S, Q, U], [S, K, U]
@@ -225,7 +225,7 @@ class PopulationRun:
         is Z[m, l] (0 where the statistics never put l in a context of m: it never moves),
         chat of a (class, token) outside the statistics' support is 0, and NaN for a class the
         population lacks."""
-        from .trajectory import Trajectory
+        from scansnap_lens.recording.trajectory import Trajectory
 
         pop = self.population
         S = self.steps.numel()

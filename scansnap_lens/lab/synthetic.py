@@ -25,7 +25,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .kinds import TokenKind
+from scansnap_lens.statistics.kinds import TokenKind
+
+__all__ = ["SequenceClasses", "sequence_classes", "sequence_sampler", "syn_medium", "syn_small"]
 
 # `SequenceClasses.kind` codes (`kinds.TokenKind`); a token in no class is UNDETERMINED.
 UNDETERMINED, DISTINCT, COMMON = TokenKind.UNDETERMINED, TokenKind.DISTINCT, TokenKind.COMMON
@@ -214,3 +216,13 @@ def syn_small() -> SequenceClasses:
 def syn_medium(num_queries: int = 1) -> SequenceClasses:
     """Syn-Medium (Fig. 6): ``num_queries`` queries with 2 next tokens each."""
     return sequence_classes(num_queries=num_queries, next_per_query=2)
+
+
+def sequence_sampler(classes: SequenceClasses, seq_len: int = 32):
+    """A sampler ``(batch_size, generator) -> [B, seq_len + 1]``: context, query, next token."""
+
+    def sample(batch_size: int, generator: torch.Generator) -> torch.Tensor:
+        tokens, labels, _ = classes.sample(batch_size, seq_len, generator)
+        return torch.cat([tokens, labels[:, None]], 1)
+
+    return sample

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._io import write_tensors
+from scansnap_lens._io import write_tensors
 
 __all__ = ["Codec", "codec", "encode", "load_tokenizer", "read_tokens", "rows_of", "save_tokens"]
 
@@ -130,7 +130,7 @@ def codec(tokenizer) -> Codec:
     """The `Codec` of a ``tokenizers.Tokenizer``, a Hugging Face tokenizer, a TransformerLens
     model (its tokenizer, with the model's vocabulary size) or a `Codec`.
 
-    >>> from scansnap_lens.text import word_level_tokenizer
+    >>> from scansnap_lens.inputs.text import word_level_tokenizer
     >>> c = codec(word_level_tokenizer(["a b b"]))
     >>> c.encode(["b a c"], False), c.decode(1), c.vocab_size
     ([[1, 2, 0]], 'b', 3)

@@ -21,20 +21,14 @@ import torch
 from scipy.stats import rankdata
 from torch import Tensor
 
-from .context import require_same
-from .groups import TokenGroups
-from .measure import (
-    Measurement,
-    _frame,
-    _weighted_nanmean,
-    _z,
-    effective_rate,
-    snapping,
-    training_of,
-)
-from .population import Population, predict
-from .theory import PhaseTransition, rho0
-from .trajectory import Trajectory
+from scansnap_lens.measures.measurement import Measurement, _frame, _weighted_nanmean, _z
+from scansnap_lens.measures.rates import effective_rate, training_of
+from scansnap_lens.measures.snap import snapping
+from scansnap_lens.recording.trajectory import Trajectory
+from scansnap_lens.statistics.context import require_same
+from scansnap_lens.statistics.groups import TokenGroups
+from scansnap_lens.theory.population import Population, predict
+from scansnap_lens.theory.transition import PhaseTransition, rho0
 
 __all__ = ["growth_bounds", "theory_checks", "theory_fit"]
 

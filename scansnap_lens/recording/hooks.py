@@ -30,11 +30,11 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .corpus import _fingerprint
-from .plan import RecordPlan
+from scansnap_lens.recording.plan import RecordPlan
+from scansnap_lens.statistics.corpus import _fingerprint
 
 if TYPE_CHECKING:
-    from .backend import HookedModel
+    from scansnap_lens.models.backend import HookedModel
 
 __all__ = [
     "CheckpointRecord",
@@ -536,7 +536,7 @@ def position_entropy(
     as the authors measured; the recorder's entropies leave T out).  Rows with an empty
     context are skipped.  No trajectory or plan needed: any text, all positions.
 
-    >>> from scansnap_lens.train import attention_only_model
+    >>> from scansnap_lens.models.training import attention_only_model
     >>> model = attention_only_model(vocab_size=10, d_model=8, n_ctx=6)  # no positions
     >>> same = torch.zeros(2, 6, dtype=torch.long)  # one token: attention is uniform
     >>> expected = torch.arange(1, 7.0, dtype=torch.float64).log().mean()  # row T: T + 1 positions

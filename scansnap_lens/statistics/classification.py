@@ -16,7 +16,7 @@ iff |Omega| > 1.  On real text nearly every frequent token meets several next to
 ``classify(stats, purity=1.0, min_support=1, guard=False)`` is exactly the paper's definition.
 Counts are context occurrences, so repeats of l in one window count more than once.
 
->>> from scansnap_lens.corpus import cooccurrence
+>>> from scansnap_lens.statistics.corpus import cooccurrence
 >>> rows = torch.tensor([[5, 0, 1, 2], [6, 0, 1, 3], [5, 6, 1, 2]])
 >>> tc = classify(cooccurrence(rows, vocab_size=7), guard=False)
 >>> frame = tc.to_dataframe()
@@ -35,18 +35,20 @@ import torch
 from scipy.stats import binom
 from torch import Tensor
 
-from ._counting import pair_counts, pair_summary, whole_share_p_values
-from .corpus import CooccurrenceStats
-from .kinds import TokenKind
+from scansnap_lens._moved import old_names
+from scansnap_lens.statistics._counting import pair_counts, pair_summary, whole_share_p_values
+from scansnap_lens.statistics.corpus import CooccurrenceStats
+from scansnap_lens.statistics.kinds import TokenKind
 
-__all__ = ["COMMON", "DISTINCT", "UNDETERMINED", "TokenClasses", "classify"]
+__all__ = ["COMMON", "DISTINCT", "UNDETERMINED", "TokenLabels", "classify"]
+__getattr__ = old_names(__name__, {"TokenClasses": "TokenLabels"})
 
 UNDETERMINED, DISTINCT, COMMON = TokenKind.UNDETERMINED, TokenKind.DISTINCT, TokenKind.COMMON
 LABELS = {kind: kind.label for kind in (UNDETERMINED, DISTINCT, COMMON)}  # codes 0, 1, 2
 
 
 @dataclass
-class TokenClasses:
+class TokenLabels:
     """One entry per judged (query, context token) pair (``query`` is -1 when global).
 
     Attributes (all [Pz]: one row per (query, context token)):
@@ -127,7 +129,7 @@ def _decoder(decode):
     """id -> str from a callable, or from any tokenizer `tokens.codec` takes."""
     if decode is None or (callable(decode) and not hasattr(decode, "decode")):
         return decode
-    from .tokens import codec
+    from scansnap_lens.inputs.tokens import codec
 
     return codec(decode).decode
 
@@ -228,7 +230,7 @@ def classify(
     purity: float = 1.0,
     guard: bool = True,
     alpha: float = 0.05,
-) -> TokenClasses:
+) -> TokenLabels:
     """Label each context token distinct, common or undetermined (see the module docstring)."""
     if scope not in ("local", "global"):
         raise ValueError(f"scope must be 'local' or 'global', got {scope!r}")
@@ -258,7 +260,7 @@ def classify(
         label[cand] = np.where(p_value[cand] <= alpha, DISTINCT, UNDETERMINED)
     else:
         label[cand] = DISTINCT
-    return TokenClasses(
+    return TokenLabels(
         scope=scope,
         vocab_size=V,
         query=_tensor(query, np.int64),

@@ -84,7 +84,7 @@ def tutorial_model(
     from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
     from transformers.pytorch_utils import Conv1D
 
-    from .backend import hf_bridge
+    from scansnap_lens.models.backend import hf_bridge
 
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not a multiple of n_heads={n_heads}")

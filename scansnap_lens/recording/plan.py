@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, fields
 import torch
 from torch import Tensor
 
-from .context import Context
-from .corpus import CooccurrenceStats, cooccurrence
+from scansnap_lens.statistics.context import Context
+from scansnap_lens.statistics.corpus import CooccurrenceStats, cooccurrence
 
 __all__ = ["RecordPlan", "plan_recording", "select_queries"]
 
@@ -295,7 +295,7 @@ def plan_recording(
     )
     if tokenizer is not None:
         ids = torch.unique(torch.cat([plan.queries, plan.class_next, plan.pair_token]))
-        from .tokens import codec
+        from scansnap_lens.inputs.tokens import codec
 
         try:
             decode = codec(tokenizer).decode

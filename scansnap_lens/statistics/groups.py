@@ -5,7 +5,7 @@ They come from the synthetic truth (`TokenGroups.from_synthetic`) or from corpus
 a classification (`TokenGroups.from_classification`), so every measurement runs the same way
 on the lab and on real models.
 
->>> from scansnap_lens.synthetic import syn_small
+>>> from scansnap_lens.lab.synthetic import syn_small
 >>> groups = TokenGroups.from_synthetic(syn_small())
 >>> groups.num_classes, len(groups.distinct[0]), groups.common[int(groups.query[0])].numel()
 (2, 10, 10)
@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .context import Context, require_same
+from scansnap_lens.statistics.context import Context, require_same
 
 __all__ = ["TokenGroups"]
 
@@ -136,16 +136,16 @@ class TokenGroups:
         `min_support`, `purity`, `guard`, `alpha`) and group them (`from_classification`
         with `queries`, `min_events`, `min_distinct`): the one call from statistics to the
         groups that every measurement takes."""
-        from .classify import classify
+        from scansnap_lens.statistics.classification import classify
 
-        token_classes = classify(
+        labels = classify(
             stats, scope=scope, min_support=min_support, purity=purity, guard=guard, alpha=alpha
         )
-        return cls.from_classification(token_classes, stats, queries, min_events, min_distinct)
+        return cls.from_classification(labels, stats, queries, min_events, min_distinct)
 
     @classmethod
     def from_classification(
-        cls, token_classes, stats, queries=None, min_events: int = 1, min_distinct: int = 0
+        cls, labels, stats, queries=None, min_events: int = 1, min_distinct: int = 0
     ):
         """Groups from `classify(stats)`: every class (m, n) of the statistics with a tracked
         query, its tokens labelled distinct for n, and P(l|m, n) from the statistics.
@@ -161,15 +161,15 @@ class TokenGroups:
             keep &= frame["query"].isin([int(q) for q in queries])
             counts.append(("with a tracked query", int(keep.sum())))
         if min_distinct > 0:
-            from .classify import DISTINCT
+            from scansnap_lens.statistics.classification import DISTINCT
 
-            d = token_classes.label == DISTINCT
-            q = token_classes.query[d] if token_classes.scope == "local" else None
-            n = token_classes.next_token[d]
+            d = labels.label == DISTINCT
+            q = labels.query[d] if labels.scope == "local" else None
+            n = labels.next_token[d]
             pairs = pd.DataFrame({"query": q.numpy() if q is not None else -1, "next": n.numpy()})
             sizes = pairs.value_counts().rename("n").reset_index()
             sizes = sizes[sizes["n"] >= min_distinct]
-            if token_classes.scope == "local":
+            if labels.scope == "local":
                 key = frame[["query", "next"]].merge(sizes, on=["query", "next"], how="left")
             else:
                 key = frame[["next"]].merge(sizes.drop(columns="query"), on="next", how="left")
@@ -180,9 +180,9 @@ class TokenGroups:
         if frame.empty:
             raise ValueError(_empty_filter_message(counts))
         distinct, distinct_p, common = [], [], {}
-        local = token_classes.scope == "local"
+        local = labels.scope == "local"
         for m, n in zip(frame["query"].tolist(), frame["next"].tolist()):
-            tokens = token_classes.distinct_tokens(m if local else None, n)
+            tokens = labels.distinct_tokens(m if local else None, n)
             ctx, p = stats.p_context(m, n)
             seen = torch.isin(tokens, ctx)
             tokens = tokens[seen]
@@ -193,7 +193,7 @@ class TokenGroups:
             )
         for m in all_queries:
             if queries is None or m in set(int(q) for q in queries):
-                common[m] = token_classes.common_tokens(m if local else None)
+                common[m] = labels.common_tokens(m if local else None)
         return cls(
             torch.tensor(frame["query"].to_numpy(), dtype=torch.long),
             torch.tensor(frame["next"].to_numpy(), dtype=torch.long),

@@ -1,0 +1,37 @@
+"""The paper's synthetic laboratory (Sec. 8, App. G).
+
+- `synthetic`: sequence classes with known distinct and common tokens (Syn-Small,
+  Syn-Medium) and a sampler of training rows;
+- `yz`: the Y/Z model of Lemma 1 and its trainer;
+- `experiments`: Figs. 4-6 and 11-12 as library calls.
+"""
+
+from scansnap_lens._lazy import exports
+
+_NAMES = {
+    "FIG11_THRESHOLD_FACTORS": "experiments",
+    "FIG6_LR_Z": "experiments",
+    "FIG6_NUM_LAST": "experiments",
+    "FIG6_RATIO": "experiments",
+    "LabTraining": "experiments",
+    "SequenceClasses": "synthetic",
+    "YZRun": "yz",
+    "distinct_entropy": "experiments",
+    "distinct_recall": "experiments",
+    "entropy_sweep": "experiments",
+    "per_token_attention": "yz",
+    "recall_sweep": "experiments",
+    "sample_attention_output": "yz",
+    "sequence_classes": "synthetic",
+    "sequence_sampler": "synthetic",
+    "summarize_sweep": "experiments",
+    "syn_medium": "synthetic",
+    "syn_small": "synthetic",
+    "syn_small_experiment": "experiments",
+    "train_yz": "yz",
+    "yz_loss": "yz",
+}
+_MODULES = {"experiments", "synthetic", "yz"}
+
+__all__ = sorted(set(_NAMES) | _MODULES)
+__getattr__, __dir__ = exports(__name__, _NAMES, _MODULES)

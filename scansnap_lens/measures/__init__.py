@@ -1,0 +1,67 @@
+"""Measurements of scan and snap (DESIGN section 2), one module per quantity of the paper.
+
+Every function takes a `Trajectory` (zbar and chat over checkpoints, per layer and head) and,
+where the quantity compares token kinds, `TokenGroups` (distinct tokens of each class with
+P(l|m, n), common tokens of each query), and returns a `Measurement`: a table with
+``to_dataframe()`` and its values as ``[step, layer, head]`` tensors (``tensor``).
+
+- `discriminative`: `discriminative_bias`, distinct minus common dz of a query, and its AUROC;
+- `frequency`: `frequency_bias`, Spearman(dz, P(l|m, n)) over a class's distinct tokens;
+- `entropy`: `sparsity` (Fig. 6 entropy over distinct tokens, Figs. 11-12 recall),
+  `attention_entropy` (Fig. 10), `restricted_entropy`;
+- `growth`: `growth_factor`, Theorem 3's growth factor and the deviation from its ratio law;
+- `snap`: `snap_step` (the rate of movement fallen to half its peak: horizon-independent),
+  `snap_steps`, `snapping`;
+- `rates`: the training's effective rates and the theory's t0 at them (`predicted_snap`);
+- `fit`: `growth_bounds` (Theorem 3's bounds) and `theory_fit` (population dynamics);
+- `summary`: `measure_all` (each measurement once) and `summarize` (one row per head);
+- `heads`: `rank_heads`, `head_grid`.
+"""
+
+from scansnap_lens._lazy import exports
+
+_NAMES = {
+    "INDEX": "measurement",
+    "MEASURES": "summary",
+    "Measurement": "measurement",
+    "NOT_YET_SNAPPED": "snap",
+    "NO_SCAN": "snap",
+    "SINGLE_DISTINCT": "entropy",
+    "SUMMARY_MEASURES": "summary",
+    "attention_entropy": "entropy",
+    "discriminative_bias": "discriminative",
+    "effective_rate": "rates",
+    "frequency_bias": "frequency",
+    "growth_bounds": "fit",
+    "growth_factor": "growth",
+    "head_grid": "heads",
+    "known_rates": "rates",
+    "measure_all": "summary",
+    "predicted_snap": "rates",
+    "rank_heads": "heads",
+    "restricted_entropy": "entropy",
+    "snap_step": "snap",
+    "snap_steps": "snap",
+    "snapping": "snap",
+    "sparsity": "entropy",
+    "summarize": "summary",
+    "theory_checks": "fit",
+    "theory_fit": "fit",
+    "theory_of": "rates",
+    "training_of": "rates",
+}
+_MODULES = {
+    "discriminative",
+    "entropy",
+    "fit",
+    "frequency",
+    "growth",
+    "heads",
+    "measurement",
+    "rates",
+    "snap",
+    "summary",
+}
+
+__all__ = sorted(set(_NAMES) | _MODULES)
+__getattr__, __dir__ = exports(__name__, _NAMES, _MODULES)

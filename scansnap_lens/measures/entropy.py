@@ -1,0 +1,114 @@
+"""Sparsity: the entropy of attention over a class's distinct tokens (Fig. 6), the recall of
+distinct tokens above a threshold (Figs. 11, 12), and the entropy of each head's whole
+attention row (Fig. 10)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from scansnap_lens.measures.measurement import Measurement, _frame
+from scansnap_lens.recording.trajectory import Trajectory
+from scansnap_lens.statistics.groups import TokenGroups
+
+__all__ = ["SINGLE_DISTINCT", "attention_entropy", "restricted_entropy", "sparsity"]
+
+
+def restricted_entropy(attention: Tensor, mask: Tensor) -> Tensor:
+    """Shannon entropy (nats) of ``attention`` restricted to ``mask`` and renormalised.
+
+    attention: [..., K, V] per-token attention of each class (rows sum to 1);
+    mask: [K, V] bool, the tokens to keep for each class (its distinct tokens for the Fig. 6
+    metric).  Returns [..., K]; a class with one kept token has entropy 0, and 0 log 0 = 0.
+
+    >>> a = torch.tensor([[0.5, 0.25, 0.25, 0.0]])
+    >>> restricted_entropy(a, torch.tensor([[False, True, True, True]]))
+    tensor([0.6931])
+    """
+    if attention.shape[-2:] != mask.shape:
+        raise ValueError(
+            f"mask shape {tuple(mask.shape)} does not match attention {tuple(attention.shape)}"
+        )
+    if not mask.any(-1).all():
+        raise ValueError("every class needs at least one token in the mask")
+    kept = attention * mask.to(attention.dtype)
+    p = kept / kept.sum(-1, keepdim=True)
+    return -torch.special.xlogy(p, p).sum(-1)
+
+
+def sparsity(
+    traj: Trajectory, groups: TokenGroups, thresholds: Tensor | None = None
+) -> Measurement:
+    """Entropy of chat restricted to distinct tokens and renormalised (Fig. 6), averaged over
+    classes; also the attention mass on distinct tokens, the top distinct token's share of it,
+    and recall(threshold): the share of distinct tokens with chat >= threshold (Figs. 11, 12).
+
+    Entropy and top share need two distinct tokens: a class with one would give 0 and 1 by
+    construction, so it counts for the mass and recall only (``sparsity_classes`` counts the
+    classes the entropy averages; NaN where there is none, `SINGLE_DISTINCT` says why)."""
+    groups.check_context(traj.plan)
+    ents, masses, tops, recalls = [], [], [], []
+    judged = 0
+    if thresholds is None:
+        thresholds = torch.tensor([0.5, 1.0, 2.0]) / max(traj.plan.vocab_size, 1)
+    for k in range(groups.num_classes):
+        c = traj.class_slot(int(groups.query[k]), int(groups.next_token[k]))
+        if c is None or groups.distinct[k].numel() == 0:
+            continue
+        chat = traj.class_attention(c, groups.distinct[k])  # [S, L, H, D]
+        mass = chat.sum(-1)
+        p = chat / mass.clamp_min(1e-300)[..., None]
+        several = groups.distinct[k].numel() >= 2
+        judged += several
+        ok = (mass > 0) & several
+        ents.append(torch.where(ok, -torch.special.xlogy(p, p).sum(-1), math.nan))
+        masses.append(mass)
+        tops.append(torch.where(ok, p.max(-1).values, math.nan))
+        recalls.append(torch.stack([(chat >= t).double().mean(-1) for t in thresholds], -1))
+    if not ents:
+        raise ValueError("no tracked class has distinct tokens")
+    values = {
+        "entropy": torch.nanmean(torch.stack(ents, -1), -1),
+        "distinct_mass": torch.stack(masses, -1).mean(-1),
+        "top_share": torch.nanmean(torch.stack(tops, -1), -1),
+    }
+    recall = torch.stack(recalls, -2).mean(-2)  # [S, L, H, thresholds]
+    for j, t in enumerate(thresholds.tolist()):
+        values[f"recall@{t:.4g}"] = recall[..., j]
+    table = _frame(traj, values)
+    table["sparsity_classes"] = judged
+    return Measurement("sparsity", table)
+
+
+SINGLE_DISTINCT = (
+    "every class has a single distinct token, so the entropy over distinct tokens and the top"
+    " share are not defined (they would be 0 and 1 by construction): relax the classification"
+    " (lower --purity or --min-support, or --no-guard), track more queries, or count the"
+    " statistics over a larger corpus"
+)
+
+
+def attention_entropy(traj: Trajectory) -> Measurement:
+    """Fig. 10: the entropy (nats) of each head's attention row, averaged over every recorded
+    evaluation position (events-weighted over the tracked queries), per checkpoint.
+
+    The row is the recorded context: with ``plan_recording(include_self=True)`` the query's
+    own position is in it, as the authors measured; by default it is not (the paper's model
+    masks it).  ``values`` of the result: [S, L, H].
+    """
+    plan = traj.plan
+    w = plan.query_events.double()
+    if w.numel() == 0 or float(w.sum()) == 0:
+        raise ValueError("the trajectory tracks no query events")
+    ent = traj.query_entropy.double()  # [S, L, H, Q]
+    ok = ~torch.isnan(ent)
+    weights = torch.where(ok, w, torch.zeros_like(w))
+    total = weights.sum(-1)
+    values = torch.where(
+        total > 0, (torch.nan_to_num(ent) * weights).sum(-1) / total.clamp_min(1e-300), math.nan
+    )
+    table = _frame(traj, {"attention_entropy": values})
+    table.attrs["include_self"] = bool(plan.include_self)
+    return Measurement("attention_entropy", table, values=values)

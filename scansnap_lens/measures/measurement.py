@@ -1,0 +1,108 @@
+"""`Measurement`: one measured quantity per (step, layer, head), and the trajectory lookups
+the quantities share.
+
+dz = zbar(t) - zbar(t_first): softmax is shift-invariant, so only changes of the logits are
+compared, never raw levels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from scansnap_lens.recording.trajectory import Trajectory
+
+__all__ = ["INDEX", "Measurement"]
+
+
+def _z(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """zbar [S, L, H, n] of the pairs (query, l) the plan holds, and the mask of `tokens` held."""
+    slot = traj.plan.pair_slot(query, tokens)
+    held = slot >= 0
+    return traj.zbar[..., slot[held]].double(), held
+
+
+def _dz(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """zbar(t) - zbar(t_first) of `_z`."""
+    z, held = _z(traj, query, tokens)
+    return z - z[:1], held
+
+
+def _class_chat(traj: Trajectory, c: int) -> Tensor:
+    """chat [S, L, H, n] over all tokens of class slot c."""
+    plan = traj.plan
+    return traj.chat[..., (plan.triple_class == c).nonzero().flatten()].double()
+
+
+def _frame(traj: Trajectory, values: dict[str, Tensor]) -> pd.DataFrame:
+    """Long table of [S, L, H] tensors."""
+    idx = pd.MultiIndex.from_product(
+        [traj.steps.tolist(), traj.layers, traj.heads], names=["step", "layer", "head"]
+    ).to_frame(index=False)
+    for name, v in values.items():
+        idx[name] = v.reshape(-1).numpy()
+    return idx
+
+
+def _weighted_nanmean(values: Tensor, weights: Tensor) -> Tensor:
+    """Mean over the last axis of `values`, weights [n], NaNs left out."""
+    w = weights.double().expand_as(values).clone()
+    ok = ~torch.isnan(values)
+    w[~ok] = 0
+    total = w.sum(-1)
+    return torch.where(total > 0, (torch.nan_to_num(values) * w).sum(-1) / total, math.nan)
+
+
+INDEX = ("step", "layer", "head")
+
+
+@dataclass
+class Measurement:
+    """Per (step, layer, head) values in ``table``, per query or class detail in ``detail``.
+
+    `tensor` gives a column as a tensor indexed like TransformerLens's head scores,
+    ``[step, layer, head]`` (``[layer, head]`` for per-head results such as snap steps):
+
+    >>> table = pd.DataFrame({"step": [0, 0, 9, 9], "layer": 0, "head": [0, 1, 0, 1],
+    ...                       "bias": [0.0, 0.1, 2.0, 0.5]})
+    >>> Measurement("bias", table).tensor("bias")[-1]  # the last step, [layer, head]
+    tensor([[2.0000, 0.5000]], dtype=torch.float64)
+    """
+
+    name: str
+    table: pd.DataFrame
+    detail: pd.DataFrame | None = None
+    values: Tensor | None = None  # [S, L, H] where the measurement has one value per head
+    predictions: list | None = None  # `theory_fit`: the predicted trajectories it compared
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.table
+
+    def final(self) -> pd.DataFrame:
+        """The rows of the last checkpoint."""
+        return self.table[self.table["step"] == self.table["step"].max()].reset_index(drop=True)
+
+    def tensor(self, column: str | None = None) -> Tensor:
+        """`column` of the table (default: the measurement's first value column) as a float64
+        tensor [S, L, H] over the table's steps, layers and heads in ascending order (or
+        [L, H] where the table has no step); NaN where the table has no row."""
+        index = [c for c in INDEX if c in self.table.columns]
+        if column is None:
+            numeric = self.table.select_dtypes("number").columns
+            column = next(c for c in numeric if c not in index)
+        if column not in self.table.columns:
+            raise KeyError(f"{self.name} has no column {column!r}: {list(self.table.columns)}")
+        grid = pd.MultiIndex.from_product([sorted(self.table[c].unique()) for c in index])
+        values = self.table.set_index(index)[column].astype(float).reindex(grid)
+        shape = [len(level) for level in grid.levels]
+        return torch.tensor(values.to_numpy(), dtype=torch.float64).reshape(shape)
+
+    def tensors(self) -> dict[str, Tensor]:
+        """Every numeric value column as `tensor` gives it."""
+        index = [c for c in INDEX if c in self.table.columns]
+        numeric = self.table.select_dtypes("number").columns
+        return {c: self.tensor(c) for c in numeric if c not in index}
