@@ -16,8 +16,9 @@ The folders follow the pipeline, each stage importing only the ones before it:
     recording/    hooks, the recording plan, the recorder, trajectories
     theory/       the paper's predictions: the phase transition, population dynamics
     measures/     one module per quantity: scan, frequency bias, sparsity, growth, snap
+    viz/          figures (PNG) and circuitsvis views
     lab/          the paper's synthetic experiments (sequence classes, the Y/Z model)
-    viz/, report  figures, circuitsvis views, the HTML report; cli, demo, distributed (Ray)
+    report, cli, demo, distributed (Ray), testing: built on all of these
 """
 
 from __future__ import annotations

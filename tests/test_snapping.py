@@ -12,7 +12,7 @@ import torch
 from scansnap_lens import measures
 from scansnap_lens.lab.synthetic import syn_medium
 from scansnap_lens.lab.yz import train_yz
-from scansnap_lens.models.checkpoints import select_steps
+from scansnap_lens.models.steps import select_steps
 from scansnap_lens.theory import PhaseTransition
 
 SETTINGS = {  # population Y/Z runs (T -> infinity), eta_Y = 10 eta_Z (Assumption 1)

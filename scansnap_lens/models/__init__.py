@@ -6,6 +6,7 @@
 - `hub`: checkpoint labels of hub families (Pythia, stanford-crfm, NeelNanda), each resolved
   to its exact revision or file;
 - `checkpoints`: sources of (step, model) pairs: a folder, a pretrained family, memory;
+- `steps`: the one step language (every k-th, "log:N", a list) of training and recording;
 - `training`: train small models with the paper's two rates (``lr_y``, ``lr_z``);
 - `tutorial`: the authors' WikiText model (PyTorch's transformer tutorial), hooked.
 """
@@ -46,7 +47,7 @@ _NAMES = {
     "resolve_backend": "backend",
     "revision_of": "hub",
     "schedule": "training",
-    "select_steps": "checkpoints",
+    "select_steps": "steps",
     "sinusoidal_positions": "tutorial",
     "state_layout": "backend",
     "tensor_dict": "formats",
@@ -56,7 +57,7 @@ _NAMES = {
     "train": "training",
     "tutorial_model": "tutorial",
 }
-_MODULES = {"backend", "checkpoints", "formats", "hub", "training", "tutorial"}
+_MODULES = {"backend", "checkpoints", "formats", "hub", "steps", "training", "tutorial"}
 
 __all__ = sorted(set(_NAMES) | _MODULES)
 __getattr__, __dir__ = exports(__name__, _NAMES, _MODULES)

@@ -11,23 +11,15 @@ nothing is loaded until ``checkpoint.load()``.  Sources:
   dicts, trusted pickles of whole models;
 - `in_memory`: models you already hold.
 
-Steps are chosen with `select_steps`:
-
->>> labels = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000, 2000, 3000]
->>> select_steps(labels, 4)
-[0, 8, 128, 2000]
->>> select_steps(labels, "log:4")
-[0, 16, 256, 3000]
->>> select_steps(labels, [2, 3000])
-[2, 3000]
+Steps are chosen in the one step language of `steps.select_steps` (``steps=``: "all", every
+k-th, "log:N" or a list), the same that training saves checkpoints with.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +29,7 @@ import torch
 from scansnap_lens.models import formats, hub
 from scansnap_lens.models.backend import BackendError, config_fields, load_weights, resolve_backend
 from scansnap_lens.models.formats import WEIGHT_SUFFIXES, CheckpointError, load_state_dict
+from scansnap_lens.models.steps import select_steps
 
 __all__ = [
     "Checkpoint",
@@ -46,7 +39,6 @@ __all__ = [
     "in_memory",
     "load_state_dict",
     "pretrained",
-    "select_steps",
 ]
 
 
@@ -78,62 +70,6 @@ class CheckpointSource:
     @property
     def steps(self) -> list[int]:
         return [c.step for c in self.checkpoints]
-
-
-def select_steps(available: Sequence[int], steps=None) -> list[int]:
-    """Choose among `available` step values.
-
-    steps: None or "all"; an int k (every k-th, starting with the first); "log:n" (n steps
-    nearest to log-spaced targets between the first and last, first and last included); or an
-    explicit list of values, each of which must be available.
-    """
-    available = sorted(int(s) for s in available)
-    if not available:
-        raise ValueError("no checkpoints available")
-    if steps is None or steps == "all":
-        return available
-    if isinstance(steps, int):
-        if steps < 1:
-            raise ValueError(f"every k-th checkpoint needs k >= 1, got {steps}")
-        if steps >= len(available) > 1:
-            raise ValueError(
-                f"every {steps}-th checkpoint leaves only the first of {len(available)}; for"
-                f" the checkpoint at step {steps} give a list ([{steps}], or '{steps},' on the"
-                " command line)"
-            )
-        return available[::steps]
-    if isinstance(steps, str):
-        match = re.fullmatch(r"log:(\d+)", steps)
-        if not match:
-            raise ValueError(f"steps must be 'all', 'log:N', an int or a list, got {steps!r}")
-        if int(match.group(1)) < 2:
-            raise ValueError(f"log:N needs N >= 2 (the first and the last), got {steps!r}")
-        return _log_spaced(available, int(match.group(1)))
-    wanted = sorted({int(s) for s in steps})
-    missing = [s for s in wanted if s not in set(available)]
-    if missing:
-        raise ValueError(
-            f"steps {missing} are not available; there are {len(available)} checkpoints"
-            f" from {available[0]} to {available[-1]}"
-        )
-    return wanted
-
-
-def _log_spaced(available: list[int], n: int) -> list[int]:
-    if n < 2 or n >= len(available):
-        return available if n >= len(available) else available[:1]
-    lo, hi = available[0] + 1, available[-1] + 1
-    targets = [
-        math.exp(math.log(lo) + i * (math.log(hi) - math.log(lo)) / (n - 1)) - 1 for i in range(n)
-    ]
-    chosen = []
-    for t in targets:
-        best = min(
-            (s for s in available if s not in chosen),
-            key=lambda s: abs(math.log1p(s) - math.log1p(t)),
-        )
-        chosen.append(best)
-    return sorted(set(chosen))
 
 
 # ------------------------------------------------------------------ pretrained labels

@@ -38,6 +38,7 @@ from scansnap_lens.models.backend import (
     load_weights,
     positional_parameter,
 )
+from scansnap_lens.models.steps import select_steps
 
 __all__ = ["TrainResult", "attention_only_model", "rates", "schedule", "train"]
 
@@ -131,26 +132,10 @@ def remove_positions(model) -> None:
 
 
 def schedule(steps: int, every: int | str | Iterable[int] = "log:20") -> list[int]:
-    """Checkpoint steps in [0, steps]: every k steps, "log:n" (about n log-spaced), or a list.
-
-    Step 0 (the initial weights) and the last step are always included.
-    """
-    if isinstance(every, int):
-        if every < 1:
-            raise ValueError(f"checkpoint interval must be >= 1, got {every}")
-        chosen = set(range(0, steps + 1, every))
-    elif isinstance(every, str):
-        match = re.fullmatch(r"log:(\d+)", every)
-        if not match:
-            raise ValueError(f"schedule must be an int, 'log:N' or a list, got {every!r}")
-        n = max(int(match.group(1)), 2)
-        chosen = {round(math.exp(i * math.log(steps + 1) / (n - 1))) - 1 for i in range(n)}
-    else:
-        chosen = {int(s) for s in every}
-        bad = [s for s in chosen if not 0 <= s <= steps]
-        if bad:
-            raise ValueError(f"checkpoint steps {sorted(bad)} lie outside [0, {steps}]")
-    return sorted(chosen | {0, steps})
+    """The steps in [0, steps] at which training saves a checkpoint, chosen by
+    `steps.select_steps` among 0..steps: every k-th (an int k: every k steps), "log:N" or a
+    list.  Step 0 (the initial weights) and the last step are always included."""
+    return sorted(set(select_steps(range(steps + 1), every)) | {0, steps})
 
 
 CONFIG_FORMAT = "scansnap_lens.model/2"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -16,12 +17,14 @@ import torch
 from matplotlib.figure import Figure
 
 from scansnap_lens._io import write_bytes
-from scansnap_lens.lab.yz import YZRun
 from scansnap_lens.measures import Measurement
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 from scansnap_lens.theory.transition import PhaseTransition
 from scansnap_lens.viz import palette
+
+if TYPE_CHECKING:  # the lab draws its runs with these figures, so viz comes before it
+    from scansnap_lens.lab.yz import YZRun
 
 __all__ = [
     "plot_attention_heatmap",
