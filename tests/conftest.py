@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _runs import syn_data, train_run
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SCANSNAP_SHARED", REPO.parent / "shared"))
@@ -46,3 +47,11 @@ def demo_out(tmp_path_factory):
         code = main(["demo", "--out", str(out)])
     assert code == 0
     return out, printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    _, result = train_run(out=out)
+    eval_tokens = syn_data(8, torch.Generator().manual_seed(7))
+    return out, result, eval_tokens

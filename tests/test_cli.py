@@ -130,91 +130,58 @@ def test_record_pretrained_labels_offline(fake_hub, own_run, tmp_path, capsys):
     assert traj.steps.tolist() == [0, 2000] and traj.layers == [0]
 
 
-def test_bad_input_gives_exit_code_2_and_names_the_problem(own_run, tmp_path, capsys):
+def _record_args(root, tmp, *extra, tokens=None, checkpoints=None):
+    tokens = tokens or root / "eval.safetensors"
+    checkpoints = checkpoints or root / "ckpt"
+    args = ["record", "--checkpoints", str(checkpoints), "--tokens", str(tokens)]
+    return [*args, "--out", str(tmp / "t"), *extra]
+
+
+def _garbage_tokens(root, tmp):
+    (tmp / "bad.safetensors").write_bytes(b"not a tensor file")
+    return _record_args(root, tmp, tokens=tmp / "bad.safetensors")
+
+
+def _empty_text(root, tmp):
+    (tmp / "empty.txt").write_text("\n\n")
+    return ["stats", str(tmp / "empty.txt"), "--out", str(tmp / "s.safetensors")]
+
+
+def _stats_of_another_vocabulary(root, tmp):
+    """A trajectory of the run's model and statistics over a 5-token vocabulary."""
+    save_tokens(tmp / "other.safetensors", torch.tensor([[1, 2, 3, 4]]))
+    other = tmp / "other_stats.safetensors"
+    assert main(["stats", str(tmp / "other.safetensors"), "--out", str(other),
+                 "--vocab-size", "5"]) == 0  # fmt: skip
+    assert main(_record_args(root, tmp, "--steps", "0,40")) == 0
+    return ["report", str(tmp / "t"), "--stats", str(other)]
+
+
+BAD_INPUTS = [  # (what is wrong, the arguments (made from the run and a scratch folder), message)
+    ("no checkpoint folder", lambda r, t: _record_args(r, t, checkpoints=t / "none"),
+     "does not exist"),
+    ("no tokens", lambda r, t: ["record", "--checkpoints", str(r / "ckpt"), "--out", str(t / "t")],
+     "--tokens FILE or --text FILE"),
+    ("unreadable tokens", _garbage_tokens, "not a readable token file"),
+    ("a step not saved", lambda r, t: _record_args(r, t, "--steps", "0,15"),
+     "steps [15] are not available"),
+    ("empty text", _empty_text, "holds no text"),
+    ("statistics of another vocabulary", _stats_of_another_vocabulary, "vocabulary mismatch"),
+    ("no trajectory", lambda r, t: ["report", str(t / "nothing"), "--stats", str(t / "s")],
+     "manifest.json is missing"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("make", "message"), [c[1:] for c in BAD_INPUTS],
+                         ids=[c[0] for c in BAD_INPUTS])  # fmt: skip
+def test_bad_input_gives_exit_code_2_and_names_the_problem(own_run, tmp_path, capsys, make,
+                                                           message):  # fmt: skip
     root, _classes = own_run
-    ev = str(root / "eval.safetensors")
-
-    def fails(args, message):
-        assert main(args) == 2
-        assert message in capsys.readouterr().err
-
-    fails(
-        [
-            "record",
-            "--checkpoints",
-            str(tmp_path / "none"),
-            "--tokens",
-            ev,
-            "--out",
-            str(tmp_path / "t"),
-        ],
-        "does not exist",
-    )
-    fails(
-        ["record", "--checkpoints", str(root / "ckpt"), "--out", str(tmp_path / "t")],
-        "--tokens FILE or --text FILE",
-    )
-    (tmp_path / "bad.safetensors").write_bytes(b"not a tensor file")
-    fails(
-        [
-            "record",
-            "--checkpoints",
-            str(root / "ckpt"),
-            "--tokens",
-            str(tmp_path / "bad.safetensors"),
-            "--out",
-            str(tmp_path / "t"),
-        ],
-        "not a readable token file",
-    )
-    fails(
-        [
-            "record",
-            "--checkpoints",
-            str(root / "ckpt"),
-            "--tokens",
-            ev,
-            "--out",
-            str(tmp_path / "t"),
-            "--steps",
-            "0,15",
-        ],
-        "steps [15] are not available",
-    )
-    (tmp_path / "empty.txt").write_text("\n\n")
-    fails(
-        ["stats", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "s.safetensors")],
-        "holds no text",
-    )
-    # statistics of another vocabulary than the trajectory's model
-    save_tokens(tmp_path / "other.safetensors", torch.tensor([[1, 2, 3, 4]]))
-    other = tmp_path / "other_stats.safetensors"
-    assert (
-        main(
-            ["stats", str(tmp_path / "other.safetensors"), "--out", str(other), "--vocab-size", "5"]
-        )
-        == 0
-    )
+    args = make(root, tmp_path)
     capsys.readouterr()
-    traj_dir = tmp_path / "traj"
-    assert (
-        main(
-            [
-                "record",
-                "--checkpoints",
-                str(root / "ckpt"),
-                "--tokens",
-                ev,
-                "--out",
-                str(traj_dir),
-                "--steps",
-                "0,40",
-            ]
-        )
-        == 0
-    )
-    fails(["report", str(traj_dir), "--stats", str(other)], "vocabulary mismatch")
-    fails(["report", str(tmp_path / "nothing"), "--stats", str(other)], "manifest.json is missing")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
 
 
 def test_demo_refuses_unknown_data():

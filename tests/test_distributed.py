@@ -114,7 +114,7 @@ def own_checkpoints(tmp_path_factory):
     from scansnap_lens.recording.recorder import Recorder
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_checkpoints import syn_data, train_run
+    from _runs import syn_data, train_run
 
     root = tmp_path_factory.mktemp("ray_run")
     train_run(out=root / "ckpt")

@@ -1,5 +1,5 @@
-"""Saving trajectories: atomic re-saves, nothing deleted outside the folder's own files, and
-manifests that name foreign files refused."""
+"""Trajectories: save, load, select, the accessors of given tokens; atomic re-saves, nothing
+deleted outside the folder's own files, foreign or hand-edited files refused by name."""
 
 from __future__ import annotations
 
@@ -7,12 +7,16 @@ import json
 
 import pytest
 import torch
+from _hand import hand_trajectory
+from _runs import V as RUN_V
 
 from scansnap_lens import _io
+from scansnap_lens.lab.synthetic import syn_small
+from scansnap_lens.models import checkpoints
 from scansnap_lens.models.checkpoints import in_memory
 from scansnap_lens.models.training import attention_only_model
 from scansnap_lens.recording.plan import plan_recording
-from scansnap_lens.recording.recorder import record_trajectory
+from scansnap_lens.recording.recorder import Recorder, record_trajectory
 from scansnap_lens.recording.trajectory import Trajectory
 
 V = 20
@@ -140,56 +144,6 @@ def test_writers_on_one_folder_lose_no_step(trajectories, tmp_path):
     assert Trajectory.load(tmp_path / "t").steps.tolist() == list(range(40))
 
 
-def test_a_recorder_with_other_rates_is_refused_and_overwrite_replaces(tmp_path):
-    from scansnap_lens.recording.recorder import Recorder
-
-    tokens = torch.randint(0, V, (4, 10), generator=torch.Generator().manual_seed(0))
-    plan = plan_recording(tokens, V)
-    model = attention_only_model(V, d_model=8, n_ctx=16, seed=0)
-    first = Recorder(tmp_path / "t", tokens, plan, progress=False)
-    first.on_checkpoint(0, model, training={"lr_y": 0.1, "lr_z": 1.0})
-    again = Recorder(tmp_path / "t", tokens, plan, progress=False)  # the same run: resumes
-    again.on_checkpoint(1, model, training={"lr_y": 0.1, "lr_z": 1.0})
-    edited = Recorder(tmp_path / "t", tokens, plan, progress=False)
-    with pytest.raises(ValueError, match=r"another run \(lr_y 0.1 there, 0.2 here\).*overwrite"):
-        edited.on_checkpoint(2, model, training={"lr_y": 0.2, "lr_z": 1.0})
-    assert Trajectory.load(tmp_path / "t").steps.tolist() == [0, 1]  # nothing lost
-    fresh = Recorder(tmp_path / "t", tokens, plan, progress=False, overwrite=True)
-    fresh.on_checkpoint(5, model, training={"lr_y": 0.2, "lr_z": 1.0})
-    replaced = Trajectory.load(tmp_path / "t")
-    assert replaced.steps.tolist() == [5] and replaced.meta["lr_y"] == 0.2
-
-
-def test_a_recorder_plans_for_queries_from_the_first_model_and_resumes_without_one(tmp_path):
-    """`Recorder(queries=)`: the plan is built from the first model recorded (its vocabulary)
-    and equals `plan_recording`'s; a recorder resuming the folder reads its plan back; other
-    queries are refused by name."""
-    from scansnap_lens.recording.recorder import Recorder
-
-    tokens = torch.randint(0, V, (4, 10), generator=torch.Generator().manual_seed(0))
-    models = [attention_only_model(V, d_model=8, n_ctx=16, seed=s) for s in range(3)]
-    planned = Recorder(tmp_path / "q", tokens, queries=[3, 5, 7], progress=False)
-    planned.on_checkpoint(0, models[0])
-    Recorder(tmp_path / "q", tokens, progress=False).on_checkpoint(1, models[1])  # resumes
-    Recorder(tmp_path / "q", tokens, queries=[7, 5, 3], progress=False).on_checkpoint(2, models[2])
-    explicit = plan_recording(tokens, V, queries=[3, 5, 7])
-    reference = record_trajectory(in_memory(dict(enumerate(models))), tokens, tmp_path / "p",
-                                  plan=explicit, progress=False)  # fmt: skip
-    got = Trajectory.load(tmp_path / "q")
-    assert got.plan.queries.tolist() == [3, 5, 7] and got.steps.tolist() == [0, 1, 2]
-    for name in ("zbar", "chat", "entropy", "query_entropy"):
-        assert torch.equal(getattr(got, name), getattr(reference, name)), name
-    with pytest.raises(ValueError, match="another plan"):
-        Recorder(tmp_path / "q", tokens, queries=[3, 5], progress=False)
-    with pytest.raises(ValueError, match="another plan"):  # another context convention
-        Recorder(tmp_path / "q", tokens, exclude_bos=True, progress=False)
-    with pytest.raises(ValueError, match="give a plan, or queries"):
-        Recorder(tmp_path / "r", tokens, explicit, queries=[3], progress=False)
-    traj = record_trajectory(in_memory({0: models[0]}), tokens, tmp_path / "s", queries=[5],
-                             progress=False)  # fmt: skip
-    assert traj.plan.queries.tolist() == [5]
-
-
 @pytest.mark.parametrize(
     "edit, message",
     [
@@ -214,3 +168,68 @@ def test_hand_edited_plans_are_refused_by_name(edit, message, trajectories, tmp_
     save_file(tensors, str(plan_file), metadata=header)
     with pytest.raises(ValueError, match=message):
         Trajectory.load(folder)
+
+
+def test_trajectory_save_load_select_dataframe(trained, tmp_path):
+    out, _, tokens = trained
+    plan = plan_recording(tokens, RUN_V, queries=syn_small().query.tolist())
+    traj = Recorder(tmp_path / "t", tokens, plan, progress=False).record(checkpoints.folder(out))
+    copy = Trajectory.load(traj.save(tmp_path / "copy"))
+    assert torch.equal(copy.chat, traj.chat) and copy.plan.same_as(traj.plan)
+    q = int(plan.queries[0])
+    sub = traj.select(steps=[5, 30], heads=[1], queries=[q])
+    assert sub.steps.tolist() == [5, 30] and sub.heads == [1]
+    assert set(sub.plan.class_query.tolist()) == {q}
+    frame = sub.to_dataframe()
+    assert set(frame["query"]) == {q}
+    row = frame[(frame.step == 30)].iloc[0]
+    j = int(
+        (
+            (traj.plan.class_query[traj.plan.triple_class] == row["query"])
+            & (traj.plan.class_next[traj.plan.triple_class] == row["next"])
+            & (traj.plan.triple_token == row["token"])
+        ).nonzero()[0]
+    )
+    assert row["chat"] == pytest.approx(float(traj.chat[-1, 0, 1, j]))
+    # chat of each (step, class) sums to one
+    sums = frame.groupby(["step", "query", "next"])["chat"].sum()
+    assert sums.to_numpy() == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(KeyError, match="steps"):
+        traj.select(steps=[7])
+
+
+def test_trajectory_files_that_cannot_be_read(trained, tmp_path):
+    out, _, tokens = trained
+    plan = plan_recording(tokens, RUN_V, queries=syn_small().query.tolist())
+    with pytest.raises(FileNotFoundError, match=r"manifest\.json is missing"):
+        Trajectory.load(tmp_path)
+    Recorder(tmp_path / "t", tokens, plan, progress=False).record(checkpoints.folder(out))
+    first = sorted((tmp_path / "t" / "checkpoints").iterdir())[0]
+    first.write_bytes(first.read_bytes()[:40])
+    with pytest.raises(ValueError, match=f"{first.name}.*corrupt or truncated"):
+        Trajectory.load(tmp_path / "t")
+    (tmp_path / "t" / "manifest.json").write_text("{not json")
+    with pytest.raises(ValueError, match="corrupt manifest"):
+        Trajectory.load(tmp_path / "t")
+
+
+def test_trajectory_logits_and_attention_of_given_tokens():
+    """The public accessors read the slots the plan holds: values where held, NaN (logits) or
+    0 (attention) where a token never met the query, KeyError for an untracked class."""
+    traj = hand_trajectory(
+        [0, 10],
+        {(0, 1): [0.5, 1.5], (0, 3): [1.0, 0.0], (2, 1): [7.0, 8.0]},
+        {(0, 5): {1: [0.25, 0.75], 3: [0.75, 0.25]}},
+        heads=2,
+    )
+    z = traj.logits(0, [3, 2, 1])
+    assert z.shape == (2, 1, 2, 3) and z.dtype == torch.float64
+    assert z[:, 0, 1, 0].tolist() == [1.0, 0.0] and z[:, 0, 0, 2].tolist() == [0.5, 1.5]
+    assert z[..., 1].isnan().all()
+    assert traj.logits(2, torch.tensor([1]))[:, 0, 0, 0].tolist() == [7.0, 8.0]
+    a = traj.attention(0, 5, [1, 4, 3])
+    assert a[:, 0, 0].tolist() == [[0.25, 0.0, 0.75], [0.75, 0.0, 0.25]]
+    with pytest.raises(KeyError, match="query 0, next token 6"):
+        traj.attention(0, 6, [1])
+    assert traj.plan.pair_slot(0, [1, 2, 3]).tolist() == [0, -1, 1]
+    assert traj.plan.class_slot(0, 5) == 0 and traj.plan.class_slot(2, 5) is None

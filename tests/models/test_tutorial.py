@@ -1,5 +1,6 @@
-"""The authors' WikiText model (`tutorial.tutorial_model`) against the PyTorch tutorial's own
-nn.Transformer model, and the all-position entropy of Fig. 10 (`record.position_entropy`)."""
+"""The authors' WikiText model (`models.tutorial.tutorial_model`) against the PyTorch
+tutorial's own nn.Transformer model, and the all-position entropy of Fig. 10
+(`recording.hooks.position_entropy`)."""
 
 from __future__ import annotations
 

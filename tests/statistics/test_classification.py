@@ -1,3 +1,8 @@
+"""Distinct, common and undetermined tokens: the synthetic ground truth recovered, the
+paper's definition, the guard against rare look-alikes, and a brute-force reference."""
+
+from __future__ import annotations
+
 import pytest
 import torch
 from hypothesis import given, settings

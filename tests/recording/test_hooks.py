@@ -1,4 +1,5 @@
-"""The recorder's aggregates against a brute-force loop over `run_with_cache`."""
+"""The hooks' aggregates against a brute-force loop over `run_with_cache`, on both backends
+and on bridges over Hugging Face models; the forward pass stops after the last watched layer."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 import torch
 from _backends import BACKENDS, requires_hooked
 from _reference import assert_matches, brute_force
+from _tiny import V, tiny_model
 
-from scansnap_lens.models.backend import attention_logit_parameters, build_model
 from scansnap_lens.recording.hooks import (
     _looks_like_pattern,
     position_entropy,
@@ -17,32 +18,7 @@ from scansnap_lens.recording.hooks import (
     record_checkpoint,
 )
 from scansnap_lens.recording.plan import plan_recording
-
-V = 13
-
-
-def tiny_model(positional="standard", seed=0, n_layers=2, attn_only=False, backend=None):
-    """A 2-layer model of the installed major's default backend (HookedTransformer on 3.x)."""
-    torch.manual_seed(seed)
-    cfg = dict(
-        n_layers=n_layers,
-        d_model=16,
-        n_heads=3,
-        d_head=8,
-        d_mlp=32,
-        d_vocab=V,
-        n_ctx=24,
-        act_fn="relu",
-        attn_only=attn_only,
-        positional_embedding_type=positional,
-        seed=seed,
-    )
-    model = build_model(cfg, backend)
-    # Larger weights give peaked attention, where a renormalisation bug would show.
-    with torch.no_grad():
-        for param in attention_logit_parameters(model)[0]:
-            param.mul_(4)
-    return model.eval()
+from scansnap_lens.testing import bridge_from_hf, tiny_hf_model
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -64,16 +40,6 @@ def test_aggregates_equal_brute_force(exclude_bos, include_self, backend):
     # chat sums to 1 over the tokens of each class
     per_class = torch.zeros(L, H, plan.num_classes).index_add_(2, plan.triple_class, rec.chat)
     torch.testing.assert_close(per_class, torch.ones_like(per_class))
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_models_of_both_backends_satisfy_the_model_protocol(backend):
-    from scansnap_lens.models.backend import HookedModel
-    from scansnap_lens.testing import tiny_hf_model
-
-    assert isinstance(tiny_model(backend=backend), HookedModel)
-    hf = tiny_hf_model("gpt2", vocab_size=V, n_ctx=8, d_model=8, n_layers=1, n_heads=1)
-    assert not isinstance(hf, HookedModel)  # wrapped in a bridge first (backend.hf_bridge)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -183,7 +149,32 @@ def test_non_finite_weights_are_recorded_with_a_warning():
     assert torch.isnan(record.zbar).any()  # the NaN reaches the attention logits
 
 
-def test_coverage_selects_frequent_queries():
-    tokens = torch.tensor([[0, 1, 1, 1, 1, 2, 1, 3, 1, 4]])
-    plan = plan_recording(tokens, 5, queries=0.5)
-    assert plan.queries.tolist() == [1]
+@pytest.mark.parametrize("exclude_bos", [True, False])
+def test_gpt2_bridge_equals_brute_force(exclude_bos):
+    hf = tiny_hf_model("gpt2", vocab_size=20, n_ctx=16, d_model=16, n_layers=2, n_heads=2)
+    with torch.no_grad():  # peaked attention
+        for block in hf.transformer.h:
+            block.attn.c_attn.weight.mul_(8)
+    bridge = bridge_from_hf(hf, "gpt2")
+    tokens = torch.randint(0, 20, (3, 9), generator=torch.Generator().manual_seed(0))
+    plan = plan_recording(tokens, 20, exclude_bos=exclude_bos)
+    rec = record_checkpoint(bridge, tokens, plan, batch_size=2, progress=False)
+    ref = brute_force(bridge, tokens, exclude_bos=exclude_bos)
+    assert_matches(rec, plan, ref, range(2), range(2))
+
+
+def test_dropout_is_off_while_recording():
+    """A GPT-2 bridge with dropout 0.5 left in training mode: its forward passes differ, its
+    recordings do not (the recorder evaluates), and it is back in training mode after."""
+    hf = tiny_hf_model("gpt2", vocab_size=20, n_ctx=16, d_model=16, n_layers=1, n_heads=2)
+    hf.config.resid_pdrop = hf.config.attn_pdrop = hf.config.embd_pdrop = 0.5
+    hf = type(hf)(hf.config)  # rebuilt with the dropout rates
+    bridge = bridge_from_hf(hf, "gpt2")
+    bridge.train()
+    tokens = torch.randint(0, 20, (3, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert not torch.equal(bridge(tokens), bridge(tokens))  # dropout is active
+    plan = plan_recording(tokens, 20)
+    a, b = (record_checkpoint(bridge, tokens, plan, progress=False) for _ in range(2))
+    assert torch.equal(a.zbar, b.zbar) and torch.equal(a.entropy, b.entropy)
+    assert bridge.training

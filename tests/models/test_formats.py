@@ -9,12 +9,11 @@ import os
 import pytest
 import torch
 import transformers
-from _backends import requires_tl4
 from _nanogpt import GPT
 from _reference import assert_matches, brute_force
 
 from scansnap_lens.models import checkpoints
-from scansnap_lens.models.backend import default_backend, make_config, state_layout, tl_to_native
+from scansnap_lens.models.backend import default_backend, make_config
 from scansnap_lens.models.checkpoints import CheckpointError
 from scansnap_lens.models.training import attention_only_model, initial_weights
 from scansnap_lens.recording.hooks import CheckpointRecord
@@ -196,18 +195,6 @@ def test_tl_state_dicts_load_on_the_installed_major(tmp_path, config_text):
     )
     x = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(3))
     torch.testing.assert_close(model(x, return_type="logits"), want(x, return_type="logits"))
-
-
-@requires_tl4
-def test_tl_to_native_equals_transformer_lens_own_converter():
-    from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
-
-    fields = dict(n_layers=2, d_model=16, n_heads=2, d_head=8, d_vocab=V, n_ctx=16)
-    fields.update(attn_only=True, act_fn="relu", normalization_type="LN")
-    state = initial_weights(fields, seed=1)
-    ours, theirs = tl_to_native(state), convert_tl_checkpoint(state, make_config(fields))
-    assert ours.keys() == theirs.keys() and state_layout(ours) == "native"
-    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
 def test_weights_that_do_not_fit_list_their_keys(tmp_path):

@@ -8,12 +8,12 @@ import math
 
 import pytest
 import torch
+from _hand import hand_trajectory
 
 from scansnap_lens import measures
 from scansnap_lens.lab.synthetic import syn_medium
 from scansnap_lens.lab.yz import train_yz
 from scansnap_lens.models.steps import select_steps
-from scansnap_lens.theory import PhaseTransition
 
 SETTINGS = {  # population Y/Z runs (T -> infinity), eta_Y = 10 eta_Z (Assumption 1)
     "sgd": dict(lr_z=0.1, ratio=10, optimizer="sgd", momentum=0.0, init="zero"),
@@ -77,34 +77,30 @@ def test_a_frozen_map_has_no_scan_and_a_short_run_has_not_snapped():
     assert math.isnan(row["snap_step"]) and row["snap_reason"] == measures.NOT_YET_SNAPPED
 
 
-def test_predicted_snap_uses_effective_rates():
-    classes = syn_medium(1)
-    K, M = int(classes.next_token.unique().numel()), classes.vocab_size
-    plain = measures.predicted_snap(snap_of(classes, 2, lr_z=0.1, ratio=10, momentum=0.0))[0]
-    heavy = measures.predicted_snap(snap_of(classes, 2, lr_z=0.01, ratio=10, momentum=0.9))[0]
-    assert plain == pytest.approx(PhaseTransition(K=K, M=M, lr_y=1.0, lr_z=0.1).t0)
-    assert heavy == pytest.approx(plain)  # 0.01 / (1 - 0.9) = 0.1: the same effective rate
+def test_snap_steps_frozen_settling_and_never_settling():
+    steps = torch.tensor([0, 1, 3, 7, 15, 31])
+    frozen = torch.zeros(5)
+    path, rate = measures.snap_steps(steps, frozen)
+    assert math.isnan(path) and math.isnan(rate)
+    # equal movement per unit of log-step: the rate never falls, so it never settles
+    steady = torch.full((5,), 0.1)
+    path, rate = measures.snap_steps(steps, steady)
+    assert path.item() == 31.0 and math.isnan(rate)
+    settling = torch.tensor([0.4, 0.4, 0.1, 0.01, 0.0])
+    path, rate = measures.snap_steps(steps, settling, fraction=0.9)
+    assert path.item() == 7.0  # cumulative share 0.44, 0.88, 0.99 -> third interval ends at 7
+    assert rate.item() == 7.0  # 0.01 and 0 are below a tenth of the peak rate 0.4 / ln 2
 
-
-def test_training_writes_its_rates_into_the_trajectory(tmp_path):
-    from scansnap_lens.lab.synthetic import sequence_sampler
-    from scansnap_lens.models import checkpoints
-    from scansnap_lens.models.training import attention_only_model, train
-    from scansnap_lens.recording.plan import plan_recording
-    from scansnap_lens.recording.recorder import Recorder
-
-    sample = sequence_sampler(classes := syn_medium(1), seq_len=16)
-    tokens = sample(8, torch.Generator().manual_seed(1))
-    plan = plan_recording(tokens, classes.vocab_size)
-    recorder = Recorder(tmp_path / "loop", tokens, plan, progress=False)
-    model = attention_only_model(classes.vocab_size, d_model=16, n_ctx=32)
-    train(model, sample, steps=4, lr_y=0.2, lr_z=2.0, momentum=0.5, checkpoints=[0, 4],
-          out=tmp_path / "ckpt", on_checkpoint=recorder.on_checkpoint, progress=False)  # fmt: skip
-    want = {"lr_y": 0.2, "lr_z": 2.0, "optimizer": "sgd", "momentum": 0.5}
-    in_loop = recorder.trajectory()
-    assert {k: in_loop.meta[k] for k in want} == want
-    from_folder = Recorder(tmp_path / "folder", tokens, plan, progress=False).record(
-        checkpoints.folder(tmp_path / "ckpt")
+    traj = hand_trajectory(
+        [0, 1, 3, 7],
+        {(0, 1): [0, 0, 0, 0], (0, 2): [0, 0, 0, 0]},
+        {
+            (0, 5): {1: [0.5, 0.7, 0.8, 0.8], 2: [0.5, 0.3, 0.2, 0.2]},
+            (0, 6): {1: [0.5] * 4, 2: [0.5] * 4},
+        },
     )
-    assert {k: from_folder.meta[k] for k in want} == want
-    assert measures.known_rates(from_folder) == [(0.4, 4.0)]  # lr / (1 - momentum)
+    result = measures.snapping(traj)
+    detail = result.detail.set_index("next")
+    assert detail.loc[5, "snap_path"] == 3.0 and detail.loc[5, "snap_rate"] == 3.0
+    assert math.isnan(detail.loc[6, "snap_path"])  # frozen class
+    assert result.table["snap_path"].item() == 3.0  # the frozen class adds no movement

@@ -1,3 +1,8 @@
+"""Sequence classes: the authors' Syn-Small layout, Syn-Medium sizes, ground truth that
+follows the probabilities, seeded sampling."""
+
+from __future__ import annotations
+
 import pytest
 import torch
 

@@ -1,3 +1,8 @@
+"""The phase transition's closed forms against numerical integration, and the theory's
+claims about t0, omega_1 and B_n."""
+
+from __future__ import annotations
+
 import numpy as np
 import pytest
 from scipy.integrate import quad

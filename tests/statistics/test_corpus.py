@@ -1,3 +1,8 @@
+"""Co-occurrence statistics against a brute-force count: merging, batches, datasets, save
+and load; files that are not statistics, or were edited by hand, refused by name."""
+
+from __future__ import annotations
+
 import re
 from collections import Counter
 
@@ -7,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scansnap_lens.inputs.text import encode_documents, wikitext_documents, word_level_tokenizer
+from scansnap_lens.inputs.text import encode_documents, word_level_tokenizer
 from scansnap_lens.statistics.corpus import (
     CooccurrenceStats,
     cooccurrence,
@@ -151,15 +156,6 @@ def test_datasets_token_column_and_text_column_with_tokenizer():
         text_ds.to_iterable_dataset(), text_column="text", tokenizer=tok, window=3, progress=False
     )
     assert as_dicts(streamed) == expected
-
-
-def test_wikitext_documents_and_vocabulary(shared_dir):
-    docs = wikitext_documents(shared_dir / "data/wikitext-2/valid.txt")
-    assert len(docs) > 50 and docs[0].startswith("= Homarus gammarus =")
-    assert sum(len(d.split()) for d in docs) == 213886  # every word kept
-    tok = word_level_tokenizer(docs, max_vocab=1000)
-    assert tok.get_vocab_size() == 1000 and tok.token_to_id("<unk>") == 0
-    assert tok.token_to_id("the") == 1  # the most frequent word
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,153 @@
+"""The Recorder: every checkpoint source into one resumable trajectory folder, planned
+from queries or from a plan, refusing what does not match the folder."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _runs import V, train_run
+
+from scansnap_lens.lab.synthetic import syn_small
+from scansnap_lens.models import checkpoints
+from scansnap_lens.models.checkpoints import in_memory
+from scansnap_lens.models.training import attention_only_model
+from scansnap_lens.recording.plan import plan_recording
+from scansnap_lens.recording.recorder import Recorder, record_trajectory
+from scansnap_lens.recording.trajectory import Trajectory
+
+SMALL_V = 20  # the vocabulary of the recordings made here from random tokens
+
+
+def test_folder_source_records_and_resumes(trained, tmp_path):
+    out, _, tokens = trained
+    plan = plan_recording(tokens, V, queries=syn_small().query.tolist())
+    source = checkpoints.folder(out)
+    assert source.steps == [0, 5, 10, 20, 30]
+    full = Recorder(tmp_path / "full", tokens, plan, progress=False).record(source)
+    assert full.steps.tolist() == [0, 5, 10, 20, 30]
+    assert full.zbar.shape == (5, 1, 2, plan.num_pairs)
+
+    # Interrupt after two checkpoints, then resume: finished steps are not loaded again.
+    loads = []
+
+    class Interrupt(Exception):
+        pass
+
+    def wrapped(source, stop_after=None):
+        for c in source.checkpoints:
+
+            def load(c=c, inner=c.loader):
+                if stop_after is not None and len(loads) == stop_after:
+                    raise Interrupt
+                loads.append(c.step)
+                return inner()
+
+            c.loader = load
+        return source
+
+    with pytest.raises(Interrupt):
+        Recorder(tmp_path / "resumed", tokens, plan, progress=False).record(
+            wrapped(checkpoints.folder(out), stop_after=2)
+        )
+    assert Trajectory.load(tmp_path / "resumed").steps.tolist() == [0, 5]
+    loads.clear()
+    resumed = Recorder(tmp_path / "resumed", tokens, plan, progress=False).record(
+        wrapped(checkpoints.folder(out))
+    )
+    assert loads == [10, 20, 30]
+    for name in ("zbar", "chat", "entropy", "query_entropy"):
+        assert torch.equal(getattr(resumed, name), getattr(full, name))
+
+    other = plan_recording(tokens, V)
+    with pytest.raises(ValueError, match="another plan"):
+        Recorder(tmp_path / "full", tokens, other, progress=False).record(source)
+
+
+def test_callback_and_memory_sources_match_folder(trained, tmp_path):
+    out, _, tokens = trained
+    plan = plan_recording(tokens, V, queries=syn_small().query.tolist())
+    folder_traj = Recorder(tmp_path / "a", tokens, plan, progress=False).record(
+        checkpoints.folder(out)
+    )
+    # Recording inside the training loop, without saving weights, sees the same models.
+    recorder = Recorder(tmp_path / "b", tokens, plan, progress=False)
+    model, _ = train_run(on_checkpoint=recorder.on_checkpoint)
+    callback_traj = recorder.trajectory()
+    torch.testing.assert_close(callback_traj.zbar, folder_traj.zbar, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(callback_traj.chat, folder_traj.chat, atol=1e-6, rtol=1e-5)
+    mem = record_trajectory(
+        checkpoints.in_memory({30: model}), tokens, tmp_path / "c", plan=plan, progress=False
+    )
+    torch.testing.assert_close(mem.zbar[0], folder_traj.zbar[-1], atol=1e-5, rtol=1e-5)
+
+
+def test_prompt_attention_kept_per_checkpoint(trained, tmp_path):
+    out, _, tokens = trained
+    plan = plan_recording(tokens, V, queries=syn_small().query.tolist())
+    source = checkpoints.folder(out)
+    traj = Recorder(tmp_path / "t", tokens, plan, prompt_length=10, progress=False).record(source)
+    assert torch.equal(traj.prompt, tokens[0, :10])
+    assert traj.prompt_pattern.shape == (5, 1, 2, 10, 10)
+    # the kept weights are the model's own hook_pattern, checkpoint by checkpoint
+    model = source.checkpoints[3].load()
+    _, cache = model.run_with_cache(tokens[:1, :10])
+    torch.testing.assert_close(traj.prompt_pattern[3, 0], cache["pattern", 0][0])
+    # they survive save, load and select, and a resume with another prompt is refused
+    copy = Trajectory.load(traj.save(tmp_path / "copy"))
+    assert torch.equal(copy.prompt_pattern, traj.prompt_pattern)
+    sub = copy.select(steps=[10, 30], heads=[1])
+    assert torch.equal(sub.prompt_pattern, traj.prompt_pattern[[2, 4]][:, :, [1]])
+    with pytest.raises(ValueError, match="another example prompt"):
+        Recorder(tmp_path / "t", tokens, plan, prompt=tokens[1, :10], progress=False)
+    # a plain resume keeps the recorded prompt
+    assert torch.equal(Recorder(tmp_path / "t", tokens, plan, progress=False).prompt, traj.prompt)
+
+
+def test_a_recorder_with_other_rates_is_refused_and_overwrite_replaces(tmp_path):
+    from scansnap_lens.recording.recorder import Recorder
+
+    tokens = torch.randint(0, SMALL_V, (4, 10), generator=torch.Generator().manual_seed(0))
+    plan = plan_recording(tokens, SMALL_V)
+    model = attention_only_model(SMALL_V, d_model=8, n_ctx=16, seed=0)
+    first = Recorder(tmp_path / "t", tokens, plan, progress=False)
+    first.on_checkpoint(0, model, training={"lr_y": 0.1, "lr_z": 1.0})
+    again = Recorder(tmp_path / "t", tokens, plan, progress=False)  # the same run: resumes
+    again.on_checkpoint(1, model, training={"lr_y": 0.1, "lr_z": 1.0})
+    edited = Recorder(tmp_path / "t", tokens, plan, progress=False)
+    with pytest.raises(ValueError, match=r"another run \(lr_y 0.1 there, 0.2 here\).*overwrite"):
+        edited.on_checkpoint(2, model, training={"lr_y": 0.2, "lr_z": 1.0})
+    assert Trajectory.load(tmp_path / "t").steps.tolist() == [0, 1]  # nothing lost
+    fresh = Recorder(tmp_path / "t", tokens, plan, progress=False, overwrite=True)
+    fresh.on_checkpoint(5, model, training={"lr_y": 0.2, "lr_z": 1.0})
+    replaced = Trajectory.load(tmp_path / "t")
+    assert replaced.steps.tolist() == [5] and replaced.meta["lr_y"] == 0.2
+
+
+def test_a_recorder_plans_for_queries_from_the_first_model_and_resumes_without_one(tmp_path):
+    """`Recorder(queries=)`: the plan is built from the first model recorded (its vocabulary)
+    and equals `plan_recording`'s; a recorder resuming the folder reads its plan back; other
+    queries are refused by name."""
+    from scansnap_lens.recording.recorder import Recorder
+
+    tokens = torch.randint(0, SMALL_V, (4, 10), generator=torch.Generator().manual_seed(0))
+    models = [attention_only_model(SMALL_V, d_model=8, n_ctx=16, seed=s) for s in range(3)]
+    planned = Recorder(tmp_path / "q", tokens, queries=[3, 5, 7], progress=False)
+    planned.on_checkpoint(0, models[0])
+    Recorder(tmp_path / "q", tokens, progress=False).on_checkpoint(1, models[1])  # resumes
+    Recorder(tmp_path / "q", tokens, queries=[7, 5, 3], progress=False).on_checkpoint(2, models[2])
+    explicit = plan_recording(tokens, SMALL_V, queries=[3, 5, 7])
+    reference = record_trajectory(in_memory(dict(enumerate(models))), tokens, tmp_path / "p",
+                                  plan=explicit, progress=False)  # fmt: skip
+    got = Trajectory.load(tmp_path / "q")
+    assert got.plan.queries.tolist() == [3, 5, 7] and got.steps.tolist() == [0, 1, 2]
+    for name in ("zbar", "chat", "entropy", "query_entropy"):
+        assert torch.equal(getattr(got, name), getattr(reference, name)), name
+    with pytest.raises(ValueError, match="another plan"):
+        Recorder(tmp_path / "q", tokens, queries=[3, 5], progress=False)
+    with pytest.raises(ValueError, match="another plan"):  # another context convention
+        Recorder(tmp_path / "q", tokens, exclude_bos=True, progress=False)
+    with pytest.raises(ValueError, match="give a plan, or queries"):
+        Recorder(tmp_path / "r", tokens, explicit, queries=[3], progress=False)
+    traj = record_trajectory(in_memory({0: models[0]}), tokens, tmp_path / "s", queries=[5],
+                             progress=False)  # fmt: skip
+    assert traj.plan.queries.tolist() == [5]
