@@ -499,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     record = sub.add_parser(
         "record",
         help="record attention over a model's checkpoints into a trajectory (resumable)",
-        description="Record zbar, chat and attention entropy of every selected checkpoint on"
+        description="Record zbar, c_hat and attention entropy of every selected checkpoint on"
         " the evaluation tokens. Checkpoints come from a folder (step_*.safetensors, *.pt, with"
         " config.json) or TransformerLens checkpoint labels (--model, e.g."
         " EleutherAI/pythia-14m). Run the same command again to resume.",

@@ -11,11 +11,11 @@ from scansnap_lens.statistics.groups import TokenGroups
 V = 10
 
 
-def hand_trajectory(steps, zbar: dict, chat: dict, heads=1) -> Trajectory:
-    """zbar {(m, l): [value per step]}, chat {(m, n): {l: [value per step]}}; one layer."""
+def hand_trajectory(steps, zbar: dict, c_hat: dict, heads=1) -> Trajectory:
+    """zbar {(m, l): [value per step]}, c_hat {(m, n): {l: [value per step]}}; one layer."""
     pairs = sorted(zbar)
-    classes = sorted(chat)
-    triples = [(c, l) for c, key in enumerate(classes) for l in sorted(chat[key])]
+    classes = sorted(c_hat)
+    triples = [(c, l) for c, key in enumerate(classes) for l in sorted(c_hat[key])]
     queries = sorted({m for m, _ in pairs} | {m for m, _ in classes})
     plan = RecordPlan(
         vocab_size=V,
@@ -36,14 +36,14 @@ def hand_trajectory(steps, zbar: dict, chat: dict, heads=1) -> Trajectory:
     )
     S = len(steps)
     z = torch.tensor([zbar[p] for p in pairs], dtype=torch.float32).T  # [S, Pz]
-    c = torch.tensor([chat[classes[ci]][l] for ci, l in triples], dtype=torch.float32).T
+    c = torch.tensor([c_hat[classes[ci]][l] for ci, l in triples], dtype=torch.float32).T
     return Trajectory(
         plan,
         torch.tensor(steps),
         [0],
         list(range(heads)),
         zbar=z[:, None, None].expand(S, 1, heads, -1).clone(),
-        chat=c[:, None, None].expand(S, 1, heads, -1).clone(),
+        c_hat=c[:, None, None].expand(S, 1, heads, -1).clone(),
         entropy=torch.zeros(S, 1, heads, len(classes)),
         query_entropy=torch.zeros(S, 1, heads, len(queries)),
     )

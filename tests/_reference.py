@@ -32,7 +32,7 @@ def float32_tolerance(cfg, max_abs_score: float, max_context: int) -> dict[str, 
     d = (cfg.d_model + cfg.d_head) * EPS32 * max_abs_score * cfg.n_layers
     return {
         "zbar": d,
-        "chat": 2 * d + 16 * EPS32,
+        "c_hat": 2 * d + 16 * EPS32,
         "entropy": 2 * d * (1 + math.log(max(max_context, 1))) + 16 * EPS32,
     }
 
@@ -46,7 +46,7 @@ def _float64_copy(model, in_place=False):
 
 
 def brute_force(model, tokens, exclude_bos=False, include_self=False, queries=None, in_place=False):
-    """Dicts zbar[(layer, head, m, l)], chat[(layer, head, m, n, l)], entropy per (m, n) and m,
+    """Dicts zbar[(layer, head, m, l)], c_hat[(layer, head, m, n, l)], entropy per (m, n) and m,
     and the float32 tolerance of comparing a recording of `model` against them.
 
     in_place: convert `model` itself to float64 (for models that cannot be deep-copied).
@@ -90,16 +90,16 @@ def brute_force(model, tokens, exclude_bos=False, include_self=False, queries=No
                         for t in ctx:
                             zcnt[m, row[t]] += 1
     zbar = {k: v / zcnt[k[2:]] for k, v in zsum.items()}
-    chat = {k: v / ev[k[2:4]] for k, v in csum.items()}
+    c_hat = {k: v / ev[k[2:4]] for k, v in csum.items()}
     ent = {k: v / ev[k[2:]] for k, v in esum.items()}
     qent = {k: v / qev[k[2]] for k, v in qsum.items()}
     tol = float32_tolerance(tol_model_cfg, max_abs, tokens.shape[1])
-    return zbar, chat, ent, qent, tol
+    return zbar, c_hat, ent, qent, tol
 
 
 def assert_matches(rec, plan, reference, layers, heads):
     """Compare a CheckpointRecord against `brute_force` output, slot by slot."""
-    zbar, chat, ent, qent, tol = reference
+    zbar, c_hat, ent, qent, tol = reference
     for j, (m, l) in enumerate(zip(plan.pair_query.tolist(), plan.pair_token.tolist())):
         for i, layer in enumerate(layers):
             for k, h in enumerate(heads):
@@ -111,8 +111,8 @@ def assert_matches(rec, plan, reference, layers, heads):
         l = plan.triple_token[j].item()
         for i, layer in enumerate(layers):
             for k, h in enumerate(heads):
-                got, want = rec.chat[i, k, j].item(), chat[layer, h, m, n, l]
-                assert abs(got - want) <= tol["chat"], (layer, h, m, n, l, got, want, tol)
+                got, want = rec.c_hat[i, k, j].item(), c_hat[layer, h, m, n, l]
+                assert abs(got - want) <= tol["c_hat"], (layer, h, m, n, l, got, want, tol)
     for c in range(plan.num_classes):
         m, n = plan.class_query[c].item(), plan.class_next[c].item()
         for i, layer in enumerate(layers):

@@ -136,7 +136,7 @@ class YZRun:
     def to_trajectory(self):
         """The Z snapshots as a `Trajectory`: one layer, one "head" per run.
 
-        zbar[m, l] = Z[m, l] exactly, chat = Eq. 5's c[l|n]; the attention entropy over positions
+        zbar[m, l] = Z[m, l] exactly, c_hat = Eq. 5's c[l|n]; the attention entropy over positions
         is not defined for the population model and is NaN.  Steps are the snapshot steps.
         """
         from scansnap_lens.recording.plan import RecordPlan
@@ -169,7 +169,7 @@ class YZRun:
         )
         S, R = self.Z.shape[:2]
         zbar = self.Z[..., plan.pair_query, plan.pair_token]  # [S, R, Pz]
-        chat = self.attention()[:, :, order][:, :, k_idx, l_idx]  # [S, R, Pc]
+        c_hat = self.attention()[:, :, order][:, :, k_idx, l_idx]  # [S, R, Pc]
         nan = torch.full((S, 1, R, classes.num_classes), math.nan)
         return Trajectory(
             plan,
@@ -177,7 +177,7 @@ class YZRun:
             layers=[0],
             heads=list(range(R)),
             zbar=zbar[:, None].float(),
-            chat=chat[:, None].float(),
+            c_hat=c_hat[:, None].float(),
             entropy=nan,
             query_entropy=torch.full((S, 1, R, queries.numel()), math.nan),
             meta={

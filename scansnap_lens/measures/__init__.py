@@ -1,6 +1,6 @@
 """Measurements of scan and snap (DESIGN section 2), one module per quantity of the paper.
 
-Every function takes a `Trajectory` (zbar and chat over checkpoints, per layer and head) and,
+Every function takes a `Trajectory` (zbar and c_hat over checkpoints, per layer and head) and,
 where the quantity compares token kinds, `TokenGroups` (distinct tokens of each class with
 P(l|m, n), common tokens of each query), and returns a `Measurement`: a table with
 ``to_dataframe()`` and its values as ``[step, layer, head]`` tensors (``tensor``).

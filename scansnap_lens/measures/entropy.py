@@ -41,9 +41,9 @@ def restricted_entropy(attention: Tensor, mask: Tensor) -> Tensor:
 def sparsity(
     traj: Trajectory, groups: TokenGroups, thresholds: Tensor | None = None
 ) -> Measurement:
-    """Entropy of chat restricted to distinct tokens and renormalised (Fig. 6), averaged over
+    """Entropy of c_hat restricted to distinct tokens and renormalised (Fig. 6), averaged over
     classes; also the attention mass on distinct tokens, the top distinct token's share of it,
-    and recall(threshold): the share of distinct tokens with chat >= threshold (Figs. 11, 12).
+    and recall(threshold): the share of distinct tokens with c_hat >= threshold (Figs. 11, 12).
 
     Entropy and top share need two distinct tokens: a class with one would give 0 and 1 by
     construction, so it counts for the mass and recall only (``sparsity_classes`` counts the
@@ -57,16 +57,16 @@ def sparsity(
         c = traj.class_slot(int(groups.query[k]), int(groups.next_token[k]))
         if c is None or groups.distinct[k].numel() == 0:
             continue
-        chat = traj.class_attention(c, groups.distinct[k])  # [S, L, H, D]
-        mass = chat.sum(-1)
-        p = chat / mass.clamp_min(1e-300)[..., None]
+        c_hat = traj.class_attention(c, groups.distinct[k])  # [S, L, H, D]
+        mass = c_hat.sum(-1)
+        p = c_hat / mass.clamp_min(1e-300)[..., None]
         several = groups.distinct[k].numel() >= 2
         judged += several
         ok = (mass > 0) & several
         ents.append(torch.where(ok, -torch.special.xlogy(p, p).sum(-1), math.nan))
         masses.append(mass)
         tops.append(torch.where(ok, p.max(-1).values, math.nan))
-        recalls.append(torch.stack([(chat >= t).double().mean(-1) for t in thresholds], -1))
+        recalls.append(torch.stack([(c_hat >= t).double().mean(-1) for t in thresholds], -1))
     if not ents:
         raise ValueError("no tracked class has distinct tokens")
     values = {

@@ -284,8 +284,8 @@ def theory_fit(
         corr[0, :, j] = math.nan
         ranks, weights = [], []
         for m, n, slots, weight in class_sets:
-            meas = traj.chat[:, :, j][..., slots].double()  # [S, L, n]
-            pred = predicted.chat[:, 0, 0][..., slots].double()  # [S, n]
+            meas = traj.c_hat[:, :, j][..., slots].double()  # [S, L, n]
+            pred = predicted.c_hat[:, 0, 0][..., slots].double()  # [S, n]
             if torch.isnan(pred).all():
                 continue
             r = _corr(_rank(meas), _rank(pred)[:, None])

@@ -32,10 +32,10 @@ def _dz(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:
     return z - z[:1], held
 
 
-def _class_chat(traj: Trajectory, c: int) -> Tensor:
-    """chat [S, L, H, n] over all tokens of class slot c."""
+def _class_c_hat(traj: Trajectory, c: int) -> Tensor:
+    """c_hat [S, L, H, n] over all tokens of class slot c."""
     plan = traj.plan
-    return traj.chat[..., (plan.triple_class == c).nonzero().flatten()].double()
+    return traj.c_hat[..., (plan.triple_class == c).nonzero().flatten()].double()
 
 
 def _frame(traj: Trajectory, values: dict[str, Tensor]) -> pd.DataFrame:

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from scansnap_lens.measures.measurement import Measurement, _class_chat
+from scansnap_lens.measures.measurement import Measurement, _class_c_hat
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
@@ -141,7 +141,7 @@ def snapping(
     `snap_fraction` of its peak; horizon-independent), ``rate_peak_step`` (where that rate
     peaks), ``snap_reason`` (why ``snap_step`` is NaN), and the secondary, horizon-dependent
     ``snap_path`` and ``snap_rate`` (`snap_steps`).  The movement of a class between
-    checkpoints is the total variation of its chat; a head's movement is the events-weighted
+    checkpoints is the total variation of its c_hat; a head's movement is the events-weighted
     mean over classes (the classes of `groups` if given, or `classes`, pairs (m, n), else every
     tracked class).
     """
@@ -159,8 +159,8 @@ def snapping(
         raise ValueError("no tracked class to measure")
     moves, weights, rows = [], [], []
     for c in slots:
-        chat = _class_chat(traj, c)  # [S, L, H, n]
-        move = 0.5 * torch.diff(chat, dim=0).abs().sum(-1)  # [S-1, L, H]
+        c_hat = _class_c_hat(traj, c)  # [S, L, H, n]
+        move = 0.5 * torch.diff(c_hat, dim=0).abs().sum(-1)  # [S-1, L, H]
         move = move.permute(1, 2, 0)  # [L, H, S-1]
         moves.append(move)
         weights.append(float(plan.class_events[c]))

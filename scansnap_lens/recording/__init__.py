@@ -4,7 +4,7 @@
 - `hooks`: the two hooks per layer that aggregate attention logits and weights
   (`record_checkpoint`, `run_until`, `position_entropy`);
 - `recorder`: `Recorder`, a model's checkpoints into a resumable trajectory folder;
-- `trajectory`: `Trajectory`, the recorded zbar and chat over checkpoints, saved and loaded.
+- `trajectory`: `Trajectory`, the recorded zbar and c_hat over checkpoints, saved and loaded.
 """
 
 from scansnap_lens._lazy import exports

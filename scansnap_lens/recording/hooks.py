@@ -5,7 +5,7 @@ For every watched layer the recorder hooks ``blocks.{L}.attn.hook_attn_scores`` 
 its `RecordPlan` tracks, and adds them into sparse sums on the fly:
 
     zbar[m, l]    = mean of S[T, t] over x_T = m, x_t = l, t in context(T)
-    chat[l|m, n]  = mean over events (m, n) of sum_{t: x_t = l} Ahat[T, t]
+    c_hat[l|m, n]  = mean over events (m, n) of sum_{t: x_t = l} Ahat[T, t]
     entropy[m, n] = mean over events (m, n) of the entropy of Ahat[T, :]
 
 with Ahat the weights renormalised over the context.  No activation cache is built and the
@@ -45,12 +45,22 @@ __all__ = [
 ]
 
 
+# The names of the record's tensors in trajectory files.  c_hat keeps the name "chat" that
+# files have held since the first version, so that every folder ever written loads and resumes.
+FILE_KEYS = {
+    "zbar": "zbar",
+    "c_hat": "chat",
+    "entropy": "entropy",
+    "query_entropy": "query_entropy",
+}
+
+
 @dataclass
 class CheckpointRecord:
     """Aggregates of one checkpoint; L = watched layers, H = watched heads.
 
     zbar: [L, H, Pz] mean score of each pair slot (m, l).
-    chat: [L, H, Pc] per-token attention of each triple slot (m, n, l).
+    c_hat: [L, H, Pc] per-token attention of each triple slot (m, n, l).
     entropy: [L, H, K] mean entropy (nats) of the renormalised context attention per class.
     query_entropy: [L, H, Q] the same per tracked query, over all its events.
     prompt_pattern: [L, H, T, T] attention weights of one example prompt, or None.
@@ -58,18 +68,19 @@ class CheckpointRecord:
 
     step: int
     zbar: Tensor
-    chat: Tensor
+    c_hat: Tensor
     entropy: Tensor
     query_entropy: Tensor
     prompt_pattern: Tensor | None = None
 
+    @property
+    def chat(self) -> Tensor:
+        warnings.warn("CheckpointRecord.chat is now c_hat", FutureWarning, stacklevel=2)
+        return self.c_hat
+
     def tensors(self) -> dict[str, Tensor]:
-        out = {
-            "zbar": self.zbar,
-            "chat": self.chat,
-            "entropy": self.entropy,
-            "query_entropy": self.query_entropy,
-        }
+        """The record's tensors under their names in trajectory files (`FILE_KEYS`)."""
+        out = {key: getattr(self, name) for name, key in FILE_KEYS.items()}
         if self.prompt_pattern is not None:
             out["prompt_pattern"] = self.prompt_pattern
         return out
@@ -133,9 +144,9 @@ class _Batch:
     k_pos: Tensor  # [J] flat index (b * T + t) of each pair's key position
     event: Tensor  # [J] event of each pair
     pair_slot: Tensor  # [J] zbar slot
-    chat_pairs: Tensor  # [J'] the pairs whose class is tracked
-    triple_slot: Tensor  # [J'] their chat slot
-    all_tracked: bool  # every pair's class is tracked (chat_pairs is everything)
+    c_hat_pairs: Tensor  # [J'] the pairs whose class is tracked
+    triple_slot: Tensor  # [J'] their c_hat slot
+    all_tracked: bool  # every pair's class is tracked (c_hat_pairs is everything)
     event_query: Tensor  # [E] query slot of each event
     event_class: Tensor  # [E] class slot, -1 when the class is not tracked
     num_events: int
@@ -149,7 +160,7 @@ class _Sums:
     positions, and the scatter stays in cheap float32.
     """
 
-    NAMES = ("zbar", "chat", "entropy", "query_entropy")
+    NAMES = ("zbar", "c_hat", "entropy", "query_entropy")
 
     def __init__(self, plan: RecordPlan, n_layers: int, n_heads: int, device):
         sizes = (plan.num_pairs, plan.num_triples, plan.num_classes, plan.num_queries)
@@ -219,16 +230,16 @@ class _HookAggregator:
         base = (b * self.n_heads * T + tq) * T + t
         flat = base[:, None] + (self.heads * T * T)[None, :]
         cls_p = event_class[event]
-        chat_pairs = torch.nonzero(cls_p >= 0, as_tuple=True)[0]
-        all_tracked = chat_pairs.numel() == cls_p.numel()
-        triple_slot = self.triple_lookup(cls_p[chat_pairs], key_l[chat_pairs])
+        c_hat_pairs = torch.nonzero(cls_p >= 0, as_tuple=True)[0]
+        all_tracked = c_hat_pairs.numel() == cls_p.numel()
+        triple_slot = self.triple_lookup(cls_p[c_hat_pairs], key_l[c_hat_pairs])
         return _Batch(
             flat=flat,
             q_pos=b * T + tq,
             k_pos=b * T + t,
             event=event,
             pair_slot=pair_slot,
-            chat_pairs=chat_pairs,
+            c_hat_pairs=c_hat_pairs,
             triple_slot=triple_slot,
             all_tracked=all_tracked,
             event_query=qslot[b_e, t_e],
@@ -270,7 +281,7 @@ class _HookAggregator:
             # An event whose context weights all underflow to 0 contributes zeros.
             ahat = a.div_(den.clamp_min_(1e-30)[bt.event])
             sums = self.sums
-            sums.add("chat", i, bt.triple_slot, ahat if bt.all_tracked else ahat[bt.chat_pairs])
+            sums.add("c_hat", i, bt.triple_slot, ahat if bt.all_tracked else ahat[bt.c_hat_pairs])
             ent = den.zero_().index_add_(0, bt.event, torch.special.xlogy(ahat, ahat).neg_())
             sums.add("query_entropy", i, bt.event_query, ent)
             tracked = bt.event_class >= 0
@@ -484,7 +495,7 @@ def record_checkpoint(
     return CheckpointRecord(
         step=int(step),
         zbar=mean("zbar", plan.pair_count),
-        chat=mean("chat", plan.class_events[plan.triple_class]),
+        c_hat=mean("c_hat", plan.class_events[plan.triple_class]),
         entropy=mean("entropy", plan.class_events),
         query_entropy=mean("query_entropy", plan.query_events),
         prompt_pattern=None if prompt is None else prompt_attention(model, prompt, layers, heads),

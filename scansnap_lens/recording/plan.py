@@ -1,8 +1,8 @@
-"""What a recording tracks: query tokens, classes (m, n), and the slots of zbar and chat.
+"""What a recording tracks: query tokens, classes (m, n), and the slots of zbar and c_hat.
 
 A `RecordPlan` is built once from the evaluation tokens, which stay the same for every
 checkpoint.  Its slots are sparse, like `CooccurrenceStats`: one zbar slot per pair (m, l)
-and one chat slot per triple (m, n, l) that actually occurs in the evaluation text, so
+and one c_hat slot per triple (m, n, l) that actually occurs in the evaluation text, so
 memory follows the text's co-occurrence structure, never V x V.
 
 >>> rows = torch.tensor([[0, 1, 2, 1, 3], [0, 2, 2, 1, 3]])
@@ -43,7 +43,7 @@ class RecordPlan:
         class_query, class_next, class_events: [K] tracked classes (m, n), sorted, and N(m, n).
         pair_query, pair_token, pair_count: [Pz] zbar slots (m, l), sorted, and the number of
             (T, t) position pairs averaged in each.
-        triple_class, triple_token, triple_count: [Pc] chat slots (class index, l), sorted, and
+        triple_class, triple_token, triple_count: [Pc] c_hat slots (class index, l), sorted, and
             C(m, n, l) (occurrences of l in the contexts of the class).
         token_strings: decoded strings of the ids the plan mentions, when a tokenizer was given.
     """
@@ -97,7 +97,7 @@ class RecordPlan:
         return self.triple_class * self.vocab_size + self.triple_token
 
     def triple_pair(self) -> Tensor:
-        """[Pc] the zbar slot (m, l) of every chat slot (m, n, l)."""
+        """[Pc] the zbar slot (m, l) of every c_hat slot (m, n, l)."""
         return self.pair_slot(self.class_query[self.triple_class], self.triple_token)
 
     # -- slot lookups: the one place that maps (query, token) pairs to tensor slots --------
@@ -111,7 +111,7 @@ class RecordPlan:
         return None if c < 0 else c
 
     def triple_slot(self, c: int, tokens) -> Tensor:
-        """[n] the chat slot of each token of class slot `c`, -1 where the plan holds none."""
+        """[n] the c_hat slot of each token of class slot `c`, -1 where the plan holds none."""
         return _find(self.triple_keys, c * self.vocab_size + _ids(tokens))
 
     def decode(self, token: int) -> str:
@@ -231,9 +231,9 @@ def plan_recording(
     Args:
         queries: None tracks every query token; a float q in (0, 1] the most frequent queries
             that cover a share q of the events; otherwise the token ids to track.
-        classes: (m, n) pairs whose per-token attention chat is kept (default: every class of a
+        classes: (m, n) pairs whose per-token attention c_hat is kept (default: every class of a
             tracked query); zbar always uses all events of a tracked query.
-        min_class_events: drop classes with fewer events from chat.
+        min_class_events: drop classes with fewer events from c_hat.
         exclude_bos, include_self: the context convention (DESIGN section 2; `context.Context`):
             position 0 is context unless exclude_bos, as in `corpus.cooccurrence`.
         tokenizer: anything with ``decode([id])`` (HF tokenizer, TransformerLens model's

@@ -4,7 +4,7 @@ On disk a trajectory is a folder, written one checkpoint at a time::
 
     manifest.json                     steps done, skipped checkpoints, layers, heads, step unit
     plan.safetensors                  the RecordPlan (tracked queries, classes, slots)
-    checkpoints/step_000001000.safetensors   zbar, chat, entropy, query_entropy
+    checkpoints/step_000001000.safetensors   zbar, c_hat (as "chat"), entropy, query_entropy
                                       (and prompt_pattern where a prompt is recorded)
 
 Every file is written to a temporary name, synced and renamed, so an interrupted recording
@@ -21,6 +21,7 @@ import math
 import os
 import re
 import secrets
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,13 +37,13 @@ try:
     import fcntl
 except ImportError:  # Windows
     fcntl = None
-from scansnap_lens.recording.hooks import CheckpointRecord
+from scansnap_lens.recording.hooks import FILE_KEYS, CheckpointRecord
 from scansnap_lens.recording.plan import RecordPlan
 
 __all__ = ["RecordingLock", "Trajectory", "TrajectoryWriter", "remove_trajectory"]
 
 FORMAT = "scansnap_lens.Trajectory/1"
-_FIELDS = ("zbar", "chat", "entropy", "query_entropy")
+_FIELDS = ("zbar", "c_hat", "entropy", "query_entropy")
 _OWN_FILE = re.compile(r"checkpoints/step_\d{12}(-[0-9a-f]{8})?\.safetensors")
 _OWN_PLAN = re.compile(r"plan(-[0-9a-f]{8})?\.safetensors")
 MAX_STEP = 2**63 - 1  # steps are stored as int64
@@ -50,10 +51,12 @@ MAX_STEP = 2**63 - 1  # steps are stored as int64
 
 @dataclass
 class Trajectory:
-    """Aggregates of S checkpoints, L layers and H heads (see `record` for each quantity).
+    """Aggregates of S checkpoints, L layers and H heads (`recording.hooks` defines each).
 
     steps: [S] ascending, in ``step_unit`` ("steps" or "tokens").
-    zbar: [S, L, H, Pz]; chat: [S, L, H, Pc]; entropy: [S, L, H, K]; query_entropy: [S, L, H, Q].
+    zbar: [S, L, H, Pz] mean attention logit of each pair (m, l); c_hat: [S, L, H, Pc] the
+    paper's c-hat, the attention of class (m, n) on token l; entropy: [S, L, H, K];
+    query_entropy: [S, L, H, Q].
     skipped: checkpoints that could not be read: dicts with step, source and error.
     prompt: [T] ids of an example prompt, and prompt_pattern [S, L, H, T, T] its attention
     weights at every checkpoint (None where no prompt was recorded).
@@ -64,7 +67,7 @@ class Trajectory:
     layers: list[int]
     heads: list[int]
     zbar: Tensor
-    chat: Tensor
+    c_hat: Tensor
     entropy: Tensor
     query_entropy: Tensor
     step_unit: str = "steps"
@@ -76,6 +79,11 @@ class Trajectory:
     @property
     def num_steps(self) -> int:
         return self.steps.numel()
+
+    @property
+    def chat(self) -> Tensor:
+        warnings.warn("Trajectory.chat is now c_hat (the paper's c-hat)", FutureWarning, 2)
+        return self.c_hat
 
     @classmethod
     def from_records(
@@ -99,17 +107,17 @@ class Trajectory:
         return self.plan.class_slot(query, next_token)
 
     def class_attention(self, c: int, tokens: Tensor) -> Tensor:
-        """chat [S, L, H, n] (float64) of class slot `c` for `tokens`; 0 where a token never
+        """c_hat [S, L, H, n] (float64) of class slot `c` for `tokens`; 0 where a token never
         occurred in the context of the class."""
         slot = self.plan.triple_slot(c, tokens)
         held = slot >= 0
-        out = torch.zeros(*self.chat.shape[:3], slot.numel(), dtype=torch.float64)
-        out[..., held] = self.chat[..., slot[held]].double()
+        out = torch.zeros(*self.c_hat.shape[:3], slot.numel(), dtype=torch.float64)
+        out[..., held] = self.c_hat[..., slot[held]].double()
         return out
 
     def attention(self, query: int, next_token: int, tokens) -> Tensor:
         """[S, L, H, n] (float64) the attention that class (query, next_token) puts on each of
-        `tokens` (chat: per event, the weights on the token's context positions, summed and
+        `tokens` (c_hat: per event, the weights on the token's context positions, summed and
         renormalised over the context; averaged over events); 0 where a token never occurred
         in the class's contexts.  KeyError where the class is not tracked."""
         c = self.plan.class_slot(query, next_token)
@@ -158,12 +166,12 @@ class Trajectory:
     def to_dataframe(self, decode: bool = False) -> pd.DataFrame:
         """Long format: one row per (step, layer, head, query, next, token) of the tracked classes.
 
-        Columns: step, layer, head, query, next, token, zbar, chat, count (C(m, n, l)),
+        Columns: step, layer, head, query, next, token, zbar, c_hat, count (C(m, n, l)),
         events (N(m, n)), pair_count (positions averaged in zbar); with ``decode`` also the
         token strings.
         """
         plan = self.plan
-        _S, _L, _H, Pc = self.chat.shape
+        _S, _L, _H, Pc = self.c_hat.shape
         pair = plan.triple_pair()
         idx = pd.MultiIndex.from_product(
             [self.steps.tolist(), self.layers, self.heads, range(Pc)],
@@ -176,7 +184,7 @@ class Trajectory:
         frame["next"] = plan.class_next.numpy()[cls]
         frame["token"] = plan.triple_token.numpy()[slot]
         frame["zbar"] = self.zbar[..., pair].reshape(-1).numpy()
-        frame["chat"] = self.chat.reshape(-1).numpy()
+        frame["c_hat"] = self.c_hat.reshape(-1).numpy()
         frame["count"] = plan.triple_count.numpy()[slot]
         frame["events"] = plan.class_events.numpy()[cls]
         frame["pair_count"] = plan.pair_count[pair].numpy()[slot]
@@ -524,10 +532,11 @@ def _read_plan(file: Path) -> RecordPlan:
 
 def _read_record(file: Path, step: int) -> CheckpointRecord:
     _, tensors = _read_tensors(file)
-    missing = [k for k in _FIELDS if k not in tensors]
+    missing = [FILE_KEYS[k] for k in _FIELDS if FILE_KEYS[k] not in tensors]
     if missing:
         raise ValueError(f"{file} is not a trajectory checkpoint: it lacks {missing}")
-    return CheckpointRecord(step, *(tensors[k] for k in _FIELDS), tensors.get("prompt_pattern"))
+    fields = (tensors[FILE_KEYS[k]] for k in _FIELDS)
+    return CheckpointRecord(step, *fields, tensors.get("prompt_pattern"))
 
 
 def _check_shapes(path: Path, manifest: dict, plan: RecordPlan, records: list) -> None:
@@ -537,7 +546,7 @@ def _check_shapes(path: Path, manifest: dict, plan: RecordPlan, records: list) -
         if not isinstance(manifest.get(key), list):
             raise ValueError(f"{path}/manifest.json: '{key}' must be a list")
     L, H = len(manifest["layers"]), len(manifest["heads"])
-    slots = {"zbar": plan.num_pairs, "chat": plan.num_triples, "entropy": plan.num_classes,
+    slots = {"zbar": plan.num_pairs, "c_hat": plan.num_triples, "entropy": plan.num_classes,
              "query_entropy": plan.num_queries}  # fmt: skip
     for record in records:
         for name, n in slots.items():
@@ -588,5 +597,5 @@ def _plan_for_queries(plan: RecordPlan, queries: Tensor) -> tuple[RecordPlan, di
         triple_count=plan.triple_count[t],
         token_strings=plan.token_strings,
     )
-    keep = {"zbar": z, "chat": t, "entropy": c, "query_entropy": q}
+    keep = {"zbar": z, "c_hat": t, "entropy": c, "query_entropy": q}
     return sub, keep

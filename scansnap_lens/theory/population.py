@@ -223,7 +223,7 @@ class PopulationRun:
     def to_trajectory(self, plan):
         """The prediction as a one-head `Trajectory` on `plan`'s slots: zbar of a pair (m, l)
         is Z[m, l] (0 where the statistics never put l in a context of m: it never moves),
-        chat of a (class, token) outside the statistics' support is 0, and NaN for a class the
+        c_hat of a (class, token) outside the statistics' support is 0, and NaN for a class the
         population lacks."""
         from scansnap_lens.recording.trajectory import Trajectory
 
@@ -240,7 +240,7 @@ class PopulationRun:
         sorted_keys = pop_keys[order]
         k_pos = torch.searchsorted(sorted_keys, plan.class_keys).clamp_max(pop.num_classes - 1)
         k_held = sorted_keys[k_pos] == plan.class_keys  # [C_plan]
-        k_of = order[k_pos][plan.triple_class]  # [Pc] the population class of each chat slot
+        k_of = order[k_pos][plan.triple_class]  # [Pc] the population class of each c_hat slot
         col = torch.searchsorted(pop.tokens, plan.triple_token).clamp_max(pop.tokens.numel() - 1)
         col_held = pop.tokens[col] == plan.triple_token
         C = pop.tokens.numel()
@@ -248,8 +248,10 @@ class PopulationRun:
         wanted = k_of * C + col
         t = torch.searchsorted(keys, wanted).clamp_max(keys.numel() - 1)
         found = (keys[t] == wanted) & col_held & k_held[plan.triple_class]
-        chat = torch.where(found, self.attention_triples()[:, t], torch.zeros((), dtype=zbar.dtype))
-        chat[:, ~k_held[plan.triple_class]] = math.nan
+        c_hat = torch.where(
+            found, self.attention_triples()[:, t], torch.zeros((), dtype=zbar.dtype)
+        )
+        c_hat[:, ~k_held[plan.triple_class]] = math.nan
         nan = torch.full((S, 1, 1, plan.num_classes), math.nan)
         return Trajectory(
             plan,
@@ -257,7 +259,7 @@ class PopulationRun:
             layers=[0],
             heads=[0],
             zbar=zbar[:, None, None].float(),
-            chat=chat[:, None, None].float(),
+            c_hat=c_hat[:, None, None].float(),
             entropy=nan,
             query_entropy=torch.full((S, 1, 1, plan.num_queries), math.nan),
             meta={"source": "population prediction", **self.training},

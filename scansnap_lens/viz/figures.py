@@ -63,7 +63,7 @@ def plot_class_attention(
     title: str = "",
     path: str | Path | None = None,
 ) -> Figure:
-    """Fig. 4 layout: chat over checkpoints for each class (a panel per class), its query's
+    """Fig. 4 layout: c_hat over checkpoints for each class (a panel per class), its query's
     common tokens on top, then its distinct tokens by increasing P(l|m, n).
 
     classes: indices into `groups` (default: the first four); layer, head: default the first

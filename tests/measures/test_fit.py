@@ -72,7 +72,7 @@ def test_sampled_lab_fits_closely():
 def test_a_head_against_the_theory_scores_badly(lab):
     """The same trajectory with every logit change and attention order reversed: -1."""
     classes, groups, traj = lab
-    reversed_ = replace(traj, zbar=2 * traj.zbar[:1] - traj.zbar, chat=-traj.chat)
+    reversed_ = replace(traj, zbar=2 * traj.zbar[:1] - traj.zbar, c_hat=-traj.c_hat)
     final = measures.theory_fit(reversed_, classes, groups).final()
     assert final["dz_corr"].tolist() == pytest.approx([-1.0, -1.0], abs=1e-5)
     assert final["rank_agreement"].tolist() == pytest.approx([-1.0, -1.0], abs=1e-12)

@@ -69,7 +69,7 @@ def test_adam_snaps_the_same_at_every_horizon_and_has_no_prediction():
 def test_a_frozen_map_has_no_scan_and_a_short_run_has_not_snapped():
     classes = syn_medium(1)
     frozen = snap_of(classes, 50, lr_z=0.1, ratio=10, momentum=0.0)
-    frozen.chat[:] = frozen.chat[:1].clone()  # an attention map that never moves
+    frozen.c_hat[:] = frozen.c_hat[:1].clone()  # an attention map that never moves
     row = measures.snapping(frozen).table.iloc[0]
     assert math.isnan(row["snap_step"]) and row["snap_reason"] == measures.NO_SCAN
     short = snap_of(classes, 20, lr_z=0.1, ratio=10, momentum=0.0)  # ends near t0

@@ -64,7 +64,7 @@ def test_pretrained_labels_offline_hooked_and_bridge_agree(fake_hub, tmp_path):
         checkpoints.pretrained("EleutherAI/pythia-14m", steps=[0, 1000, 2000], backend="bridge")
     )
     torch.testing.assert_close(hooked.zbar, bridge.zbar, atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(hooked.chat, bridge.chat, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(hooked.c_hat, bridge.c_hat, atol=1e-5, rtol=1e-4)
     # distinct revisions really are different weights
     assert not torch.allclose(hooked.zbar[0], hooked.zbar[1])
     with pytest.raises(ValueError, match="not available"):
@@ -82,5 +82,7 @@ def test_pythia_labels_through_the_bridge(fake_hub, tmp_path):
     model = source.checkpoints[-1].load()
     ref = brute_force(model, tokens, queries=set(plan.queries.tolist()))
     last = traj.select(steps=[2000])
-    rec = CheckpointRecord(2000, last.zbar[0], last.chat[0], last.entropy[0], last.query_entropy[0])
+    rec = CheckpointRecord(
+        2000, last.zbar[0], last.c_hat[0], last.entropy[0], last.query_entropy[0]
+    )
     assert_matches(rec, plan, ref, range(2), range(4))

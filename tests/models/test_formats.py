@@ -92,7 +92,9 @@ def check_against_brute_force(traj, source, step):
     model = next(c for c in source.checkpoints if c.step == step).load()
     ref = brute_force(model, EVAL, in_place=True)
     last = traj.select(steps=[step])
-    rec = CheckpointRecord(step, last.zbar[0], last.chat[0], last.entropy[0], last.query_entropy[0])
+    rec = CheckpointRecord(
+        step, last.zbar[0], last.c_hat[0], last.entropy[0], last.query_entropy[0]
+    )
     assert_matches(rec, plan, ref, range(2), range(model.cfg.n_heads))
 
 

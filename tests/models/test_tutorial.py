@@ -114,7 +114,7 @@ def test_tutorial_dropout_trains_and_is_off_while_recording():
         assert not torch.equal(model(tokens), model(tokens))
     plan = plan_recording(tokens, V)
     a, b = (record_checkpoint(model, tokens, plan, progress=False) for _ in range(2))
-    assert torch.equal(a.chat, b.chat) and model.training
+    assert torch.equal(a.c_hat, b.c_hat) and model.training
 
 
 def test_tutorial_recording_equals_brute_force():

@@ -31,14 +31,14 @@ def test_aggregates_equal_brute_force(exclude_bos, include_self, backend):
     plan = plan_recording(tokens, V, exclude_bos=exclude_bos, include_self=include_self)
     rec = record_checkpoint(model, tokens, plan, batch_size=2, progress=False)
     ref = brute_force(model, tokens, exclude_bos, include_self)
-    zbar, chat = ref[0], ref[1]
+    zbar, c_hat = ref[0], ref[1]
 
     L, H = 2, 3
     assert rec.zbar.shape == (L, H, plan.num_pairs)
-    assert len(zbar) == L * H * plan.num_pairs and len(chat) == L * H * plan.num_triples
+    assert len(zbar) == L * H * plan.num_pairs and len(c_hat) == L * H * plan.num_triples
     assert_matches(rec, plan, ref, range(L), range(H))
-    # chat sums to 1 over the tokens of each class
-    per_class = torch.zeros(L, H, plan.num_classes).index_add_(2, plan.triple_class, rec.chat)
+    # c_hat sums to 1 over the tokens of each class
+    per_class = torch.zeros(L, H, plan.num_classes).index_add_(2, plan.triple_class, rec.c_hat)
     torch.testing.assert_close(per_class, torch.ones_like(per_class))
 
 
@@ -77,7 +77,7 @@ def test_tracked_queries_classes_layers_heads():
     plan_c = plan_recording(tokens, V, queries=queries, classes=classes)
     assert plan_c.num_classes == 2 and plan_c.num_pairs == plan.num_pairs
     rec = record_checkpoint(model, tokens, plan_c, layers=[1], heads=[2, 0], progress=False)
-    zbar, chat, _, _, tol = brute_force(model, tokens, False, False, queries=set(queries))
+    zbar, c_hat, _, _, tol = brute_force(model, tokens, False, False, queries=set(queries))
     assert rec.zbar.shape == (1, 2, plan_c.num_pairs)
     for j, (m, l) in enumerate(zip(plan_c.pair_query.tolist(), plan_c.pair_token.tolist())):
         assert rec.zbar[0, 0, j].item() == pytest.approx(zbar[1, 2, m, l], abs=tol["zbar"])
@@ -85,7 +85,7 @@ def test_tracked_queries_classes_layers_heads():
     for j in range(plan_c.num_triples):
         c = plan_c.triple_class[j].item()
         key = (1, 2, classes[c][0], classes[c][1], plan_c.triple_token[j].item())
-        assert rec.chat[0, 0, j].item() == pytest.approx(chat[key], abs=tol["chat"])
+        assert rec.c_hat[0, 0, j].item() == pytest.approx(c_hat[key], abs=tol["c_hat"])
 
 
 @requires_hooked  # on 4.x the native bridge is such a model, tested above
@@ -113,7 +113,7 @@ def test_pattern_in_scores_hook_is_detected_and_scores_rebuilt():
     got = record_checkpoint(model, tokens, plan, progress=False)
     # Both are float32 recordings; each lies within `tol` of the exact value.
     torch.testing.assert_close(got.zbar, want.zbar, atol=2 * tol["zbar"], rtol=0)
-    torch.testing.assert_close(got.chat, want.chat, atol=2 * tol["chat"], rtol=0)
+    torch.testing.assert_close(got.c_hat, want.c_hat, atol=2 * tol["c_hat"], rtol=0)
 
 
 def test_bad_inputs_name_the_problem():

@@ -55,7 +55,7 @@ def test_folder_source_records_and_resumes(trained, tmp_path):
         wrapped(checkpoints.folder(out))
     )
     assert loads == [10, 20, 30]
-    for name in ("zbar", "chat", "entropy", "query_entropy"):
+    for name in ("zbar", "c_hat", "entropy", "query_entropy"):
         assert torch.equal(getattr(resumed, name), getattr(full, name))
 
     other = plan_recording(tokens, V)
@@ -74,7 +74,7 @@ def test_callback_and_memory_sources_match_folder(trained, tmp_path):
     model, _ = train_run(on_checkpoint=recorder.on_checkpoint)
     callback_traj = recorder.trajectory()
     torch.testing.assert_close(callback_traj.zbar, folder_traj.zbar, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(callback_traj.chat, folder_traj.chat, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(callback_traj.c_hat, folder_traj.c_hat, atol=1e-6, rtol=1e-5)
     mem = record_trajectory(
         checkpoints.in_memory({30: model}), tokens, tmp_path / "c", plan=plan, progress=False
     )
@@ -140,7 +140,7 @@ def test_a_recorder_plans_for_queries_from_the_first_model_and_resumes_without_o
                                   plan=explicit, progress=False)  # fmt: skip
     got = Trajectory.load(tmp_path / "q")
     assert got.plan.queries.tolist() == [3, 5, 7] and got.steps.tolist() == [0, 1, 2]
-    for name in ("zbar", "chat", "entropy", "query_entropy"):
+    for name in ("zbar", "c_hat", "entropy", "query_entropy"):
         assert torch.equal(getattr(got, name), getattr(reference, name)), name
     with pytest.raises(ValueError, match="another plan"):
         Recorder(tmp_path / "q", tokens, queries=[3, 5], progress=False)

@@ -126,12 +126,12 @@ def test_writers_on_one_folder_lose_no_step(trajectories, tmp_path):
         TrajectoryWriter(tmp_path / "t", a.plan, a.layers, a.heads, prompt=a.prompt)
         for _ in range(2)
     ]
-    record = CheckpointRecord(0, a.zbar[0], a.chat[0], a.entropy[0], a.query_entropy[0])
+    record = CheckpointRecord(0, a.zbar[0], a.c_hat[0], a.entropy[0], a.query_entropy[0])
 
     def write(writer, steps):
         for step in steps:
             record.step = step
-            writer.write(CheckpointRecord(step, record.zbar, record.chat, record.entropy,
+            writer.write(CheckpointRecord(step, record.zbar, record.c_hat, record.entropy,
                                           record.query_entropy))  # fmt: skip
 
     threads = [
@@ -175,7 +175,7 @@ def test_trajectory_save_load_select_dataframe(trained, tmp_path):
     plan = plan_recording(tokens, RUN_V, queries=syn_small().query.tolist())
     traj = Recorder(tmp_path / "t", tokens, plan, progress=False).record(checkpoints.folder(out))
     copy = Trajectory.load(traj.save(tmp_path / "copy"))
-    assert torch.equal(copy.chat, traj.chat) and copy.plan.same_as(traj.plan)
+    assert torch.equal(copy.c_hat, traj.c_hat) and copy.plan.same_as(traj.plan)
     q = int(plan.queries[0])
     sub = traj.select(steps=[5, 30], heads=[1], queries=[q])
     assert sub.steps.tolist() == [5, 30] and sub.heads == [1]
@@ -190,9 +190,9 @@ def test_trajectory_save_load_select_dataframe(trained, tmp_path):
             & (traj.plan.triple_token == row["token"])
         ).nonzero()[0]
     )
-    assert row["chat"] == pytest.approx(float(traj.chat[-1, 0, 1, j]))
-    # chat of each (step, class) sums to one
-    sums = frame.groupby(["step", "query", "next"])["chat"].sum()
+    assert row["c_hat"] == pytest.approx(float(traj.c_hat[-1, 0, 1, j]))
+    # c_hat of each (step, class) sums to one
+    sums = frame.groupby(["step", "query", "next"])["c_hat"].sum()
     assert sums.to_numpy() == pytest.approx(1.0, abs=1e-5)
     with pytest.raises(KeyError, match="steps"):
         traj.select(steps=[7])
@@ -233,3 +233,18 @@ def test_trajectory_logits_and_attention_of_given_tokens():
         traj.attention(0, 6, [1])
     assert traj.plan.pair_slot(0, [1, 2, 3]).tolist() == [0, -1, 1]
     assert traj.plan.class_slot(0, 5) == 0 and traj.plan.class_slot(2, 5) is None
+
+
+def test_c_hat_keeps_its_file_name_and_its_old_attribute_warns(trajectories, tmp_path):
+    """c_hat was ``chat``: files keep that tensor name (every folder ever written loads and
+    resumes), and the old attribute still reads, with a warning."""
+    from safetensors import safe_open
+
+    traj = trajectories[0]
+    traj.save(tmp_path / "t")
+    first = next((tmp_path / "t" / "checkpoints").glob("step_*.safetensors"))
+    with safe_open(str(first), framework="pt") as handle:
+        keys = set(handle.keys())
+    assert {"zbar", "chat", "entropy", "query_entropy"} <= keys and "c_hat" not in keys, keys
+    with pytest.warns(FutureWarning, match="Trajectory.chat is now c_hat"):
+        assert traj.chat is traj.c_hat

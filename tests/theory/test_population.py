@@ -112,8 +112,8 @@ def test_from_stats_counts_and_weights():
 
 
 def test_prediction_on_a_plan():
-    """zbar of a pair the statistics never hold stays 0; chat of a class they lack is NaN;
-    chat of each class sums to 1 over its tokens."""
+    """zbar of a pair the statistics never hold stays 0; c_hat of a class they lack is NaN;
+    c_hat of each class sums to 1 over its tokens."""
     rows = torch.tensor([[0, 1, 2, 1, 3], [0, 2, 2, 1, 3], [0, 4, 0, 1, 5]])
     stats = cooccurrence(rows[:2], vocab_size=6)  # the class (1, 5) is only in the third row
     plan = plan_recording(rows, 6, queries=[1], exclude_bos=False)
@@ -123,9 +123,9 @@ def test_prediction_on_a_plan():
     assert traj.zbar[:, 0, 0, pairs[4]].abs().max() == 0  # 4 is never a context of 1 in stats
     assert traj.zbar[-1, 0, 0, pairs[2]] != 0
     c5 = traj.class_slot(1, 5)
-    assert torch.isnan(traj.chat[:, 0, 0, plan.triple_class == c5]).all()
+    assert torch.isnan(traj.c_hat[:, 0, 0, plan.triple_class == c5]).all()
     c3 = traj.class_slot(1, 3)
-    totals = traj.chat[:, 0, 0, plan.triple_class == c3].sum(-1)
+    totals = traj.c_hat[:, 0, 0, plan.triple_class == c3].sum(-1)
     torch.testing.assert_close(totals, torch.ones_like(totals), rtol=0, atol=8 * EPS32)
 
 
