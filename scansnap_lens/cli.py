@@ -438,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="train a small transformer, record, measure and report scan and snap",
         description="The main job on an embedded default (15 to 30 s on 2 cores): a 1-layer"
         " attention-only HookedTransformer without positions trained on synthetic sequence"
-        " classes, recorded at log-spaced checkpoints, token classes from the training corpus,"
+        " classes, recorded at log-spaced checkpoints, token kinds from the training corpus,"
         " measurements and a self-contained HTML report.",
     )
     demo.add_argument("--out", type=Path, default=Path("demo_out"), help="output folder")

@@ -5,7 +5,7 @@
   of per-token attention, attention maps of a prompt (Fig. 7), theory curves (Fig. 3), the
   growth factor against Theorem 3's bounds, the fit to the population dynamics, the lab.
 - `views`: circuitsvis views (rendered inline in a notebook, saved as offline HTML): the
-  prompt's attention across checkpoints, its tokens coloured by class and by the attention a
+  prompt's attention across checkpoints, its tokens coloured by kind and by the attention a
   query pays them.
 """
 

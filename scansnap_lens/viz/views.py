@@ -229,7 +229,7 @@ def token_kinds(
     position: int | None = None,
     token_strings: Sequence[str] | None = None,
 ) -> View:
-    """The prompt up to the query at `position`, coloured by class (circuitsvis
+    """The prompt up to the query at `position`, coloured by kind (circuitsvis
     ``colored_tokens``): +1 distinct for (query, next token), -1 common, 0 neither."""
     prompt = _prompt(traj)
     position = default_position(traj, groups) if position is None else position
@@ -260,7 +260,7 @@ def query_attention(
     token_strings: Sequence[str] | None = None,
 ) -> View:
     """The attention the query at `position` pays each earlier token, at several checkpoints,
-    beside the token classes (circuitsvis ``colored_tokens_multi``: pick a column to colour)."""
+    beside the token kinds (circuitsvis ``colored_tokens_multi``: pick a column to colour)."""
     prompt = _prompt(traj)
     position = default_position(traj, groups) if position is None else position
     layer = traj.layers[0] if layer is None else layer
