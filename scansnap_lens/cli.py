@@ -55,7 +55,7 @@ def _demo(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ stats
 def _corpus_rows(args: argparse.Namespace):
     """(rows, vocab size, tokenizer name) of the text or token files given."""
-    from scansnap_lens.inputs.text import wikitext_documents, word_level_tokenizer
+    from scansnap_lens.inputs.text import read_documents, word_level_tokenizer
     from scansnap_lens.inputs.tokens import TOKEN_SUFFIXES, encode, load_tokenizer, read_tokens
 
     if not args.inputs:
@@ -72,7 +72,7 @@ def _corpus_rows(args: argparse.Namespace):
     if files:
         rows = [r for f in files for r in read_tokens(f)]
         return rows, args.vocab_size, None
-    docs = [d for p in texts for d in wikitext_documents(p)]
+    docs = [d for p in texts for d in read_documents(p, args.documents)]
     if args.tokenizer:
         tokenizer = load_tokenizer(args.tokenizer)
     else:
@@ -197,7 +197,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ record
 def _eval_tokens(args: argparse.Namespace):
-    from scansnap_lens.inputs.text import wikitext_documents
+    from scansnap_lens.inputs.text import read_documents
     from scansnap_lens.inputs.tokens import encode, load_tokenizer, read_tokens, rows_of
 
     if bool(args.tokens) == bool(args.text):
@@ -208,7 +208,7 @@ def _eval_tokens(args: argparse.Namespace):
         spec = args.tokenizer or args.model
         if not spec:
             raise ValueError("--text needs --tokenizer (a tokenizer.json or a hub name)")
-        docs = wikitext_documents(args.text)
+        docs = read_documents(args.text, args.documents)
         tokens = rows_of(encode(load_tokenizer(spec), docs), args.seq_len)
     if args.max_rows:
         tokens = tokens[: args.max_rows]
@@ -425,6 +425,8 @@ def _steps(text: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from scansnap_lens.inputs.text import DOCUMENT_SPLITS
+
     parser = argparse.ArgumentParser(
         prog="scansnap",
         description=__doc__.split("\n\n")[0],
@@ -460,8 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
         "stats",
         help="co-occurrence statistics of a corpus (text, token files or a datasets dataset)",
         description="Count events (m, n) and co-occurrences C(m, n, l) of a corpus and save"
-        " them (safetensors). Text files are split into WikiText articles and tokenised with"
-        " --tokenizer, or by a word-level tokenizer built from them (saved beside --out).",
+        " them (safetensors). Text files are split into documents (--documents) and tokenised"
+        " with --tokenizer, or by a word-level tokenizer built from them (saved beside --out).",
     )
     stats.add_argument(
         "inputs",
@@ -484,6 +486,11 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--text-column", help="dataset column of text (needs --tokenizer)")
     stats.add_argument("--tokenizer", help="tokenizer.json or a Hugging Face tokenizer name")
     stats.add_argument("--max-vocab", type=int, help="size of the word-level tokenizer built")
+    stats.add_argument(
+        "--documents", choices=DOCUMENT_SPLITS, default="paragraph",
+        help="how a text file splits into documents, which co-occurrences never cross:"
+        " paragraph (blank lines; default), wikitext (articles), line, or document (the file)",
+    )  # fmt: skip
     stats.add_argument(
         "--vocab-size", type=_count(1, 2**31 - 1), help="vocabulary size of token ids"
     )
@@ -518,6 +525,11 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--tokens", type=Path, help="evaluation token file [rows, positions]")
     record.add_argument("--text", type=Path, help="evaluation text file (with --tokenizer)")
     record.add_argument("--tokenizer", help="tokenizer.json or name (default: --model's)")
+    record.add_argument(
+        "--documents", choices=DOCUMENT_SPLITS, default="paragraph",
+        help="how a text file splits into documents, which co-occurrences never cross:"
+        " paragraph (blank lines; default), wikitext (articles), line, or document (the file)",
+    )  # fmt: skip
     record.add_argument(
         "--seq-len", type=_count(2, 1 << 20), default=64, help="row length for --text"
     )

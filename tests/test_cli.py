@@ -120,6 +120,22 @@ def test_stats_of_text_and_of_a_dataset(shared_dir, tmp_path, capsys):
     assert "5 events" in capsys.readouterr().out  # T - 2 per row: a query needs context
 
 
+def test_text_splits_into_the_documents_asked_for(tmp_path, capsys):
+    """Events never cross a document: a row of T words holds T - 2 events (a query needs
+    context and a next token), so the split shows in the count."""
+    from scansnap_lens.statistics.corpus import CooccurrenceStats
+
+    (tmp_path / "t.txt").write_text("a b c d\ne f g\n\nh i j k l\n")
+    events = {}
+    for split in ("line", "paragraph", "document"):
+        out = tmp_path / f"{split}.safetensors"
+        assert (
+            main(["stats", str(tmp_path / "t.txt"), "--documents", split, "--out", str(out)]) == 0
+        )
+        events[split] = int(CooccurrenceStats.load(out).events.sum())
+    assert events == {"line": 2 + 1 + 3, "paragraph": 5 + 3, "document": 12 - 2}
+
+
 def test_record_pretrained_labels_offline(fake_hub, own_run, tmp_path, capsys):
     tokens = torch.randint(0, 64, (4, 12), generator=torch.Generator().manual_seed(0))
     save_tokens(tmp_path / "eval.safetensors", tokens)
@@ -331,6 +347,7 @@ BAD_ARGUMENTS = [  # (arguments, what the message must say): argparse exits 2
     (["record", "--checkpoints", "x", "--tokens", "t", "--out", "o", "--steps", "log:0"],
      "log:N needs an integer N >= 2"),
     (["stats", "a.txt", "--out", "s", "--window", "1e20"], "--window: expected an integer"),
+    (["stats", "a.txt", "--out", "s", "--documents", "sentence"], "invalid choice: 'sentence'"),
     (["theory", "--K", "2", "--M", "33", "--lr-y", "nan", "--lr-z", "1"],
      "--lr-y: must be a positive finite number"),
     (["theory", "--K", "2", "--M", "33", "--lr-y", "1", "--lr-z", "1", "--points", "100000000"],

@@ -1,5 +1,16 @@
-"""Word-level text helpers: WikiText documents and a ``tokenizers`` WordLevel tokenizer.
+"""Text into documents, and a ``tokenizers`` WordLevel tokenizer.
 
+How a text file splits into documents is a choice (`read_documents`), since statistics never
+cross a document's end: paragraphs (blank-line separated, the default), WikiText articles,
+lines, or the whole file (the names of ``datasets``' text loader, ``sample_by``, and WikiText).
+
+>>> import tempfile, pathlib
+>>> path = pathlib.Path(tempfile.mkdtemp()) / "t.txt"
+>>> _ = path.write_text(" = A = \\n\\n one two \\n three \\n\\n = B = \\n\\n four \\n")
+>>> read_documents(path, "wikitext")
+['= A = one two three', '= B = four']
+>>> read_documents(path, "paragraph")
+['= A =', 'one two three', '= B =', 'four']
 >>> tok = word_level_tokenizer(["the cat sat on the mat", "the dog"], max_vocab=4)
 >>> tok.get_vocab_size(), tok.encode("the cat ran").ids  # <unk> = 0, then by frequency
 (4, [1, 2, 0])
@@ -15,23 +26,46 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-__all__ = ["encode_documents", "wikitext_documents", "word_level_tokenizer"]
+__all__ = [
+    "DOCUMENT_SPLITS",
+    "encode_documents",
+    "read_documents",
+    "wikitext_documents",
+    "word_level_tokenizer",
+]
 
 _ARTICLE = re.compile(r"^ = [^=].* = $")
 
 
-def wikitext_documents(path: str | Path) -> list[str]:
-    """Split a WikiText file into articles (a line `` = Title = `` starts one)."""
+DOCUMENT_SPLITS = ("paragraph", "wikitext", "line", "document")
+
+
+def read_documents(path: str | Path, split: str = "paragraph") -> list[str]:
+    """The documents of a UTF-8 text file, each with its lines joined by spaces:
+
+    - ``"paragraph"``: separated by blank lines;
+    - ``"wikitext"``: WikiText articles (a line `` = Title = `` starts one);
+    - ``"line"``: every non-empty line;
+    - ``"document"``: the whole file.
+    """
+    if split not in DOCUMENT_SPLITS:
+        raise ValueError(f"split must be one of {', '.join(DOCUMENT_SPLITS)}, got {split!r}")
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no WikiText file at {path}")
-    docs: list[list[str]] = []
+        raise FileNotFoundError(f"no text file at {path}")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    docs: list[list[str]] = [[]]
     for line in text.splitlines():
-        if _ARTICLE.match(line) or not docs:
+        starts = {
+            "paragraph": not line.strip(),
+            "wikitext": bool(_ARTICLE.match(line)),
+            "line": True,
+            "document": False,
+        }[split]
+        if starts and docs[-1]:
             docs.append([])
         if line.strip():
             docs[-1].append(line.strip())
@@ -39,6 +73,11 @@ def wikitext_documents(path: str | Path) -> list[str]:
     if not texts:
         raise ValueError(f"{path} holds no text")
     return texts
+
+
+def wikitext_documents(path: str | Path) -> list[str]:
+    """The articles of a WikiText file (`read_documents` with ``split="wikitext"``)."""
+    return read_documents(path, "wikitext")
 
 
 def word_level_tokenizer(
