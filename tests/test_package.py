@@ -114,3 +114,20 @@ def test_renamed_names_are_found_under_their_old_names_with_a_warning():
 
 def test_the_package_is_typed():
     assert importlib.resources.files("scansnap_lens").joinpath("py.typed").is_file()
+
+
+@pytest.mark.parametrize("stage", [s for s in STAGES if s != "viz"])
+def test_each_stage_lists_every_public_name_of_its_modules(stage):
+    """A stage's ``__init__`` lists each name once, so ``ss.<stage>.<name>`` exists for every
+    name its modules export, and for nothing else."""
+    package = importlib.import_module(f"scansnap_lens.{stage}")
+    exported = {}
+    for path in (PACKAGE / stage).glob("*.py"):
+        if not path.stem.startswith("_"):
+            module = importlib.import_module(f"scansnap_lens.{stage}.{path.stem}")
+            exported.update(dict.fromkeys(module.__all__, path.stem))
+    assert set(package._NAMES) == set(exported)
+    for name, module in package._NAMES.items():
+        assert getattr(package, name) is getattr(
+            importlib.import_module(f"scansnap_lens.{stage}.{module}"), name
+        )

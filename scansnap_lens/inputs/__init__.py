@@ -10,11 +10,13 @@ from scansnap_lens._lazy import exports
 
 _NAMES = {
     "Codec": "tokens",
+    "DOCUMENT_SPLITS": "text",
     "IndexedTokens": "indexed",
     "codec": "tokens",
     "encode": "tokens",
     "encode_documents": "text",
     "load_tokenizer": "tokens",
+    "read_documents": "text",
     "read_tokens": "tokens",
     "rows_of": "tokens",
     "save_tokens": "tokens",
