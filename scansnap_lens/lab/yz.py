@@ -143,33 +143,16 @@ class YZRun:
         from scansnap_lens.recording.trajectory import Trajectory
 
         classes, M = self.classes, self.classes.vocab_size
-        order = torch.argsort(classes.query * M + classes.next_token)
-        support = classes.support()[order]  # [K, V] in plan class order
-        k_idx, l_idx = support.nonzero(as_tuple=True)
-        q_sorted = classes.query[order]
-        pair_keys, pair_count = torch.unique(q_sorted[k_idx] * M + l_idx, return_counts=True)
-        queries, query_events = torch.unique(classes.query, return_counts=True)
-        plan = RecordPlan(
-            vocab_size=M,
-            exclude_bos=False,
-            include_self=False,
-            fingerprint=0,
-            queries=queries,
-            query_events=query_events,
-            class_query=q_sorted,
-            class_next=classes.next_token[order],
-            class_events=torch.ones(classes.num_classes, dtype=torch.long),
-            pair_query=pair_keys // M,
-            pair_token=pair_keys % M,
-            pair_count=pair_count,
-            triple_class=k_idx,
-            triple_token=l_idx,
-            triple_count=torch.ones_like(k_idx),
+        k_idx, l_idx = classes.support().nonzero(as_tuple=True)  # each class's context tokens
+        ones = torch.ones(classes.num_classes, dtype=torch.long)
+        plan = RecordPlan.from_counts(
+            M, classes.query, classes.next_token, ones, k_idx, l_idx, torch.ones_like(k_idx),
             token_strings=dict(enumerate(classes.token_labels())),
-        )
+        )  # fmt: skip
         S, R = self.Z.shape[:2]
         zbar = self.Z[..., plan.pair_query, plan.pair_token]  # [S, R, Pz]
-        c_hat = self.attention()[:, :, order][:, :, k_idx, l_idx]  # [S, R, Pc]
+        order = torch.argsort(classes.query * M + classes.next_token)  # the plan's class order
+        c_hat = self.attention()[:, :, order][:, :, plan.triple_class, plan.triple_token]
         nan = torch.full((S, 1, R, classes.num_classes), math.nan)
         return Trajectory(
             plan,
@@ -179,7 +162,7 @@ class YZRun:
             zbar=zbar[:, None].float(),
             c_hat=c_hat[:, None].float(),
             entropy=nan,
-            query_entropy=torch.full((S, 1, R, queries.numel()), math.nan),
+            query_entropy=torch.full((S, 1, R, plan.num_queries), math.nan),
             meta={
                 "source": "yz",
                 "lr_z": self.lr_z.tolist(),

@@ -18,7 +18,7 @@ memory follows the text's co-occurrence structure, never V x V.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 from torch import Tensor
@@ -64,6 +64,89 @@ class RecordPlan:
     triple_token: Tensor
     triple_count: Tensor
     token_strings: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_counts(
+        cls,
+        vocab_size: int,
+        class_query: Tensor,
+        class_next: Tensor,
+        class_events: Tensor,
+        triple_class: Tensor,
+        triple_token: Tensor,
+        triple_count: Tensor,
+        keep: Tensor | None = None,
+        exclude_bos: bool = False,
+        include_self: bool = False,
+        fingerprint: int = 0,
+        token_strings: dict[int, str] | None = None,
+    ) -> RecordPlan:
+        """The one constructor of plans: slots from counted classes and their context tokens.
+
+        class_query, class_next, class_events: [K'] classes (m, n) and N(m, n), unique;
+        triple_class, triple_token, triple_count: [P'] (class index, l) and C(m, n, l);
+        keep: [K'] bool, the classes whose c_hat is kept (default all).  Every class counts
+        for the queries' events and the zbar pairs (zbar averages all events of a query).
+        """
+        V = int(vocab_size)
+        order = torch.argsort(class_query * V + class_next)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(order.numel())
+        keep = torch.ones(order.numel(), dtype=torch.bool) if keep is None else keep
+        keep, class_query, class_next = keep[order], class_query[order], class_next[order]
+        class_events, triple_class = class_events[order], rank[triple_class]
+        queries, inverse = torch.unique(class_query, return_inverse=True)
+        query_events = torch.zeros(queries.numel(), dtype=torch.long)
+        query_events.index_add_(0, inverse, class_events.long())
+        pair_keys, inverse = torch.unique(class_query[triple_class] * V + triple_token,
+                                          return_inverse=True)  # fmt: skip
+        pair_count = torch.zeros(pair_keys.numel(), dtype=torch.long)
+        pair_count.index_add_(0, inverse, triple_count.long())
+        new_index = torch.cumsum(keep.long(), 0) - 1
+        kept = keep[triple_class]
+        triple_keys, at = torch.sort(new_index[triple_class[kept]] * V + triple_token[kept])
+        return cls(
+            vocab_size=V,
+            exclude_bos=exclude_bos,
+            include_self=include_self,
+            fingerprint=fingerprint,
+            queries=queries,
+            query_events=query_events,
+            class_query=class_query[keep],
+            class_next=class_next[keep],
+            class_events=class_events[keep].long(),
+            pair_query=pair_keys // V,
+            pair_token=pair_keys % V,
+            pair_count=pair_count,
+            triple_class=triple_keys // V,
+            triple_token=triple_keys % V,
+            triple_count=triple_count[kept][at].long(),
+            token_strings=dict(token_strings or {}),
+        )
+
+    def for_queries(self, queries: Tensor) -> tuple[RecordPlan, dict[str, Tensor]]:
+        """The plan restricted to `queries`, and per recorded tensor the mask of its slots
+        kept (``zbar``, ``c_hat``, ``entropy``, ``query_entropy``)."""
+        q = torch.isin(self.queries, queries)
+        c = torch.isin(self.class_query, queries)
+        z = torch.isin(self.pair_query, queries)
+        t = c[self.triple_class]
+        new_class = torch.cumsum(c.long(), 0) - 1
+        sub = replace(
+            self,
+            queries=self.queries[q],
+            query_events=self.query_events[q],
+            class_query=self.class_query[c],
+            class_next=self.class_next[c],
+            class_events=self.class_events[c],
+            pair_query=self.pair_query[z],
+            pair_token=self.pair_token[z],
+            pair_count=self.pair_count[z],
+            triple_class=new_class[self.triple_class[t]],
+            triple_token=self.triple_token[t],
+            triple_count=self.triple_count[t],
+        )
+        return sub, {"zbar": z, "c_hat": t, "entropy": c, "query_entropy": q}
 
     @property
     def num_queries(self) -> int:
@@ -251,48 +334,24 @@ def plan_recording(
         else cooccurrence(rows, vocab_size, exclude_bos=exclude_bos, queries=queries)
     )
     stats = stats.canonical()
-    V = vocab_size
-    triple_cls = stats.triple_class
-    triple_m = stats.query[triple_cls]
-    triple_l = stats.token
-    triple_c = stats.count
-    if include_self:
-        # The query's own position adds one occurrence of m per event of (m, n).
+    triple_cls, triple_l, triple_c = stats.triple_class, stats.token, stats.count
+    if include_self:  # the query's own position adds one occurrence of m per event of (m, n)
+        V = vocab_size
         triple_cls = torch.cat([triple_cls, torch.arange(stats.num_classes)])
-        triple_m = torch.cat([triple_m, stats.query])
         triple_l = torch.cat([triple_l, stats.query])
         triple_c = torch.cat([triple_c, stats.events])
         keys, inverse = torch.unique(triple_cls * V + triple_l, return_inverse=True)
         triple_c = torch.zeros(keys.numel(), dtype=torch.long).index_add_(0, inverse, triple_c)
         triple_cls, triple_l = keys // V, keys % V
-        triple_m = stats.query[triple_cls]
-    pair_keys, inverse = torch.unique(triple_m * V + triple_l, return_inverse=True)
-    pair_count = torch.zeros(pair_keys.numel(), dtype=torch.long).index_add_(0, inverse, triple_c)
-
     keep = stats.events >= min_class_events
     if classes is not None:
-        wanted = torch.tensor([m * V + n for m, n in classes], dtype=torch.long)
-        keep &= torch.isin(stats.query * V + stats.next_token, wanted)
-    new_index = torch.cumsum(keep.long(), 0) - 1
-    triple_keep = keep[triple_cls]
-    tracked_q, q_events = _query_events(stats)
-    plan = RecordPlan(
-        vocab_size=V,
-        exclude_bos=exclude_bos,
-        include_self=include_self,
+        wanted = torch.tensor([m * vocab_size + n for m, n in classes], dtype=torch.long)
+        keep &= torch.isin(stats.query * vocab_size + stats.next_token, wanted)
+    plan = RecordPlan.from_counts(
+        vocab_size, stats.query, stats.next_token, stats.events, triple_cls, triple_l, triple_c,
+        keep=keep, exclude_bos=exclude_bos, include_self=include_self,
         fingerprint=int(stats.fingerprint, 16),
-        queries=tracked_q,
-        query_events=q_events,
-        class_query=stats.query[keep],
-        class_next=stats.next_token[keep],
-        class_events=stats.events[keep],
-        pair_query=pair_keys // V,
-        pair_token=pair_keys % V,
-        pair_count=pair_count,
-        triple_class=new_index[triple_cls[triple_keep]],
-        triple_token=triple_l[triple_keep],
-        triple_count=triple_c[triple_keep],
-    )
+    )  # fmt: skip
     if tokenizer is not None:
         ids = torch.unique(torch.cat([plan.queries, plan.class_next, plan.pair_token]))
         from scansnap_lens.inputs.tokens import codec
@@ -303,12 +362,6 @@ def plan_recording(
             decode = lambda i: tokenizer.decode([i])  # noqa: E731
         plan.token_strings = {int(i): decode(int(i)) for i in ids}
     return plan
-
-
-def _query_events(stats: CooccurrenceStats) -> tuple[Tensor, Tensor]:
-    query, events = stats.query_counts()
-    order = torch.argsort(query)
-    return query[order], events[order]
 
 
 def _rows(tokens) -> list:

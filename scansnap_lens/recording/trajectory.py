@@ -147,7 +147,7 @@ class Trajectory:
         out = {k: cut(getattr(self, k)) for k in _FIELDS}
         plan = self.plan
         if queries is not None:
-            plan, keep = _plan_for_queries(plan, torch.as_tensor(list(queries)))
+            plan, keep = plan.for_queries(torch.as_tensor(list(queries)))
             out = {k: v[..., keep[k]] for k, v in out.items()}
         return Trajectory(
             plan,
@@ -571,31 +571,3 @@ def _positions(values: list, wanted, name: str) -> list[int]:
     if missing:
         raise KeyError(f"{name}s {missing} are not in this trajectory (it has {values})")
     return [values.index(w) for w in wanted]
-
-
-def _plan_for_queries(plan: RecordPlan, queries: Tensor) -> tuple[RecordPlan, dict]:
-    q = torch.isin(plan.queries, queries)
-    c = torch.isin(plan.class_query, queries)
-    z = torch.isin(plan.pair_query, queries)
-    t = c[plan.triple_class]
-    new_class = torch.cumsum(c.long(), 0) - 1
-    sub = RecordPlan(
-        vocab_size=plan.vocab_size,
-        exclude_bos=plan.exclude_bos,
-        include_self=plan.include_self,
-        fingerprint=plan.fingerprint,
-        queries=plan.queries[q],
-        query_events=plan.query_events[q],
-        class_query=plan.class_query[c],
-        class_next=plan.class_next[c],
-        class_events=plan.class_events[c],
-        pair_query=plan.pair_query[z],
-        pair_token=plan.pair_token[z],
-        pair_count=plan.pair_count[z],
-        triple_class=new_class[plan.triple_class[t]],
-        triple_token=plan.triple_token[t],
-        triple_count=plan.triple_count[t],
-        token_strings=plan.token_strings,
-    )
-    keep = {"zbar": z, "c_hat": t, "entropy": c, "query_entropy": q}
-    return sub, keep
