@@ -12,6 +12,7 @@ _NAMES = {
     "Codec": "tokens",
     "DOCUMENT_SPLITS": "text",
     "IndexedTokens": "indexed",
+    "TokenizerLike": "tokens",
     "codec": "tokens",
     "encode": "tokens",
     "encode_documents": "text",

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
 import torch
@@ -25,7 +26,28 @@ from torch import Tensor
 
 from scansnap_lens._io import write_tensors
 
-__all__ = ["Codec", "codec", "encode", "load_tokenizer", "read_tokens", "rows_of", "save_tokens"]
+if TYPE_CHECKING:
+    import tokenizers
+    import transformers
+
+    from scansnap_lens.models.backend import HookedModel
+
+__all__ = [
+    "Codec",
+    "TokenizerLike",
+    "codec",
+    "encode",
+    "load_tokenizer",
+    "read_tokens",
+    "rows_of",
+    "save_tokens",
+]
+
+# What every ``tokenizer=`` takes: a ``tokenizers.Tokenizer``, a Hugging Face tokenizer, a
+# TransformerLens model (its ``tokenizer``), or a tokenizer.json path or hub name (`codec`).
+TokenizerLike = Union[
+    "tokenizers.Tokenizer", "transformers.PreTrainedTokenizerBase", "HookedModel", str, Path
+]
 
 TOKEN_SUFFIXES = (".safetensors", ".npy", ".pt", ".pth")
 
@@ -126,7 +148,7 @@ class Codec:
     name: str
 
 
-def codec(tokenizer) -> Codec:
+def codec(tokenizer: TokenizerLike) -> Codec:
     """The `Codec` of a ``tokenizers.Tokenizer``, a Hugging Face tokenizer, a TransformerLens
     model (its tokenizer, with the model's vocabulary size) or a `Codec`.
 
@@ -169,7 +191,9 @@ def codec(tokenizer) -> Codec:
     )
 
 
-def encode(tokenizer, texts: Sequence[str], special_tokens: bool = True) -> list[np.ndarray]:
+def encode(
+    tokenizer: TokenizerLike, texts: Sequence[str], special_tokens: bool = True
+) -> list[np.ndarray]:
     """Ids (int64) of each text with any tokenizer `codec` takes; ``special_tokens``: the
     tokenizer adds its BOS/EOS where it has them, as a model's own tokenizer would."""
     ids = codec(tokenizer).encode(list(texts), special_tokens)

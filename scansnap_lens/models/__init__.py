@@ -21,6 +21,7 @@ _NAMES = {
     "CheckpointSource": "checkpoints",
     "FIRST_FEED_FORWARD": "tutorial",
     "HookedModel": "backend",
+    "Steps": "steps",
     "TrainResult": "training",
     "attention_only_model": "training",
     "build_model": "backend",

@@ -35,11 +35,14 @@ import re
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import einops
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from scansnap_lens.inputs.tokens import TokenizerLike
 
 __all__ = [
     "BACKENDS",
@@ -275,7 +278,9 @@ def _key_summary(keys, limit: int = 8) -> str:
     return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
-def load_weights(model, state: Mapping[str, torch.Tensor], source: str = "checkpoint") -> None:
+def load_weights(
+    model: HookedModel, state: Mapping[str, torch.Tensor], source: str = "checkpoint"
+) -> None:
     """Load TL- or native-layout weights into a HookedTransformer or native bridge, strictly.
 
     A mismatch raises ValueError listing the missing and unexpected keys and the first shape
@@ -307,12 +312,12 @@ def load_weights(model, state: Mapping[str, torch.Tensor], source: str = "checkp
 
 
 # ------------------------------------------------------------------ Hugging Face models
-def is_bridge(model) -> bool:
+def is_bridge(model: object) -> bool:
     """A TransformerBridge (of either major), not a HookedTransformer."""
     return any(c.__name__ == "TransformerBridge" for c in type(model).__mro__)
 
 
-def is_hf_model(model) -> bool:
+def is_hf_model(model: object) -> bool:
     """A Hugging Face ``PreTrainedModel`` (not yet wrapped in a bridge)."""
     try:
         from transformers import PreTrainedModel
@@ -321,7 +326,9 @@ def is_hf_model(model) -> bool:
     return isinstance(model, PreTrainedModel)
 
 
-def hf_bridge(hf_model, tokenizer=None, name: str | None = None):
+def hf_bridge(
+    hf_model: torch.nn.Module, tokenizer: TokenizerLike | None = None, name: str | None = None
+) -> HookedModel:
     """A TransformerBridge around a Hugging Face causal LM.
 
     Booting rewrites the module in place, so pass a copy of a model you keep training.

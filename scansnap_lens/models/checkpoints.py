@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,6 +30,10 @@ from scansnap_lens.models import formats, hub
 from scansnap_lens.models.backend import BackendError, config_fields, load_weights, resolve_backend
 from scansnap_lens.models.formats import WEIGHT_SUFFIXES, CheckpointError, load_state_dict
 from scansnap_lens.models.steps import select_steps
+
+if TYPE_CHECKING:
+    from scansnap_lens.inputs.tokens import TokenizerLike
+    from scansnap_lens.models.steps import Steps
 
 __all__ = [
     "Checkpoint",
@@ -75,7 +79,7 @@ class CheckpointSource:
 # ------------------------------------------------------------------ pretrained labels
 def pretrained(
     name: str,
-    steps=None,
+    steps: Steps = None,
     backend: str | None = None,
     device: str | None = None,
     **load_kwargs,
@@ -156,13 +160,13 @@ def _nanogpt_step(file: Path) -> int | None:
 
 def folder(
     path: str | Path,
-    steps=None,
+    steps: Steps = None,
     config=None,
     model_factory: Callable[[], Any] | None = None,
     trust_pickle: bool = False,
     device: str | None = None,
     backend: str | None = None,
-    tokenizer=None,
+    tokenizer: TokenizerLike | None = None,
 ) -> CheckpointSource:
     """Checkpoints saved in a folder, in whichever format its layout shows (see `formats`).
 

@@ -22,13 +22,17 @@ import pickle
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from scansnap_lens.models import backend as be
+
+if TYPE_CHECKING:
+    from scansnap_lens.inputs.tokens import TokenizerLike
+    from scansnap_lens.models.backend import HookedModel
 
 __all__ = [
     "CheckpointError",
@@ -171,7 +175,7 @@ def _tokenizer_near(path: Path):
     return None
 
 
-def hf_folder_model(path: str | Path, tokenizer=None):
+def hf_folder_model(path: str | Path, tokenizer: TokenizerLike | None = None) -> HookedModel:
     """A TransformerBridge over the Hugging Face model saved in `path` (weights_only loads)."""
     import transformers
 
@@ -206,7 +210,7 @@ def is_nanogpt(obj) -> bool:
     return isinstance(obj, dict) and isinstance(obj.get("model_args"), dict) and "model" in obj
 
 
-def nanogpt_model(ckpt: dict, source: str, tokenizer=None):
+def nanogpt_model(ckpt: dict, source: str, tokenizer: TokenizerLike | None = None) -> HookedModel:
     """A TransformerBridge over the GPT-2 that a nanoGPT checkpoint dict describes.
 
     nanoGPT's ``nn.Linear`` weights are transposed into GPT-2's ``Conv1D`` layout; without
@@ -256,7 +260,9 @@ def nanogpt_model(ckpt: dict, source: str, tokenizer=None):
     return be.hf_bridge(hf.eval(), tokenizer=tokenizer, name="gpt2")
 
 
-def model_from_object(obj, source: str, tokenizer=None):
+def model_from_object(
+    obj: object, source: str, tokenizer: TokenizerLike | None = None
+) -> HookedModel:
     """A recordable model from what a trusted pickle held (a model, or a nanoGPT dict)."""
     if is_nanogpt(obj):
         return nanogpt_model(obj, source, tokenizer)

@@ -25,10 +25,13 @@ import math
 import re
 from collections.abc import Iterable
 
-__all__ = ["select_steps"]
+__all__ = ["Steps", "select_steps"]
+
+# The step language: None or "all", an int k (every k-th), "log:N", or a list of steps.
+Steps = int | str | Iterable[int] | None
 
 
-def select_steps(available: Iterable[int], steps=None) -> list[int]:
+def select_steps(available: Iterable[int], steps: Steps = None) -> list[int]:
     """Choose among `available` step values (see the module's docstring)."""
     available = sorted({int(s) for s in available})
     if not available:

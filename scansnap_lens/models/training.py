@@ -121,7 +121,7 @@ def initial_weights(fields: dict, seed: int) -> dict[str, Tensor]:
     return state
 
 
-def remove_positions(model) -> None:
+def remove_positions(model: HookedModel) -> None:
     """Zero W_pos and freeze it: the model then sees a bag of tokens, as in the paper."""
     pos = positional_parameter(model)
     if pos is None:
@@ -149,7 +149,7 @@ def _accepts_training(callback) -> bool:
         return False
 
 
-def model_config_json(model) -> dict:
+def model_config_json(model: HookedModel) -> dict:
     """What `checkpoints.folder` needs to rebuild `model`: its config fields and weight layout."""
     return {
         "format": CONFIG_FORMAT,

@@ -86,7 +86,7 @@ class CheckpointRecord:
         return out
 
 
-def model_vocab_size(model) -> int:
+def model_vocab_size(model: HookedModel) -> int:
     return int(model.cfg.d_vocab)
 
 

@@ -19,12 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from scansnap_lens.statistics.context import Context
 from scansnap_lens.statistics.corpus import CooccurrenceStats, cooccurrence
+
+if TYPE_CHECKING:
+    from scansnap_lens.inputs.tokens import TokenizerLike
 
 __all__ = ["RecordPlan", "plan_recording", "select_queries"]
 
@@ -307,7 +311,7 @@ def plan_recording(
     min_class_events: int = 1,
     exclude_bos: bool = False,
     include_self: bool = False,
-    tokenizer=None,
+    tokenizer: TokenizerLike | None = None,
 ) -> RecordPlan:
     """Build the plan for evaluation `tokens` [N, T] (or a list of such batches).
 

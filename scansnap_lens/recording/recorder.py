@@ -12,6 +12,7 @@ import copy
 import gc
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -29,6 +30,9 @@ from scansnap_lens.recording.trajectory import (
     _read_plan,
     remove_trajectory,
 )
+
+if TYPE_CHECKING:
+    from scansnap_lens.models.backend import HookedModel
 
 __all__ = ["Recorder", "record_trajectory", "trainer_callback"]
 
@@ -190,7 +194,7 @@ class Recorder:
         return set()
 
     def on_checkpoint(
-        self, step: int, model, training: dict | None = None
+        self, step: int, model: HookedModel | torch.nn.Module, training: dict | None = None
     ) -> CheckpointRecord | None:
         """Record `model` as checkpoint `step` (for use inside a training loop).
 
@@ -287,7 +291,7 @@ class Recorder:
         return Trajectory.load(self.out)
 
 
-def recordable(model):
+def recordable(model: HookedModel | torch.nn.Module) -> HookedModel:
     """`model` as the recorder hooks it: a Hugging Face model becomes a bridge around a copy."""
     return hf_bridge(copy.deepcopy(model).eval()) if is_hf_model(model) else model
 

@@ -27,6 +27,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
@@ -44,6 +45,9 @@ from scansnap_lens.statistics._counting import (
     merge_triples,
 )
 from scansnap_lens.statistics.context import Context
+
+if TYPE_CHECKING:
+    from scansnap_lens.inputs.tokens import TokenizerLike
 
 __all__ = [
     "CooccurrenceStats",
@@ -581,7 +585,8 @@ def open_dataset(spec: str | Path, split: str = "train", streaming: bool = False
 
 
 def dataset_batches(
-    dataset, column: str = "input_ids", text_column: str | None = None, tokenizer=None,
+    dataset, column: str = "input_ids", text_column: str | None = None,
+    tokenizer: TokenizerLike | None = None,
     batch_size: int = 1000, num_proc: int | None = None,
 ):  # fmt: skip
     """(batches of rows, vocabulary size of the tokenizer or None, tokenizer name) of a
@@ -623,7 +628,7 @@ def cooccurrence_from_dataset(
     dataset,
     column: str = "input_ids",
     text_column: str | None = None,
-    tokenizer=None,
+    tokenizer: TokenizerLike | None = None,
     vocab_size: int | None = None,
     batch_size: int = 1000,
     num_proc: int | None = None,
