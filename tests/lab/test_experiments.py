@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -64,3 +65,21 @@ def test_distinct_recall_counts_retrieved_distinct_tokens():
                          steps=10, progress=False)  # fmt: skip
     assert len(table) == 2 * 2 * 2
     assert sorted(set(table["threshold"] * 33)) == pytest.approx([0.5, 2.0])  # M = 33
+
+
+def test_lab_training_is_one_config_saved_with_the_run(tmp_path):
+    """Keywords override the config's fields; the config saves and loads exactly; a sweep
+    with ``training=`` equals one with the same fields as keywords."""
+    from scansnap_lens.lab import LabTraining
+
+    training = LabTraining(seeds=2, steps=20, momentum=0.0)
+    assert LabTraining.load(training.save(tmp_path / "training.json")) == training
+    grid = dict(num_last=(1,), lr_z=(1.0,), ratio=(2.0,), progress=False)
+    by_config = entropy_sweep(**grid, training=training)
+    by_keywords = entropy_sweep(**grid, seeds=2, steps=20, momentum=0.0)
+    pd.testing.assert_frame_equal(by_config, by_keywords)
+    assert len(by_config) == 2
+    with pytest.raises(ValueError, match="seeds must be >= 1"):
+        LabTraining(seeds=0)
+    with pytest.raises(TypeError, match="learning_rate"):
+        entropy_sweep(**grid, learning_rate=0.1)
