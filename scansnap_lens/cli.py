@@ -19,7 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-# numpy, pandas and torch are imported inside the commands: an interrupt while they load is
+__all__ = ["build_parser", "cli_message", "main"]
+
+# pandas and torch are imported inside the commands: an interrupt while they load is
 # then caught like any other (exit 130), and --help answers at once.
 
 

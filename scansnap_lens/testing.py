@@ -23,6 +23,14 @@ import torch
 
 BOS = "<|endoftext|>"
 
+__all__ = [
+    "bridge_from_hf",
+    "fake_hub_model",
+    "fake_legacy_tl_model",
+    "tiny_hf_model",
+    "word_tokenizer",
+]
+
 
 def word_tokenizer(vocab_size: int):
     """A `PreTrainedTokenizerFast` over the words ``w1 .. w{V-1}`` with BOS = EOS = id 0."""

@@ -3,5 +3,7 @@ in blue).  circuitsvis colours positive values blue and negative ones red by def
 ``colored_tokens_multi`` cannot be told otherwise, so these are those colours, by name (CSS and
 matplotlib read them the same)."""
 
+__all__ = ["COMMON", "DISTINCT"]
+
 DISTINCT = "blue"
 COMMON = "red"
