@@ -37,7 +37,7 @@ def main() -> None:
     start = time.perf_counter()
     training = LabTraining(seeds=args.seeds, steps=args.steps)
     training.save(args.out / "training.json")  # the setting, beside the results
-    per_seed = entropy_sweep(args.num_last, args.lr_z, args.ratio, training)
+    per_seed = entropy_sweep(args.num_last, args.lr_z, args.ratio, training=training)
     elapsed = time.perf_counter() - start
     summary = summarize_sweep(per_seed)
     per_seed.to_csv(args.out / "fig6_per_seed.csv", index=False)
