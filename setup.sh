@@ -44,4 +44,4 @@ fi
 
 # Both TransformerLens majors work: 3.x has HookedTransformer and the bridge, 4.x the bridge.
 "$PY" -m pip install --quiet -e ".[dev]" "$TL_SPEC"
-"$PY" -c "import torch, scansnap_lens.backend as b; print('scansnap_lens ready; torch', torch.__version__, '| cuda:', torch.cuda.is_available(), '| transformer-lens', b.tl_version(), '| default backend:', b.default_backend())"
+"$PY" -c "import torch, scansnap_lens.models.backend as b; print('scansnap_lens ready; torch', torch.__version__, '| cuda:', torch.cuda.is_available(), '| transformer-lens', b.tl_version(), '| default backend:', b.default_backend())"
