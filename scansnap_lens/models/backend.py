@@ -220,6 +220,7 @@ def _trainable_unembedding_bias(model) -> None:
     if bias is not None:
         head.bias = nn.Parameter(bias)
 
+
 def state_layout(state: Mapping[str, Any]) -> str:
     """``"tl"`` (HookedTransformer keys), ``"native"`` (native bridge keys) or ``"other"``."""
     keys = list(state)
