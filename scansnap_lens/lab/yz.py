@@ -257,8 +257,9 @@ def _per_run(value: float | Sequence[float] | Tensor, runs: int, name: str) -> T
 def train_yz(
     classes: SequenceClasses | None = None,
     lr_z: float | Sequence[float] | Tensor = 1.0,
-    ratio: float | Sequence[float] | Tensor = 1.0,
+    ratio: float | Sequence[float] | Tensor | None = None,
     *,
+    lr_y: float | Sequence[float] | Tensor | None = None,
     seeds: Sequence[int] | Tensor = (0,),
     optimizer: Literal["sgd", "adam"] = "sgd",
     momentum: float = 0.9,
@@ -278,7 +279,8 @@ def train_yz(
     Args:
         classes: the data (default Syn-Small).
         lr_z: eta_Z, one value or one per run.
-        ratio: eta_Y / eta_Z, one value or one per run.
+        ratio: eta_Y / eta_Z, one value or one per run (the axis of Fig. 6; default 1); or
+        lr_y: eta_Y itself, one value or one per run.
         seeds: one seed per run: it draws the run's initialisation and its data stream.
         optimizer: "sgd" (PyTorch's SGD with ``momentum``, no weight decay) or "adam".
         init: "zero" (Y = Z = 0) or "uniform" (PyTorch's nn.Linear default, U(-1/sqrt M, 1/sqrt M)).
@@ -297,7 +299,13 @@ def train_yz(
         raise ValueError(f"init must be 'zero' or 'uniform', got {init!r}")
     if optimizer not in ("sgd", "adam"):
         raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
-    lr_z_t, ratio_t = _per_run(lr_z, runs, "lr_z"), _per_run(ratio, runs, "ratio")
+    if ratio is not None and lr_y is not None:
+        raise ValueError("give eta_Y as lr_y or as ratio = lr_y / lr_z, not both")
+    lr_z_t = _per_run(lr_z, runs, "lr_z")
+    if lr_y is None:
+        ratio_t = _per_run(1.0 if ratio is None else ratio, runs, "ratio")
+    else:
+        ratio_t = _per_run(lr_y, runs, "lr_y") / lr_z_t
     device = torch.device(device)
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds_t]
 

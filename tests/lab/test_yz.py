@@ -200,3 +200,15 @@ def test_bad_arguments():
         train_yz(syn_small(), init="normal", steps=1)
     with pytest.raises(ValueError, match="ratio must be positive"):
         train_yz(syn_small(), 1.0, -1.0, steps=1)
+    with pytest.raises(ValueError, match="lr_y must be positive"):
+        train_yz(syn_small(), 1.0, lr_y=0.0, steps=1)
+    with pytest.raises(ValueError, match="not both"):
+        train_yz(syn_small(), 1.0, 2.0, lr_y=2.0, steps=1)
+
+
+def test_the_decoder_rate_is_lr_y_or_a_ratio():
+    """``lr_y`` names eta_Y as everywhere else; ``ratio`` (Fig. 6's axis) is the same run."""
+    by_rate = train_yz(syn_small(), lr_z=[0.5, 2.0], lr_y=[2.0, 4.0], seeds=[0, 1], steps=5)
+    by_ratio = train_yz(syn_small(), lr_z=[0.5, 2.0], ratio=[4.0, 2.0], seeds=[0, 1], steps=5)
+    assert by_rate.lr_y.tolist() == [2.0, 4.0] and by_rate.ratio.tolist() == [4.0, 2.0]
+    assert torch.equal(by_rate.Z, by_ratio.Z) and torch.equal(by_rate.Y, by_ratio.Y)
