@@ -80,17 +80,14 @@ __all__ = sorted(set(_NAMES) | _MODULES)
 
 _moved.install()
 _getattr, __dir__ = exports(__name__, _NAMES, _MODULES)
+_old_name = _moved.old_names(__name__, _RENAMED)
 
 
 def __getattr__(name: str):
     import importlib
-    import warnings
 
     if name in _RENAMED:
-        warnings.warn(
-            f"scansnap_lens.{name} is now scansnap_lens.{_RENAMED[name]}", FutureWarning, 2
-        )
-        return _getattr(_RENAMED[name])
+        return _old_name(name)
     if (
         name in _moved.MOVED and name not in _NAMES
     ):  # an old module path: warns, reads through to where it moved

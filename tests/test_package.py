@@ -106,7 +106,7 @@ def test_renamed_names_are_found_under_their_old_names_with_a_warning():
         measure = importlib.import_module("scansnap_lens.measure")
     with pytest.warns(FutureWarning, match="growth is now"):
         assert measure.growth is ss.measures.growth_factor
-    with pytest.warns(FutureWarning, match="sequences is now scansnap_lens.sequence_sampler"):
+    with pytest.warns(FutureWarning, match="scansnap_lens.sequences is now sequence_sampler"):
         assert ss.sequences is ss.lab.synthetic.sequence_sampler
     with pytest.warns(FutureWarning, match="from_dataset is now"):
         assert ss.statistics.corpus.from_dataset is ss.cooccurrence_from_dataset

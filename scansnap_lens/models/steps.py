@@ -58,7 +58,8 @@ def select_steps(available: Iterable[int], steps: Steps = None) -> list[int]:
             raise ValueError(f"log:N needs N >= 2 (the first and the last), got {steps!r}")
         return _log_spaced(available, int(match.group(1)))
     wanted = sorted({int(s) for s in steps})
-    missing = [s for s in wanted if s not in set(available)]
+    have = set(available)  # once: training passes every step 0..N
+    missing = [s for s in wanted if s not in have]
     if missing:
         raise ValueError(
             f"steps {missing} are not available; there are {len(available)} checkpoints"
