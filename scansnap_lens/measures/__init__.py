@@ -40,6 +40,7 @@ _NAMES = {
     "predicted_snap": "rates",
     "rank_heads": "heads",
     "restricted_entropy": "entropy",
+    "class_movement": "snap",
     "snap_step": "snap",
     "snap_steps": "snap",
     "snapping": "snap",

@@ -32,12 +32,6 @@ def _dz(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:
     return z - z[:1], held
 
 
-def _class_c_hat(traj: Trajectory, c: int) -> Tensor:
-    """c_hat [S, L, H, n] over all tokens of class slot c."""
-    plan = traj.plan
-    return traj.c_hat[..., (plan.triple_class == c).nonzero().flatten()].double()
-
-
 def _frame(traj: Trajectory, values: dict[str, Tensor]) -> pd.DataFrame:
     """Long table of [S, L, H] tensors."""
     idx = pd.MultiIndex.from_product(

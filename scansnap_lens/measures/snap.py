@@ -10,15 +10,24 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
 
-from scansnap_lens.measures.measurement import Measurement, _class_c_hat
+from scansnap_lens.measures.measurement import Measurement
+from scansnap_lens.recording.plan import _find
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
-__all__ = ["NOT_YET_SNAPPED", "NO_SCAN", "snap_step", "snap_steps", "snapping"]
+__all__ = [
+    "NOT_YET_SNAPPED",
+    "NO_SCAN",
+    "class_movement",
+    "snap_step",
+    "snap_steps",
+    "snapping",
+]
 
 
 NOT_YET_SNAPPED = "not yet snapped"
@@ -60,29 +69,27 @@ def snap_step(
     ) / torch.where(width > 1e-9, width, 1.0)
     mid = torch.where(width > 1e-9, mid - 1, (t[1:] + t[:-1]) / 2 - t[0]) + t[0]
     x = torch.log1p(mid - t[0])  # crossings are interpolated on a log axis
-    flat = rate.reshape(-1, rate.shape[-1])
-    snaps, peaks, reasons = [], [], []
-    for r in flat:
-        p = int(torch.argmax(r))
-        if not bool(r[p] > 0):
-            snaps.append(math.nan), peaks.append(math.nan), reasons.append(NO_SCAN)
-            continue
-        peaks.append(float(mid[p]))
-        level = float(r[p]) * fraction
-        below = torch.nonzero(r[p + 1 :] <= level)
-        if below.numel() == 0:
-            snaps.append(math.nan), reasons.append(NOT_YET_SNAPPED)
-            continue
-        i = p + 1 + int(below[0])
-        share = (float(r[i - 1]) - level) / (float(r[i - 1]) - float(r[i]))
-        snaps.append(float(torch.expm1(x[i - 1] + share * (x[i] - x[i - 1]))) + float(t[0]))
-        reasons.append("")
     shape = rate.shape[:-1]
-    return (
-        torch.tensor(snaps, dtype=torch.float64).reshape(shape),
-        torch.tensor(peaks, dtype=torch.float64).reshape(shape),
-        reasons,
-    )
+    r = rate.reshape(-1, rate.shape[-1])  # [N, S - 1]: every head or class at once
+    p = torch.argmax(r, -1)
+    top = r.gather(-1, p[:, None])[:, 0]
+    scanned = top > 0
+    level = top * fraction
+    after = torch.arange(r.shape[-1])[None, :] > p[:, None]
+    crossed = after & (r <= level[:, None])
+    snapped = scanned & crossed.any(-1)
+    i = crossed.double().argmax(-1)  # the first crossing past the peak (where snapped)
+    h = (i - 1).clamp_min(0)
+    r_before, r_at = r.gather(-1, h[:, None])[:, 0], r.gather(-1, i[:, None])[:, 0]
+    share = (r_before - level) / (r_before - r_at).clamp_min(1e-300)
+    snap = torch.expm1(x[h] + share * (x[i] - x[h])) + t[0]
+    snap = torch.where(snapped, snap, math.nan)
+    peak = torch.where(scanned, mid[p], math.nan)
+    reasons = [
+        "" if ok else (NO_SCAN if not moved else NOT_YET_SNAPPED)
+        for ok, moved in zip(snapped.tolist(), scanned.tolist())
+    ]
+    return snap.reshape(shape), peak.reshape(shape), reasons
 
 
 def snap_steps(
@@ -127,6 +134,22 @@ def snap_steps(
     return path, rate_step
 
 
+def class_movement(traj: Trajectory) -> Tensor:
+    """[S - 1, L, H, K] the total variation of each class's c_hat between consecutive
+    checkpoints, 0.5 * sum_l |c_hat(s + 1) - c_hat(s)|: one pass over the steps, two
+    checkpoints in memory at a time."""
+    plan = traj.plan
+    S = traj.num_steps
+    out = torch.zeros(max(S - 1, 0), len(traj.layers), len(traj.heads), plan.num_classes,
+                      dtype=torch.float64)  # fmt: skip
+    before = traj.c_hat[0].double() if S else None
+    for s in range(1, S):
+        now = traj.c_hat[s].double()
+        out[s - 1].index_add_(-1, plan.triple_class, (now - before).abs_())
+        before = now
+    return out.mul_(0.5)
+
+
 def snapping(
     traj: Trajectory,
     groups: TokenGroups | None = None,
@@ -153,29 +176,35 @@ def snapping(
     if classes is None:
         slots = list(range(plan.num_classes))
     else:
-        found = [traj.class_slot(int(m), int(n)) for m, n in classes]
-        slots = [c for c in found if c is not None]
+        classes = list(classes)
+        if classes:
+            m, n = torch.as_tensor(classes, dtype=torch.long).reshape(-1, 2).unbind(-1)
+            found = _find(plan.class_keys, m * plan.vocab_size + n)
+            slots = found[found >= 0].tolist()
+        else:
+            slots = []
     if not slots:
         raise ValueError("no tracked class to measure")
-    moves, weights, rows = [], [], []
-    for c in slots:
-        c_hat = _class_c_hat(traj, c)  # [S, L, H, n]
-        move = 0.5 * torch.diff(c_hat, dim=0).abs().sum(-1)  # [S-1, L, H]
-        move = move.permute(1, 2, 0)  # [L, H, S-1]
-        moves.append(move)
-        weights.append(float(plan.class_events[c]))
-        path, rate = snap_steps(traj.steps, move, fraction, rate_fraction)
-        snap, _, _ = snap_step(traj.steps, move, snap_fraction)
-        m, n = int(plan.class_query[c]), int(plan.class_next[c])
-        for i, layer in enumerate(traj.layers):
-            for j, head in enumerate(traj.heads):
-                rows.append(
-                    (layer, head, m, n, float(snap[i, j]), float(path[i, j]), float(rate[i, j]))
-                )
-    w = torch.tensor(weights, dtype=torch.float64)
-    head_move = (torch.stack(moves, -1) * w).sum(-1) / w.sum()  # [L, H, S-1]
+    slots = torch.as_tensor(slots, dtype=torch.long)
+    move = class_movement(traj)[..., slots].permute(3, 1, 2, 0)  # [K', L, H, S-1]
+    path_k, rate_k = snap_steps(traj.steps, move, fraction, rate_fraction)
+    snap_k, _, _ = snap_step(traj.steps, move, snap_fraction)
+    w = plan.class_events[slots].double()
+    head_move = torch.einsum("klhs,k->lhs", move, w) / w.sum()  # [L, H, S-1]
     path, rate = snap_steps(traj.steps, head_move, fraction, rate_fraction)
     snap, peak, reasons = snap_step(traj.steps, head_move, snap_fraction)
+    K, L, H = snap_k.shape
+    detail = pd.DataFrame(
+        {
+            "layer": np.tile(np.repeat(traj.layers, H), K),
+            "head": np.tile(traj.heads, K * L),
+            "query": np.repeat(plan.class_query[slots].numpy(), L * H),
+            "next": np.repeat(plan.class_next[slots].numpy(), L * H),
+            "snap_step": snap_k.reshape(-1).numpy(),
+            "snap_path": path_k.reshape(-1).numpy(),
+            "snap_rate": rate_k.reshape(-1).numpy(),
+        }
+    )
     table = pd.MultiIndex.from_product([traj.layers, traj.heads], names=["layer", "head"]).to_frame(
         index=False
     )
@@ -185,7 +214,4 @@ def snapping(
     table["snap_path"] = path.reshape(-1).numpy()
     table["snap_rate"] = rate.reshape(-1).numpy()
     table["step_unit"] = traj.step_unit
-    detail = pd.DataFrame(
-        rows, columns=["layer", "head", "query", "next", "snap_step", "snap_path", "snap_rate"]
-    )
     return Measurement("snapping", table, detail)

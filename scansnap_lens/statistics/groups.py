@@ -14,6 +14,7 @@ on the lab and on real models.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import pandas as pd
 import torch
@@ -92,8 +93,16 @@ class TokenGroups:
 
     def distinct_of_query(self, query: int) -> Tensor:
         """Union of the distinct tokens of the classes of `query`."""
-        parts = [d for d, m in zip(self.distinct, self.query.tolist()) if m == query]
+        parts = [self.distinct[k] for k in self._classes_of_query.get(int(query), ())]
         return torch.unique(torch.cat(parts)) if parts else torch.empty(0, dtype=torch.long)
+
+    @cached_property
+    def _classes_of_query(self) -> dict[int, list[int]]:
+        """query -> its class indices, built once (a scan per query would be quadratic)."""
+        out: dict[int, list[int]] = {}
+        for k, m in enumerate(self.query.tolist()):
+            out.setdefault(m, []).append(k)
+        return out
 
     @classmethod
     def from_synthetic(cls, classes) -> TokenGroups:
@@ -179,21 +188,10 @@ class TokenGroups:
         frame = frame[keep]
         if frame.empty:
             raise ValueError(_empty_filter_message(counts))
-        distinct, distinct_p, common = [], [], {}
-        local = labels.scope == "local"
-        for m, n in zip(frame["query"].tolist(), frame["next"].tolist()):
-            tokens = labels.distinct_tokens(m if local else None, n)
-            ctx, p = stats.p_context(m, n)
-            seen = torch.isin(tokens, ctx)
-            tokens = tokens[seen]
-            lookup = dict(zip(ctx.tolist(), p.tolist()))
-            distinct.append(tokens)
-            distinct_p.append(
-                torch.tensor([lookup[t] for t in tokens.tolist()], dtype=torch.float64)
-            )
-        for m in all_queries:
-            if queries is None or m in set(int(q) for q in queries):
-                common[m] = labels.common_tokens(m if local else None)
+        distinct, distinct_p = _distinct_of_classes(labels, stats, frame)
+        tracked = None if queries is None else {int(q) for q in queries}
+        wanted = [m for m in all_queries if tracked is None or m in tracked]
+        common = _common_of_queries(labels, wanted)
         return cls(
             torch.tensor(frame["query"].to_numpy(), dtype=torch.long),
             torch.tensor(frame["next"].to_numpy(), dtype=torch.long),
@@ -204,3 +202,54 @@ class TokenGroups:
             source="corpus",
             context=stats.context,
         )
+
+
+def _distinct_of_classes(labels, stats, frame: pd.DataFrame) -> tuple[list[Tensor], list[Tensor]]:
+    """Per class of `frame` (rows of ``stats.classes()``): the tokens `labels` call distinct
+    for it that occur in its contexts (in the labels' order), and P(l|m, n) of each.
+
+    One sort of the distinct labels and one of the statistics' triples, then binary searches:
+    linear in the labels and triples up to the sorts, with no pass per class.
+    """
+    from scansnap_lens.statistics.classification import DISTINCT
+
+    V = stats.vocab_size
+    local = labels.scope == "local"
+    rows = (labels.label == DISTINCT).nonzero().flatten()
+    row_key = labels.next_token[rows] + (labels.query[rows] * V if local else 0)
+    order = torch.argsort(row_key, stable=True)  # stable: the labels' order within a class
+    rows, row_key = rows[order], row_key[order]
+    cls = torch.tensor(frame.index.to_numpy(), dtype=torch.long)  # class index in stats
+    query = torch.tensor(frame["query"].to_numpy(), dtype=torch.long)
+    nxt = torch.tensor(frame["next"].to_numpy(), dtype=torch.long)
+    key = nxt + (query * V if local else 0)
+    lo = torch.searchsorted(row_key, key)
+    size = torch.searchsorted(row_key, key, right=True) - lo
+    owner = torch.repeat_interleave(torch.arange(key.numel()), size)  # [n] class of each
+    start = torch.cumsum(size, 0) - size
+    tokens = labels.token[rows[torch.arange(owner.numel()) - start[owner] + lo[owner]]]
+    triple_key, perm = torch.sort(stats.triple_class * V + stats.token)
+    want = cls[owner] * V + tokens
+    at = torch.searchsorted(triple_key, want).clamp_max(max(triple_key.numel() - 1, 0))
+    seen = triple_key[at] == want if triple_key.numel() else torch.zeros_like(want, dtype=bool)
+    count = stats.count[perm[at[seen]]].double()
+    p = count / stats.total_context[cls[owner[seen]]].double()
+    sizes = torch.bincount(owner[seen], minlength=key.numel()).tolist()
+    return list(torch.split(tokens[seen], sizes)), list(torch.split(p, sizes))
+
+
+def _common_of_queries(labels, queries: list[int]) -> dict[int, Tensor]:
+    """query -> the tokens `labels` call common for it (in the labels' order; the same
+    tokens for every query when the labels are global)."""
+    from scansnap_lens.statistics.classification import COMMON
+
+    rows = (labels.label == COMMON).nonzero().flatten()
+    if labels.scope != "local":
+        tokens = labels.token[rows]
+        return {m: tokens for m in queries}
+    query = labels.query[rows]
+    order = torch.argsort(query, stable=True)
+    ids, counts = torch.unique_consecutive(query[order], return_counts=True)
+    parts = dict(zip(ids.tolist(), torch.split(labels.token[rows[order]], counts.tolist())))
+    empty = torch.empty(0, dtype=torch.long)
+    return {m: parts.get(m, empty) for m in queries}

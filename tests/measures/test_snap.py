@@ -104,3 +104,47 @@ def test_snap_steps_frozen_settling_and_never_settling():
     assert detail.loc[5, "snap_path"] == 3.0 and detail.loc[5, "snap_rate"] == 3.0
     assert math.isnan(detail.loc[6, "snap_path"])  # frozen class
     assert result.table["snap_path"].item() == 3.0  # the frozen class adds no movement
+
+
+def _snap_step_reference(steps, rate_row, mid, x, fraction):
+    """`snap_step` for one row, written as a loop (the definition)."""
+    p = int(torch.argmax(rate_row))
+    if not bool(rate_row[p] > 0):
+        return math.nan, measures.NO_SCAN
+    level = float(rate_row[p]) * fraction
+    for i in range(p + 1, rate_row.numel()):
+        if float(rate_row[i]) <= level:
+            share = (float(rate_row[i - 1]) - level) / (float(rate_row[i - 1]) - float(rate_row[i]))
+            return float(torch.expm1(x[i - 1] + share * (x[i] - x[i - 1]))), ""
+    return math.nan, measures.NOT_YET_SNAPPED
+
+
+def test_snap_step_of_many_rows_at_once_equals_the_loop():
+    gen = torch.Generator().manual_seed(3)
+    steps = torch.tensor([0, 1, 2, 4, 8, 16, 32, 64, 100, 200])
+    moves = torch.rand(300, 9, generator=gen) * torch.rand(300, 1, generator=gen)
+    moves[:5] = 0  # no scan
+    moves[5:40] = torch.sort(moves[5:40]).values * torch.diff(steps)  # rising: not yet snapped
+    snap, _, why = measures.snap_step(steps, moves, 0.5)
+    t = steps.double()
+    lo, hi = torch.log1p(t[:-1]), torch.log1p(t[1:])
+    mid = (torch.expm1(hi) - torch.expm1(lo)) / (hi - lo) - 1
+    rate = moves.double() / torch.diff(t)
+    for k in range(moves.shape[0]):
+        want, reason = _snap_step_reference(steps, rate[k], mid, torch.log1p(mid), 0.5)
+        assert why[k] == reason
+        assert math.isnan(want) == math.isnan(float(snap[k]))
+        if not math.isnan(want):
+            assert float(snap[k]) == pytest.approx(want, rel=1e-12)
+    assert {"", measures.NO_SCAN, measures.NOT_YET_SNAPPED} == set(why)
+
+
+def test_class_movement_is_the_total_variation_of_each_class():
+    steps = [0, 10, 20]
+    traj = hand_trajectory(
+        steps,
+        zbar={(1, 2): [0, 0, 0]},
+        c_hat={(1, 3): {2: [0.2, 0.5, 0.5], 4: [0.8, 0.5, 0.4]}, (1, 5): {2: [1.0, 0.0, 0.0]}},
+    )
+    move = measures.class_movement(traj)  # [S - 1, L, H, K]
+    assert move[:, 0, 0].reshape(-1).tolist() == pytest.approx([0.3, 0.5, 0.05, 0.0], abs=1e-7)  # float32 c_hat

@@ -1,0 +1,62 @@
+"""Token groups from statistics equal a per-class, per-query reference loop (the definition
+written plainly), in one pass over the labels and triples."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scansnap_lens.statistics.classification import COMMON, DISTINCT, classify
+from scansnap_lens.statistics.corpus import cooccurrence
+from scansnap_lens.statistics.groups import TokenGroups
+
+
+def reference_groups(labels, stats, queries, min_events):
+    """The definition, one class and one query at a time."""
+    local = labels.scope == "local"
+    frame = stats.classes()
+    frame = frame[frame["events"] >= min_events]
+    if queries is not None:
+        frame = frame[frame["query"].isin(queries)]
+    distinct, distinct_p = [], []
+    for m, n in zip(frame["query"].tolist(), frame["next"].tolist()):
+        keep = (labels.label == DISTINCT) & (labels.next_token == n)
+        if local:
+            keep &= labels.query == m
+        tokens, (ctx, counts) = labels.token[keep], stats.context_counts(m, n)
+        p = {int(l): int(c) / int(counts.sum()) for l, c in zip(ctx, counts)}
+        tokens = [int(t) for t in tokens if int(t) in p]
+        distinct.append(tokens)
+        distinct_p.append([p[t] for t in tokens])
+    common = {}
+    for m in frame["query"].unique().tolist():
+        keep = labels.label == COMMON
+        if local:
+            keep &= labels.query == m
+        common[m] = labels.token[keep].tolist()
+    return frame, distinct, distinct_p, common
+
+
+@pytest.mark.parametrize("scope", ["local", "global"])
+@pytest.mark.parametrize("seed", range(4))
+def test_groups_equal_the_reference_loop(seed, scope):
+    gen = torch.Generator().manual_seed(seed)
+    V = 40
+    rows = torch.randint(0, V, (30, 25), generator=gen)
+    rows = torch.where(torch.rand(rows.shape, generator=gen) < 0.7, rows % 6, rows)
+    stats = cooccurrence(rows, V, window=6)
+    labels = classify(stats, scope=scope, guard=False, purity=0.5 if scope == "local" else 0.2)
+    queries = None if seed % 2 else [0, 1, 2, 3, 39]
+    groups = TokenGroups.from_classification(labels, stats, queries, min_events=2)
+    frame, distinct, distinct_p, common = reference_groups(labels, stats, queries, 2)
+    assert groups.query.tolist() == frame["query"].tolist()
+    assert groups.next_token.tolist() == frame["next"].tolist()
+    assert [d.tolist() for d in groups.distinct] == distinct
+    assert [p.tolist() for p in groups.distinct_p] == distinct_p  # the same division
+    assert all(p.dtype == torch.float64 for p in groups.distinct_p)
+    assert sum(map(len, distinct)) >= 3  # the case has distinct tokens to place
+    if scope == "local":
+        assert {m: c.tolist() for m, c in groups.common.items()} == common
+    for m in set(groups.query.tolist()):
+        union = sorted({t for d, q in zip(distinct, groups.query.tolist()) if q == m for t in d})
+        assert groups.distinct_of_query(m).tolist() == union
