@@ -147,4 +147,5 @@ def test_class_movement_is_the_total_variation_of_each_class():
         c_hat={(1, 3): {2: [0.2, 0.5, 0.5], 4: [0.8, 0.5, 0.4]}, (1, 5): {2: [1.0, 0.0, 0.0]}},
     )
     move = measures.class_movement(traj)  # [S - 1, L, H, K]
-    assert move[:, 0, 0].reshape(-1).tolist() == pytest.approx([0.3, 0.5, 0.05, 0.0], abs=1e-7)  # float32 c_hat
+    expected = [0.3, 0.5, 0.05, 0.0]  # c_hat is float32
+    assert move[:, 0, 0].reshape(-1).tolist() == pytest.approx(expected, abs=1e-7)
