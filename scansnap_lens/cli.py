@@ -243,6 +243,11 @@ def _record(args: argparse.Namespace) -> int:
         from scansnap_lens.inputs.tokens import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer)
+    stats = None
+    if args.stats is not None:
+        from scansnap_lens.statistics.corpus import CooccurrenceStats
+
+        stats = CooccurrenceStats.load(args.stats)
     recorder = Recorder(  # plans from the first checkpoint it loads (its vocabulary)
         args.out,
         tokens,
@@ -256,6 +261,9 @@ def _record(args: argparse.Namespace) -> int:
         queries=args.queries,
         exclude_bos=args.exclude_bos,
         tokenizer=tokenizer,
+        stats=stats,
+        max_checkpoint_bytes=int(args.max_checkpoint_mb * 1e6),
+        max_run_bytes=int(args.max_run_gb * 1e9),
     )
     before = len(recorder.done)
     if args.ray is not None:
@@ -409,7 +417,9 @@ def _device(text: str) -> str:
 
 
 def _queries(text: str):
-    """A share of events covered (0 < q <= 1) or comma-separated token ids."""
+    """all, a share of events covered (0 < q <= 1), or comma-separated token ids."""
+    if text == "all":
+        return text
     if "," not in text and "." in text:
         return float(text)
     return _ints(text)
@@ -428,6 +438,7 @@ def _steps(text: str):
 
 def build_parser() -> argparse.ArgumentParser:
     from scansnap_lens.inputs.text import DOCUMENT_SPLITS
+    from scansnap_lens.recording.budget import CHECKPOINT_BUDGET, RUN_BUDGET
 
     parser = argparse.ArgumentParser(
         prog="scansnap",
@@ -540,9 +551,24 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument(
         "--queries",
         type=_queries,
-        help="share of events covered by the most frequent queries (0.5) or ids (a,b,c);"
-        " default all",
+        help="all, a share of events covered by the most frequent queries (0.5), or ids"
+        " (a,b,c); default: the queries that fit --max-checkpoint-mb (with --stats those the"
+        " statistics give distinct tokens first, else the most frequent)",
     )
+    record.add_argument(
+        "--stats", type=Path,
+        help="statistics (scansnap stats) that choose the default queries: those whose classes"
+        " have distinct tokens, most frequent first",
+    )  # fmt: skip
+    record.add_argument(
+        "--max-checkpoint-mb", type=_positive_float, default=CHECKPOINT_BUDGET / 1e6,
+        help="default queries: at most this many MB per checkpoint (default %(default)g; less"
+        " where --max-run-gb divided by the checkpoints is smaller)",
+    )  # fmt: skip
+    record.add_argument(
+        "--max-run-gb", type=_positive_float, default=RUN_BUDGET / 1e9,
+        help="refuse a recording that would write more than this many GB (default %(default)g)",
+    )  # fmt: skip
     record.add_argument("--layers", type=_ints, help="layers to watch (a,b); default all")
     record.add_argument("--heads", type=_ints, help="heads to watch (a,b); default all")
     record.add_argument(
@@ -619,6 +645,11 @@ CLI_SPELLING = {
     "backend 'hooked'": "--backend hooked",
     "config= or model_factory=": "a config.json",
     "overwrite=True": "--overwrite",
+    "(queries=)": "(--queries)",
+    "(layers=, heads=)": "(--layers, --heads)",
+    "(steps=)": "(--steps)",
+    "raise max_run_bytes": "raise --max-run-gb",
+    "(max_run_bytes)": "(--max-run-gb)",
     "training={'lr_y': ..., 'lr_z': ..., 'optimizer': ..., 'momentum': ...}": "--lr-y and --lr-z"
     " (and --optimizer, --momentum)",
 }

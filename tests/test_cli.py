@@ -185,6 +185,11 @@ BAD_INPUTS = [  # (what is wrong, the arguments (made from the run and a scratch
     ("statistics of another vocabulary", _stats_of_another_vocabulary, "vocabulary mismatch"),
     ("no trajectory", lambda r, t: ["report", str(t / "nothing"), "--stats", str(t / "s")],
      "manifest.json is missing"),
+    ("a run over the disk budget",
+     lambda r, t: _record_args(r, t, "--queries", "all", "--max-run-gb", "1e-6"),
+     "over the budget of 1 kB (--max-run-gb): track fewer queries (--queries), watch fewer"
+     " layers or heads (--layers, --heads), select fewer checkpoints (--steps), or raise"
+     " --max-run-gb"),
 ]  # fmt: skip
 
 

@@ -1,5 +1,6 @@
 """Recording attention over checkpoints.
 
+- `budget`: what a recording may write (`CHECKPOINT_BUDGET`, `RUN_BUDGET`);
 - `plan`: `RecordPlan`, what a recording tracks (queries, classes (m, n), sparse slots);
 - `hooks`: the two hooks per layer that aggregate attention logits and weights
   (`record_checkpoint`, `run_until`, `position_entropy`);
@@ -10,6 +11,9 @@
 from scansnap_lens._lazy import exports
 
 _NAMES = {
+    "BYTES_PER_VALUE": "budget",
+    "CHECKPOINT_BUDGET": "budget",
+    "RUN_BUDGET": "budget",
     "CheckpointRecord": "hooks",
     "RecordPlan": "plan",
     "Recorder": "recorder",
@@ -24,9 +28,12 @@ _NAMES = {
     "record_trajectory": "recorder",
     "remove_trajectory": "trajectory",
     "select_queries": "plan",
+    "size_text": "budget",
+    "budget_queries": "plan",
+    "measured_queries": "plan",
     "trainer_callback": "recorder",
 }
-_MODULES = {"hooks", "plan", "recorder", "trajectory"}
+_MODULES = {"budget", "hooks", "plan", "recorder", "trajectory"}
 
 __all__ = sorted(set(_NAMES) | _MODULES)
 __getattr__, __dir__ = exports(__name__, _NAMES, _MODULES)

@@ -24,13 +24,20 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from scansnap_lens.recording.budget import BYTES_PER_VALUE
 from scansnap_lens.statistics.context import Context
 from scansnap_lens.statistics.corpus import CooccurrenceStats, cooccurrence
 
 if TYPE_CHECKING:
     from scansnap_lens.inputs.tokens import TokenizerLike
 
-__all__ = ["RecordPlan", "plan_recording", "select_queries"]
+__all__ = [
+    "RecordPlan",
+    "budget_queries",
+    "measured_queries",
+    "plan_recording",
+    "select_queries",
+]
 
 
 @dataclass
@@ -169,6 +176,24 @@ class RecordPlan:
         return self.triple_class.numel()
 
     @property
+    def num_slots(self) -> int:
+        """Values recorded per head: zbar pairs, c_hat triples, classes and queries."""
+        return self.num_pairs + self.num_triples + self.num_classes + self.num_queries
+
+    def checkpoint_bytes(self, layers: int, heads: int, prompt_length: int = 0) -> int:
+        """Bytes of one checkpoint's tensors for `layers` x `heads` watched heads (and an
+        example prompt of `prompt_length` tokens, whose [T, T] weights are kept)."""
+        per_head = self.num_slots + prompt_length**2
+        return BYTES_PER_VALUE * layers * heads * per_head
+
+    def describe(self) -> str:
+        """One line: what the plan tracks."""
+        return (
+            f"{self.num_queries:,} queries, {self.num_classes:,} classes,"
+            f" {self.num_pairs:,} zbar pairs, {self.num_triples:,} c_hat triples"
+        )
+
+    @property
     def pair_keys(self) -> Tensor:
         """[Pz] m * V + l, ascending: the lookup key of each zbar slot."""
         return self.pair_query * self.vocab_size + self.pair_token
@@ -291,6 +316,61 @@ def select_queries(stats: CooccurrenceStats, coverage: float) -> Tensor:
     return torch.sort(query[order[: min(k, order.numel())]]).values
 
 
+def budget_queries(
+    stats: CooccurrenceStats,
+    max_slots: int,
+    priority: Tensor | None = None,
+    include_self: bool = False,
+) -> Tensor:
+    """The longest prefix of the queries, in order of `priority` (default: most events first),
+    whose plan fits `max_slots` values per head (`RecordPlan.num_slots`); at least one query.
+
+    stats: the co-occurrence of the evaluation tokens (every query), from which the plan's
+    slots are counted: per query its classes, triples (m, n, l), pairs (m, l) and itself.
+    priority: query ids, most wanted first; ids that never occur as queries are passed over.
+
+    >>> from scansnap_lens.statistics.corpus import cooccurrence
+    >>> rows = torch.tensor([[1, 2, 1, 3, 1, 2, 4]])
+    >>> budget_queries(cooccurrence(rows, vocab_size=5), max_slots=12).tolist()
+    [1]
+    """
+    V = stats.vocab_size
+    query, _ = stats.query_counts()  # most events first
+    if priority is not None:
+        priority = torch.as_tensor(priority, dtype=torch.long).reshape(-1)
+        query = priority[torch.isin(priority, query)]
+    if query.numel() == 0:
+        return query
+    rank = torch.full((V,), -1, dtype=torch.long)
+    rank[query] = torch.arange(query.numel())
+    per_class = torch.diff(stats.offsets) + int(include_self)  # triples (and m itself)
+    slots = torch.zeros(query.numel(), dtype=torch.long)
+    wanted = rank[stats.query] >= 0
+    slots.index_add_(0, rank[stats.query[wanted]], per_class[wanted] + 1)  # triples, class
+    pair_keys = torch.unique(stats.query[stats.triple_class] * V + stats.token)
+    pair_rank = rank[pair_keys // V]
+    slots.index_add_(0, pair_rank[pair_rank >= 0], torch.ones_like(pair_keys[pair_rank >= 0]))
+    slots += 1 + int(include_self)  # the query's own entropy slot (and its pair (m, m))
+    fits = int((torch.cumsum(slots, 0) <= max_slots).sum())
+    return torch.sort(query[: max(fits, 1)]).values
+
+
+def measured_queries(stats: CooccurrenceStats) -> Tensor:
+    """The queries the measurements can use, most events first: those with a class that
+    `classify(stats)` (its defaults, as the report's) gives a distinct token."""
+    from scansnap_lens.statistics.classification import DISTINCT, classify
+
+    labels = classify(stats)
+    distinct = labels.label == DISTINCT
+    if labels.scope == "local":
+        wanted = torch.unique(labels.query[distinct])
+    else:
+        next_tokens = labels.next_token[distinct]
+        wanted = torch.unique(stats.query[torch.isin(stats.next_token, next_tokens)])
+    query, _ = stats.query_counts()
+    return query[torch.isin(query, wanted)]
+
+
 def _ids(tokens) -> Tensor:
     return torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
 
@@ -312,12 +392,18 @@ def plan_recording(
     exclude_bos: bool = False,
     include_self: bool = False,
     tokenizer: TokenizerLike | None = None,
+    max_slots: int | None = None,
+    priority: Tensor | None = None,
 ) -> RecordPlan:
     """Build the plan for evaluation `tokens` [N, T] (or a list of such batches).
 
     Args:
-        queries: None tracks every query token; a float q in (0, 1] the most frequent queries
-            that cover a share q of the events; otherwise the token ids to track.
+        queries: None tracks every query token (or, with `max_slots`, those that fit it); a
+            float q in (0, 1] the most frequent queries that cover a share q of the events;
+            otherwise the token ids to track.
+        max_slots, priority: with ``queries=None``, track the queries in order of `priority`
+            (default: most frequent first) while the plan holds at most `max_slots` values per
+            head (`budget_queries`).
         classes: (m, n) pairs whose per-token attention c_hat is kept (default: every class of a
             tracked query); zbar always uses all events of a tracked query.
         min_class_events: drop classes with fewer events from c_hat.
@@ -332,6 +418,8 @@ def plan_recording(
     stats_all = cooccurrence(rows, vocab_size, exclude_bos=exclude_bos)
     if isinstance(queries, float):
         queries = select_queries(stats_all, queries)
+    elif queries is None and max_slots is not None:
+        queries = budget_queries(stats_all, max_slots, priority, include_self)
     stats = (
         stats_all
         if queries is None

@@ -20,8 +20,18 @@ from tqdm.auto import tqdm
 
 from scansnap_lens.models.backend import hf_bridge, is_hf_model
 from scansnap_lens.models.checkpoints import CheckpointError, CheckpointSource
+from scansnap_lens.recording.budget import (
+    BYTES_PER_VALUE,
+    CHECKPOINT_BUDGET,
+    RUN_BUDGET,
+    size_text,
+)
 from scansnap_lens.recording.hooks import CheckpointRecord, record_checkpoint
-from scansnap_lens.recording.plan import RecordPlan, plan_recording
+from scansnap_lens.recording.plan import (
+    RecordPlan,
+    measured_queries,
+    plan_recording,
+)
 from scansnap_lens.recording.trajectory import (
     RecordingLock,
     Trajectory,
@@ -33,6 +43,7 @@ from scansnap_lens.recording.trajectory import (
 
 if TYPE_CHECKING:
     from scansnap_lens.models.backend import HookedModel
+    from scansnap_lens.statistics.corpus import CooccurrenceStats
 
 __all__ = ["Recorder", "record_trajectory", "trainer_callback"]
 
@@ -42,10 +53,17 @@ class Recorder:
 
     tokens: the evaluation tokens [N, T] (or batches) the plan was built from.
     plan: what to track (`plan.plan_recording`); without one, the recorder plans for
-    `queries` (None: every query; a float: the most frequent covering that share of the
-    events; or token ids), `exclude_bos` and `tokenizer` (for token strings; default the
-    model's) from the first model it records, or, resuming a folder, with the folder's
-    vocabulary (and its queries unless given): a plan that differs from the folder's is refused.
+    `queries` (None: the queries that fit the budget, below; "all": every query; a float:
+    the most frequent covering that share of the events; or token ids), `exclude_bos` and
+    `tokenizer` (for token strings; default the model's) from the first model it records, or,
+    resuming a folder, with the folder's vocabulary (and its queries unless given): a plan
+    that differs from the folder's is refused.
+    stats: corpus statistics; with ``queries=None`` the queries whose classes they classify
+    with distinct tokens come first (`plan.measured_queries`), else the most frequent.
+    max_checkpoint_bytes, max_run_bytes: the budget.  With ``queries=None`` the plan tracks
+    the queries that fit both one checkpoint's bytes and, when `record` knows how many
+    checkpoints it records, the run's share per checkpoint; any plan whose run would write
+    more than `max_run_bytes` is refused before anything is written.
     layers, heads: what to watch (default: all); step_unit: "steps" or "tokens".
     prompt: [T'] ids whose full attention weights are kept at every checkpoint (for attention
     maps and circuitsvis views); by default the first ``prompt_length`` tokens of the first
@@ -77,8 +95,22 @@ class Recorder:
         queries=None,
         exclude_bos: bool = False,
         tokenizer=None,
+        stats: CooccurrenceStats | None = None,
+        max_checkpoint_bytes: int = CHECKPOINT_BUDGET,
+        max_run_bytes: int = RUN_BUDGET,
     ):
         self.out = Path(out)
+        for name, value in (("max_checkpoint_bytes", max_checkpoint_bytes),
+                            ("max_run_bytes", max_run_bytes)):  # fmt: skip
+            if not value > 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if isinstance(queries, str) and queries != "all":
+            raise ValueError(f"queries must be None, 'all', a share, or token ids, not {queries!r}")
+        self.max_checkpoint_bytes = int(max_checkpoint_bytes)
+        self.max_run_bytes = int(max_run_bytes)
+        self.stats = stats
+        self._expected: int | None = None  # checkpoints of the run, where `record` knows them
+        self._said: int | bool | None = False  # the run size the plan's line was printed for
         if self.out.exists() and not self.out.is_dir():
             raise ValueError(f"{self.out} is a file, not a folder for the trajectory")
         self.lock = RecordingLock(self.out)
@@ -96,16 +128,18 @@ class Recorder:
               prompt, prompt_length, overwrite, planning) -> None:  # fmt: skip
         if plan is not None and (
             planning["queries"] is not None
+            or self.stats is not None
             or planning["exclude_bos"]
             or planning["tokenizer"] is not None
         ):
-            raise ValueError("give a plan, or queries (exclude_bos, tokenizer) to plan for")
+            raise ValueError("give a plan, or queries (stats, exclude_bos, tokenizer) to plan for")
         if overwrite and (self.out / "manifest.json").exists():
             remove_trajectory(self.out)
         manifest_path = self.out / "manifest.json"
         if plan is None and manifest_path.exists():  # resuming: plan as the folder did
             saved = _read_plan(self.out / _read_manifest(self.out).get("plan", "plan.safetensors"))
             queries = saved.queries if planning["queries"] is None else planning["queries"]
+            queries = None if isinstance(queries, str) else queries  # "all"
             plan = plan_recording(tokens, saved.vocab_size, queries=queries,
                                   exclude_bos=planning["exclude_bos"],
                                   include_self=saved.include_self,
@@ -153,17 +187,11 @@ class Recorder:
             self._check_same_run(self.meta)
             if model is None and (self.plan is None or self.layers is None or self.heads is None):
                 return None
-            if self.plan is None:  # planned from the first model: its vocabulary, its tokenizer
-                options = self._planning
-                self.plan = plan_recording(
-                    self.tokens,
-                    int(model.cfg.d_vocab),
-                    queries=options["queries"],
-                    exclude_bos=options["exclude_bos"],
-                    tokenizer=options["tokenizer"] or getattr(model, "tokenizer", None),
-                )
             layers = list(range(model.cfg.n_layers)) if self.layers is None else list(self.layers)
             heads = list(range(model.cfg.n_heads)) if self.heads is None else list(self.heads)
+            if self.plan is None:  # planned from the first model: its vocabulary, its tokenizer
+                self.plan = self._plan_for(model, len(layers) * len(heads))
+            self._check_budget(len(layers) * len(heads))
             self.layers, self.heads = layers, heads
             self.lock.acquire()
             self._writer = TrajectoryWriter(
@@ -173,6 +201,53 @@ class Recorder:
             self._writer.skip(*skip)
         self._skips = []
         return self._writer
+
+    @property
+    def _prompt_length(self) -> int:
+        return 0 if self.prompt is None else int(self.prompt.numel())
+
+    def _plan_for(self, model, num_heads: int) -> RecordPlan:
+        """The plan of the first model: the asked queries, or those that fit the budget."""
+        options = self._planning
+        queries, max_slots, priority = options["queries"], None, None
+        if queries is None:
+            budget = self.max_checkpoint_bytes
+            if self._expected:
+                budget = min(budget, self.max_run_bytes // self._expected)
+            per_head = budget // (BYTES_PER_VALUE * num_heads) - self._prompt_length**2
+            max_slots = max(per_head, 1)
+            priority = None if self.stats is None else measured_queries(self.stats)
+            if priority is not None and priority.numel() == 0:
+                priority = None  # nothing classified distinct: the most frequent queries
+        elif isinstance(queries, str):  # "all"
+            queries = None
+        return plan_recording(
+            self.tokens,
+            int(model.cfg.d_vocab),
+            queries=queries,
+            exclude_bos=options["exclude_bos"],
+            tokenizer=options["tokenizer"] or getattr(model, "tokenizer", None),
+            max_slots=max_slots,
+            priority=priority,
+        )
+
+    def _check_budget(self, num_heads: int) -> None:
+        """Say the plan's size; refuse a run that would write more than `max_run_bytes`."""
+        per = self.plan.checkpoint_bytes(1, num_heads, self._prompt_length)
+        runs = self._expected
+        total = "" if not runs else f", {size_text(per * runs)} for {runs} checkpoints"
+        if self.progress and self._said != runs:
+            self._said = runs
+            tqdm.write(f"plan: {self.plan.describe()}; {size_text(per)} per checkpoint{total}")
+        if runs and per * runs > self.max_run_bytes:
+            total, budget = size_text(per * runs), size_text(self.max_run_bytes)
+            raise ValueError(
+                f"the recording would write {total} ({size_text(per)} per checkpoint for"
+                f" {runs} checkpoints; {self.plan.describe()}), over the budget of"
+                f" {budget} (max_run_bytes): track fewer queries (queries=),"
+                " watch fewer layers or heads (layers=, heads=), select fewer checkpoints"
+                " (steps=), or raise max_run_bytes"
+            )
 
     def close(self) -> None:
         """Release the folder's recording lock (a later call records and takes it again)."""
@@ -262,7 +337,11 @@ class Recorder:
             self.meta = {**known, **self.meta}
         if self.out.exists():
             self.lock.acquire()
-        return [c for c in source if c.step not in self.done]
+        todo = [c for c in source if c.step not in self.done]
+        self._expected = len(todo) + len(self.done)
+        if self._writer is not None:  # resuming: the folder's plan, checked for this run
+            self._check_budget(len(self.layers) * len(self.heads))
+        return todo
 
     def _record_sequentially(self, todo: list, on_error: str) -> None:
         for checkpoint in tqdm(todo, desc="checkpoints", unit="ckpt", disable=not self.progress):

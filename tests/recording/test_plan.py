@@ -34,3 +34,28 @@ def test_from_counts_sorts_sums_and_keeps_only_the_asked_classes():
                        plan.triple_count.tolist()))  # fmt: skip
     assert triples == [(0, 4, 7), (0, 9, 8), (1, 3, 2), (1, 4, 1)]
     assert plan.problems() == []
+
+
+def test_a_budget_keeps_the_longest_prefix_of_queries_that_fits():
+    """The slots `budget_queries` counts per query are exactly those of the plan it gives:
+    every prefix of the frequency order, planned on its own, holds the counted values."""
+    from scansnap_lens.recording.plan import budget_queries
+    from scansnap_lens.statistics.corpus import cooccurrence
+
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, 30, (12, 40), generator=gen) % torch.randint(3, 30, (12, 40))
+    stats = cooccurrence(rows, 30)
+    order, _ = stats.query_counts()
+    sizes = [plan_recording(rows, 30, queries=order[: k + 1]).num_slots for k in range(8)]
+    for k, size in enumerate(sizes):
+        chosen = budget_queries(stats, max_slots=size)
+        assert chosen.tolist() == sorted(order[: k + 1].tolist())
+        assert budget_queries(stats, max_slots=size - 1).numel() == max(k, 1)
+        plan = plan_recording(rows, 30, max_slots=size)
+        assert plan.num_slots == size and plan.checkpoint_bytes(2, 3) == 4 * 6 * size
+    with_self = plan_recording(rows, 30, max_slots=sizes[3], include_self=True)
+    assert with_self.num_slots <= sizes[3]  # the query's own position: counted as at most
+    rare_first = torch.cat([torch.tensor([99]), order.flip(0)])  # 99 is never a query
+    chosen = budget_queries(stats, max_slots=sizes[0], priority=rare_first)
+    assert 1 < chosen.numel() < order.numel()
+    assert set(chosen.tolist()) == set(rare_first[1 : chosen.numel() + 1].tolist())

@@ -151,3 +151,74 @@ def test_a_recorder_plans_for_queries_from_the_first_model_and_resumes_without_o
     traj = record_trajectory(in_memory({0: models[0]}), tokens, tmp_path / "s", queries=[5],
                              progress=False)  # fmt: skip
     assert traj.plan.queries.tolist() == [5]
+
+
+def _zipf_tokens(seed=0, rows=6, length=40, vocab=SMALL_V):
+    gen = torch.Generator().manual_seed(seed)
+    weights = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64)
+    return torch.multinomial(weights, rows * length, replacement=True, generator=gen).reshape(
+        rows, length
+    )
+
+
+def test_by_default_the_recorder_tracks_the_queries_that_fit_the_budget(tmp_path, capsys):
+    """Without queries=, the plan is the longest frequency-ordered prefix whose checkpoint
+    fits max_checkpoint_bytes (and the run's share of max_run_bytes); the size is printed
+    before the first checkpoint, and the files hold what the plan says."""
+    from scansnap_lens.recording.plan import budget_queries
+    from scansnap_lens.statistics.corpus import cooccurrence
+
+    tokens = _zipf_tokens()
+    models = {s: attention_only_model(SMALL_V, d_model=16, n_heads=2, seed=s) for s in (0, 1, 2)}
+    every = record_trajectory(in_memory(models), tokens, tmp_path / "all", queries="all",
+                              prompt_length=0, progress=False)  # fmt: skip
+    per_value = 4 * 1 * 2  # float32, one layer, two heads
+    budget = every.plan.num_slots * per_value // 3
+    traj = record_trajectory(in_memory(models), tokens, tmp_path / "budget", prompt_length=0,
+                             max_checkpoint_bytes=budget)  # fmt: skip
+    expected = budget_queries(cooccurrence(tokens, SMALL_V), budget // per_value)
+    assert traj.plan.queries.tolist() == expected.tolist()
+    assert 1 <= traj.plan.num_queries < every.plan.num_queries
+    assert traj.plan.checkpoint_bytes(1, 2) <= budget
+    for q in traj.plan.queries.tolist():  # the same values as the full recording's
+        mine, full = traj.logits(q, range(SMALL_V)), every.logits(q, range(SMALL_V))
+        assert torch.equal(mine.isnan(), full.isnan())
+        assert torch.equal(mine.nan_to_num(), full.nan_to_num())
+    printed = capsys.readouterr().out
+    assert f"plan: {traj.plan.describe()}" in printed and "for 3 checkpoints" in printed
+    # the run's budget shares out per checkpoint: a third of it for 3 checkpoints
+    shared = record_trajectory(in_memory(models), tokens, tmp_path / "run", prompt_length=0,
+                               max_run_bytes=budget * 3, progress=False)  # fmt: skip
+    assert shared.plan.queries.tolist() == expected.tolist()
+
+
+def test_measured_queries_come_first_with_statistics(tmp_path):
+    from scansnap_lens.recording.plan import measured_queries
+    from scansnap_lens.statistics.corpus import cooccurrence
+
+    gen = torch.Generator().manual_seed(1)
+    noise = torch.randint(10, 14, (300, 8), generator=gen)  # frequent, predict nothing
+    key = torch.randint(2, 5, (300, 1), generator=gen)  # decides the next token after 1
+    tokens = torch.cat([noise[:, :5], key, noise[:, 5:], torch.ones_like(key), 5 + key], 1)
+    stats = cooccurrence(tokens, SMALL_V, window=8)
+    wanted = measured_queries(stats)
+    frequent, _ = stats.query_counts()
+    assert 0 < wanted.numel() < frequent.numel() and wanted[0] != frequent[0]
+    model = attention_only_model(SMALL_V, d_model=16, n_heads=2)
+    budget = 4 * 2 * plan_recording(tokens, SMALL_V, queries=wanted[:1]).num_slots
+    traj = record_trajectory(in_memory({0: model}), tokens, tmp_path / "t", stats=stats,
+                             max_checkpoint_bytes=budget, prompt_length=0,
+                             progress=False)  # fmt: skip
+    assert traj.plan.queries.tolist() == wanted[:1].tolist()
+
+
+def test_a_run_over_the_budget_is_refused_before_anything_is_written(tmp_path):
+    tokens = _zipf_tokens()
+    model = attention_only_model(SMALL_V, d_model=16, n_heads=2)
+    out = tmp_path / "t"
+    with pytest.raises(ValueError, match=r"over the budget of 100 B \(max_run_bytes\).*queries="):
+        record_trajectory(in_memory({0: model, 1: model}), tokens, out, queries="all",
+                          max_run_bytes=100, progress=False)  # fmt: skip
+    assert not (out / "manifest.json").exists()
+    with pytest.raises(ValueError, match="queries must be"):
+        Recorder(tmp_path / "u", tokens, queries="most")

@@ -1,0 +1,27 @@
+"""What a recording may write: the default budgets and how sizes are spelled.
+
+A plan's values are float32, one per head for each zbar pair, c_hat triple, class and query
+(`RecordPlan.num_slots`), plus the [T, T] weights of the example prompt.  Without an explicit
+choice of queries the recorder tracks those that fit one checkpoint's budget (and the run's
+share per checkpoint); a run over the run budget is refused before anything is written.
+
+>>> size_text(CHECKPOINT_BUDGET), size_text(RUN_BUDGET), size_text(760_123_456)
+('64 MB', '2 GB', '760 MB')
+"""
+
+from __future__ import annotations
+
+__all__ = ["BYTES_PER_VALUE", "CHECKPOINT_BUDGET", "RUN_BUDGET", "size_text"]
+
+CHECKPOINT_BUDGET = 64 * 10**6  # bytes of one checkpoint's file, by default
+RUN_BUDGET = 2 * 10**9  # bytes of a whole recording, by default
+BYTES_PER_VALUE = 4  # float32 (docs/trajectories.md says why that keeps zbar's changes)
+
+
+def size_text(num_bytes: float) -> str:
+    """Bytes in decimal units, as disks are sold: '64 MB', '1.2 GB'."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if num_bytes < 1000:
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.3g} {unit}"
+        num_bytes /= 1000
+    return f"{num_bytes:.3g} TB"
