@@ -262,6 +262,7 @@ def _record(args: argparse.Namespace) -> int:
         exclude_bos=args.exclude_bos,
         tokenizer=tokenizer,
         stats=stats,
+        window=args.window,
         max_checkpoint_bytes=int(args.max_checkpoint_mb * 1e6),
         max_run_bytes=int(args.max_run_gb * 1e9),
     )
@@ -559,6 +560,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--stats", type=Path,
         help="statistics (scansnap stats) that choose the default queries: those whose classes"
         " have distinct tokens, most frequent first",
+    )  # fmt: skip
+    record.add_argument(
+        "--window", type=_count(1),
+        help="most context positions before a query (default: the --stats window, else the"
+        " whole row)",
     )  # fmt: skip
     record.add_argument(
         "--max-checkpoint-mb", type=_positive_float, default=CHECKPOINT_BUDGET / 1e6,

@@ -45,7 +45,8 @@ def _float64_copy(model, in_place=False):
     return exact
 
 
-def brute_force(model, tokens, exclude_bos=False, include_self=False, queries=None, in_place=False):
+def brute_force(model, tokens, exclude_bos=False, include_self=False, queries=None, in_place=False,
+                window=None):  # fmt: skip
     """Dicts zbar[(layer, head, m, l)], c_hat[(layer, head, m, n, l)], entropy per (m, n) and m,
     and the float32 tolerance of comparing a recording of `model` against them.
 
@@ -71,7 +72,8 @@ def brute_force(model, tokens, exclude_bos=False, include_self=False, queries=No
                 m, n = row[T], row[T + 1]
                 if queries is not None and m not in queries:
                     continue
-                ctx = list(range(first, T)) + ([T] if include_self else [])
+                lo = first if window is None else max(first, T - window)
+                ctx = list(range(lo, T)) + ([T] if include_self else [])
                 for h in range(model.cfg.n_heads):
                     den = sum(A[b, h, T, t].item() for t in ctx)
                     ent = 0.0

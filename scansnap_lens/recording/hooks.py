@@ -11,8 +11,9 @@ its `RecordPlan` tracks, and adds them into sparse sums on the fly:
 with Ahat the weights renormalised over the context.  No activation cache is built and the
 forward pass stops after the last watched layer, so memory does not grow with the text.
 
-Context positions come from the causal structure (t < T, minus BOS, plus T if
-``include_self``), never from testing scores for -inf: masked scores are -inf on
+Context positions come from the causal structure (T - W <= t < T with the plan's window W,
+or every t < T without one; minus BOS, plus T if ``include_self``), never from testing scores
+for -inf: masked scores are -inf on
 HookedTransformer and the dtype's minimum on TransformerBridge.  Where a bridge fires
 ``hook_attn_scores`` with the softmax pattern, scores are rebuilt from ``hook_q``/``hook_k``.
 """
@@ -215,10 +216,13 @@ class _HookAggregator:
         E = b_e.numel()
         qslot_e, n_e = qslot[b_e, t_e], x[b_e, t_e + 1]
         event_class = self.class_lookup(qslot_e, n_e)
-        n_ctx = t_e - first + own
+        W = self.plan.window
+        start = t_e - W if W else torch.zeros_like(t_e)
+        start = start.clamp_min_(first)  # the first context position of each event
+        n_ctx = t_e - start + own
         event = torch.repeat_interleave(torch.arange(E, device=dev), n_ctx)
         starts = torch.cumsum(n_ctx, 0) - n_ctx
-        t = torch.arange(event.numel(), device=dev) - starts[event] + first
+        t = torch.arange(event.numel(), device=dev) - starts[event] + start[event]
         b, tq = b_e[event], t_e[event]
         key_l = x[b, t]
         pair_slot = self.pair_lookup(qslot_e[event], key_l)

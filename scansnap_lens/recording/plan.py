@@ -57,6 +57,8 @@ class RecordPlan:
         triple_class, triple_token, triple_count: [Pc] c_hat slots (class index, l), sorted, and
             C(m, n, l) (occurrences of l in the contexts of the class).
         token_strings: decoded strings of the ids the plan mentions, when a tokenizer was given.
+        window: W, the most context positions before a query (None: the whole row), as the
+            statistics count them (`CooccurrenceStats.window`).
     """
 
     vocab_size: int
@@ -75,6 +77,7 @@ class RecordPlan:
     triple_token: Tensor
     triple_count: Tensor
     token_strings: dict[int, str] = field(default_factory=dict)
+    window: int | None = None
 
     @classmethod
     def from_counts(
@@ -91,6 +94,7 @@ class RecordPlan:
         include_self: bool = False,
         fingerprint: int = 0,
         token_strings: dict[int, str] | None = None,
+        window: int | None = None,
     ) -> RecordPlan:
         """The one constructor of plans: slots from counted classes and their context tokens.
 
@@ -133,6 +137,7 @@ class RecordPlan:
             triple_token=triple_keys % V,
             triple_count=triple_count[kept][at].long(),
             token_strings=dict(token_strings or {}),
+            window=window,
         )
 
     def for_queries(self, queries: Tensor) -> tuple[RecordPlan, dict[str, Tensor]]:
@@ -244,6 +249,7 @@ class RecordPlan:
             "include_self": self.include_self,
             "fingerprint": str(self.fingerprint),
             "token_strings": {str(k): v for k, v in self.token_strings.items()},
+            "window": self.window,
         }
 
     @classmethod
@@ -254,6 +260,7 @@ class RecordPlan:
             include_self=bool(meta["include_self"]),
             fingerprint=int(meta["fingerprint"]),
             token_strings={int(k): v for k, v in meta.get("token_strings", {}).items()},
+            window=_window(meta.get("window")),
             **tensors,
         )
 
@@ -292,8 +299,12 @@ class RecordPlan:
 
     @property
     def context(self) -> Context:
-        """The context convention of the recording (the whole causal context before a query)."""
-        return Context(exclude_bos=bool(self.exclude_bos), include_self=bool(self.include_self))
+        """The context convention of the recording: its window, position 0, the query's own."""
+        return Context(
+            window=self.window,
+            exclude_bos=bool(self.exclude_bos),
+            include_self=bool(self.include_self),
+        )
 
     def same_as(self, other: RecordPlan) -> bool:
         """True when both plans track the same slots of the same evaluation text."""
@@ -371,6 +382,15 @@ def measured_queries(stats: CooccurrenceStats) -> Tensor:
     return query[torch.isin(query, wanted)]
 
 
+def _window(value) -> int | None:
+    """A plan file's window: None (the whole row; files before windows) or W >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"window must be a positive integer or null, got {value!r}")
+    return value
+
+
 def _ids(tokens) -> Tensor:
     return torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
 
@@ -394,6 +414,7 @@ def plan_recording(
     tokenizer: TokenizerLike | None = None,
     max_slots: int | None = None,
     priority: Tensor | None = None,
+    window: int | None = None,
 ) -> RecordPlan:
     """Build the plan for evaluation `tokens` [N, T] (or a list of such batches).
 
@@ -407,15 +428,17 @@ def plan_recording(
         classes: (m, n) pairs whose per-token attention c_hat is kept (default: every class of a
             tracked query); zbar always uses all events of a tracked query.
         min_class_events: drop classes with fewer events from c_hat.
-        exclude_bos, include_self: the context convention (DESIGN section 2; `context.Context`):
-            position 0 is context unless exclude_bos, as in `corpus.cooccurrence`.
+        exclude_bos, include_self, window: the context convention (`context.Context`):
+            position 0 is context unless exclude_bos, and a query's context is its `window`
+            positions before it (None: every one), as `corpus.cooccurrence` counts them.
         tokenizer: anything with ``decode([id])`` (HF tokenizer, TransformerLens model's
             ``tokenizer``), for readable token strings.
     """
     rows = _rows(tokens)
     if not rows:
         raise ValueError("no evaluation tokens: the plan needs at least one row")
-    stats_all = cooccurrence(rows, vocab_size, exclude_bos=exclude_bos)
+    window = _window(window)
+    stats_all = cooccurrence(rows, vocab_size, window=window, exclude_bos=exclude_bos)
     if isinstance(queries, float):
         queries = select_queries(stats_all, queries)
     elif queries is None and max_slots is not None:
@@ -423,7 +446,7 @@ def plan_recording(
     stats = (
         stats_all
         if queries is None
-        else cooccurrence(rows, vocab_size, exclude_bos=exclude_bos, queries=queries)
+        else cooccurrence(rows, vocab_size, window=window, exclude_bos=exclude_bos, queries=queries)
     )
     stats = stats.canonical()
     triple_cls, triple_l, triple_c = stats.triple_class, stats.token, stats.count
@@ -442,7 +465,7 @@ def plan_recording(
     plan = RecordPlan.from_counts(
         vocab_size, stats.query, stats.next_token, stats.events, triple_cls, triple_l, triple_c,
         keep=keep, exclude_bos=exclude_bos, include_self=include_self,
-        fingerprint=int(stats.fingerprint, 16),
+        fingerprint=int(stats.fingerprint, 16), window=window,
     )  # fmt: skip
     if tokenizer is not None:
         ids = torch.unique(torch.cat([plan.queries, plan.class_next, plan.pair_token]))

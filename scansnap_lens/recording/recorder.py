@@ -59,7 +59,10 @@ class Recorder:
     resuming a folder, with the folder's vocabulary (and its queries unless given): a plan
     that differs from the folder's is refused.
     stats: corpus statistics; with ``queries=None`` the queries whose classes they classify
-    with distinct tokens come first (`plan.measured_queries`), else the most frequent.
+    with distinct tokens come first (`plan.measured_queries`), else the most frequent; and the
+    recording takes their context window.
+    window: W, the most context positions before a query that the recording aggregates
+    (default: the statistics' window, or the whole row without statistics).
     max_checkpoint_bytes, max_run_bytes: the budget.  With ``queries=None`` the plan tracks
     the queries that fit both one checkpoint's bytes and, when `record` knows how many
     checkpoints it records, the run's share per checkpoint; any plan whose run would write
@@ -96,6 +99,7 @@ class Recorder:
         exclude_bos: bool = False,
         tokenizer=None,
         stats: CooccurrenceStats | None = None,
+        window: int | None = None,
         max_checkpoint_bytes: int = CHECKPOINT_BUDGET,
         max_run_bytes: int = RUN_BUDGET,
     ):
@@ -117,7 +121,15 @@ class Recorder:
         if (self.out / "manifest.json").exists():
             self.lock.acquire()  # before anything of the folder is read or removed
         try:
-            planning = {"queries": queries, "exclude_bos": exclude_bos, "tokenizer": tokenizer}
+            if stats is not None:  # record the context the statistics counted
+                if window is not None and window != (stats.window or None):
+                    raise ValueError(
+                        f"window {window} differs from the statistics' window"
+                        f" {stats.window or None}: record with the statistics' window"
+                    )
+                window = stats.window or None
+            planning = {"queries": queries, "exclude_bos": exclude_bos, "tokenizer": tokenizer,
+                        "window": window}  # fmt: skip
             self._open(tokens, plan, layers, heads, step_unit, batch_size, device, progress,
                        meta, prompt, prompt_length, overwrite, planning)  # fmt: skip
         except BaseException:
@@ -131,8 +143,11 @@ class Recorder:
             or self.stats is not None
             or planning["exclude_bos"]
             or planning["tokenizer"] is not None
+            or planning["window"] is not None
         ):
-            raise ValueError("give a plan, or queries (stats, exclude_bos, tokenizer) to plan for")
+            raise ValueError(
+                "give a plan, or queries (stats, window, exclude_bos, tokenizer) to plan for"
+            )
         if overwrite and (self.out / "manifest.json").exists():
             remove_trajectory(self.out)
         manifest_path = self.out / "manifest.json"
@@ -142,6 +157,8 @@ class Recorder:
             queries = None if isinstance(queries, str) else queries  # "all"
             plan = plan_recording(tokens, saved.vocab_size, queries=queries,
                                   exclude_bos=planning["exclude_bos"],
+                                  window=saved.window if planning["window"] is None
+                                  else planning["window"],
                                   include_self=saved.include_self,
                                   tokenizer=planning["tokenizer"])  # fmt: skip
         self._planning = planning
@@ -226,6 +243,7 @@ class Recorder:
             int(model.cfg.d_vocab),
             queries=queries,
             exclude_bos=options["exclude_bos"],
+            window=options["window"],
             tokenizer=options["tokenizer"] or getattr(model, "tokenizer", None),
             max_slots=max_slots,
             priority=priority,

@@ -22,15 +22,17 @@ from scansnap_lens.testing import bridge_from_hf, tiny_hf_model
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("exclude_bos", [True, False])
+@pytest.mark.parametrize(("exclude_bos", "window"), [(True, None), (False, None), (True, 3),
+                                                     (False, 1), (False, 4)])  # fmt: skip
 @pytest.mark.parametrize("include_self", [False, True])
-def test_aggregates_equal_brute_force(exclude_bos, include_self, backend):
+def test_aggregates_equal_brute_force(exclude_bos, include_self, window, backend):
     model = tiny_model(backend=backend)
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, V, (5, 11), generator=g)
-    plan = plan_recording(tokens, V, exclude_bos=exclude_bos, include_self=include_self)
+    plan = plan_recording(tokens, V, exclude_bos=exclude_bos, include_self=include_self,
+                          window=window)  # fmt: skip
     rec = record_checkpoint(model, tokens, plan, batch_size=2, progress=False)
-    ref = brute_force(model, tokens, exclude_bos, include_self)
+    ref = brute_force(model, tokens, exclude_bos, include_self, window=window)
     zbar, c_hat = ref[0], ref[1]
 
     L, H = 2, 3

@@ -222,3 +222,23 @@ def test_a_run_over_the_budget_is_refused_before_anything_is_written(tmp_path):
     assert not (out / "manifest.json").exists()
     with pytest.raises(ValueError, match="queries must be"):
         Recorder(tmp_path / "u", tokens, queries="most")
+
+
+def test_the_recording_takes_the_statistics_window(tmp_path):
+    """With stats=, the plan aggregates the context the statistics counted (their window), so
+    its slots are the statistics' own pairs and triples on the evaluation text."""
+    from scansnap_lens.statistics.corpus import cooccurrence
+
+    tokens = _zipf_tokens(2, rows=4, length=30)
+    stats = cooccurrence(tokens, SMALL_V, window=5)
+    model = attention_only_model(SMALL_V, d_model=16, n_heads=2)
+    traj = record_trajectory(in_memory({0: model}), tokens, tmp_path / "t", stats=stats,
+                             queries="all", progress=False)  # fmt: skip
+    assert traj.plan.window == 5 and traj.plan.context.window == 5
+    windowed = plan_recording(tokens, SMALL_V, window=5)
+    assert traj.plan.same_as(windowed)
+    assert not windowed.same_as(plan_recording(tokens, SMALL_V))
+    assert windowed.num_triples == stats.num_triples  # the same counted context
+    assert Trajectory.load(tmp_path / "t").plan.window == 5  # kept in the plan file
+    with pytest.raises(ValueError, match="differs from the statistics' window"):
+        Recorder(tmp_path / "u", tokens, stats=stats, window=7)

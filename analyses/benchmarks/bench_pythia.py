@@ -1,0 +1,236 @@
+"""Pythia-shaped models end to end through the command line, with default options.
+
+    python analyses/benchmarks/bench_pythia.py --shape 70m [--seq-len 512] [--rows 64]
+
+The model is a GPT-NeoX of Pythia's shape (rotary on a quarter of each head, parallel
+residual, untied unembedding, d_vocab 50304), trained from a seeded random start by
+`transformers.Trainer` (AdamW, warmup) for a few steps on WikiText-2 valid, which saves
+real ``checkpoint-N/`` folders.  The tokenizer is a byte-level BPE of about 26k tokens
+trained on WikiText-2 (Pythia's own cannot be downloaded here), so the model's vocabulary is
+padded beyond its tokenizer's as Pythia's is (50304 against 50277).
+
+Then, each in its own process (its peak resident memory is its own):
+``scansnap stats`` (WikiText-2 valid, window 64), ``scansnap record`` (64 rows of test.txt,
+default options), ``scansnap report``.  In this process, on the last checkpoint's model as
+the recorder loads it: the TransformerLens forward pass without hooks, stopped after the
+last layer (`run_until`), the plain Hugging Face forward of the same rows (the GPT-NeoX body,
+no unembedding), and one `record_checkpoint` of the default plan, on the same rows and
+threads.  Prints one JSON line: per stage the seconds and peak RSS, the bytes per checkpoint,
+and the recorder's ratio to both forward passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = {  # Pythia's configs (hidden, layers, heads, intermediate)
+    "70m": (512, 6, 8, 2048),
+    "160m": (768, 12, 12, 3072),
+    "410m": (1024, 24, 16, 4096),
+}
+D_VOCAB = 50304
+BPE_VOCAB = 26000
+
+
+def gpt_neox_config(shape: str):
+    from transformers import GPTNeoXConfig
+
+    hidden, layers, heads, inter = SHAPES[shape]
+    return GPTNeoXConfig(
+        vocab_size=D_VOCAB,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=inter,
+        rotary_pct=0.25,
+        rotary_emb_base=10000,
+        max_position_embeddings=2048,
+        use_parallel_residual=True,
+        tie_word_embeddings=False,
+        hidden_act="gelu",
+        layer_norm_eps=1e-5,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+
+
+def train_tokenizer(shared: Path, out: Path) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB, special_tokens=["<|endoftext|>"])
+    wiki = shared / "data" / "wikitext-2"
+    tok.train([str(wiki / "valid.txt"), str(wiki / "test.txt")], trainer)
+    path = out / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def train_checkpoints(shape: str, shared: Path, tokenizer: Path, out: Path, steps: int) -> Path:
+    """`steps` AdamW steps of the Trainer, a checkpoint folder after each."""
+    from tokenizers import Tokenizer
+    from transformers import GPTNeoXForCausalLM, Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    model = GPTNeoXForCausalLM(gpt_neox_config(shape))
+    tok = Tokenizer.from_file(str(tokenizer))
+    ids = tok.encode((shared / "data" / "wikitext-2" / "valid.txt").read_text()).ids
+    seq = 128
+    rows = torch.tensor(ids[: (len(ids) // seq) * seq]).reshape(-1, seq)[:64]
+    data = [{"input_ids": r, "labels": r} for r in rows]
+    args = TrainingArguments(
+        output_dir=str(out),
+        max_steps=steps,
+        save_steps=1,
+        save_only_model=True,  # Pythia's released checkpoints hold the weights only
+        per_device_train_batch_size=8,
+        learning_rate=6e-4,
+        warmup_steps=1,
+        lr_scheduler_type="cosine",
+        weight_decay=0.1,
+        report_to=[],
+        logging_steps=1,
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+    )
+    Trainer(model=model, args=args, train_dataset=data).train()
+    return out
+
+
+def run_stage(name: str, argv: list[str], log: Path) -> dict:
+    """One `scansnap` command in its own process: seconds and its own peak RSS."""
+    code = (
+        "import resource, sys\n"
+        "from scansnap_lens.cli import main\n"
+        f"rc = main({argv!r})\n"
+        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+        "print(f'PEAK_MB={peak:.0f}', file=sys.stderr)\n"
+        "sys.exit(rc)\n"
+    )
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    log.write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise SystemExit(f"{name} failed ({done.returncode}); see {log}:\n{done.stderr[-3000:]}")
+    peak = [line for line in done.stderr.splitlines() if line.startswith("PEAK_MB=")]
+    return {"s": round(seconds, 1), "peak_mb": int(peak[-1].split("=")[1])}
+
+
+def best_of(fn, repeats: int = 2) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+@torch.no_grad()
+def forward_baselines(checkpoint: Path, tokens: torch.Tensor, batch_size: int, plan) -> dict:
+    """The TransformerLens forward without hooks (stopped after the last layer), the plain
+    Hugging Face forward (the GPT-NeoX body), and `record_checkpoint`, on the same rows."""
+    from transformers import GPTNeoXForCausalLM
+
+    from scansnap_lens.models import checkpoints
+    from scansnap_lens.recording.hooks import record_checkpoint, run_until
+
+    model = checkpoints.folder(checkpoint.parent, steps=[int(checkpoint.name.split("-")[1])])
+    model = next(iter(model)).load().eval()
+    last = int(model.cfg.n_layers) - 1
+    batches = tokens.split(batch_size)
+
+    def tl_forward():
+        for x in batches:
+            run_until(model, x, last, [])
+
+    hf = GPTNeoXForCausalLM.from_pretrained(checkpoint).eval()
+
+    def hf_forward():
+        for x in batches:
+            hf.gpt_neox(input_ids=x)
+
+    def record():
+        record_checkpoint(model, tokens, plan, batch_size=batch_size, progress=False)
+
+    return {
+        "tl_forward_s": round(best_of(tl_forward), 2),
+        "hf_forward_s": round(best_of(hf_forward), 2),
+        "record_checkpoint_s": round(best_of(record), 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", choices=list(SHAPES), default="70m")
+    parser.add_argument("--shared", type=Path, default=Path(__file__).parents[3] / "shared")
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--checkpoints", type=int, default=4, help="Trainer steps (one each)")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--work", type=Path, help="working folder (default: a temporary one)")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix=f"bench_pythia_{args.shape}_"))
+    work.mkdir(parents=True, exist_ok=True)
+    wiki = args.shared / "data" / "wikitext-2"
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    result: dict = {"shape": args.shape, "rows": args.rows, "seq_len": args.seq_len,
+                    "threads": torch.get_num_threads()}  # fmt: skip
+
+    start = time.perf_counter()
+    tokenizer = train_tokenizer(args.shared, work)
+    runs = train_checkpoints(args.shape, args.shared, tokenizer, work / "run", args.checkpoints)
+    result["setup_s"] = round(time.perf_counter() - start, 1)
+
+    stats = work / "stats.safetensors"
+    result["stats"] = run_stage("stats", [
+        "stats", str(wiki / "valid.txt"), "--tokenizer", str(tokenizer), "--documents",
+        "wikitext", "--window", "64", "--out", str(stats)], work / "stats.log")  # fmt: skip
+    traj = work / "trajectory"
+    result["record"] = run_stage("record", [
+        "record", "--checkpoints", str(runs), "--text", str(wiki / "test.txt"), "--tokenizer",
+        str(tokenizer), "--documents", "wikitext", "--seq-len", str(args.seq_len),
+        "--max-rows", str(args.rows), "--batch-size", str(args.batch_size), "--out",
+        str(traj)], work / "record.log")  # fmt: skip
+    files = sorted((traj / "checkpoints").glob("*.safetensors"))
+    result["checkpoints"] = len(files)
+    result["bytes_per_checkpoint"] = int(sum(f.stat().st_size for f in files) / len(files))
+    result["record"]["s_per_checkpoint"] = round(result["record"]["s"] / len(files), 1)
+    result["report"] = run_stage("report", ["report", str(traj), "--stats", str(stats)],
+                                 work / "report.log")  # fmt: skip
+
+    from scansnap_lens.recording.trajectory import _read_manifest, _read_plan
+
+    plan = _read_plan(traj / _read_manifest(traj)["plan"])
+    result["plan"] = {"queries": plan.num_queries, "classes": plan.num_classes,
+                      "pairs": plan.num_pairs, "triples": plan.num_triples}  # fmt: skip
+    from scansnap_lens.inputs.text import read_documents
+    from scansnap_lens.inputs.tokens import encode, load_tokenizer, rows_of
+
+    docs = read_documents(wiki / "test.txt", "wikitext")
+    tokens = rows_of(encode(load_tokenizer(str(tokenizer)), docs), args.seq_len)[: args.rows]
+    last = max(runs.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    timing = forward_baselines(last, tokens, args.batch_size, plan)
+    result.update(timing)
+    result["record_over_tl_forward"] = round(timing["record_checkpoint_s"] / timing["tl_forward_s"], 2)
+    result["record_over_hf_forward"] = round(timing["record_checkpoint_s"] / timing["hf_forward_s"], 2)
+    result["peak_mb_here"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    result["work"] = str(work)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
