@@ -222,7 +222,7 @@ def _record_task(checkpoint, job: dict, tokens, device) -> tuple:
     ("skipped", step, source, error)."""
     from scansnap_lens.recording.hooks import record_checkpoint
     from scansnap_lens.recording.recorder import recordable
-    from scansnap_lens.recording.trajectory import TrajectoryWriter
+    from scansnap_lens.recording.storage import TrajectoryWriter
 
     try:
         model = checkpoint.load()
@@ -267,7 +267,7 @@ def ray_record(
     runs again (`max_retries`); a checkpoint that cannot be read stops the recording or, with
     ``on_error="skip"``, is noted in the manifest.  Returns the `Trajectory`.
     """
-    from scansnap_lens.recording.trajectory import _read_manifest
+    from scansnap_lens.recording.storage import _read_manifest
 
     if not isinstance(recorder.tokens, torch.Tensor):
         raise ValueError("recording on Ray needs the evaluation tokens as one [N, T] tensor")

@@ -517,7 +517,7 @@ def test_a_second_recording_process_fails_at_once(own_run, tmp_path, capsys):
     args += [str(root / "eval.safetensors"), "--out", str(tmp_path / "t")]
     assert main([*args, "--steps", "0,10"]) == 0
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from scansnap_lens.recording.trajectory import "
+        [sys.executable, "-c", "import sys, time; from scansnap_lens.recording.storage import "
          "RecordingLock; RecordingLock(sys.argv[1]).acquire(); print('held', flush=True); "
          "time.sleep(120)", str(tmp_path / "t")],
         stdout=subprocess.PIPE,
@@ -550,7 +550,7 @@ def test_a_second_recording_process_fails_at_once(own_run, tmp_path, capsys):
     # a recorder refused by the folder (another plan) does not keep it locked
     with pytest.raises(ValueError, match="another plan"):
         Recorder(tmp_path / "t", tokens[:4], plan_recording(tokens[:4], plan.vocab_size))
-    probe = ("import sys; from scansnap_lens.recording.trajectory import RecordingLock; "
+    probe = ("import sys; from scansnap_lens.recording.storage import RecordingLock; "
              "RecordingLock(sys.argv[1]).acquire()")  # fmt: skip
     subprocess.run([sys.executable, "-c", probe, str(tmp_path / "t")], check=True)
 

@@ -90,7 +90,7 @@ def _killed_mid_write(marker: str, loader):
     import signal
     from pathlib import Path
 
-    import scansnap_lens.recording.trajectory as trajectory
+    import scansnap_lens.recording.storage as trajectory
 
     if not Path(marker).exists():
         Path(marker).touch()

@@ -113,10 +113,12 @@ def train_checkpoints(shape: str, shared: Path, tokenizer: Path, out: Path, step
 def run_stage(name: str, argv: list[str], log: Path) -> dict:
     """One `scansnap` command in its own process: seconds and its own peak RSS."""
     code = (
-        "import resource, sys\n"
+        "import sys\n"
         "from scansnap_lens.cli import main\n"
         f"rc = main({argv!r})\n"
-        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+        # VmHWM, not ru_maxrss: exec keeps the parent's ru_maxrss, a new process image not
+        "peak = [int(l.split()[1]) for l in open('/proc/self/status')\n"
+        "        if l.startswith('VmHWM')][0] / 1024\n"
         "print(f'PEAK_MB={peak:.0f}', file=sys.stderr)\n"
         "sys.exit(rc)\n"
     )
@@ -182,12 +184,16 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=int, default=4, help="Trainer steps (one each)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--work", type=Path, help="working folder (default: a temporary one)")
+    parser.add_argument("--no-stats", action="store_true",
+                        help="record without --stats (the whole row as context, most frequent"
+                        " queries) instead of the statistics' window and queries")  # fmt: skip
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix=f"bench_pythia_{args.shape}_"))
     work.mkdir(parents=True, exist_ok=True)
     wiki = args.shared / "data" / "wikitext-2"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     result: dict = {"shape": args.shape, "rows": args.rows, "seq_len": args.seq_len,
+                    "record_with_stats": not args.no_stats,
                     "threads": torch.get_num_threads()}  # fmt: skip
 
     start = time.perf_counter()
@@ -204,7 +210,8 @@ def main() -> None:
         "record", "--checkpoints", str(runs), "--text", str(wiki / "test.txt"), "--tokenizer",
         str(tokenizer), "--documents", "wikitext", "--seq-len", str(args.seq_len),
         "--max-rows", str(args.rows), "--batch-size", str(args.batch_size), "--out",
-        str(traj)], work / "record.log")  # fmt: skip
+        str(traj), *([] if args.no_stats else ["--stats", str(stats)])],
+        work / "record.log")  # fmt: skip
     files = sorted((traj / "checkpoints").glob("*.safetensors"))
     result["checkpoints"] = len(files)
     result["bytes_per_checkpoint"] = int(sum(f.stat().st_size for f in files) / len(files))
@@ -212,7 +219,7 @@ def main() -> None:
     result["report"] = run_stage("report", ["report", str(traj), "--stats", str(stats)],
                                  work / "report.log")  # fmt: skip
 
-    from scansnap_lens.recording.trajectory import _read_manifest, _read_plan
+    from scansnap_lens.recording.storage import _read_manifest, _read_plan
 
     plan = _read_plan(traj / _read_manifest(traj)["plan"])
     result["plan"] = {"queries": plan.num_queries, "classes": plan.num_classes,
@@ -225,8 +232,9 @@ def main() -> None:
     last = max(runs.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     timing = forward_baselines(last, tokens, args.batch_size, plan)
     result.update(timing)
-    result["record_over_tl_forward"] = round(timing["record_checkpoint_s"] / timing["tl_forward_s"], 2)
-    result["record_over_hf_forward"] = round(timing["record_checkpoint_s"] / timing["hf_forward_s"], 2)
+    for name in ("tl", "hf"):
+        ratio = timing["record_checkpoint_s"] / timing[f"{name}_forward_s"]
+        result[f"record_over_{name}_forward"] = round(ratio, 2)
     result["peak_mb_here"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     result["work"] = str(work)
     print(json.dumps(result))

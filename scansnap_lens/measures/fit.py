@@ -246,19 +246,26 @@ def theory_fit(
 
     # pairs of the queries that have a population class, and the classes' token sets
     pair_mask = torch.isin(plan.pair_query, pop.queries)
-    measured_dz = (traj.zbar - traj.zbar[:1]).double()[..., pair_mask]  # [S, L, H, P]
+    measured_z = traj.zbar[..., pair_mask].double()  # [S, L, H, P]: only these slots read
+    measured_dz = measured_z - measured_z[:1]
     class_sets = []
+    # each class's triples are one run of the sorted triple_class; groups found by key
+    bounds = torch.searchsorted(plan.triple_class, torch.arange(plan.num_classes + 1))
+    group_of = {}
+    if groups is not None:
+        keys = (groups.query * plan.vocab_size + groups.next_token).tolist()
+        group_of = {key: k for k, key in reversed(list(enumerate(keys)))}  # the first wins
     for c in range(plan.num_classes):
         m, n = int(plan.class_query[c]), int(plan.class_next[c])
-        slots = (plan.triple_class == c).nonzero().flatten()
+        slots = torch.arange(int(bounds[c]), int(bounds[c + 1]))
         tokens = plan.triple_token[slots]
         weight = float(plan.class_events[c])
         if groups is not None:
-            k = ((groups.query == m) & (groups.next_token == n)).nonzero().flatten()
-            if k.numel() == 0:
+            k = group_of.get(m * plan.vocab_size + n)
+            if k is None:
                 continue
-            keep = torch.isin(tokens, groups.distinct[int(k[0])])
-            slots, weight = slots[keep], float(groups.events[int(k[0])])
+            keep = torch.isin(tokens, groups.distinct[k])
+            slots, weight = slots[keep], float(groups.events[k])
         if slots.numel() >= 2:
             class_sets.append((m, n, slots, weight))
     if not class_sets:
@@ -268,6 +275,10 @@ def theory_fit(
     shared = list(zip(plan.class_query[held].tolist(), plan.class_next[held].tolist()))
     # the snap of both is measured on the classes the statistics hold
     measured_snap = snapping(traj, classes=shared).table
+    # the c_hat of every class set, read once: [S, L, H, sum of the sets' sizes]
+    measured_c_hat = traj.c_hat[..., torch.cat([c[2] for c in class_sets])].double()
+    sizes = [c[2].numel() for c in class_sets]
+    where = torch.arange(sum(sizes)).split(sizes)
     rank = torch.full((S, L, H), math.nan, dtype=torch.float64)
     corr = torch.full((S, L, H), math.nan, dtype=torch.float64)
     pop_snap = np.full(H, np.nan)
@@ -283,8 +294,8 @@ def theory_fit(
         corr[:, :, j] = _corr(measured_dz[:, :, j], pred_dz[:, None])
         corr[0, :, j] = math.nan
         ranks, weights = [], []
-        for m, n, slots, weight in class_sets:
-            meas = traj.c_hat[:, :, j][..., slots].double()  # [S, L, n]
+        for (m, n, slots, weight), at in zip(class_sets, where):
+            meas = measured_c_hat[:, :, j, at]  # [S, L, n]
             pred = predicted.c_hat[:, 0, 0][..., slots].double()  # [S, n]
             if torch.isnan(pred).all():
                 continue

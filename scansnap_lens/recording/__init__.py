@@ -5,6 +5,7 @@
 - `hooks`: the two hooks per layer that aggregate attention logits and weights
   (`record_checkpoint`, `run_until`, `position_entropy`);
 - `recorder`: `Recorder`, a model's checkpoints into a resumable trajectory folder;
+- `storage`: the trajectory folder on disk (format, tensor names, writer, locks, lazy reader);
 - `trajectory`: `Trajectory`, the recorded zbar and c_hat over checkpoints, saved and loaded.
 """
 
@@ -17,23 +18,29 @@ _NAMES = {
     "CheckpointRecord": "hooks",
     "RecordPlan": "plan",
     "Recorder": "recorder",
-    "RecordingLock": "trajectory",
+    "RecordingLock": "storage",
+    "StepStack": "storage",
     "Trajectory": "trajectory",
-    "TrajectoryWriter": "trajectory",
+    "TrajectoryWriter": "storage",
+    "FILE_KEYS": "storage",
+    "FORMAT": "storage",
+    "read_steps": "storage",
+    "checkpoint_name": "storage",
+    "record_tensors": "storage",
     "model_vocab_size": "hooks",
     "plan_recording": "plan",
     "position_entropy": "hooks",
     "prompt_attention": "hooks",
     "record_checkpoint": "hooks",
     "record_trajectory": "recorder",
-    "remove_trajectory": "trajectory",
+    "remove_trajectory": "storage",
     "select_queries": "plan",
     "size_text": "budget",
     "budget_queries": "plan",
     "measured_queries": "plan",
     "trainer_callback": "recorder",
 }
-_MODULES = {"budget", "hooks", "plan", "recorder", "trajectory"}
+_MODULES = {"budget", "hooks", "plan", "recorder", "storage", "trajectory"}
 
 __all__ = sorted(set(_NAMES) | _MODULES)
 __getattr__, __dir__ = exports(__name__, _NAMES, _MODULES)

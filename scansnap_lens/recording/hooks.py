@@ -46,16 +46,6 @@ __all__ = [
 ]
 
 
-# The names of the record's tensors in trajectory files.  c_hat keeps the name "chat" that
-# files have held since the first version, so that every folder ever written loads and resumes.
-FILE_KEYS = {
-    "zbar": "zbar",
-    "c_hat": "chat",
-    "entropy": "entropy",
-    "query_entropy": "query_entropy",
-}
-
-
 @dataclass
 class CheckpointRecord:
     """Aggregates of one checkpoint; L = watched layers, H = watched heads.
@@ -78,13 +68,6 @@ class CheckpointRecord:
     def chat(self) -> Tensor:
         warnings.warn("CheckpointRecord.chat is now c_hat", FutureWarning, stacklevel=2)
         return self.c_hat
-
-    def tensors(self) -> dict[str, Tensor]:
-        """The record's tensors under their names in trajectory files (`FILE_KEYS`)."""
-        out = {key: getattr(self, name) for name, key in FILE_KEYS.items()}
-        if self.prompt_pattern is not None:
-            out["prompt_pattern"] = self.prompt_pattern
-        return out
 
 
 def model_vocab_size(model: HookedModel) -> int:

@@ -32,14 +32,14 @@ from scansnap_lens.recording.plan import (
     measured_queries,
     plan_recording,
 )
-from scansnap_lens.recording.trajectory import (
+from scansnap_lens.recording.storage import (
     RecordingLock,
-    Trajectory,
     TrajectoryWriter,
     _read_manifest,
     _read_plan,
     remove_trajectory,
 )
+from scansnap_lens.recording.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from scansnap_lens.models.backend import HookedModel

@@ -67,7 +67,7 @@ def test_a_crash_in_the_middle_of_a_resave_keeps_the_old_trajectory(
             raise OSError("disk full")
         return real(path, tensors, metadata)
 
-    monkeypatch.setattr("scansnap_lens.recording.trajectory.write_tensors", crash_on_third)
+    monkeypatch.setattr("scansnap_lens.recording.storage.write_tensors", crash_on_third)
     with pytest.raises(OSError, match="disk full"):
         b.save(folder)
     loaded = Trajectory.load(folder)  # still the whole old trajectory
@@ -119,7 +119,7 @@ def test_writers_on_one_folder_lose_no_step(trajectories, tmp_path):
     import threading
 
     from scansnap_lens.recording.hooks import CheckpointRecord
-    from scansnap_lens.recording.trajectory import TrajectoryWriter
+    from scansnap_lens.recording.storage import TrajectoryWriter
 
     a, _ = trajectories
     writers = [

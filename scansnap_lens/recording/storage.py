@@ -1,0 +1,519 @@
+"""The trajectory folder on disk: its format, the tensor names, the writer, the locks, and the
+lazy reader.
+
+    manifest.json                            steps done, skipped checkpoints, layers, heads,
+                                             step unit, meta, the example prompt, the plan file
+    plan.safetensors                         the RecordPlan (tracked queries, classes, slots)
+    checkpoints/step_000001000.safetensors   zbar, c_hat (as "chat"), entropy, query_entropy
+                                             (and prompt_pattern where a prompt is recorded)
+
+Every file is written to a temporary name, synced and renamed, so an interrupted recording
+leaves only whole files, and `TrajectoryWriter` resumes by skipping the steps already done.
+A replacing save writes the new files under new names first, then the manifest (the moment
+the new trajectory replaces the old one), and only then removes the old checkpoint files, and
+never a file outside the folder's ``checkpoints/``.
+
+Reading is lazy: `read_steps` maps each checkpoint's tensors into memory (`StepStack`), so a
+measurement that needs some slots, or one step at a time, reads only those pages; nothing
+holds all checkpoints in memory unless asked to.  Every tensor is float32 (see
+docs/trajectories.md for why that keeps zbar's small changes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import struct
+from contextlib import contextmanager
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from scansnap_lens._io import read_tensors, write_tensors, write_text
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+from scansnap_lens.recording.hooks import CheckpointRecord
+from scansnap_lens.recording.plan import RecordPlan
+
+__all__ = [
+    "FILE_KEYS",
+    "FORMAT",
+    "RecordingLock",
+    "StepStack",
+    "TrajectoryWriter",
+    "checkpoint_name",
+    "read_steps",
+    "record_tensors",
+    "remove_trajectory",
+]
+
+FORMAT = "scansnap_lens.Trajectory/1"
+# The record's tensors and their names in checkpoint files.  c_hat keeps the name "chat" that
+# files have held since the first version, so that every folder ever written loads and resumes.
+FILE_KEYS = {
+    "zbar": "zbar",
+    "c_hat": "chat",
+    "entropy": "entropy",
+    "query_entropy": "query_entropy",
+}
+_FIELDS = tuple(FILE_KEYS)
+_OWN_FILE = re.compile(r"checkpoints/step_(\d{12,})(-[0-9a-f]{8})?\.safetensors")
+_OWN_PLAN = re.compile(r"plan(-[0-9a-f]{8})?\.safetensors")
+MAX_STEP = 2**63 - 1  # steps are stored as int64
+
+
+def record_tensors(record: CheckpointRecord) -> dict[str, Tensor]:
+    """A checkpoint's tensors under their names in its file (`FILE_KEYS`)."""
+    out = {key: getattr(record, name) for name, key in FILE_KEYS.items()}
+    if record.prompt_pattern is not None:
+        out["prompt_pattern"] = record.prompt_pattern
+    return out
+
+
+def checkpoint_name(step: int, suffix: str = "") -> str:
+    """The file of `step` in a trajectory folder: 12 digits at least, more for larger steps
+    (runs counted in tokens reach 10^12)."""
+    return f"checkpoints/step_{int(step):012d}{suffix}.safetensors"
+
+
+class TrajectoryWriter:
+    """Writes one checkpoint file at a time and keeps the manifest up to date."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        plan: RecordPlan,
+        layers,
+        heads,
+        step_unit: str = "steps",
+        meta: dict | None = None,
+        resume: bool = True,
+        prompt: Tensor | None = None,
+    ):
+        self.path = Path(path)
+        self.plan = plan
+        prompt_ids = None if prompt is None else [int(t) for t in torch.as_tensor(prompt)]
+        manifest_path = self.path / "manifest.json"
+        self._replacing: dict | None = None  # the manifest a `save` replaces, until `finish`
+        self._suffix = ""
+        if manifest_path.exists() and resume:
+            manifest = _read_manifest(self.path)
+            saved = _read_plan(self.path / manifest.get("plan", "plan.safetensors"))
+            if not saved.same_as(plan):
+                raise ValueError(
+                    f"{self.path} holds a recording with another plan (other evaluation tokens,"
+                    " queries or context convention); record into another folder"
+                )
+            if (manifest["layers"], manifest["heads"]) != (list(layers), list(heads)):
+                raise ValueError(
+                    f"{self.path} was recorded for layers {manifest['layers']} and heads"
+                    f" {manifest['heads']}, not {list(layers)} and {list(heads)}"
+                )
+            if manifest.get("prompt") != prompt_ids:
+                raise ValueError(
+                    f"{self.path} was recorded with another example prompt"
+                    f" ({manifest.get('prompt')} against {prompt_ids})"
+                )
+            self.manifest = manifest
+        else:
+            plan_file = "plan.safetensors"
+            if manifest_path.exists():  # replacing a trajectory: new names, old files kept
+                self._replacing = _read_manifest(self.path)
+                self._suffix = "-" + secrets.token_hex(4)
+                plan_file = f"plan{self._suffix}.safetensors"
+            (self.path / "checkpoints").mkdir(parents=True, exist_ok=True)
+            meta_json = json.dumps(plan.metadata())
+            write_tensors(
+                self.path / plan_file,
+                plan.tensors(),
+                {"format": FORMAT, "plan": meta_json},
+            )
+            self.manifest = {
+                "format": FORMAT,
+                "step_unit": step_unit,
+                "layers": list(layers),
+                "heads": list(heads),
+                "meta": meta or {},
+                "prompt": prompt_ids,
+                "plan": plan_file,
+                "checkpoints": [],
+                "skipped": [],
+            }
+            self._flush()
+
+    @property
+    def done(self) -> set[int]:
+        return {item["step"] for item in self.manifest["checkpoints"]}
+
+    def write(self, record: CheckpointRecord) -> None:
+        if not 0 <= int(record.step) <= MAX_STEP:
+            raise ValueError(f"step {record.step} does not fit a trajectory (0 to 2^63 - 1)")
+        name = checkpoint_name(record.step, self._suffix)
+        write_tensors(
+            self.path / name, record_tensors(record), {"format": FORMAT, "step": str(record.step)}
+        )
+        self._update(record.step, {"step": int(record.step), "file": name}, None)
+
+    def skip(self, step: int, source: str, error: str) -> None:
+        self._update(step, None, {"step": int(step), "source": source, "error": error})
+
+    def _update(self, step: int, entry: dict | None, skipped: dict | None) -> None:
+        """Add one step's entry to the manifest.  Under the folder's lock the manifest is read
+        again from disk first, so writers in other processes (or other recorders on the same
+        folder) add their steps without losing each other's."""
+        with _folder_lock(self.path, active=self._replacing is None):
+            if self._replacing is None and (self.path / "manifest.json").exists():
+                disk = _read_manifest(self.path)
+                self.manifest["checkpoints"] = _merged(
+                    disk["checkpoints"], self.manifest["checkpoints"]
+                )
+                self.manifest["skipped"] = _merged(disk["skipped"], self.manifest["skipped"])
+            m = self.manifest
+            m["checkpoints"] = [c for c in m["checkpoints"] if c["step"] != step]
+            m["skipped"] = [s for s in m["skipped"] if s["step"] != step]
+            if entry is not None:
+                m["checkpoints"] = sorted([*m["checkpoints"], entry], key=lambda c: c["step"])
+            if skipped is not None:
+                m["skipped"].append(skipped)
+            self._flush()
+
+    def _flush(self, force: bool = False) -> None:
+        if self._replacing is not None and not force:
+            return  # the old trajectory stays in place until `finish`
+        write_text(self.path / "manifest.json", json.dumps(self.manifest, indent=1))
+
+    def finish(self) -> None:
+        """After a replacing `save`: the new manifest takes the old one's place, then the old
+        trajectory's own files (and only those) are removed."""
+        if self._replacing is None:
+            return
+        old, self._replacing = self._replacing, None
+        self._flush(force=True)
+        keep = {c["file"] for c in self.manifest["checkpoints"]} | {self.manifest["plan"]}
+        names = [c["file"] for c in old["checkpoints"]] + [old.get("plan", "plan.safetensors")]
+        for name in names:
+            if name not in keep and (_OWN_FILE.fullmatch(name) or _OWN_PLAN.fullmatch(name)):
+                (self.path / name).unlink(missing_ok=True)
+
+
+def remove_trajectory(path: str | Path) -> None:
+    """Remove a trajectory folder's own files (manifest, plan, checkpoints it names), nothing
+    else: a user's other files in the folder stay."""
+    path = Path(path)
+    manifest = _read_manifest(path)  # validated: names only files of this folder
+    with _folder_lock(path):
+        (path / "manifest.json").unlink()
+        (path / manifest.get("plan", "plan.safetensors")).unlink(missing_ok=True)
+        for entry in manifest["checkpoints"]:
+            (path / entry["file"]).unlink(missing_ok=True)
+
+
+def _merged(theirs: list[dict], ours: list[dict]) -> list[dict]:
+    """Entries of both lists by step (ours win), sorted."""
+    by_step = {e["step"]: e for e in theirs}
+    by_step.update({e["step"]: e for e in ours})
+    return [by_step[s] for s in sorted(by_step)]
+
+
+@contextmanager
+def _folder_lock(path: Path, active: bool = True):
+    """An exclusive lock on the trajectory folder (``.lock``) while the manifest changes."""
+    if not active or fcntl is None:  # no flock on this platform: writes stay atomic
+        yield
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / ".lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class RecordingLock:
+    """The folder's recording lock (``.recording.lock``): one recording process at a time.
+
+    Held by a `Recorder` while it records; a recorder in another process fails at once with
+    this one's pid.  Within one process it is shared (a notebook that builds a new `Recorder`
+    for the same folder takes it over), and the workers a recording fans out to (Ray) write
+    under the manifest's short lock only.  The operating system releases it when the process
+    ends, so a killed recording never leaves a stale lock.
+    """
+
+    _held: ClassVar[dict[Path, tuple[object, set[int]]]] = {}  # folder -> (open file, holder ids)
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._key = self.path.resolve()
+
+    @property
+    def held(self) -> bool:
+        return id(self) in self._held.get(self._key, (None, set()))[1]
+
+    def acquire(self) -> None:
+        if self.held:
+            return
+        if self._key in self._held:
+            self._held[self._key][1].add(id(self))
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path / ".recording.lock", "a+")
+        if fcntl is not None:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "unknown"
+                handle.close()
+                raise BlockingIOError(
+                    f"{self.path} is being recorded by another process (pid {holder}): wait"
+                    " for it to finish, or record into another folder"
+                ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._held[self._key] = (handle, {id(self)})
+
+    def release(self) -> None:
+        handle, holders = self._held.get(self._key, (None, set()))
+        holders.discard(id(self))
+        if handle is not None and not holders:
+            del self._held[self._key]
+            handle.close()  # closing the file releases the flock
+
+    def __enter__(self) -> RecordingLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_manifest(path: Path) -> dict:
+    file = path / "manifest.json"
+    if not file.exists():
+        raise FileNotFoundError(f"{path} is not a trajectory folder: {file.name} is missing")
+    try:
+        manifest = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file}: corrupt manifest ({err})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ValueError(f"{file}: not a scansnap_lens trajectory (format {found!r})")
+    needed = {"checkpoints": list, "layers": list, "heads": list, "step_unit": str,
+              "skipped": list, "meta": dict}  # fmt: skip
+    for key, kind in needed.items():
+        if not isinstance(manifest.get(key), kind):
+            what = "lacks" if key not in manifest else f"has no {kind.__name__} as"
+            raise ValueError(f"{file}: the manifest {what} '{key}' (hand-edited?)")
+    _check_entries(file, manifest)
+    return manifest
+
+
+def _check_entries(file: Path, manifest: dict) -> None:
+    """Every checkpoint entry names one step and one file of this folder's own, once."""
+    entries = manifest.get("checkpoints")
+    if not isinstance(entries, list):
+        raise ValueError(f"{file}: 'checkpoints' must be a list")
+    steps, names = set(), set()
+    for entry in entries:
+        step, name = entry.get("step") if isinstance(entry, dict) else None, None
+        if isinstance(entry, dict):
+            name = entry.get("file")
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
+            raise ValueError(f"{file}: a checkpoint entry has no valid step ({entry!r})")
+        own = _OWN_FILE.fullmatch(name) if isinstance(name, str) else None
+        if own is None:
+            raise ValueError(
+                f"{file}: checkpoint {step} names {name!r}, not a file of this folder's"
+                " checkpoints/ (hand-edited manifest?)"
+            )
+        if int(own.group(1)) != step:
+            raise ValueError(f"{file}: checkpoint {step} names the file of another step ({name})")
+        if step in steps or name in names:
+            raise ValueError(f"{file}: checkpoint {step} or its file {name} is listed twice")
+        steps.add(step)
+        names.add(name)
+    plan = manifest.get("plan", "plan.safetensors")
+    if not isinstance(plan, str) or not _OWN_PLAN.fullmatch(plan):
+        raise ValueError(f"{file}: names the plan file {plan!r}, not one of this folder's")
+
+
+def _read_tensors(file: Path) -> tuple[dict, dict[str, Tensor]]:
+    return read_tensors(file, FORMAT, "trajectory file")
+
+
+def _read_plan(file: Path) -> RecordPlan:
+    meta, tensors = _read_tensors(file)
+    try:
+        plan = RecordPlan.from_parts(json.loads(meta["plan"]), tensors)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{file} is not a recording plan ({type(err).__name__}: {err})") from None
+    problems = plan.problems()
+    if problems:
+        raise ValueError(f"{file} is not a consistent recording plan: {'; '.join(problems)}")
+    return plan
+
+
+_DTYPES = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "I64": np.int64}
+
+
+def _header(file: Path) -> tuple[dict, int]:
+    """The safetensors header of `file` (tensor dtypes, shapes, offsets; metadata) and where
+    its data begin, read without touching the data."""
+    try:
+        with open(file, "rb") as handle:
+            (size,) = struct.unpack("<Q", handle.read(8))
+            if size > 100_000_000:
+                raise ValueError("header too large")
+            header = json.loads(handle.read(size))
+    except (OSError, ValueError, struct.error) as err:
+        raise ValueError(f"{file} is not a trajectory file (corrupt or truncated: {err})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{file} is not a trajectory file (no header)")
+    meta = header.pop("__metadata__", None) or {}
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{file} is not a trajectory file (format={meta.get('format')!r})")
+    return header, 8 + size
+
+
+class StepStack:
+    """A [S, ...] tensor whose steps live in S checkpoint files, memory-mapped.
+
+    Indexing reads only what it selects: ``stack[s]`` one step, ``stack[..., slots]`` some
+    slots of every step, ``stack[a:b]`` some steps; each returns a torch tensor.  Any other
+    use (arithmetic, ``torch.*`` functions, tensor methods) loads the whole stack first, as a
+    tensor would be.
+    """
+
+    def __init__(self, arrays: list[np.ndarray]):
+        self._arrays = arrays
+        self.shape = torch.Size([len(arrays), *arrays[0].shape])
+        self.dtype = torch.from_numpy(np.empty(0, dtype=arrays[0].dtype)).dtype
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def size(self, dim: int | None = None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def __getitem__(self, key) -> Tensor:
+        key = key if isinstance(key, tuple) else (key,)
+        key = tuple(k.numpy() if isinstance(k, Tensor) else k for k in key)
+        first, rest = key[0], key[1:]
+        if first is Ellipsis:  # (..., idx): the same selection of every step
+            steps, rest = slice(None), key
+        else:
+            steps = first
+        if isinstance(steps, int | np.integer):
+            return torch.from_numpy(np.array(self._arrays[steps][rest]))
+        chosen = np.arange(len(self._arrays))[steps]
+        if not len(chosen):
+            return self.full()[key]
+        return torch.from_numpy(np.stack([np.asarray(self._arrays[i][rest]) for i in chosen]))
+
+    def full(self) -> Tensor:
+        """The whole [S, ...] tensor in memory."""
+        return torch.from_numpy(np.stack(self._arrays))
+
+    def __array__(self, dtype=None, copy=None):
+        out = np.stack(self._arrays)
+        return out if dtype is None else out.astype(dtype)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.full(), name)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        def real(x):
+            if isinstance(x, StepStack):
+                return x.full()
+            if isinstance(x, list | tuple):
+                return type(x)(real(v) for v in x)
+            return x
+
+        return func(*real(args), **{k: real(v) for k, v in (kwargs or {}).items()})
+
+    def __repr__(self) -> str:
+        return f"StepStack(shape={tuple(self.shape)}, dtype={self.dtype}, files={len(self)})"
+
+
+def _binary(name: str):
+    def op(self, other):
+        return getattr(self.full(), name)(other.full() if isinstance(other, StepStack) else other)
+
+    return op
+
+
+for _name in ("add", "sub", "mul", "truediv", "pow", "eq", "ne", "lt", "le", "gt", "ge",
+              "radd", "rsub", "rmul", "rtruediv"):  # fmt: skip
+    setattr(StepStack, f"__{_name}__", _binary(f"__{_name}__"))
+StepStack.__neg__ = lambda self: -self.full()
+StepStack.__abs__ = lambda self: self.full().abs()
+StepStack.__hash__ = object.__hash__
+
+
+def read_steps(path: Path, manifest: dict, plan: RecordPlan) -> dict[str, StepStack | None]:
+    """The checkpoint tensors of a trajectory folder, memory-mapped: {name: StepStack} for
+    zbar, c_hat, entropy, query_entropy and prompt_pattern (None where not every checkpoint
+    holds one).  Every file's shapes are checked against the manifest and the plan first (from
+    the headers alone), so a hand-edited manifest or another run's file is named, not indexed
+    past."""
+    L, H = len(manifest["layers"]), len(manifest["heads"])
+    slots = {"zbar": plan.num_pairs, "c_hat": plan.num_triples, "entropy": plan.num_classes,
+             "query_entropy": plan.num_queries}  # fmt: skip
+    arrays: dict[str, list] = {name: [] for name in (*_FIELDS, "prompt_pattern")}
+    for item in manifest["checkpoints"]:
+        file = path / item["file"]
+        if not file.is_file():
+            raise FileNotFoundError(f"no trajectory file at {file}")
+        header, start = _header(file)
+        for name in (*_FIELDS, "prompt_pattern"):
+            key = FILE_KEYS.get(name, name)
+            if key not in header:
+                if name == "prompt_pattern":
+                    continue
+                raise ValueError(f"{file} is not a trajectory checkpoint: it lacks {key!r}")
+            info = header[key]
+            shape = tuple(info["shape"])
+            if name in slots and shape != (L, H, slots[name]):
+                raise ValueError(
+                    f"{path}: checkpoint {item['step']} holds {name} of shape {shape}, but the"
+                    f" manifest and plan say ({L}, {H}, {slots[name]}) (layers"
+                    f" {manifest['layers']}, heads {manifest['heads']}): a hand-edited"
+                    " manifest, or a file of another run"
+                )
+            dtype = _DTYPES.get(info["dtype"])
+            lo, hi = info["data_offsets"]
+            if dtype is None or hi - lo != int(np.prod(shape)) * np.dtype(dtype).itemsize:
+                raise ValueError(f"{file}: tensor {key!r} is not a readable {info['dtype']} array")
+            if hi - lo == 0:
+                arrays[name].append(np.zeros(shape, dtype))
+            else:
+                arrays[name].append(np.memmap(file, dtype, "r", start + lo, shape))
+    out: dict[str, StepStack | None] = {name: StepStack(arrays[name]) for name in _FIELDS}
+    patterns = arrays["prompt_pattern"]
+    full = len(patterns) == len(manifest["checkpoints"]) and patterns
+    out["prompt_pattern"] = StepStack(patterns) if full else None
+    return out
