@@ -322,7 +322,7 @@ def _report(args: argparse.Namespace) -> int:
     )
     _print_summary(report.summary)
     for what, why in report.not_measured.items():
-        print(f"not measured: {what}: {why}")
+        print(f"not measured: {what}: {cli_message(ValueError(why))}")
     print(f"report: {report.path.resolve()}")
     return 0
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from scansnap_lens import measures
 from scansnap_lens._io import write_text
@@ -249,7 +250,10 @@ def write_report(
             ),
         )
     layer, head = _best_head(summary)
-    order = np.argsort(-groups.events.numpy(), kind="stable")[:4].tolist()
+    # the most frequent classes that the recording tracks (the statistics hold more)
+    tracked = torch.isin(groups.query * traj.plan.vocab_size + groups.next_token,
+                         traj.plan.class_keys).numpy()  # fmt: skip
+    order = [int(k) for k in np.argsort(-groups.events.numpy(), kind="stable") if tracked[k]][:4]
     figure(
         "class_attention",
         f"Per-token attention over training, layer {layer} head {head}"

@@ -93,17 +93,20 @@ def fake_hub_model(
     repo_id: str = "EleutherAI/pythia-14m",
     revisions: Sequence[str] = ("step0", "step1000", "step2000"),
     arch: str = "gpt_neox",
+    tokenizer_size: int | None = None,
     **model_kwargs,
 ) -> Path:
     """Write one randomly initialised model per revision into a hub cache; return the repo dir.
 
     Every revision gets its own weights (seed = its position in `revisions`); ``main`` points
-    at the last one.  Use with ``HF_HUB_CACHE=cache_dir`` and ``HF_HUB_OFFLINE=1``.
+    at the last one.  `tokenizer_size`: the tokenizer's vocabulary where it is smaller than
+    the model's (Pythia pads d_vocab 50304 beyond its tokenizer's 50277).  Use with
+    ``HF_HUB_CACHE=cache_dir`` and ``HF_HUB_OFFLINE=1``.
     """
     repo = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))
     (repo / "refs").mkdir(parents=True, exist_ok=True)
     vocab_size = model_kwargs.setdefault("vocab_size", 64)
-    tokenizer = word_tokenizer(vocab_size)
+    tokenizer = word_tokenizer(tokenizer_size or vocab_size)
     for i, revision in enumerate(revisions):
         commit = hashlib.sha1(f"{repo_id}@{revision}".encode()).hexdigest()
         snapshot = repo / "snapshots" / commit

@@ -84,3 +84,48 @@ def test_load_options_are_not_silently_dropped(legacy_hub):
     source = checkpoints.pretrained(legacy_hub, steps=[0], fold_ln=True)
     with pytest.raises(ValueError, match=r"load options \['fold_ln'\]"):
         source.checkpoints[0].load()
+
+
+def test_pythia_as_on_the_hub_from_labels_to_report(tmp_path, capsys):
+    """Pythia's 154 checkpoint labels (step0, 1, 2, 4, ..., 512, 1000, ..., 143000), a
+    revision per label in a hub cache, the model's d_vocab padded to 50304 beyond its
+    tokenizer's 50277, `--steps log:5` over the labels, statistics from the model's own
+    tokenizer, and the recording and report through the labels, offline."""
+    from scansnap_lens.cli import main
+    from scansnap_lens.models.hub import checkpoint_labels
+    from scansnap_lens.models.steps import select_steps
+    from scansnap_lens.recording.trajectory import Trajectory
+    from scansnap_lens.testing import fake_hub_model
+
+    name = "EleutherAI/pythia-70m"
+    labels, unit = checkpoint_labels(name)
+    assert len(labels) == 154 and unit == "steps"
+    assert labels[:12] == [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000]
+    assert labels[-1] == 143000 and labels[11:] == list(range(1000, 143001, 1000))
+    chosen = select_steps(labels, "log:5")
+    assert chosen == [0, 16, 512, 7000, 143000]
+    repo = fake_hub_model(os.environ["HF_HUB_CACHE"], name, [f"step{n}" for n in chosen],
+                          vocab_size=50304, tokenizer_size=50277, d_model=16, n_heads=2,
+                          n_ctx=64)  # fmt: skip
+    gen = torch.Generator().manual_seed(0)  # lines: noise, a key, more noise, w1, w(5 + key)
+    noise = torch.randint(100, 130, (300, 8), generator=gen)
+    key = torch.randint(2, 5, (300, 1), generator=gen)
+    rows = torch.cat([noise[:, :5], key, noise[:, 5:], torch.ones_like(key), 5 + key], 1)
+    text = tmp_path / "text.txt"
+    text.write_text("".join(" ".join(f"w{i}" for i in row) + "\n" for row in rows.tolist()))
+    snapshot = next((repo / "snapshots").iterdir())
+    stats = tmp_path / "stats.safetensors"
+    assert main(["stats", str(text), "--tokenizer", str(snapshot), "--documents", "line",
+                 "--window", "8", "--out", str(stats)]) == 0  # fmt: skip
+    out = tmp_path / "traj"
+    assert main(["record", "--model", name, "--steps", "log:5", "--backend", "bridge", "--text",
+                 str(text), "--documents", "line", "--seq-len", "11", "--stats", str(stats),
+                 "--out", str(out)]) == 0  # fmt: skip
+    traj = Trajectory.load(out)
+    assert traj.steps.tolist() == chosen
+    assert traj.plan.vocab_size == 50304 and traj.plan.window == 8
+    assert traj.meta["source"].startswith(name)
+    assert main(["report", str(out), "--stats", str(stats)]) == 0
+    printed = capsys.readouterr().out
+    assert "plan: " in printed and "for 5 checkpoints" in printed
+    assert (out / "report" / "report.html").exists()
