@@ -314,13 +314,36 @@ class _HookAggregator:
         hooks = [(f"blocks.{L}.attn.hook_attn_scores", probe_hook(L)) for L in self.layers]
         run_until(self.model, x, max(self.layers), hooks)
 
+    # The most (query, context) position pairs one forward pass aggregates: a batch whose
+    # rows hold more runs as several smaller ones, so that the index and value tensors
+    # ([J, H]) stay bounded however long the rows (whole-row contexts grow with T^2).
+    MAX_PAIRS = 1 << 21
+
+    def pairs_per_row(self, x: Tensor) -> Tensor:
+        """[B] the tracked position pairs of each row (what `index` would gather)."""
+        T = x.shape[1]
+        first, own, W = int(self.plan.exclude_bos), int(self.plan.include_self), self.plan.window
+        pos = torch.arange(T, device=x.device)
+        start = (pos - W).clamp_min(first) if W else torch.full_like(pos, first)
+        n_ctx = pos - start + own  # [T]
+        is_event = (self.query_slot[x] >= 0) & (pos >= first + 1) & (pos <= T - 2)
+        return (is_event * n_ctx).sum(1)
+
     def run(self, x: Tensor) -> None:
         if len(self.scores_from_qk) < len(self.layers):
             self.probe(x[:1])
-        self.batch = self.index(x)
-        run_until(self.model, x, max(self.layers), self.hooks())
-        self.batch = None
-        self.qk.clear()
+        pairs = torch.cumsum(self.pairs_per_row(x), 0).cpu()
+        start = 0
+        while start < x.shape[0]:  # rows [start, stop) hold at most MAX_PAIRS (one at least)
+            before = int(pairs[start - 1]) if start else 0
+            stop = int(torch.searchsorted(pairs, before + self.MAX_PAIRS, right=True))
+            stop = max(stop, start + 1)
+            part = x[start:stop]
+            self.batch = self.index(part)
+            run_until(self.model, part, max(self.layers), self.hooks())
+            self.batch = None
+            self.qk.clear()
+            start = stop
 
 
 class _Enough(Exception):

@@ -180,3 +180,23 @@ def test_dropout_is_off_while_recording():
     a, b = (record_checkpoint(bridge, tokens, plan, progress=False) for _ in range(2))
     assert torch.equal(a.zbar, b.zbar) and torch.equal(a.entropy, b.entropy)
     assert bridge.training
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_batches_with_more_position_pairs_than_the_bound_run_in_parts(monkeypatch, window):
+    """A batch over MAX_PAIRS runs as several forward passes of fewer rows; the aggregates
+    are those of the brute-force reference (only the order of float32 sums changes)."""
+    from scansnap_lens.recording.hooks import _HookAggregator
+
+    model = tiny_model()
+    tokens = torch.randint(0, V, (6, 12), generator=torch.Generator().manual_seed(4))
+    plan = plan_recording(tokens, V, window=window)
+    runs = []
+    monkeypatch.setattr(_HookAggregator, "MAX_PAIRS", 40)  # a row holds up to 55 pairs
+    original = _HookAggregator.index
+    monkeypatch.setattr(_HookAggregator, "index", lambda self, x: runs.append(len(x))
+                        or original(self, x))  # fmt: skip
+    rec = record_checkpoint(model, tokens, plan, batch_size=6, progress=False)
+    assert sum(runs) == 6 and len(runs) >= 3  # split, every row once
+    ref = brute_force(model, tokens, window=window)
+    assert_matches(rec, plan, ref, range(2), range(3))
