@@ -23,7 +23,6 @@ The folders follow the pipeline, each stage importing only the ones before it:
 
 from __future__ import annotations
 
-from scansnap_lens import _moved
 from scansnap_lens._lazy import exports
 
 __version__ = "0.1.0"
@@ -71,25 +70,6 @@ _MODULES = {  # ``ss.<module>`` for each stage and tool, never dependent on impo
     "distributed",
     "testing",
 }
-_RENAMED = {
-    "sequences": "sequence_sampler",
-    "from_dataset": "cooccurrence_from_dataset",
-}
-
 __all__ = sorted(set(_NAMES) | _MODULES)
 
-_moved.install()
-_getattr, __dir__ = exports(__name__, _NAMES, _MODULES)
-_old_name = _moved.old_names(__name__, _RENAMED)
-
-
-def __getattr__(name: str):
-    import importlib
-
-    if name in _RENAMED:
-        return _old_name(name)
-    if (
-        name in _moved.MOVED and name not in _NAMES
-    ):  # an old module path: warns, reads through to where it moved
-        return importlib.import_module(f"{__name__}.{name}")
-    return _getattr(name)
+__getattr__, __dir__ = exports(__name__, _NAMES, _MODULES)

@@ -21,8 +21,17 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _commit(tmp: Path, path: Path) -> None:
-    """Make `tmp` durable, rename it onto `path`, and make the rename durable."""
+    """Make `tmp` durable, rename it onto `path`, and make the rename durable.  The file gets
+    the permissions of a plain ``open`` (0644 under the usual umask): some writers create
+    their temporary files 0600, which would keep results from the rest of a team."""
+    os.chmod(tmp, 0o666 & ~_umask())
     _fsync(tmp)
     os.replace(tmp, path)
     _fsync(path.parent)

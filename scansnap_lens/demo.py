@@ -20,7 +20,6 @@ import pandas as pd
 import torch
 
 from scansnap_lens._io import write_text
-from scansnap_lens._moved import old_names
 from scansnap_lens.lab.synthetic import sequence_sampler, syn_medium, syn_small
 from scansnap_lens.models.training import TrainResult, attention_only_model, rates, train
 from scansnap_lens.recording.plan import plan_recording
@@ -31,7 +30,6 @@ from scansnap_lens.statistics.corpus import CooccurrenceStats, cooccurrence
 from scansnap_lens.statistics.groups import TokenGroups
 
 __all__ = ["DEMO_DATA", "DemoResult", "run_demo"]
-__getattr__ = old_names(__name__, {"sequences": "sequence_sampler"})
 
 DEMO_DATA = {"syn-medium": lambda: syn_medium(1), "syn-small": syn_small}
 
@@ -63,18 +61,15 @@ def run_demo(
     overwrite: bool = False,
     optimizer: str = "sgd",
     momentum: float = 0.0,
-    lr: float | None = None,
-    lr_attention: float | None = None,
 ) -> DemoResult:
     """Train, record, measure and report into `out` (``out/report/report.html``).
 
     `lr_y` is eta_Y (every parameter but W_Q, W_K; default 0.1), `lr_z` eta_Z (default 3);
-    ``lr`` and ``lr_attention`` are their former names (deprecated); `optimizer` "sgd" (with
-    `momentum`) or "adam".  A folder that holds a demo of other settings is refused
-    unless `overwrite`."""
+    `optimizer` "sgd" (with `momentum`) or "adam".  A folder that holds a demo of other
+    settings is refused unless `overwrite`."""
     if data not in DEMO_DATA:
         raise ValueError(f"data must be one of {sorted(DEMO_DATA)}, got {data!r}")
-    lr_y, lr_z = rates(lr_y, lr_z, lr, lr_attention, default_y=0.1, default_z=3.0)
+    lr_y, lr_z = rates(lr_y, lr_z, default_y=0.1, default_z=3.0)
     out = Path(out)
     classes = DEMO_DATA[data]()
     sample = sequence_sampler(classes)

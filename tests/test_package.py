@@ -1,6 +1,6 @@
 """The package surface: every stage and module reachable in a fresh interpreter, whatever
 was imported before; the lazy names resolve; the import graph runs one way, down the
-pipeline; the old flat paths still import, with a warning; typed (py.typed)."""
+pipeline; typed (py.typed)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,11 @@ import importlib.resources
 import pkgutil
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
 import scansnap_lens as ss
-from scansnap_lens import _moved
 
 PACKAGE = Path(ss.__file__).parent
 # The pipeline, first stage first: a module may import its own stage and those before it.
@@ -44,13 +42,9 @@ def test_every_module_and_name_is_reachable_in_a_fresh_interpreter():
 
 
 def test_functions_named_like_their_stage_are_functions():
-    """``ss.classify(stats)`` and ``ss.train(model, ...)`` call the functions, even after the
-    old modules of those names were imported."""
+    """``ss.classify(stats)`` and ``ss.train(model, ...)`` call the functions."""
     assert ss.classify is ss.statistics.classification.classify
     assert ss.train is ss.models.training.train
-    with pytest.warns(FutureWarning, match="moved to scansnap_lens.statistics.classification"):
-        old = importlib.import_module("scansnap_lens.classify")
-    assert callable(ss.classify) and old.classify is ss.statistics.classification.classify
 
 
 def _imports(path: Path) -> set[str]:
@@ -78,38 +72,13 @@ def test_the_import_graph_runs_down_the_pipeline():
     for path in PACKAGE.rglob("*.py"):
         own = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
         if own not in rank:
-            continue  # _io, _lazy, _moved, __init__: the package's plumbing
+            continue  # _io, _lazy, __init__: the package's plumbing
         for module in _imports(path):
             parts = module.split(".")
             other = parts[1] if len(parts) > 1 else None
             if other in rank and rank[other] > rank[own]:
                 wrong.append(f"{path.relative_to(PACKAGE)} imports {module}")
     assert not wrong, wrong
-
-
-@pytest.mark.parametrize("old", sorted(_moved.MOVED))
-def test_old_paths_import_with_a_warning_and_read_through(old):
-    sys.modules.pop(f"scansnap_lens.{old}", None)
-    with pytest.warns(FutureWarning, match=f"scansnap_lens.{old} moved to"):
-        module = importlib.import_module(f"scansnap_lens.{old}")
-    target = importlib.import_module(f"scansnap_lens.{_moved.MOVED[old]}")
-    renamed = _moved.RENAMED.get(old, {})
-    names = [n for n in getattr(target, "__all__", []) if n not in renamed]
-    assert names, f"{_moved.MOVED[old]} lists no public names"
-    for name in names:
-        assert getattr(module, name) is getattr(target, name), name
-
-
-def test_renamed_names_are_found_under_their_old_names_with_a_warning():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        measure = importlib.import_module("scansnap_lens.measure")
-    with pytest.warns(FutureWarning, match="growth is now"):
-        assert measure.growth is ss.measures.growth_factor
-    with pytest.warns(FutureWarning, match="scansnap_lens.sequences is now sequence_sampler"):
-        assert ss.sequences is ss.lab.synthetic.sequence_sampler
-    with pytest.warns(FutureWarning, match="from_dataset is now"):
-        assert ss.statistics.corpus.from_dataset is ss.cooccurrence_from_dataset
 
 
 def test_the_package_is_typed():

@@ -45,8 +45,7 @@ def training_of(traj: Trajectory, training: dict | None = None) -> list[dict] | 
 
     The trajectory's meta holds what the training wrote (`train`, `Recorder.on_checkpoint(...,
     training=)`, ``training.json`` beside checkpoints); the Y/Z lab holds ``lr_z`` and
-    ``ratio`` per run (one head per run); trajectories written before ``lr_y`` / ``lr_z`` hold
-    ``lr`` and ``lr_attention``.
+    ``ratio`` per run (one head per run).
     """
     if training is not None:
         missing = {"lr_y", "lr_z"} - set(training)
@@ -62,8 +61,6 @@ def training_of(traj: Trajectory, training: dict | None = None) -> list[dict] | 
         pairs = [pairs[h] for h in traj.heads]
     elif "lr_y" in meta and "lr_z" in meta:
         pairs = [(float(meta["lr_y"]), float(meta["lr_z"]))] * len(traj.heads)
-    elif "lr" in meta and "lr_attention" in meta:
-        pairs = [(float(meta["lr"]), float(meta["lr_attention"]))] * len(traj.heads)
     else:
         typed = sorted(k for k in meta if re.match(r"(lr|eta|learning_rate)", k, re.IGNORECASE))
         if typed:  # rates under other names would silently give no prediction

@@ -203,22 +203,12 @@ def _param_groups(model, lr_y: float, lr_z: float, weight_decay: float,
     return [{**g, "weight_decay": weight_decay} for g in groups if g["params"]]
 
 
-def rates(lr_y, lr_z, lr=None, lr_attention=None, default_y: float = 1.0,
+def rates(lr_y, lr_z, default_y: float = 1.0,
           default_z: float | None = None) -> tuple[float, float]:  # fmt: skip
-    """(eta_Y, eta_Z) from ``lr_y`` / ``lr_z``, or from the former names ``lr`` /
-    ``lr_attention`` (deprecated, with a warning); eta_Z defaults to `default_z`, else
-    eta_Y."""
-    import warnings
-
-    for old, new, value, given in (("lr", "lr_y", lr, lr_y), ("lr_attention", "lr_z",
-                                                              lr_attention, lr_z)):  # fmt: skip
-        if value is not None:
-            if given is not None:
-                raise TypeError(f"give {new} (the paper's eta), not both {new} and {old}")
-            warnings.warn(f"{old}= is now {new}=", DeprecationWarning, stacklevel=3)
-    lr_y = lr_y if lr_y is not None else (lr if lr is not None else default_y)
-    if lr_z is None:
-        lr_z = lr_attention if lr_attention is not None else default_z
+    """(eta_Y, eta_Z): ``lr_y`` (default `default_y`) and ``lr_z`` (default `default_z`, else
+    eta_Y)."""
+    lr_y = default_y if lr_y is None else lr_y
+    lr_z = default_z if lr_z is None else lr_z
     return float(lr_y), float(lr_y if lr_z is None else lr_z)
 
 
@@ -291,15 +281,13 @@ def train(
     clip_grad_norm: float | None = None,
     lr_by_name: dict[str, float] | None = None,
     bptt: int | None = None,
-    lr: float | None = None,
-    lr_attention: float | None = None,
 ) -> TrainResult:
     r"""Train `model` for `steps` steps of next-token prediction, saving checkpoints.
 
     data: token tensor [N, T] (rows sampled with replacement), a `datasets.Dataset` with a
         ``tokens`` or ``input_ids`` column, or a callable ``(batch_size, generator) -> [B, T]``.
     lr_y, lr_z: eta_Y (all parameters but W_Q, W_K; default 1) and eta_Z (W_Q, W_K; default
-        eta_Y).  ``lr`` and ``lr_attention`` are their former names (deprecated).
+        eta_Y).
     optimizer: "sgd" (with `momentum`) or "adam".
     loss_on: "all" positions, or "last": only the prediction of the final token (the paper's
         setup, where the final token is the next token n of the query before it).
@@ -318,7 +306,7 @@ def train(
     """
     if loss_on not in ("all", "last"):
         raise ValueError(f"loss_on must be 'all' or 'last', got {loss_on!r}")
-    lr_y, lr_z = rates(lr_y, lr_z, lr, lr_attention)
+    lr_y, lr_z = rates(lr_y, lr_z)
     device = device or next(model.parameters()).device
     model.to(device)
     if clip_grad_norm is not None and not clip_grad_norm > 0:

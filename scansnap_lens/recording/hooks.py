@@ -64,11 +64,6 @@ class CheckpointRecord:
     query_entropy: Tensor
     prompt_pattern: Tensor | None = None
 
-    @property
-    def chat(self) -> Tensor:
-        warnings.warn("CheckpointRecord.chat is now c_hat", FutureWarning, stacklevel=2)
-        return self.c_hat
-
 
 def model_vocab_size(model: HookedModel) -> int:
     return int(model.cfg.d_vocab)

@@ -9,7 +9,6 @@ memory.  One built in memory (`from_records`, the lab) holds tensors.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,11 +60,6 @@ class Trajectory:
     @property
     def num_steps(self) -> int:
         return self.steps.numel()
-
-    @property
-    def chat(self) -> Tensor:
-        warnings.warn("Trajectory.chat is now c_hat (the paper's c-hat)", FutureWarning, 2)
-        return self.c_hat
 
     @classmethod
     def from_records(

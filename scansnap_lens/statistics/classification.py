@@ -35,13 +35,11 @@ import torch
 from scipy.stats import binom
 from torch import Tensor
 
-from scansnap_lens._moved import old_names
 from scansnap_lens.statistics._counting import pair_counts, pair_summary, whole_share_p_values
 from scansnap_lens.statistics.corpus import CooccurrenceStats
 from scansnap_lens.statistics.kinds import TokenKind
 
 __all__ = ["COMMON", "DISTINCT", "UNDETERMINED", "TokenLabels", "classify"]
-__getattr__ = old_names(__name__, {"TokenClasses": "TokenLabels"})
 
 UNDETERMINED, DISTINCT, COMMON = TokenKind.UNDETERMINED, TokenKind.DISTINCT, TokenKind.COMMON
 LABELS = {kind: kind.label for kind in (UNDETERMINED, DISTINCT, COMMON)}  # codes 0, 1, 2

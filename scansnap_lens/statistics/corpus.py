@@ -37,7 +37,6 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from scansnap_lens._io import read_tensors, write_tensors
-from scansnap_lens._moved import old_names
 from scansnap_lens.statistics._counting import (
     distinct_per_class,
     fill_triples,
@@ -56,7 +55,6 @@ __all__ = [
     "dataset_batches",
     "open_dataset",
 ]
-__getattr__ = old_names(__name__, {"from_dataset": "cooccurrence_from_dataset"})
 
 FORMAT = "scansnap_lens.CooccurrenceStats/1"
 _MASK64 = (1 << 64) - 1

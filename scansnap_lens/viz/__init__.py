@@ -9,7 +9,6 @@
   query pays them.
 """
 
-from scansnap_lens._moved import old_names
 from scansnap_lens.viz.figures import (
     plot_attention_heatmap,
     plot_attention_maps,
@@ -66,4 +65,3 @@ __all__ = [
     "query_attention",
     "token_kinds",
 ]
-__getattr__ = old_names(__name__, {"token_classes": "token_kinds"})

@@ -22,7 +22,6 @@ import torch
 from torch import Tensor
 
 from scansnap_lens._io import write_text
-from scansnap_lens._moved import old_names
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 from scansnap_lens.statistics.kinds import TokenKind
@@ -38,7 +37,6 @@ __all__ = [
     "spread_steps",
     "token_kinds",
 ]
-__getattr__ = old_names(__name__, {"token_classes": "token_kinds"})
 
 # The colour scale of `token_kinds` runs from common (-1) to distinct (+1): each
 # `TokenKind`'s place on it (the labels themselves are the kinds').

@@ -42,27 +42,6 @@ def test_two_learning_rates_are_separate():
         assert not torch.equal(before[name], after[name]), name
 
 
-def test_former_rate_names_train_the_same_with_a_warning(tmp_path):
-    """lr= / lr_attention= (before lr_y / lr_z) still work, warn, and write the new names."""
-    runs = []
-    for i, names in enumerate(({"lr_y": 0.5, "lr_z": 2.0}, {"lr": 0.5, "lr_attention": 2.0})):
-        model = attention_only_model(V, d_model=16, n_heads=1, n_ctx=32, seed=1)
-        if "lr" in names:
-            with pytest.warns(DeprecationWarning) as caught:
-                train(model, syn_data, steps=3, out=tmp_path / str(i), checkpoints=[],
-                      progress=False, **names)  # fmt: skip
-            said = {str(w.message) for w in caught}
-            assert {"lr= is now lr_y=", "lr_attention= is now lr_z="} <= said
-        else:
-            train(model, syn_data, steps=3, out=tmp_path / str(i), checkpoints=[],
-                  progress=False, **names)  # fmt: skip
-        runs.append((native(model.state_dict()), (tmp_path / str(i) / "training.json").read_text()))
-    assert all(torch.equal(runs[0][0][k], runs[1][0][k]) for k in runs[0][0])
-    assert runs[0][1] == runs[1][1] and '"lr_z": 2.0' in runs[0][1]
-    with pytest.raises(TypeError, match="not both lr_y and lr"):
-        train(attention_only_model(V, d_model=16, n_ctx=32), syn_data, steps=1, lr_y=1, lr=1)
-
-
 def test_train_on_a_datasets_dataset(tmp_path):
     import datasets
 

@@ -235,9 +235,9 @@ def test_trajectory_logits_and_attention_of_given_tokens():
     assert traj.plan.class_slot(0, 5) == 0 and traj.plan.class_slot(2, 5) is None
 
 
-def test_c_hat_keeps_its_file_name_and_its_old_attribute_warns(trajectories, tmp_path):
-    """c_hat was ``chat``: files keep that tensor name (every folder ever written loads and
-    resumes), and the old attribute still reads, with a warning."""
+def test_c_hat_is_chat_in_files(trajectories, tmp_path):
+    """Files name c_hat ``chat`` (`storage.FILE_KEYS`, the one place of the disk spellings),
+    so every folder written loads and resumes."""
     from safetensors import safe_open
 
     traj = trajectories[0]
@@ -246,5 +246,3 @@ def test_c_hat_keeps_its_file_name_and_its_old_attribute_warns(trajectories, tmp
     with safe_open(str(first), framework="pt") as handle:
         keys = set(handle.keys())
     assert {"zbar", "chat", "entropy", "query_entropy"} <= keys and "c_hat" not in keys, keys
-    with pytest.warns(FutureWarning, match="Trajectory.chat is now c_hat"):
-        assert traj.chat is traj.c_hat
