@@ -44,7 +44,7 @@ _NAMES = {
     "TokenKind": "statistics.kinds",
     "plan_recording": "recording.plan",
     "record_checkpoint": "recording.hooks",
-    "position_entropy": "recording.hooks",
+    "position_entropy": "measures.entropy",
     "Recorder": "recording.recorder",
     "record_trajectory": "recording.recorder",
     "Trajectory": "recording.trajectory",

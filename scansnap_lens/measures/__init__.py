@@ -37,6 +37,7 @@ _NAMES = {
     "head_grid": "heads",
     "known_rates": "rates",
     "measure_all": "summary",
+    "position_entropy": "entropy",
     "predicted_snap": "rates",
     "rank_heads": "heads",
     "restricted_entropy": "entropy",

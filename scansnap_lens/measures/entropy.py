@@ -1,19 +1,32 @@
 """Sparsity: the entropy of attention over a class's distinct tokens (Fig. 6), the recall of
 distinct tokens above a threshold (Figs. 11, 12), and the entropy of each head's whole
-attention row (Fig. 10)."""
+attention row (Fig. 10): over a trajectory's recorded events (`attention_entropy`) or over
+every position of any text, straight from a model (`position_entropy`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from scansnap_lens.measures.measurement import Measurement, _frame
+from scansnap_lens.recording.hooks import check_tokens, model_vocab_size, run_until
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
-__all__ = ["SINGLE_DISTINCT", "attention_entropy", "restricted_entropy", "sparsity"]
+if TYPE_CHECKING:
+    from scansnap_lens.models.backend import HookedModel
+
+__all__ = [
+    "SINGLE_DISTINCT",
+    "attention_entropy",
+    "position_entropy",
+    "restricted_entropy",
+    "sparsity",
+]
 
 
 def restricted_entropy(attention: Tensor, mask: Tensor) -> Tensor:
@@ -112,3 +125,63 @@ def attention_entropy(traj: Trajectory) -> Measurement:
     table = _frame(traj, {"attention_entropy": values})
     table.attrs["include_self"] = bool(plan.include_self)
     return Measurement("attention_entropy", table, values=values)
+
+
+@torch.no_grad()
+def position_entropy(
+    model: HookedModel,
+    tokens: Tensor,
+    layers: Sequence[int] | None = None,
+    include_self: bool = True,
+    exclude_bos: bool = False,
+    batch_size: int = 64,
+) -> Tensor:
+    """[L, H] mean entropy (nats) of the attention rows of every position of `tokens` [N, T].
+
+    The measure of the paper's Fig. 10 ("average self-attention map entropy over the
+    validation set"): every position T is one row, its weights renormalised over its context
+    (positions before T, minus position 0 if `exclude_bos`, plus T itself if `include_self`,
+    as the authors measured; the recorder's entropies leave T out).  Rows with an empty
+    context are skipped.  No trajectory or plan needed: any text, all positions.
+
+    >>> from scansnap_lens.models.training import attention_only_model
+    >>> model = attention_only_model(vocab_size=10, d_model=8, n_ctx=6)  # no positions
+    >>> same = torch.zeros(2, 6, dtype=torch.long)  # one token: attention is uniform
+    >>> expected = torch.arange(1, 7.0, dtype=torch.float64).log().mean()  # row T: T + 1 positions
+    >>> bool(torch.isclose(position_entropy(model, same)[0, 0], expected))
+    True
+    """
+    tokens = torch.as_tensor(tokens)
+    if tokens.ndim != 2 or tokens.shape[1] < 2:
+        raise ValueError(f"tokens must be [N, T] with T >= 2, got {tuple(tokens.shape)}")
+    check_tokens(tokens, model_vocab_size(model))
+    layers = list(range(model.cfg.n_layers)) if layers is None else list(layers)
+    T = tokens.shape[1]
+    context = torch.tril(torch.ones(T, T, dtype=torch.bool), diagonal=0 if include_self else -1)
+    if exclude_bos:
+        context[:, 0] = False
+    rows = context.any(-1)  # [T] positions with a context
+    device = next(model.parameters()).device
+    context = context.to(device)
+    totals = {layer: torch.zeros(model.cfg.n_heads, dtype=torch.float64) for layer in layers}
+
+    def keep(layer: int):
+        def hook(pattern: Tensor, hook=None):
+            a = pattern.double() * context  # [B, H, T, T]
+            a = a / a.sum(-1, keepdim=True).clamp_min(1e-300)
+            ent = -(a * torch.log(a.clamp_min(1e-300))).sum(-1)  # [B, H, T]
+            totals[layer] += ent[..., rows.to(ent.device)].sum((0, 2)).cpu()
+
+        return hook
+
+    hooks = [(f"blocks.{layer}.attn.hook_pattern", keep(layer)) for layer in layers]
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, tokens.shape[0], batch_size):
+            batch = tokens[start : start + batch_size].to(device)
+            run_until(model, batch, max(layers), hooks)
+    finally:
+        model.train(was_training)
+    count = tokens.shape[0] * int(rows.sum())
+    return torch.stack([totals[layer] / count for layer in layers])

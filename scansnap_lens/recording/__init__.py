@@ -3,7 +3,7 @@
 - `budget`: what a recording may write (`CHECKPOINT_BUDGET`, `RUN_BUDGET`);
 - `plan`: `RecordPlan`, what a recording tracks (queries, classes (m, n), sparse slots);
 - `hooks`: the two hooks per layer that aggregate attention logits and weights
-  (`record_checkpoint`, `run_until`, `position_entropy`);
+  (`record_checkpoint`, `run_until`);
 - `recorder`: `Recorder`, a model's checkpoints into a resumable trajectory folder;
 - `storage`: the trajectory folder on disk (format, tensor names, writer, locks, lazy reader);
 - `trajectory`: `Trajectory`, the recorded zbar and c_hat over checkpoints, saved and loaded.
@@ -29,7 +29,6 @@ _NAMES = {
     "record_tensors": "storage",
     "model_vocab_size": "hooks",
     "plan_recording": "plan",
-    "position_entropy": "hooks",
     "prompt_attention": "hooks",
     "record_checkpoint": "hooks",
     "record_trajectory": "recorder",

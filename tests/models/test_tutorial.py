@@ -1,6 +1,6 @@
 """The authors' WikiText model (`models.tutorial.tutorial_model`) against the PyTorch
 tutorial's own nn.Transformer model, and the all-position entropy of Fig. 10
-(`recording.hooks.position_entropy`)."""
+(`measures.entropy.position_entropy`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import torch
 from _reference import EPS32, assert_matches, brute_force
 from torch import nn
 
+from scansnap_lens.measures.entropy import position_entropy
 from scansnap_lens.models.training import _param_groups, train
 from scansnap_lens.models.tutorial import FIRST_FEED_FORWARD, sinusoidal_positions, tutorial_model
-from scansnap_lens.recording.hooks import position_entropy, record_checkpoint
+from scansnap_lens.recording.hooks import record_checkpoint
 from scansnap_lens.recording.plan import plan_recording
 
 V, T, D = 40, 12, 16

@@ -11,9 +11,9 @@ from _backends import BACKENDS, requires_hooked
 from _reference import assert_matches, brute_force
 from _tiny import V, tiny_model
 
+from scansnap_lens.measures.entropy import position_entropy
 from scansnap_lens.recording.hooks import (
     _looks_like_pattern,
-    position_entropy,
     prompt_attention,
     record_checkpoint,
 )
