@@ -11,7 +11,7 @@ P(l|m, n), common tokens of each query), and returns a `Measurement`: a table wi
   `attention_entropy` (Fig. 10), `restricted_entropy`;
 - `growth`: `growth_factor`, Theorem 3's growth factor and the deviation from its ratio law;
 - `snap`: `snap_step` (the rate of movement fallen to half its peak: horizon-independent),
-  `snap_steps`, `snapping`;
+  `secondary_snap_steps`, `snapping`;
 - `rates`: the training's effective rates and the theory's t0 at them (`predicted_snap`);
 - `fit`: `growth_bounds` (Theorem 3's bounds) and `theory_fit` (population dynamics);
 - `summary`: `measure_all` (each measurement once) and `summarize` (one row per head);
@@ -43,7 +43,7 @@ _NAMES = {
     "restricted_entropy": "entropy",
     "class_movement": "snap",
     "snap_step": "snap",
-    "snap_steps": "snap",
+    "secondary_snap_steps": "snap",
     "snapping": "snap",
     "sparsity": "entropy",
     "summarize": "summary",

@@ -1,9 +1,9 @@
 """Snapping (Sec. 6): when attention stops moving.
 
 `snap_step` is the primary estimate: the step at which the rate of attention movement has
-fallen to half its peak, which nothing after it can move (horizon-independent); `snap_steps`
-gives the secondary, horizon-dependent path-fraction and rate-threshold steps; `snapping`
-measures every head and class of a trajectory.
+fallen to half its peak, which nothing after it can move (horizon-independent);
+`secondary_snap_steps` gives the secondary, horizon-dependent path-fraction and
+rate-threshold steps; `snapping` measures every head and class of a trajectory.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ __all__ = [
     "NOT_YET_SNAPPED",
     "NO_SCAN",
     "class_movement",
+    "secondary_snap_steps",
     "snap_step",
-    "snap_steps",
     "snapping",
 ]
 
@@ -92,7 +92,7 @@ def snap_step(
     return snap.reshape(shape), peak.reshape(shape), reasons
 
 
-def snap_steps(
+def secondary_snap_steps(
     steps: Tensor, moves: Tensor, fraction: float = 0.9, rate_fraction: float = 0.1
 ) -> tuple[Tensor, Tensor]:
     """Secondary snap steps from the per-interval movement of an attention map.
@@ -111,7 +111,7 @@ def snap_steps(
       above that).
 
     >>> steps = torch.tensor([0, 1, 3, 7, 15])
-    >>> path, rate = snap_steps(steps, torch.tensor([0.5, 0.3, 0.15, 0.01]))
+    >>> path, rate = secondary_snap_steps(steps, torch.tensor([0.5, 0.3, 0.15, 0.01]))
     >>> path.item(), rate.item()
     (7.0, 7.0)
     """
@@ -163,7 +163,7 @@ def snapping(
     Columns: ``snap_step`` (primary, `snap_step`: the rate of movement per step has fallen to
     `snap_fraction` of its peak; horizon-independent), ``rate_peak_step`` (where that rate
     peaks), ``snap_reason`` (why ``snap_step`` is NaN), and the secondary, horizon-dependent
-    ``snap_path`` and ``snap_rate`` (`snap_steps`).  The movement of a class between
+    ``snap_path`` and ``snap_rate`` (`secondary_snap_steps`).  The movement of a class between
     checkpoints is the total variation of its c_hat; a head's movement is the events-weighted
     mean over classes (the classes of `groups` if given, or `classes`, pairs (m, n), else every
     tracked class).
@@ -187,11 +187,11 @@ def snapping(
         raise ValueError("no tracked class to measure")
     slots = torch.as_tensor(slots, dtype=torch.long)
     move = class_movement(traj)[..., slots].permute(3, 1, 2, 0)  # [K', L, H, S-1]
-    path_k, rate_k = snap_steps(traj.steps, move, fraction, rate_fraction)
+    path_k, rate_k = secondary_snap_steps(traj.steps, move, fraction, rate_fraction)
     snap_k, _, _ = snap_step(traj.steps, move, snap_fraction)
     w = plan.class_events[slots].double()
     head_move = torch.einsum("klhs,k->lhs", move, w) / w.sum()  # [L, H, S-1]
-    path, rate = snap_steps(traj.steps, head_move, fraction, rate_fraction)
+    path, rate = secondary_snap_steps(traj.steps, head_move, fraction, rate_fraction)
     snap, peak, reasons = snap_step(traj.steps, head_move, snap_fraction)
     K, L, H = snap_k.shape
     detail = pd.DataFrame(

@@ -80,14 +80,14 @@ def test_a_frozen_map_has_no_scan_and_a_short_run_has_not_snapped():
 def test_snap_steps_frozen_settling_and_never_settling():
     steps = torch.tensor([0, 1, 3, 7, 15, 31])
     frozen = torch.zeros(5)
-    path, rate = measures.snap_steps(steps, frozen)
+    path, rate = measures.secondary_snap_steps(steps, frozen)
     assert math.isnan(path) and math.isnan(rate)
     # equal movement per unit of log-step: the rate never falls, so it never settles
     steady = torch.full((5,), 0.1)
-    path, rate = measures.snap_steps(steps, steady)
+    path, rate = measures.secondary_snap_steps(steps, steady)
     assert path.item() == 31.0 and math.isnan(rate)
     settling = torch.tensor([0.4, 0.4, 0.1, 0.01, 0.0])
-    path, rate = measures.snap_steps(steps, settling, fraction=0.9)
+    path, rate = measures.secondary_snap_steps(steps, settling, fraction=0.9)
     assert path.item() == 7.0  # cumulative share 0.44, 0.88, 0.99 -> third interval ends at 7
     assert rate.item() == 7.0  # 0.01 and 0 are below a tenth of the peak rate 0.4 / ln 2
 
