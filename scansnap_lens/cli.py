@@ -306,12 +306,9 @@ def _report(args: argparse.Namespace) -> int:
     out = args.out or Path(args.trajectory) / "report"
     training = None
     if args.lr_y is not None:
-        training = {
-            "lr_y": args.lr_y,
-            "lr_z": args.lr_z,
-            "optimizer": args.optimizer,
-            "momentum": args.momentum,
-        }
+        from scansnap_lens.models.training import Rates
+
+        training = Rates(args.lr_y, args.lr_z, args.optimizer, args.momentum).to_dict()
     report = write_report(
         traj,
         groups,

@@ -21,7 +21,7 @@ import torch
 
 from scansnap_lens._io import write_text
 from scansnap_lens.lab.synthetic import sequence_sampler, syn_medium, syn_small
-from scansnap_lens.models.training import TrainResult, attention_only_model, rates, train
+from scansnap_lens.models.training import Rates, TrainResult, attention_only_model, train
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder
 from scansnap_lens.recording.trajectory import Trajectory
@@ -69,7 +69,8 @@ def run_demo(
     settings is refused unless `overwrite`."""
     if data not in DEMO_DATA:
         raise ValueError(f"data must be one of {sorted(DEMO_DATA)}, got {data!r}")
-    lr_y, lr_z = rates(lr_y, lr_z, default_y=0.1, default_z=3.0)
+    rates = Rates.of(lr_y, lr_z, optimizer, momentum, default_y=0.1, default_z=3.0)
+    lr_y, lr_z = rates.lr_y, rates.lr_z
     out = Path(out)
     classes = DEMO_DATA[data]()
     sample = sequence_sampler(classes)

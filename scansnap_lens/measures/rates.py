@@ -10,6 +10,7 @@ import math
 import re
 import warnings
 
+from scansnap_lens.models.training import Rates
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.theory.transition import PhaseTransition
 
@@ -48,11 +49,7 @@ def training_of(traj: Trajectory, training: dict | None = None) -> list[dict] | 
     ``ratio`` per run (one head per run).
     """
     if training is not None:
-        missing = {"lr_y", "lr_z"} - set(training)
-        if missing:
-            raise ValueError(f"training needs {sorted(missing)}")
-        given = {"optimizer": "sgd", "momentum": 0.0, **training}
-        return [{k: given[k] for k in ("lr_y", "lr_z", "optimizer", "momentum")}] * len(traj.heads)
+        return [Rates.from_dict(training).to_dict()] * len(traj.heads)
     meta = traj.meta
     optimizer = meta.get("optimizer", "sgd")
     momentum = float(meta.get("momentum", 0.0))
@@ -60,7 +57,7 @@ def training_of(traj: Trajectory, training: dict | None = None) -> list[dict] | 
         pairs = [(z * r, z) for z, r in zip(meta["lr_z"], meta["ratio"])]
         pairs = [pairs[h] for h in traj.heads]
     elif "lr_y" in meta and "lr_z" in meta:
-        pairs = [(float(meta["lr_y"]), float(meta["lr_z"]))] * len(traj.heads)
+        return [Rates.from_dict(meta, "the trajectory's meta").to_dict()] * len(traj.heads)
     else:
         typed = sorted(k for k in meta if re.match(r"(lr|eta|learning_rate)", k, re.IGNORECASE))
         if typed:  # rates under other names would silently give no prediction
@@ -78,7 +75,8 @@ def known_rates(
     traj: Trajectory, training: dict | None = None
 ) -> list[tuple[float, float] | None] | None:
     """Effective (eta_Y, eta_Z) per head (`effective_rate` of `training_of`), None for a head
-    trained with Adam, or None where the trajectory does not say how it was trained."""
+    trained with Adam or with a rate of 0, or None where the trajectory does not say how it
+    was trained."""
     settings = training_of(traj, training)
     if settings is None:
         return None
@@ -86,7 +84,8 @@ def known_rates(
     for t in settings:
         y = effective_rate(t["lr_y"], t["optimizer"], t["momentum"])
         z = effective_rate(t["lr_z"], t["optimizer"], t["momentum"])
-        out.append(None if y is None or z is None else (y, z))
+        frozen = y is not None and z is not None and min(y, z) <= 0  # no transition to time
+        out.append(None if y is None or z is None or frozen else (y, z))
     return out
 
 

@@ -43,7 +43,7 @@ _NAMES = {
     "make_config": "backend",
     "nanogpt_model": "formats",
     "pretrained": "checkpoints",
-    "rates": "training",
+    "Rates": "training",
     "read_tl_config": "formats",
     "resolve_backend": "backend",
     "revision_of": "hub",

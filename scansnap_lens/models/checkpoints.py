@@ -30,6 +30,7 @@ from scansnap_lens.models import formats, hub
 from scansnap_lens.models.backend import BackendError, config_fields, load_weights, resolve_backend
 from scansnap_lens.models.formats import WEIGHT_SUFFIXES, CheckpointError, load_state_dict
 from scansnap_lens.models.steps import select_steps
+from scansnap_lens.models.training import Rates
 
 if TYPE_CHECKING:
     from scansnap_lens.inputs.tokens import TokenizerLike
@@ -284,7 +285,14 @@ def _training_meta(path: Path) -> dict:
         data = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointError(f"{file}: cannot read the training description ({err})") from None
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: the training description is not a JSON object")
+    if "lr_y" in data or "lr_z" in data:  # refused here, not when a report reads it back
+        try:
+            Rates.from_dict(data, where=str(file))
+        except ValueError as err:
+            raise CheckpointError(str(err)) from None
+    return data
 
 
 def in_memory(models: Mapping[int, Any] | Iterable[tuple[int, Any]], name: str = "memory"):

@@ -40,7 +40,7 @@ from scansnap_lens.models.backend import (
 )
 from scansnap_lens.models.steps import select_steps
 
-__all__ = ["TrainResult", "attention_only_model", "rates", "schedule", "train"]
+__all__ = ["Rates", "TrainResult", "attention_only_model", "schedule", "train"]
 
 
 def attention_only_model(
@@ -203,13 +203,71 @@ def _param_groups(model, lr_y: float, lr_z: float, weight_decay: float,
     return [{**g, "weight_decay": weight_decay} for g in groups if g["params"]]
 
 
-def rates(lr_y, lr_z, default_y: float = 1.0,
-          default_z: float | None = None) -> tuple[float, float]:  # fmt: skip
-    """(eta_Y, eta_Z): ``lr_y`` (default `default_y`) and ``lr_z`` (default `default_z`, else
-    eta_Y)."""
-    lr_y = default_y if lr_y is None else lr_y
-    lr_z = default_z if lr_z is None else lr_z
-    return float(lr_y), float(lr_y if lr_z is None else lr_z)
+OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclass(frozen=True)
+class Rates:
+    """How a model was trained, as far as the theory needs it: the paper's eta_Y (``lr_y``:
+    every parameter but W_Q, W_K), eta_Z (``lr_z``: W_Q, W_K), the optimizer and SGD's
+    momentum.  The one value that `train` writes (``training.json``, the trajectory's meta),
+    the command line's ``--lr-y``/``--lr-z`` build, and `measures.rates` reads.
+
+    >>> Rates.from_dict({"lr_y": 0.1, "lr_z": 3, "loss_on": "last"}).to_dict()
+    {'lr_y': 0.1, 'lr_z': 3.0, 'optimizer': 'sgd', 'momentum': 0.0}
+    >>> Rates.from_dict({"lr_y": "fast", "lr_z": 3}, where="training.json")
+    Traceback (most recent call last):
+    ValueError: training.json: lr_y must be a finite number >= 0, got 'fast'
+    """
+
+    lr_y: float
+    lr_z: float
+    optimizer: str = "sgd"
+    momentum: float = 0.0
+
+    def __post_init__(self) -> None:
+        _checked_rates(self.to_dict(), "Rates")
+
+    @classmethod
+    def of(cls, lr_y=None, lr_z=None, optimizer: str = "sgd", momentum: float = 0.0,
+           default_y: float = 1.0, default_z: float | None = None) -> Rates:  # fmt: skip
+        """``lr_y`` (default `default_y`) and ``lr_z`` (default `default_z`, else eta_Y);
+        momentum counts for SGD only."""
+        lr_y = default_y if lr_y is None else lr_y
+        lr_z = default_z if lr_z is None else lr_z
+        momentum = float(momentum) if optimizer == "sgd" else 0.0
+        return cls(float(lr_y), float(lr_y if lr_z is None else lr_z), optimizer, momentum)
+
+    @classmethod
+    def from_dict(cls, values: dict, where: str = "training") -> Rates:
+        """The rates of a dict that holds ``lr_y`` and ``lr_z`` (other keys are ignored);
+        ValueError naming `where` and the field for anything else."""
+        return cls(*_checked_rates(values, where))
+
+    def to_dict(self) -> dict:
+        return {"lr_y": self.lr_y, "lr_z": self.lr_z, "optimizer": self.optimizer,
+                "momentum": self.momentum}  # fmt: skip
+
+
+def _checked_rates(values: dict, where: str) -> tuple[float, float, str, float]:
+    missing = [k for k in ("lr_y", "lr_z") if k not in values]
+    if missing:
+        raise ValueError(f"{where}: needs {' and '.join(missing)} (the paper's eta_Y, eta_Z)")
+    rates = []
+    for key in ("lr_y", "lr_z"):
+        value = values[key]
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value < 0:  # 0 freezes those weights
+            raise ValueError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
+        rates.append(float(value))
+    optimizer = values.get("optimizer", "sgd")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"{where}: optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    momentum = values.get("momentum", 0.0)
+    number = isinstance(momentum, int | float) and not isinstance(momentum, bool)
+    if not number or not 0 <= momentum < 1:
+        raise ValueError(f"{where}: momentum must lie in [0, 1), got {momentum!r}")
+    return rates[0], rates[1], optimizer, float(momentum)
 
 
 def _stream_batches(stream: Tensor, batch_size: int, bptt: int) -> Callable[[], Tensor]:
@@ -306,7 +364,8 @@ def train(
     """
     if loss_on not in ("all", "last"):
         raise ValueError(f"loss_on must be 'all' or 'last', got {loss_on!r}")
-    lr_y, lr_z = rates(lr_y, lr_z)
+    rates = Rates.of(lr_y, lr_z, optimizer, momentum)
+    lr_y, lr_z = rates.lr_y, rates.lr_z
     device = device or next(model.parameters()).device
     model.to(device)
     if clip_grad_norm is not None and not clip_grad_norm > 0:
@@ -325,10 +384,7 @@ def train(
     save_at = set(schedule(steps, checkpoints))
     result = TrainResult(loss=[], out=None if out is None else str(out))
     training = {
-        "lr_y": lr_y,
-        "lr_z": lr_z,
-        "optimizer": optimizer,
-        "momentum": float(momentum) if optimizer == "sgd" else 0.0,
+        **rates.to_dict(),
         "loss_on": loss_on,  # which positions the loss averages over (`fit.theory_fit`)
     }
     extras = {"clip_grad_norm": clip_grad_norm, "lr_by_name": lr_by_name, "bptt": bptt}

@@ -124,3 +124,27 @@ def test_training_writes_its_rates_into_the_trajectory(tmp_path):
     )
     assert {k: from_folder.meta[k] for k in want} == want
     assert measures.known_rates(from_folder) == [(0.4, 4.0)]  # lr / (1 - momentum)
+
+
+def test_one_typed_value_for_the_rates(tmp_path):
+    """`Rates` is what train writes, what a checkpoint folder's training.json must hold and
+    what the report reads back: a malformed file is refused by file and field at once."""
+    from scansnap_lens.models import checkpoints
+    from scansnap_lens.models.checkpoints import CheckpointError
+    from scansnap_lens.models.training import Rates
+
+    model = attention_only_model(V, d_model=16, n_heads=1, n_ctx=32, seed=1)
+    train(model, syn_data, steps=2, lr_y=0.5, lr_z=2.0, optimizer="adam", momentum=0.9,
+          out=tmp_path / "run", checkpoints=[0, 2], progress=False)  # fmt: skip
+    written = json.loads((tmp_path / "run" / "training.json").read_text())
+    assert Rates.from_dict(written) == Rates(0.5, 2.0, "adam", 0.0)  # momentum: SGD's only
+    assert checkpoints.folder(tmp_path / "run").meta["lr_z"] == 2.0
+    for field, value, message in (("lr_y", "fast", "lr_y must be a finite number >= 0, got 'fast'"),
+                                  ("lr_z", -3, "lr_z must be a finite number >= 0, got -3"),
+                                  ("optimizer", "lion", "optimizer must be one of"),
+                                  ("momentum", 1.5, "momentum must lie in")):  # fmt: skip
+        (tmp_path / "run" / "training.json").write_text(json.dumps({**written, field: value}))
+        with pytest.raises(CheckpointError, match=f"training.json: {message}"):
+            checkpoints.folder(tmp_path / "run")
+    with pytest.raises(ValueError, match="needs lr_z"):
+        Rates.from_dict({"lr_y": 1.0})
