@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -333,8 +334,9 @@ def budget_queries(
     priority: Tensor | None = None,
     include_self: bool = False,
 ) -> Tensor:
-    """The longest prefix of the queries, in order of `priority` (default: most events first),
-    whose plan fits `max_slots` values per head (`RecordPlan.num_slots`); at least one query.
+    """The queries, taken in order of `priority` (default: most events first), each while the
+    plan still fits `max_slots` values per head (`RecordPlan.num_slots`); a query too large
+    for what is left is passed over for the smaller ones after it.  At least one query.
 
     stats: the co-occurrence of the evaluation tokens (every query), from which the plan's
     slots are counted: per query its classes, triples (m, n, l), pairs (m, l) and itself.
@@ -362,8 +364,12 @@ def budget_queries(
     pair_rank = rank[pair_keys // V]
     slots.index_add_(0, pair_rank[pair_rank >= 0], torch.ones_like(pair_keys[pair_rank >= 0]))
     slots += 1 + int(include_self)  # the query's own entropy slot (and its pair (m, m))
-    fits = int((torch.cumsum(slots, 0) <= max_slots).sum())
-    return torch.sort(query[: max(fits, 1)]).values
+    keep, left = np.zeros(query.numel(), dtype=bool), int(max_slots)
+    for i, size in enumerate(slots.tolist()):  # one pass over the queries, in order
+        if size <= left:
+            keep[i], left = True, left - size
+    keep[0] |= not keep.any()
+    return torch.sort(query[torch.from_numpy(keep)]).values
 
 
 def measured_queries(stats: CooccurrenceStats) -> Tensor:

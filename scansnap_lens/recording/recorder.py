@@ -63,10 +63,11 @@ class Recorder:
     recording takes their context window.
     window: W, the most context positions before a query that the recording aggregates
     (default: the statistics' window, or the whole row without statistics).
-    max_checkpoint_bytes, max_run_bytes: the budget.  With ``queries=None`` the plan tracks
-    the queries that fit both one checkpoint's bytes and, when `record` knows how many
-    checkpoints it records, the run's share per checkpoint; any plan whose run would write
-    more than `max_run_bytes` is refused before anything is written.
+    max_checkpoint_bytes, max_run_bytes: the budget.  With ``queries=None`` the plan takes
+    the queries in that order while they fit one checkpoint's bytes and, when `record` knows
+    how many checkpoints it records, the run's share per checkpoint (`plan.budget_queries`);
+    any plan whose run would write more than `max_run_bytes` is refused before anything is
+    written.
     layers, heads: what to watch (default: all); step_unit: "steps" or "tokens".
     prompt: [T'] ids whose full attention weights are kept at every checkpoint (for attention
     maps and circuitsvis views); by default the first ``prompt_length`` tokens of the first

@@ -36,9 +36,10 @@ def test_from_counts_sorts_sums_and_keeps_only_the_asked_classes():
     assert plan.problems() == []
 
 
-def test_a_budget_keeps_the_longest_prefix_of_queries_that_fits():
-    """The slots `budget_queries` counts per query are exactly those of the plan it gives:
-    every prefix of the frequency order, planned on its own, holds the counted values."""
+def test_a_budget_takes_the_queries_in_order_while_they_fit():
+    """The slots `budget_queries` counts per query are exactly those of the plan it gives
+    (each query planned alone holds its own slots; a plan's slots add over its queries), and
+    it takes the queries in order of preference, passing over one too large for what is left."""
     from scansnap_lens.recording.plan import budget_queries
     from scansnap_lens.statistics.corpus import cooccurrence
 
@@ -46,16 +47,23 @@ def test_a_budget_keeps_the_longest_prefix_of_queries_that_fits():
     rows = torch.randint(0, 30, (12, 40), generator=gen) % torch.randint(3, 30, (12, 40))
     stats = cooccurrence(rows, 30)
     order, _ = stats.query_counts()
-    sizes = [plan_recording(rows, 30, queries=order[: k + 1]).num_slots for k in range(8)]
-    for k, size in enumerate(sizes):
-        chosen = budget_queries(stats, max_slots=size)
-        assert chosen.tolist() == sorted(order[: k + 1].tolist())
-        assert budget_queries(stats, max_slots=size - 1).numel() == max(k, 1)
-        plan = plan_recording(rows, 30, max_slots=size)
-        assert plan.num_slots == size and plan.checkpoint_bytes(2, 3) == 4 * 6 * size
-    with_self = plan_recording(rows, 30, max_slots=sizes[3], include_self=True)
-    assert with_self.num_slots <= sizes[3]  # the query's own position: counted as at most
+    size = {int(q): plan_recording(rows, 30, queries=[int(q)]).num_slots for q in order}
+    for budget in (1, size[int(order[0])], size[int(order[0])] - 1, 2 * size[int(order[1])],
+                   sum(size.values()) // 2, sum(size.values())):  # fmt: skip
+        want, left = [], budget
+        for q in order.tolist():  # the reference: a plain loop
+            if size[q] <= left:
+                want.append(q)
+                left -= size[q]
+        want = want or [int(order[0])]
+        chosen = budget_queries(stats, max_slots=budget)
+        assert chosen.tolist() == sorted(want), budget
+        plan = plan_recording(rows, 30, max_slots=budget)
+        assert plan.num_slots == sum(size[q] for q in want)
+        assert plan.checkpoint_bytes(2, 3) == 4 * 6 * plan.num_slots
+    half = sum(size.values()) // 2  # the query's own position is counted as at most one slot
+    assert plan_recording(rows, 30, max_slots=half, include_self=True).num_slots <= half
     rare_first = torch.cat([torch.tensor([99]), order.flip(0)])  # 99 is never a query
-    chosen = budget_queries(stats, max_slots=sizes[0], priority=rare_first)
+    chosen = budget_queries(stats, max_slots=size[int(order[0])], priority=rare_first)
     assert 1 < chosen.numel() < order.numel()
-    assert set(chosen.tolist()) == set(rare_first[1 : chosen.numel() + 1].tolist())
+    assert int(order[-1]) in chosen.tolist()  # priority, not frequency
