@@ -145,18 +145,22 @@ def best_of(functions: dict, rounds: int = 3) -> dict[str, float]:
 
 
 @torch.no_grad()
-def forward_baselines(checkpoint: Path, tokens: torch.Tensor, batch_size: int, plan) -> dict:
+def forward_baselines(checkpoint: Path, tokens: torch.Tensor, batch_size: int, plan,
+                      rounds: int = 3) -> dict:  # fmt: skip
     """The TransformerLens forward without hooks (stopped after the last layer), the plain
     Hugging Face forward (the GPT-NeoX body), and `record_checkpoint`, on the same rows."""
     from transformers import GPTNeoXForCausalLM
 
     from scansnap_lens.models import checkpoints
-    from scansnap_lens.recording.hooks import record_checkpoint, run_until
+    from scansnap_lens.recording.hooks import _HookAggregator, record_checkpoint, run_until
 
     model = checkpoints.folder(checkpoint.parent, steps=[int(checkpoint.name.split("-")[1])])
     model = next(iter(model)).load().eval()
     last = int(model.cfg.n_layers) - 1
-    batches = tokens.split(batch_size)
+    # the rows the recorder runs together (its bound on one attention tensor's bytes)
+    per_row = 4 * int(model.cfg.n_heads) * tokens.shape[1] ** 2
+    rows = min(batch_size, max(1, _HookAggregator.MAX_ATTENTION_BYTES // per_row))
+    batches = tokens.split(rows)
 
     def tl_forward():
         for x in batches:
@@ -173,7 +177,7 @@ def forward_baselines(checkpoint: Path, tokens: torch.Tensor, batch_size: int, p
 
     tl_forward()  # warm: the first pass allocates
     times = best_of({"tl_forward_s": tl_forward, "hf_forward_s": hf_forward,
-                     "record_checkpoint_s": record})  # fmt: skip
+                     "record_checkpoint_s": record}, rounds)  # fmt: skip
     return {name: round(t, 2) for name, t in times.items()}
 
 
@@ -186,6 +190,7 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=int, default=4, help="Trainer steps (one each)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--work", type=Path, help="working folder (default: a temporary one)")
+    parser.add_argument("--rounds", type=int, default=3, help="timing rounds (least is kept)")
     parser.add_argument("--no-stats", action="store_true",
                         help="record without --stats (the whole row as context, most frequent"
                         " queries) instead of the statistics' window and queries")  # fmt: skip
@@ -232,7 +237,7 @@ def main() -> None:
     docs = read_documents(wiki / "test.txt", "wikitext")
     tokens = rows_of(encode(load_tokenizer(str(tokenizer)), docs), args.seq_len)[: args.rows]
     last = max(runs.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-    timing = forward_baselines(last, tokens, args.batch_size, plan)
+    timing = forward_baselines(last, tokens, args.batch_size, plan, args.rounds)
     result.update(timing)
     for name in ("tl", "hf"):
         ratio = timing["record_checkpoint_s"] / timing[f"{name}_forward_s"]

@@ -308,10 +308,13 @@ class _HookAggregator:
         hooks = [(f"blocks.{L}.attn.hook_attn_scores", probe_hook(L)) for L in self.layers]
         run_until(self.model, x, max(self.layers), hooks)
 
-    # The most (query, context) position pairs one forward pass aggregates: a batch whose
-    # rows hold more runs as several smaller ones, so that the index and value tensors
-    # ([J, H]) stay bounded however long the rows (whole-row contexts grow with T^2).
+    # The most (query, context) position pairs one forward pass aggregates, and the most
+    # bytes of one [rows, heads, T, T] attention tensor of it: a batch over either runs as
+    # several forward passes of fewer rows, so that neither the recorder's [J, H] tensors
+    # nor the model's own attention tensors (several alive at once in a bridge's forward)
+    # grow with T^2 past these (8 rows of 2048 tokens and 12 heads would make 1.6 GB each).
     MAX_PAIRS = 1 << 21
+    MAX_ATTENTION_BYTES = 1 << 29
 
     def pairs_per_row(self, x: Tensor) -> Tensor:
         """[B] the tracked position pairs of each row (what `index` would gather)."""
@@ -327,11 +330,13 @@ class _HookAggregator:
         if len(self.scores_from_qk) < len(self.layers):
             self.probe(x[:1])
         pairs = torch.cumsum(self.pairs_per_row(x), 0).cpu()
+        per_row = 4 * self.n_heads * x.shape[1] ** 2  # bytes of one row's float32 attention
+        most_rows = max(1, self.MAX_ATTENTION_BYTES // per_row)
         start = 0
-        while start < x.shape[0]:  # rows [start, stop) hold at most MAX_PAIRS (one at least)
+        while start < x.shape[0]:  # rows [start, stop) within both bounds (one at least)
             before = int(pairs[start - 1]) if start else 0
             stop = int(torch.searchsorted(pairs, before + self.MAX_PAIRS, right=True))
-            stop = max(stop, start + 1)
+            stop = min(max(stop, start + 1), start + most_rows)
             part = x[start:stop]
             self.batch = self.index(part)
             run_until(self.model, part, max(self.layers), self.hooks())

@@ -200,3 +200,9 @@ def test_batches_with_more_position_pairs_than_the_bound_run_in_parts(monkeypatc
     assert sum(runs) == 6 and len(runs) >= 3  # split, every row once
     ref = brute_force(model, tokens, window=window)
     assert_matches(rec, plan, ref, range(2), range(3))
+    runs.clear()  # the attention's own size bounds the rows too: 2 rows of 3 heads x 12 x 12
+    monkeypatch.setattr(_HookAggregator, "MAX_PAIRS", 1 << 20)
+    monkeypatch.setattr(_HookAggregator, "MAX_ATTENTION_BYTES", 2 * 4 * 3 * 12 * 12)
+    again = record_checkpoint(model, tokens, plan, batch_size=6, progress=False)
+    assert runs == [2, 2, 2]
+    assert_matches(again, plan, ref, range(2), range(3))
