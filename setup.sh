@@ -4,6 +4,7 @@
 # CPU build of torch, never a multi-GB CUDA build.
 #   TL_MAJOR=3|4   TransformerLens major (default: the newest the package allows, 4.x)
 #   VENV=DIR       where to create the environment (default .venv)
+#   TORCH_INDEX_URL  a package index of CPU torch wheels, where this machine has no wheel
 set -euo pipefail
 cd "$(dirname "$0")"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
@@ -30,14 +31,14 @@ if "$PY" -c "import torch" 2>/dev/null; then
 elif command -v nvidia-smi >/dev/null 2>&1; then
     "$PY" -m pip install "torch==${TORCH_VERSION}"
 else
-    # A CPU wheel on this machine (pip's find-links), else PyTorch's CPU index; plain PyPI
-    # would give a CUDA build.  The local wheel's own dependencies come from PyPI.
+    # A CPU wheel on this machine (pip's find-links), else the index pip is configured with,
+    # or TORCH_INDEX_URL where you name one (a CPU wheel index: the default index may give a
+    # CUDA build).  The local wheel's own dependencies come from pip's configured index.
     wheels=$(mktemp -d)
     if "$PY" -m pip download --quiet --no-deps --no-index -d "$wheels" "torch==${TORCH_VERSION}" 2>/dev/null; then
         "$PY" -m pip install "$wheels"/torch-*.whl
     else
-        "$PY" -m pip install "torch==${TORCH_VERSION}" \
-            --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple
+        "$PY" -m pip install "torch==${TORCH_VERSION}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
     fi
     rm -rf "$wheels"
 fi
