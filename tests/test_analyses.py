@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"` leaves these out (docs/contributing.md)
 
 REPO = Path(__file__).resolve().parents[1]
 

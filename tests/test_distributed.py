@@ -14,6 +14,8 @@ from scansnap_lens.cli import main
 from scansnap_lens.inputs.text import encode_documents, wikitext_documents, word_level_tokenizer
 from scansnap_lens.statistics.corpus import CooccurrenceStats, cooccurrence
 
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"` leaves these out (docs/contributing.md)
+
 ray = pytest.importorskip("ray")
 
 FIELDS = ("query", "next_token", "events", "offsets", "token", "count")

@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 
 import nbformat
+import pytest
+
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"` leaves these out (docs/contributing.md)
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -1,4 +1,4 @@
-"""Measurements of scan and snap (DESIGN section 2), one module per quantity of the paper.
+"""Measurements of scan and snap (docs/glossary.md), one module per quantity of the paper.
 
 Every function takes a `Trajectory` (zbar and c_hat over checkpoints, per layer and head) and,
 where the quantity compares token kinds, `TokenGroups` (distinct tokens of each class with

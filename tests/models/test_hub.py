@@ -86,6 +86,7 @@ def test_load_options_are_not_silently_dropped(legacy_hub):
         source.checkpoints[0].load()
 
 
+@pytest.mark.slow
 def test_pythia_as_on_the_hub_from_labels_to_report(tmp_path, capsys):
     """Pythia's 154 checkpoint labels (step0, 1, 2, 4, ..., 512, 1000, ..., 143000), a
     revision per label in a hub cache, the model's d_vocab padded to 50304 beyond its

@@ -21,7 +21,7 @@ from scansnap_lens.statistics.corpus import (
 
 
 def brute_force(rows, window, exclude_bos, queries=None, next_tokens=None):
-    """DESIGN section 2 written out with dicts: the reference."""
+    """The definitions of docs/glossary.md written out with dicts: the reference."""
     events, triples = Counter(), Counter()
     for row in rows:
         first = 1 if exclude_bos else 0
