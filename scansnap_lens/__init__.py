@@ -53,6 +53,9 @@ _NAMES = {
     "tutorial_model": "models.tutorial",
     "summarize": "measures.summary",
     "write_report": "report",
+    "folder": "models.checkpoints",
+    "pretrained": "models.checkpoints",
+    "load_tokenizer": "inputs.tokens",
     "read_tokens": "inputs.tokens",
     "save_tokens": "inputs.tokens",
 }
