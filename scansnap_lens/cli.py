@@ -319,7 +319,7 @@ def _report(args: argparse.Namespace) -> int:
     )
     _print_summary(report.summary)
     for what, why in report.not_measured.items():
-        print(f"not measured: {what}: {cli_message(ValueError(why))}")
+        print(f"not measured: {what}: {cli_text(why)}")
     print(f"report: {report.path.resolve()}")
     return 0
 
@@ -660,7 +660,11 @@ CLI_SPELLING = {
 
 def cli_message(exc: BaseException) -> str:
     """An exception's message in command-line spelling, without terminal escapes."""
-    message = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+    return cli_text(str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc))
+
+
+def cli_text(message: str) -> str:
+    """A library message in command-line spelling, without terminal escapes."""
     message = re.sub(r"\x1b\[[0-9;]*m", "", message)
     for library, cli in CLI_SPELLING.items():
         message = message.replace(library, cli)

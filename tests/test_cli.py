@@ -173,6 +173,14 @@ def _stats_of_another_vocabulary(root, tmp):
     return ["report", str(tmp / "t"), "--stats", str(other)]
 
 
+def _window_other_than_the_statistics(root, tmp):
+    """Statistics counted with a window of 4, recorded with --window 6."""
+    stats = tmp / "w4.safetensors"
+    assert main(["stats", str(root / "eval.safetensors"), "--out", str(stats),
+                 "--window", "4"]) == 0  # fmt: skip
+    return _record_args(root, tmp, "--stats", str(stats), "--window", "6")
+
+
 BAD_INPUTS = [  # (what is wrong, the arguments (made from the run and a scratch folder), message)
     ("no checkpoint folder", lambda r, t: _record_args(r, t, checkpoints=t / "none"),
      "does not exist"),
@@ -185,6 +193,8 @@ BAD_INPUTS = [  # (what is wrong, the arguments (made from the run and a scratch
     ("statistics of another vocabulary", _stats_of_another_vocabulary, "vocabulary mismatch"),
     ("no trajectory", lambda r, t: ["report", str(t / "nothing"), "--stats", str(t / "s")],
      "manifest.json is missing"),
+    ("a window other than the statistics'", _window_other_than_the_statistics,
+     "window 6 differs from the statistics' window 4"),
     ("a run over the disk budget",
      lambda r, t: _record_args(r, t, "--queries", "all", "--max-run-gb", "1e-6"),
      "over the budget of 1 kB (--max-run-gb): track fewer queries (--queries), watch fewer"

@@ -115,7 +115,7 @@ class Recorder:
         self.max_run_bytes = int(max_run_bytes)
         self.stats = stats
         self._expected: int | None = None  # checkpoints of the run, where `record` knows them
-        self._said: int | bool | None = False  # the run size the plan's line was printed for
+        self._said: tuple[int | None] | None = None  # (run size) the plan's line was said for
         if self.out.exists() and not self.out.is_dir():
             raise ValueError(f"{self.out} is a file, not a folder for the trajectory")
         self.lock = RecordingLock(self.out)
@@ -255,8 +255,8 @@ class Recorder:
         per = self.plan.checkpoint_bytes(1, num_heads, self._prompt_length)
         runs = self._expected
         total = "" if not runs else f", {size_text(per * runs)} for {runs} checkpoints"
-        if self.progress and self._said != runs:
-            self._said = runs
+        if self.progress and self._said != (runs,):
+            self._said = (runs,)
             tqdm.write(f"plan: {self.plan.describe()}; {size_text(per)} per checkpoint{total}")
         if runs and per * runs > self.max_run_bytes:
             total, budget = size_text(per * runs), size_text(self.max_run_bytes)
