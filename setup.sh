@@ -26,7 +26,7 @@ else
 fi
 "$PY" -m pip install --quiet --upgrade pip
 
-if "$PY" -c "import torch" 2>/dev/null; then
+if "$PY" -c "import torch; torch.__version__" 2>/dev/null; then  # a whole install, not leftovers
     echo "torch already installed: $("$PY" -c 'import torch; print(torch.__version__)')"
 elif command -v nvidia-smi >/dev/null 2>&1; then
     "$PY" -m pip install "torch==${TORCH_VERSION}"

@@ -196,7 +196,9 @@ def main() -> None:
                 "theory_fit": measures.theory_fit(traj, stats, groups, classes=fit_classes),
                 "growth_bounds": measures.growth_bounds(traj, groups, stats),
             }
-            summary = measures.summarize(traj, groups, checks=checks)
+            summary = measures.summarize(
+                traj, groups, results={**measures.measure_all(traj, groups)[0], **checks}
+            )
             summaries.append(summary.assign(**tag, final_loss=loss))
             theories.append(summary[THEORY].assign(**tag))
             for variant, g in all_groups.items():
@@ -214,7 +216,7 @@ def main() -> None:
                 out / "reports" / run,
                 title=f"WikiText-2, {name}, SGD eta_Y {lr}, eta_Z {lr_attention}",
                 token_strings=words,
-                checks=checks,
+                results=checks,
             )
             sparsity = measure_or_nan(measures.sparsity, traj, groups, ["entropy"])
             entropy = traj.entropy_dataframe()

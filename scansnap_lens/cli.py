@@ -26,10 +26,10 @@ __all__ = ["build_parser", "cli_message", "main"]
 
 
 def _print_summary(summary) -> None:
-    from scansnap_lens.report import KEY_COLUMNS
+    from scansnap_lens.report import KEY_COLUMNS, number
 
     columns = [c for c in KEY_COLUMNS if c in summary]
-    print(summary[columns].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print(summary[columns].to_string(index=False, float_format=number))
 
 
 # ------------------------------------------------------------------ demo
@@ -294,15 +294,19 @@ def _report(args: argparse.Namespace) -> int:
     traj = Trajectory.load(args.trajectory)
     stats = CooccurrenceStats.load(args.stats)
     check_vocabulary(stats.vocab_size, traj.plan)
-    groups = TokenGroups.from_statistics(
-        stats,
-        queries=traj.plan.queries.tolist(),
-        min_distinct=args.min_distinct,
-        scope=args.scope,
-        min_support=args.min_support,
-        purity=args.purity,
-        guard=not args.no_guard,
-    )
+    groups, why = None, None
+    try:  # without token groups the report still measures what needs none, and says why
+        groups = TokenGroups.from_statistics(
+            stats,
+            queries=traj.plan.queries.tolist(),
+            min_distinct=args.min_distinct,
+            scope=args.scope,
+            min_support=args.min_support,
+            purity=args.purity,
+            guard=not args.no_guard,
+        )
+    except ValueError as err:
+        why = str(err)
     out = args.out or Path(args.trajectory) / "report"
     training = None
     if args.lr_y is not None:
@@ -310,12 +314,7 @@ def _report(args: argparse.Namespace) -> int:
 
         training = Rates(args.lr_y, args.lr_z, args.optimizer, args.momentum).to_dict()
     report = write_report(
-        traj,
-        groups,
-        out,
-        title=args.title or f"scansnap_lens: {traj.meta}",
-        source=stats,
-        training=training,
+        traj, groups, out, title=args.title, source=stats, training=training, groups_reason=why
     )
     _print_summary(report.summary)
     for what, why in report.not_measured.items():

@@ -339,7 +339,9 @@ def test_padded_model_vocabulary_measures_with_tokenizer_statistics(own_run, tmp
     assert "vocabulary mismatch" in capsys.readouterr().err
 
 
-def test_empty_class_filter_says_which_threshold_to_relax(own_run, tmp_path, capsys):
+def test_a_report_without_token_groups_is_written_and_says_why(own_run, tmp_path, capsys):
+    """A filter that leaves no class: the report is still written with what needs no token
+    groups (snapping, attention entropy, the theory's fit), and names the threshold to relax."""
     root, classes = own_run
     stats = tmp_path / "stats.safetensors"
     corpus, M = str(root / "corpus.safetensors"), str(classes.vocab_size)
@@ -349,9 +351,19 @@ def test_empty_class_filter_says_which_threshold_to_relax(own_run, tmp_path, cap
     assert main([*args, "--out", str(tmp_path / "traj")]) == 0
     capsys.readouterr()
     report = ["report", str(tmp_path / "traj"), "--stats", str(stats), "--min-distinct", "999"]
-    assert main(report) == 2
-    err = capsys.readouterr().err
-    assert "with >= 999 distinct tokens" in err and "--min-distinct" in err
+    assert main(report) == 0
+    out = capsys.readouterr().out
+    assert "not measured: token groups:" in out and "with >= 999 distinct tokens" in out
+    assert "--min-distinct" in out
+    folder = tmp_path / "traj" / "report"
+    summary = json.loads((folder / "summary.json").read_text())
+    why = summary["not_measured"]
+    assert "--min-distinct" in why["token groups"]
+    assert why["discriminative_bias"] == "needs token groups (see 'token groups')"
+    assert {"snapping", "attention_entropy", "theory_fit"}.isdisjoint(why)
+    assert "snap_step" in summary["summary"][0] and "attention_entropy" in summary["summary"][0]
+    assert "Not measured" in (folder / "report.html").read_text()
+    assert (folder / "figures" / "attention_entropy.png").exists()
 
 
 BAD_ARGUMENTS = [  # (arguments, what the message must say): argparse exits 2
@@ -584,7 +596,16 @@ def test_more_inputs_a_user_gets_wrong(own_run, tmp_path, capsys):
     ev = str(root / "eval.safetensors")
     np.save(tmp_path / "u16.npy", np.array([[1, 2, 3, 4], [5, 6, 7, 8]], dtype=np.uint16))
     np.save(tmp_path / "u64.npy", np.array([[1, 2, 3, 2**63 + 5]], dtype=np.uint64))
-    pruned = tmp_path / "pruned.safetensors"
+    pruned, empty = tmp_path / "pruned.safetensors", tmp_path / "empty.safetensors"
+    from dataclasses import replace
+
+    from scansnap_lens.inputs.tokens import read_tokens
+    from scansnap_lens.statistics.corpus import cooccurrence
+
+    counted = cooccurrence(read_tokens(root / "corpus.safetensors"), own_run[1].vocab_size)
+    none = torch.zeros(0, dtype=torch.long)
+    offsets = torch.zeros(counted.num_classes + 1, dtype=torch.long)
+    replace(counted, token=none, count=none, offsets=offsets, _index=None).save(empty)
     traj = tmp_path / "traj"
     assert main(["record", "--checkpoints", str(root / "ckpt"), "--tokens", ev, "--out",
                  str(traj), "--steps", "0,40"]) == 0  # fmt: skip
@@ -607,12 +628,13 @@ def test_more_inputs_a_user_gets_wrong(own_run, tmp_path, capsys):
         ("uint64 ids beyond int32",
          lambda: ["stats", str(tmp_path / "u64.npy"), "--out", str(tmp_path / "s64")], 2,
          "u64.npy is not a readable token file (token id 9223372036854775813 is beyond"),
-        ("statistics pruned to nothing: counted, then the report says what to change",
+        ("statistics pruned to nothing: refused before anything is written",
          lambda: ["stats", str(root / "corpus.safetensors"), "--out", str(pruned),
-                  "--min-count", "1000000"], 0, "0 co-occurrences"),
-        ("report on statistics without a co-occurrence",
-         lambda: ["report", str(traj), "--stats", str(pruned), "--out", str(tmp_path / "r")],
-         2, "or count statistics over a larger corpus"),
+                  "--min-count", "1000000"], 2,
+         "min_count 1000000 prunes every co-occurrence (the most frequent is counted"),
+        ("report on statistics without a co-occurrence: written, and says why",
+         lambda: ["report", str(traj), "--stats", str(empty), "--out", str(tmp_path / "r")],
+         0, "the statistics hold no co-occurrence (C(m, n, l) is empty)"),
         ("an output that cannot be written",
          lambda: ["stats", str(root / "corpus.safetensors"), "--out", "/proc/s.safetensors"],
          2, "cannot write /proc/s.safetensors"),

@@ -3,6 +3,7 @@ opened in headless Chromium (views mounted, no console errors, a screenshot)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import torch
 from _browser import open_page, screenshot
 
 from scansnap_lens import measures
+from scansnap_lens import report as report_module
 from scansnap_lens.lab.synthetic import syn_medium
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.report import write_report
@@ -90,7 +92,7 @@ def test_report_contents_match_the_measurements(demo_out):
     assert summary["bound_ratio"].iloc[0] == pytest.approx(bounds["bound_ratio"].median())
     page_text = (folder / "report.html").read_text()
     assert "Theory against measurement" in page_text
-    assert f"rho0 = {bounds['rho0'].iloc[0]:.3g} from the data" in page_text
+    assert f"rho0 = {bounds['rho0'].iloc[0]:.4g} from the data" in page_text
 
 
 def test_views_hold_the_recorded_attention(demo_out, tmp_path):
@@ -170,7 +172,7 @@ def test_script_in_token_strings_never_runs(demo_out, tmp_path):
     assert not _ran(dom) and console == [], console
     assert "Head Selector" in _mounted(dom, "view-0")  # every view still renders
     assert "colored-tokens" in _mounted(dom, "view-1")
-    assert "&lt;img" in dom  # a token shown as text (the props hold it as \u003c)
+    assert "&lt;\u2060img" in dom  # a token shown as text (the props hold it as \u003c)
     assert "attention @" in _mounted(dom, "view-2")
     assert "<script>alert(1)</script>" not in report.path.read_text()
 
@@ -179,6 +181,43 @@ def test_script_in_token_strings_never_runs(demo_out, tmp_path):
     path = tmp_path / "raw.html"
     path.write_text(page("raw", raw.fragment("view-0")))
     assert _ran(open_page(path)[0])
+
+
+def _text_of(dom: str, div_id: str) -> str:
+    """The text a reader sees in a mounted view (tags dropped, entities read once)."""
+    import html
+
+    inner = _mounted(dom, div_id)
+    return html.unescape(re.sub(r"<[^>]+>", " ", inner)).replace("\u2060", "").replace("\xa0", " ")
+
+
+def test_token_strings_show_as_themselves(tmp_path):
+    """GPT-2 and Pythia tokens such as 's and n't show their characters in every view, both
+    where circuitsvis inserts a token as HTML and where it shows it as text."""
+    from scansnap_lens.viz.views import safe_token
+
+    tokens = ["'s", "n't", 'say "hi"', "A&B", "<b>x", "&amp;"]
+    views = [
+        View("ColoredTokens", {"tokens": [safe_token(t) for t in tokens], "values": [1.0] * 6}),
+        View(
+            "ColoredTokensMulti",
+            {
+                "tokens": [safe_token(t) for t in tokens],
+                "values": torch.ones(6, 1),
+                "labels": ["a"],
+            },
+        ),
+    ]
+    path = tmp_path / "tokens.html"
+    path.write_text(page("tokens", "\n".join(v.fragment(f"view-{i}") for i, v in enumerate(views))))
+    dom, console = open_page(path)
+    assert console == [], console
+    for i in range(len(views)):
+        text = _text_of(dom, f"view-{i}")
+        for token in tokens:
+            assert token in text, (token, text)
+        for escaped in ("&#x27;", "&quot;", "&lt;"):
+            assert escaped not in text.replace("&amp;", ""), text
 
 
 def test_report_from_a_relative_path_shows_in_a_notebook(demo_out, tmp_path, monkeypatch):
@@ -223,28 +262,28 @@ def test_a_full_disk_never_leaves_half_a_report(demo_out, tmp_path, monkeypatch)
 
 
 def test_the_report_measures_each_quantity_once(demo_out, tmp_path, monkeypatch):
-    """`write_report` and its summary share one `measures.measure_all`: every measurement runs
-    once (the theory's checks, given here, run none of them)."""
-    from scansnap_lens.measures import summary as measured
+    """`write_report` and its summary share one `measures.measure_all`: every measurement of
+    the table runs once (without `source`, `theory_fit` is left out with the reason)."""
+    from scansnap_lens.measures import catalog
 
     out, _ = demo_out
     traj = Trajectory.load(out / "trajectory")
     groups = TokenGroups.from_synthetic(syn_medium(1))
     calls: dict[str, int] = {}
 
-    def counted(module, name):
-        original = getattr(module, name)
+    def counted(entry):
+        def wrapper(inputs):
+            calls[entry.name] = calls.get(entry.name, 0) + 1
+            return entry.measure(inputs)
 
-        def wrapper(*args, **kwargs):
-            calls[name] = calls.get(name, 0) + 1
-            return original(*args, **kwargs)
+        return dataclasses.replace(entry, measure=wrapper)
 
-        monkeypatch.setattr(module, name, wrapper)
-
-    for name in measures.MEASURES:
-        counted(measured, name)
-    report = write_report(traj, groups, tmp_path / "r", views=False, checks={})
-    assert calls == {name: 1 for name in calls} and len(calls) == 6, calls
+    monkeypatch.setattr(catalog, "MEASURES", tuple(counted(m) for m in catalog.MEASURES))
+    monkeypatch.setattr(measures.summary, "MEASURES", catalog.MEASURES)
+    monkeypatch.setattr(report_module, "MEASURES", catalog.MEASURES)
+    report = write_report(traj, groups, tmp_path / "r", views=False)
+    assert calls == {m.name: 1 for m in catalog.MEASURES if m.name != "theory_fit"}, calls
+    assert report.not_measured["theory_fit"] == catalog.NEEDS_SOURCE
     summary = pd.read_csv(tmp_path / "r" / "summary.csv")
     table = pd.read_csv(tmp_path / "r" / "discriminative_bias.csv")
     last = table[table["step"] == table["step"].max()].reset_index(drop=True)

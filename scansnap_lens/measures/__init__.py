@@ -14,6 +14,8 @@ P(l|m, n), common tokens of each query), and returns a `Measurement`: a table wi
   `secondary_snap_steps`, `snapping`;
 - `rates`: the training's effective rates and the theory's t0 at them (`predicted_snap`);
 - `fit`: `growth_bounds` (Theorem 3's bounds) and `theory_fit` (population dynamics);
+- `catalog`: `MEASURES`, the table of measurements (function, needs, summary columns,
+  figures, explanation) that `measure_all`, `summarize` and the report iterate over;
 - `summary`: `measure_all` (each measurement once) and `summarize` (one row per head);
 - `heads`: `rank_heads`, `head_grid`.
 """
@@ -22,12 +24,15 @@ from scansnap_lens._lazy import exports
 
 _NAMES = {
     "INDEX": "measurement",
-    "MEASURES": "summary",
+    "MEASURES": "catalog",
+    "Measure": "catalog",
+    "MeasureInputs": "catalog",
+    "Plot": "catalog",
+    "by_name": "catalog",
     "Measurement": "measurement",
     "NOT_YET_SNAPPED": "snap",
     "NO_SCAN": "snap",
     "SINGLE_DISTINCT": "entropy",
-    "SUMMARY_MEASURES": "summary",
     "attention_entropy": "entropy",
     "discriminative_bias": "discriminative",
     "effective_rate": "rates",
@@ -47,12 +52,12 @@ _NAMES = {
     "snapping": "snap",
     "sparsity": "entropy",
     "summarize": "summary",
-    "theory_checks": "fit",
     "theory_fit": "fit",
     "theory_of": "rates",
     "training_of": "rates",
 }
 _MODULES = {
+    "catalog",
     "discriminative",
     "entropy",
     "fit",

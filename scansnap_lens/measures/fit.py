@@ -30,7 +30,7 @@ from scansnap_lens.statistics.groups import TokenGroups
 from scansnap_lens.theory.population import Population, predict
 from scansnap_lens.theory.transition import PhaseTransition, rho0
 
-__all__ = ["growth_bounds", "theory_checks", "theory_fit"]
+__all__ = ["growth_bounds", "theory_fit"]
 
 
 def _population(traj: Trajectory, source, loss_positions: int | None, classes=None):
@@ -323,33 +323,3 @@ def theory_fit(
         columns=["layer", "head", "query", "next", "tokens", "events", "rank_agreement"],
     )
     return Measurement("theory_fit", table, detail, values=corr, predictions=list(runs.values()))
-
-
-def theory_checks(
-    traj: Trajectory,
-    groups: TokenGroups,
-    source,
-    training: dict | None = None,
-    loss_positions: int | None = None,
-) -> tuple[dict[str, Measurement], dict[str, str]]:
-    """`growth_bounds` and `theory_fit` where each can be measured, and why not where not:
-    ({name: measurement}, {name: reason})."""
-    done, why = {}, {}
-    for name, run in (
-        ("growth_bounds", lambda: growth_bounds(traj, groups, source, training=training,
-                                                loss_positions=loss_positions)),
-        ("theory_fit", lambda: theory_fit(traj, source, groups, training=training,
-                                          loss_positions=loss_positions)),
-    ):  # fmt: skip
-        try:
-            done[name] = run()
-        except (ValueError, TypeError) as err:
-            why[name] = str(err)
-    return done, why
-
-
-# summary columns each check contributes, at the last checkpoint
-SUMMARY_COLUMNS = {
-    "theory_fit": ["population_snap", "snap_ratio", "rank_agreement", "dz_corr"],
-    "growth_bounds": ["bound_ratio", "inside"],
-}

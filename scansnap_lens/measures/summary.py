@@ -3,90 +3,83 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import pandas as pd
 
-from scansnap_lens.measures.discriminative import discriminative_bias
-from scansnap_lens.measures.entropy import attention_entropy, sparsity
-from scansnap_lens.measures.fit import SUMMARY_COLUMNS
-from scansnap_lens.measures.frequency import frequency_bias
-from scansnap_lens.measures.growth import growth_factor
+from scansnap_lens.measures.catalog import MEASURES, MeasureInputs
 from scansnap_lens.measures.measurement import Measurement
 from scansnap_lens.measures.rates import predicted_snap
-from scansnap_lens.measures.snap import snapping
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
-__all__ = ["MEASURES", "SUMMARY_MEASURES", "measure_all", "summarize"]
-
-
-MEASURES = (
-    "snapping",
-    "discriminative_bias",
-    "frequency_bias",
-    "sparsity",
-    "attention_entropy",
-    "growth_factor",
-)
-SUMMARY_MEASURES = MEASURES[:-1]  # the ones whose last checkpoint `summarize` tabulates
+__all__ = ["measure_all", "summarize"]
 
 
 def measure_all(
-    traj: Trajectory, groups: TokenGroups, names=MEASURES
+    traj: Trajectory,
+    groups: TokenGroups | None = None,
+    *,
+    source=None,
+    training: dict | None = None,
+    loss_positions: int | None = None,
+    names: Iterable[str] | None = None,
+    groups_reason: str | None = None,
 ) -> tuple[dict[str, Measurement], dict[str, str]]:
-    """Each measurement of `names` once: ({name: result}, {name: why it is not measurable}).
+    """Each measurement of `catalog.MEASURES` (or of `names`) once, in the table's order:
+    ({name: result}, {name: why it could not be made}).
 
-    `snapping` needs two checkpoints and raises otherwise; the others are left out with the
-    reason where the trajectory or the groups lack what they need.  `summarize` and
-    `report.write_report` share these results rather than measuring twice.
+    groups: the token groups, or None where none could be formed (`groups_reason` says why;
+    the measurements that need them are then left out with that reason).  source, training,
+    loss_positions: see `catalog.MeasureInputs`.  Nothing raises because one measurement cannot be
+    made: `summarize` and `report.write_report` share these results.
     """
-    functions = {
-        "snapping": lambda: snapping(traj),
-        "discriminative_bias": lambda: discriminative_bias(traj, groups),
-        "frequency_bias": lambda: frequency_bias(traj, groups),
-        "sparsity": lambda: sparsity(traj, groups),
-        "attention_entropy": lambda: attention_entropy(traj),
-        "growth_factor": lambda: growth_factor(traj, groups),
-    }
+    inputs = MeasureInputs(traj, groups, source, training, loss_positions)
+    if groups_reason:
+        inputs.groups_reason = groups_reason
+    wanted = None if names is None else set(names)
     results, why = {}, {}
-    for name in names:
-        if name == "snapping":
-            results[name] = functions[name]()
+    for entry in MEASURES:
+        if wanted is not None and entry.name not in wanted:
             continue
         try:
-            results[name] = functions[name]()
-        except ValueError as err:
-            why[name] = str(err)
+            results[entry.name] = entry.run(inputs)
+        except (ValueError, TypeError) as err:
+            why[entry.name] = str(err)
     return results, why
 
 
 def summarize(
     traj: Trajectory,
-    groups: TokenGroups,
+    groups: TokenGroups | None = None,
     prediction=None,
-    checks: dict | None = None,
     training: dict | None = None,
     results: dict[str, Measurement] | None = None,
+    source=None,
 ) -> pd.DataFrame:
-    """One row per layer and head: scan scores and sparsity at the last checkpoint, snap steps,
-    and the theory's transition t0 (`prediction`: one value, one per head, or by default
-    `predicted_snap(traj)`; NaN where unknown).  `checks`: measurements of
-    `fit.theory_checks`, whose last-checkpoint columns join the row (``bound_ratio``,
-    ``inside`` of `growth_bounds`; ``population_snap``, ``snap_ratio``, ``rank_agreement``,
-    ``dz_corr`` of `theory_fit`).  `training`: the rates if the trajectory does not hold them
-    (see `training_of`).  `results`: the measurements of `measure_all`, if already made."""
+    """One row per layer and head: the last checkpoint's columns of each measurement of
+    `catalog.MEASURES` that can be made (`Measure.summary` says which), the step of that
+    checkpoint, and the theory's transition t0 (`prediction`: one value, one per head, or by
+    default `rates.predicted_snap`; NaN where unknown).
+
+    results: the measurements of `measure_all` (to which one made by hand, e.g. a
+    `theory_fit` of chosen classes, may be added), used as they are; by default each is
+    measured here.  source, training: see `catalog.MeasureInputs` (without `source` there is no
+    `theory_fit`).
+    """
     if results is None:
-        results, _ = measure_all(traj, groups, SUMMARY_MEASURES)
-    parts = [results["snapping"].table]  # attention movement of every tracked class
-    for name in SUMMARY_MEASURES[1:]:
-        if name in results:
-            parts.append(results[name].final().drop(columns=["step"]))
-    for name, result in (checks or {}).items():
-        final = result.final()
-        parts.append(final[["layer", "head", *SUMMARY_COLUMNS[name]]])
-    out = parts[0]
-    for part in parts[1:]:
-        out = out.merge(part, on=["layer", "head"], how="left")
+        results, _ = measure_all(traj, groups, source=source, training=training)
+    out = pd.MultiIndex.from_product([traj.layers, traj.heads], names=["layer", "head"])
+    out = out.to_frame(index=False)
+    for entry in MEASURES:
+        if entry.name not in results or entry.summary == ():
+            continue
+        table = results[entry.name].table
+        if "step" in table:
+            table = results[entry.name].final().drop(columns=["step"])
+        if entry.summary is not None:
+            table = table[["layer", "head", *entry.summary]]
+        out = out.merge(table, on=["layer", "head"], how="left")
     out["final_step"] = int(traj.steps[-1])
     if prediction is None:
         prediction = predicted_snap(traj, training)

@@ -266,6 +266,11 @@ class CooccurrenceStats:
         if min_count < 1:
             raise ValueError(f"min_count must be >= 1, got {min_count}")
         keep = self.count >= min_count
+        if self.count.numel() and not keep.any():
+            raise ValueError(
+                f"min_count {min_count} prunes every co-occurrence (the most frequent is counted"
+                f" {int(self.count.max())} times): give a smaller min_count (--min-count)"
+            )
         per_class = torch.zeros(self.num_classes, dtype=torch.long).index_add_(
             0, self.triple_class, keep.long()
         )

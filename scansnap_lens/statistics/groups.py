@@ -162,6 +162,11 @@ class TokenGroups:
         min_distinct: keep only classes with at least this many distinct tokens (real text has
         many classes and few distinct tokens; common tokens are kept for every query).
         """
+        if stats.num_triples == 0:
+            raise ValueError(
+                "the statistics hold no co-occurrence (C(m, n, l) is empty): count them on a"
+                " larger corpus, or with a smaller min_count (--min-count)"
+            )
         frame = stats.classes()
         keep = frame["events"] >= min_events
         counts = [("classes in the statistics", len(frame)), (f"with >= {min_events} events", 0)]

@@ -54,6 +54,9 @@ def _finish(fig: Figure, path: str | Path | None) -> Figure:
     return fig
 
 
+LABELLED = 40  # most tokens of a class whose names `plot_class_attention` writes
+
+
 def plot_class_attention(
     traj: Trajectory,
     groups: TokenGroups,
@@ -75,10 +78,8 @@ def plot_class_attention(
     classes = list(range(min(groups.num_classes, 4))) if classes is None else list(classes)
     if not classes:
         raise ValueError("no class to show: the token groups are empty")
-    fig = Figure(figsize=(8, 1.6 + 1.4 * len(classes)))
-    axes = np.atleast_1d(fig.subplots(len(classes), 1))
-    steps = traj.steps.numpy()
-    for k, ax in zip(classes, axes):
+    panels = []  # (m, n, class slot, common rows, all rows) of each class
+    for k in classes:
         m, n = int(groups.query[k]), int(groups.next_token[k])
         c = traj.class_slot(m, n)
         if c is None:
@@ -87,14 +88,20 @@ def plot_class_attention(
         common = groups.common.get(m, torch.empty(0, dtype=torch.long))
         common = common[torch.isin(common, tokens_of_class)]
         order = torch.argsort(groups.distinct_p[k], stable=True)
-        rows = torch.cat([common, groups.distinct[k][order]])
+        panels.append((m, n, c, common.numel(), torch.cat([common, groups.distinct[k][order]])))
+    # a readable 9-point label per token where a panel shows at most LABELLED tokens
+    heights = [max(1.4, 0.15 * len(p[4]) + 0.5) if len(p[4]) <= LABELLED else 2.0 for p in panels]
+    fig = Figure(figsize=(8, 1.0 + sum(heights)))
+    axes = np.atleast_1d(fig.subplots(len(panels), 1, gridspec_kw={"height_ratios": heights}))
+    steps = traj.steps.numpy()
+    for (m, n, c, num_common, rows), ax in zip(panels, axes):
         data = traj.class_attention(c, rows)[:, li, hi].T.numpy()  # [rows, S]
         im = ax.imshow(data, aspect="auto", cmap="viridis", interpolation="nearest")
-        ax.axhline(common.numel() - 0.5, color="white", lw=1)
-        if rows.numel() <= 40:
-            ax.set_yticks(range(rows.numel()), [traj.plan.decode(t) for t in rows], fontsize=6)
+        ax.axhline(num_common - 0.5, color="white", lw=1)
+        if rows.numel() <= LABELLED:
+            ax.set_yticks(range(rows.numel()), [traj.plan.decode(t) for t in rows], fontsize=9)
             for i, label in enumerate(ax.get_yticklabels()):
-                label.set_color(palette.COMMON if i < common.numel() else palette.DISTINCT)
+                label.set_color(palette.COMMON if i < num_common else palette.DISTINCT)
         ticks = np.linspace(0, len(steps) - 1, min(len(steps), 6)).round().astype(int)
         ax.set_xticks(ticks, steps[ticks])
         ax.set_ylabel(f"{traj.plan.decode(m)} -> {traj.plan.decode(n)}\ncommon | distinct")
@@ -294,18 +301,18 @@ def plot_attention_maps(
     top = max(max(float(np.max(p)) for p in patterns), 1e-9)
     for i, (ax, pattern, step) in enumerate(zip(axes, patterns, steps)):
         image = ax.imshow(pattern, cmap="viridis", vmin=0, vmax=top, interpolation="nearest")
-        ax.set_title(f"step {step}", fontsize=8)
+        ax.set_title(f"step {step}", fontsize=10)
         if tokens is not None and len(tokens) <= 24:
-            ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=5)
-            ax.set_yticks(range(len(tokens)), tokens, fontsize=5)
+            ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=8)
+            ax.set_yticks(range(len(tokens)), tokens, fontsize=8)
         else:
-            ax.tick_params(labelsize=6)
-            ax.set_xlabel("key position", fontsize=7)
+            ax.tick_params(labelsize=9)
+            ax.set_xlabel("key position", fontsize=10)
             if i == 0:
-                ax.set_ylabel("query position", fontsize=7)
+                ax.set_ylabel("query position", fontsize=10)
     fig.colorbar(image, ax=list(axes), fraction=0.02, pad=0.02, label="attention")
     if title:
-        fig.suptitle(title, fontsize=9)
+        fig.suptitle(title, fontsize=11)
     if path is not None:  # tight_layout does not place a colour bar shared by several axes
         _save(fig, path, bbox_inches="tight")
     return fig

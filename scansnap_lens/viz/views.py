@@ -120,9 +120,25 @@ def _prompt(traj: Trajectory) -> Tensor:
     return traj.prompt
 
 
+# Inserted after "<" and "&": the word joiner (U+2060) is invisible, and an HTML parser reads
+# "<" or "&" followed by it as the character itself, never as a tag or an entity.
+JOINER = "\u2060"
+
+
+def safe_token(token: str) -> str:
+    """A token string that shows as itself both where circuitsvis inserts it as raw HTML and
+    where React or a chart shows it as text: an invisible word joiner follows each "<" and
+    "&", so no tag or entity can start (quotes and ">" are harmless outside attributes).
+
+    >>> safe_token("'s") == "'s", safe_token("<b>&amp;") == "<\u2060b>&\u2060amp;"
+    (True, True)
+    """
+    return token.replace("&", "&" + JOINER).replace("<", "<" + JOINER)
+
+
 def _strings(traj: Trajectory, ids: Tensor, token_strings: Sequence[str] | None) -> list[str]:
-    """Token strings escaped for HTML: circuitsvis puts them into the page as raw HTML, and
-    they come from any tokenizer or a shared trajectory folder."""
+    """Token strings for circuitsvis (`safe_token`): they come from any tokenizer or a shared
+    trajectory folder."""
     if token_strings is not None:
         if len(token_strings) != ids.numel():
             raise ValueError(
@@ -131,7 +147,7 @@ def _strings(traj: Trajectory, ids: Tensor, token_strings: Sequence[str] | None)
         strings = [str(t) for t in token_strings]
     else:
         strings = [traj.plan.decode(t) for t in ids.tolist()]
-    return [html.escape(t, quote=True) for t in strings]
+    return [safe_token(t) for t in strings]
 
 
 def spread_steps(traj: Trajectory, steps=None, most: int = 8) -> list[int]:
@@ -243,7 +259,7 @@ def token_kinds(
             "positiveColor": palette.DISTINCT,
             "negativeColor": palette.COMMON,
         },
-        f"Token classes for query {html.unescape(strings[position])!r} at position {position}:"
+        f"Token classes for query {strings[position].replace(JOINER, '')!r} at position {position}:"
         f" {palette.DISTINCT} distinct, {palette.COMMON} common",
     )
 
@@ -277,6 +293,6 @@ def query_attention(
             "labels": [f"class (+1 distinct: {palette.DISTINCT}, -1 common: {palette.COMMON})"]
             + [f"attention @ {s}" for s in steps],
         },
-        f"Attention of query {html.unescape(strings[position])!r} (position {position},"
+        f"Attention of query {strings[position].replace(JOINER, '')!r} (position {position},"
         f" layer {layer}, head {head}) over training",
     )

@@ -192,13 +192,13 @@ def test_bad_input_gets_a_clear_error(call, match):
 
 
 def test_merging_incompatible_statistics_is_refused():
-    rows = torch.tensor([[0, 1, 2, 3]])
+    rows = torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3]])  # every co-occurrence counted twice
     base = cooccurrence(rows, vocab_size=4, window=2)
     for other, what in [
         (cooccurrence(rows, vocab_size=5, window=2), "vocab_size"),
         (cooccurrence(rows, vocab_size=4, window=3), "window"),
         (
-            cooccurrence(torch.tensor([[0, 1, 2, 3, 1]]), vocab_size=4, window=2, exclude_bos=True),
+            cooccurrence(torch.tensor([[0, 1, 2, 3, 1]] * 2), 4, window=2, exclude_bos=True),
             "exclude_bos",
         ),
         (cooccurrence(rows, vocab_size=4, window=2, queries=[1, 2]), "tracked_queries"),
@@ -206,6 +206,12 @@ def test_merging_incompatible_statistics_is_refused():
     ]:
         with pytest.raises(ValueError, match=what):
             base + other
+
+
+def test_pruning_every_cooccurrence_is_refused():
+    stats = cooccurrence(torch.tensor([[0, 1, 2, 3]]), vocab_size=4, window=2)
+    with pytest.raises(ValueError, match=r"min_count 5 prunes every co-occurrence .* 1 times"):
+        stats.prune(5)
 
 
 def test_loading_a_file_that_is_not_statistics(tmp_path):

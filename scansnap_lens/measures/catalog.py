@@ -1,0 +1,238 @@
+"""The table of measurements: for each quantity, the function that measures it, what it needs,
+the columns it gives the summary, the report's figures of it and how to read it.
+
+`measure_all`, `summarize`, the report's CSVs, sections, figures and "How to read it" all
+iterate over `MEASURES`; adding a measurement is one module plus one entry here.
+
+>>> [m.name for m in MEASURES]  # in the summary's column order
+['snapping', 'discriminative_bias', 'frequency_bias', 'sparsity', 'attention_entropy', \
+'growth_factor', 'growth_bounds', 'theory_fit']
+>>> by_name("growth_bounds").summary  # the columns it gives the one-row-per-head summary
+('bound_ratio', 'inside')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from scansnap_lens.measures.discriminative import discriminative_bias
+from scansnap_lens.measures.entropy import attention_entropy, sparsity
+from scansnap_lens.measures.fit import growth_bounds, theory_fit
+from scansnap_lens.measures.frequency import frequency_bias
+from scansnap_lens.measures.growth import growth_factor
+from scansnap_lens.measures.measurement import Measurement
+from scansnap_lens.measures.snap import snapping
+from scansnap_lens.recording.trajectory import Trajectory
+from scansnap_lens.statistics.groups import TokenGroups
+
+__all__ = ["MEASURES", "Measure", "MeasureInputs", "Plot", "by_name"]
+
+NEEDS_SOURCE = "needs the training corpus's statistics (source=)"
+
+
+@dataclass
+class MeasureInputs:
+    """What a measurement may read: the trajectory, the token groups (None where none could be
+    formed, `groups_reason` says why), the training corpus's statistics, the training's rates
+    (see `rates.training_of`) and the number of loss positions per row (see `fit.theory_fit`).
+    """
+
+    traj: Trajectory
+    groups: TokenGroups | None = None
+    source: object | None = None
+    training: dict | None = None
+    loss_positions: int | None = None
+    groups_reason: str = "no token groups were given"
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One figure of a measurement in the report.  `kind` names how it is drawn (the report
+    maps it to a `viz.figures` function): ``over_steps`` plots `column` per head over the
+    checkpoints (with each head's snap step dotted where `snaps`), the others plot the whole
+    measurement (``logit_change``, ``growth_bounds``, ``theory_fit``)."""
+
+    name: str
+    caption: str
+    kind: str
+    column: str | None = None
+    title: str = ""
+    snaps: bool = False
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One entry of the table.  `summary`: the columns of its last checkpoint that join the
+    one-row-per-head summary (None: every column; empty: none); `explains`: its paragraph of
+    the report's "How to read it" (HTML)."""
+
+    name: str
+    measure: Callable[[MeasureInputs], Measurement]
+    needs_groups: bool = True
+    needs_source: bool = False
+    summary: tuple[str, ...] | None = None
+    plots: tuple[Plot, ...] = field(default_factory=tuple)
+    explains: str = ""
+
+    def run(self, inputs: MeasureInputs) -> Measurement:
+        """The measurement; ValueError naming what is missing where it cannot be made."""
+        if self.needs_groups and inputs.groups is None:
+            raise ValueError(inputs.groups_reason)
+        if self.needs_source and inputs.source is None:
+            raise ValueError(NEEDS_SOURCE)
+        return self.measure(inputs)
+
+
+MEASURES: tuple[Measure, ...] = (
+    Measure(
+        "snapping",
+        lambda x: snapping(x.traj),
+        needs_groups=False,
+        explains="<b>snap_step</b>: the snapping time, the step at which the attention's rate"
+        " of movement per step has fallen to half of its peak (a property of the dynamics:"
+        ' training longer does not move it); empty with <b>snap_reason</b> "not yet snapped"'
+        ' when the run ends before, "no scan" when the attention never moves.  Secondary, and'
+        " dependent on the run's length: <b>snap_path</b>, the first checkpoint by which"
+        " 90&nbsp;% of the attention's movement is done, and <b>snap_rate</b>, the checkpoint"
+        " after which its movement per log-step stays under 10&nbsp;% of its peak."
+        "  <b>predicted_snap</b>: the theory's t0 at the effective rates (SGD: lr / (1 -"
+        " momentum); none for Adam) where the training is known.",
+    ),
+    Measure(
+        "discriminative_bias",
+        lambda x: discriminative_bias(x.traj, x.groups),
+        plots=(
+            Plot(
+                "logit_change",
+                "The scan: logit change of distinct (solid) and common (dashed) tokens",
+                "logit_change",
+            ),
+        ),
+        explains="<b>bias</b>: mean change of the attention logit of a query's <i>distinct</i>"
+        " tokens minus that of its <i>common</i> tokens since the first checkpoint; &gt; 0 is"
+        " the scan's discriminative bias.  <b>auroc</b>: how cleanly the change separates"
+        " distinct from common (0.5: not at all, 1: perfectly).",
+    ),
+    Measure(
+        "frequency_bias",
+        lambda x: frequency_bias(x.traj, x.groups),
+        plots=(
+            Plot(
+                "frequency_bias",
+                "Frequency bias: Spearman correlation of the logit change with P(l|m, n)",
+                "over_steps",
+                "spearman",
+                "frequency bias",
+            ),
+        ),
+        explains="<b>spearman</b>: rank correlation of the change of distinct tokens with"
+        " P(l|m, n); &gt; 0 is the frequency bias (frequent co-occurrence gains more).",
+    ),
+    Measure(
+        "sparsity",
+        lambda x: sparsity(x.traj, x.groups),
+        plots=(
+            Plot(
+                "entropy",
+                "Entropy of the attention over distinct tokens; dotted: snap_step",
+                "over_steps",
+                "entropy",
+                "entropy over distinct tokens",
+                snaps=True,
+            ),
+            Plot(
+                "distinct_mass",
+                "Attention mass on distinct tokens; dotted: snap_step",
+                "over_steps",
+                "distinct_mass",
+                "mass on distinct tokens",
+                snaps=True,
+            ),
+        ),
+        explains="<b>entropy</b>: entropy (nats) of the attention over a class's distinct"
+        " tokens, renormalised (lower is sparser); <b>distinct_mass</b>: attention on distinct"
+        " tokens; <b>top_share</b>: the best distinct token's share of it (1 would be"
+        " winner-takes-all).",
+    ),
+    Measure(
+        "attention_entropy",
+        lambda x: attention_entropy(x.traj),
+        needs_groups=False,
+        plots=(
+            Plot(
+                "attention_entropy",
+                "Fig. 10: entropy of each head's attention row, averaged over the evaluation"
+                " positions; dotted: snap_step",
+                "over_steps",
+                "attention_entropy",
+                "attention entropy (nats)",
+                snaps=True,
+            ),
+        ),
+        explains="<b>attention_entropy</b>: Fig. 10, the entropy of each head's attention row"
+        " averaged over the evaluation positions (the query's own position counts when the"
+        " recording includes it).",
+    ),
+    Measure(
+        "growth_factor",
+        lambda x: growth_factor(x.traj, x.groups),
+        summary=(),
+        explains="<b>growth_factor</b> (CSV only): Theorem 3's growth factor chi of each"
+        " class's most frequent distinct token, and the deviation from its ratio law.",
+    ),
+    Measure(
+        "growth_bounds",
+        lambda x: growth_bounds(
+            x.traj, x.groups, x.source, training=x.training, loss_positions=x.loss_positions
+        ),
+        summary=("bound_ratio", "inside"),
+        plots=(
+            Plot(
+                "growth_bounds",
+                "Theorem 3: measured growth factor of each class's dominant distinct token"
+                " (solid) and its bounds from Theorem 4 with rho0 from the data (band, dotted:"
+                " upper)",
+                "growth_bounds",
+            ),
+        ),
+        explains="<b>bound_ratio</b>: the measured logit change of each class's most frequent"
+        " distinct token, ln(chi)/2, over Theorem 4's B(t) (rho0 estimated from the data);"
+        " Theorem 3 puts it between f0<sup>2</sup> and 1, <b>inside</b> is the share of"
+        " classes that are (without the training corpus's statistics, those of the evaluation"
+        " text).",
+    ),
+    Measure(
+        "theory_fit",
+        lambda x: theory_fit(
+            x.traj, x.source, x.groups, training=x.training, loss_positions=x.loss_positions
+        ),
+        needs_groups=False,
+        needs_source=True,
+        summary=("population_snap", "snap_ratio", "rank_agreement", "dz_corr"),
+        plots=(
+            Plot(
+                "theory_fit",
+                "Each head against the population dynamics on the training corpus's"
+                " statistics: rank agreement of the attention over distinct tokens, correlation"
+                " of logit changes",
+                "theory_fit",
+            ),
+        ),
+        explains="<b>population_snap</b>: the snap step of the paper's population dynamics"
+        " integrated on the training corpus's statistics at the training's own optimizer and"
+        " rates (attention predicted from the statistics alone); <b>snap_ratio</b>: measured"
+        " over predicted.  <b>rank_agreement</b>: Spearman correlation of predicted and"
+        " measured attention over each class's distinct tokens; <b>dz_corr</b>: correlation of"
+        " predicted and measured logit changes over the tracked pairs.  1 means the head does"
+        " what the theory says.",
+    ),
+)
+
+
+def by_name(name: str) -> Measure:
+    """The entry of `MEASURES` called `name`."""
+    for entry in MEASURES:
+        if entry.name == name:
+            return entry
+    raise KeyError(f"no measurement {name!r}: {[m.name for m in MEASURES]}")
