@@ -4,11 +4,31 @@ bytes), and the reader of tagged safetensors files."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
+
+
+def check_writable(path: str | Path) -> None:
+    """OSError naming `path` unless a file or folder can be made there: checked before a long
+    run, by making and removing a temporary file in the nearest folder that exists."""
+    path = Path(path).absolute()
+    folder = path if path.is_dir() else path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise OSError(f"cannot write {path}: {folder} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".scansnap-probe-")
+    except OSError as err:
+        raise OSError(
+            f"cannot write {path}: {folder} takes no new files ({err.strerror or err})"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _fsync(path: Path) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 import time
@@ -170,7 +171,10 @@ def _vocab_of(tokenizer) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
+    from scansnap_lens._io import check_writable
     from scansnap_lens.statistics.corpus import cooccurrence
+
+    check_writable(args.out)  # before the corpus is read
 
     common = {
         "window": args.window,
@@ -284,6 +288,7 @@ def _record(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ report
 def _report(args: argparse.Namespace) -> int:
+    from scansnap_lens._io import check_writable
     from scansnap_lens.recording.trajectory import Trajectory
     from scansnap_lens.report import write_report
     from scansnap_lens.statistics.corpus import CooccurrenceStats
@@ -291,6 +296,8 @@ def _report(args: argparse.Namespace) -> int:
 
     if (args.lr_y is None) != (args.lr_z is None):
         raise ValueError("--lr-y and --lr-z go together: give both or neither")
+    out = args.out or Path(args.trajectory) / "report"
+    check_writable(out)
     traj = Trajectory.load(args.trajectory)
     stats = CooccurrenceStats.load(args.stats)
     check_vocabulary(stats.vocab_size, traj.plan)
@@ -307,7 +314,6 @@ def _report(args: argparse.Namespace) -> int:
         )
     except ValueError as err:
         why = str(err)
-    out = args.out or Path(args.trajectory) / "report"
     training = None
     if args.lr_y is not None:
         from scansnap_lens.models.training import Rates
@@ -676,6 +682,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before a command ran (while the libraries load)
         print("scansnap: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (scansnap theory ... | head): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _main(argv: list[str] | None) -> int:
@@ -685,6 +694,8 @@ def _main(argv: list[str] | None) -> int:
 
     try:
         return args.func(args)
+    except BrokenPipeError:
+        raise
     except (
         ValueError,
         FileNotFoundError,

@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from scansnap_lens import measures
-from scansnap_lens._io import write_text
+from scansnap_lens._io import check_writable, write_text
 from scansnap_lens.measures.catalog import MEASURES, Plot
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.context import require_same
@@ -181,6 +181,7 @@ def write_report(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} is a file: the report needs a folder (give another --out)")
+    check_writable(out)
     for statistics in (groups, source):  # before anything is measured or written
         if statistics is not None:
             require_same(statistics, traj.plan)

@@ -181,7 +181,42 @@ def _window_other_than_the_statistics(root, tmp):
     return _record_args(root, tmp, "--stats", str(stats), "--window", "6")
 
 
+@pytest.mark.parametrize("flag", ["--layers", "--heads"])
+def test_a_layer_or_head_the_model_lacks_is_refused_before_anything_is_written(
+    own_run, tmp_path, capsys, flag
+):
+    root, _ = own_run
+    assert main(_record_args(root, tmp_path, flag, "5", "--steps", "0,40")) == 2
+    err = capsys.readouterr().err
+    assert f"{flag[2:]} [5] out of range: the model has 1 {flag[2:]}, 0 to 0" in err
+    assert not (tmp_path / "t").exists()  # so the corrected command is not refused
+    assert main(_record_args(root, tmp_path, "--steps", "0,40")) == 0
+    assert main(_record_args(root, tmp_path, flag, "0", "--steps", "0,10,40")) == 0  # resumes
+
+
+def _negative_step(root, tmp):
+    shutil.copytree(root / "ckpt", tmp / "neg")
+    shutil.copy(tmp / "neg" / "step_000000010.safetensors", tmp / "neg" / "step_-5.safetensors")
+    return _record_args(root, tmp, checkpoints=tmp / "neg")
+
+
+def _missing_tokenizer_file(root, tmp):
+    (tmp / "eval.txt").write_text("a b c d e f g h\n")
+    args = ["record", "--checkpoints", str(root / "ckpt"), "--text", str(tmp / "eval.txt")]
+    return [*args, "--tokenizer", str(tmp / "tok.json"), "--out", str(tmp / "t")]
+
+
 BAD_INPUTS = [  # (what is wrong, the arguments (made from the run and a scratch folder), message)
+    ("a trajectory folder that cannot be written (refused before a checkpoint loads)",
+     lambda r, t: [*_record_args(r, t)[:-2], "--out", "/proc/scansnap-t"],
+     "cannot write /proc/scansnap-t: /proc takes no new files"),
+    ("a report folder that cannot be written",
+     lambda r, t: ["report", str(t), "--stats", str(t / "s"), "--out", "/proc/scansnap-r"],
+     "cannot write /proc/scansnap-r"),
+    ("a negative step in a file name", _negative_step,
+     "step_-5.safetensors names a negative step"),
+    ("a tokenizer file that does not exist (no wait for the hub)", _missing_tokenizer_file,
+     "tok.json does not exist"),
     ("no checkpoint folder", lambda r, t: _record_args(r, t, checkpoints=t / "none"),
      "does not exist"),
     ("no tokens", lambda r, t: ["record", "--checkpoints", str(r / "ckpt"), "--out", str(t / "t")],
@@ -236,6 +271,11 @@ def test_every_command_has_help(capsys):
         check=True,
     )
     assert "scansnap demo" in done.stdout and "Exit codes" in done.stdout
+
+
+def test_theory_refuses_more_next_tokens_than_the_vocabulary(capsys):
+    assert main(["theory", "--K", "40", "--M", "33", "--lr-y", "1", "--lr-z", "1"]) == 2
+    assert "K=40 next tokens exceed the vocabulary M=33" in capsys.readouterr().err
 
 
 def test_theory_command_and_errors(tmp_path, capsys):
@@ -619,7 +659,13 @@ def test_more_inputs_a_user_gets_wrong(own_run, tmp_path, capsys):
         ("config.json lacks a field", record(lambda c: c.pop("d_model")), 2,
          "the model config does not build a model (the model config lacks d_model)"),
         ("config.json field of the wrong type", record(lambda c: c.update(n_layers="two")), 2,
-         "the model config does not build a model"),
+         "config.json: n_layers must be a positive integer, got 'two'"),
+        ("config.json with a negative size", record(lambda c: c.update(d_model=-4)), 2,
+         "config.json: d_model must be a positive integer, got -4"),
+        ("config.json with no heads", record(lambda c: c.update(n_heads=0)), 2,
+         "config.json: n_heads must be a positive integer, got 0"),
+        ("config.json with a fractional size", record(lambda c: c.update(d_head=3.5)), 2,
+         "config.json: d_head must be a positive integer, got 3.5"),
         ("config.json with an unknown field: ignored (configs of newer versions load)",
          record(lambda c: c.update(frobnicate=3)), 0, "2 checkpoints recorded"),
         ("uint16 token file: read as the ids it holds",

@@ -116,6 +116,21 @@ def read_tokens(path: str | Path) -> Tensor:
     return tokens.long()
 
 
+def _names_a_file(spec: str) -> bool:
+    """Whether `spec` can only be a path: a hub name is "name" or "owner/name", never a .json
+    file, an absolute or relative path, or more than two parts.
+
+    >>> [_names_a_file(s) for s in ("gpt2", "EleutherAI/pythia-70m", "tok.json", "./tok", "a/b/c")]
+    [False, False, True, True, True]
+    """
+    return (
+        spec.endswith(".json")
+        or spec.startswith(("/", "./", "../", "~"))
+        or spec.count("/") > 1
+        or "\\" in spec
+    )
+
+
 def load_tokenizer(spec: str | Path):
     """A ``tokenizer.json`` file (``tokenizers``) or a Hugging Face tokenizer name or folder."""
     path = Path(spec)
@@ -123,6 +138,8 @@ def load_tokenizer(spec: str | Path):
         from tokenizers import Tokenizer
 
         return Tokenizer.from_file(str(path))
+    if not path.is_dir() and _names_a_file(str(spec)):  # asking the hub would only wait
+        raise FileNotFoundError(f"tokenizer file {spec} does not exist")
     from transformers import AutoTokenizer
 
     try:

@@ -124,18 +124,25 @@ def checkpoint_labels(name: str) -> tuple[list[int], str]:
 
 # ------------------------------------------------------------------ saved files
 _STEP = re.compile(r"(\d+)(?!.*\d)")
+_NEGATIVE = re.compile(r"(?<![A-Za-z0-9])-\d+(?!.*\d)")  # "_-5", not "checkpoint-5"
 
 
 def parse_step(name: str) -> int | None:
-    """The step in a checkpoint name: the last number in it.
+    """The step in a checkpoint name: the last number in it.  A minus sign before it (not a
+    dash after a word, as in ``checkpoint-100``) is refused: no step is negative.
 
     >>> [parse_step(n) for n in ("step_000100.safetensors", "model_100.pt", "checkpoint-100")]
     [100, 100, 100]
+    >>> parse_step("step_-5.safetensors")
+    Traceback (most recent call last):
+    ValueError: step_-5.safetensors names a negative step: rename the file or move it away
     """
     stem = name
     for suffix in WEIGHT_SUFFIXES:
         if stem.endswith(suffix):
             stem = stem[: -len(suffix)]
+    if _NEGATIVE.search(stem):
+        raise ValueError(f"{name} names a negative step: rename the file or move it away")
     match = _STEP.search(stem)
     return int(match.group(1)) if match else None
 

@@ -111,6 +111,11 @@ def load_state_dict(path: str | Path, trust_pickle: bool = False) -> dict[str, t
 
 
 # ------------------------------------------------------------------ TransformerLens weights
+# sizes of a TransformerLens config: a model is built from them, so each is checked by name
+SIZE_FIELDS = ("n_layers", "d_model", "n_ctx", "d_head", "n_heads", "d_vocab", "d_mlp",
+               "n_key_value_heads")  # fmt: skip
+
+
 def read_tl_config(path: str | Path) -> tuple[dict, str | None]:
     """(config fields, weight layout or None) from a TransformerLens ``config.json``."""
     path = Path(path)
@@ -125,6 +130,10 @@ def read_tl_config(path: str | Path) -> tuple[dict, str | None]:
         "scansnap_lens."
     ):
         data = data["config"]
+    for name in SIZE_FIELDS:
+        value = data.get(name)
+        if value is not None and (type(value) is not int or value < 1):
+            raise CheckpointError(f"{path}: {name} must be a positive integer, got {value!r}")
     return data, layout
 
 

@@ -31,6 +31,7 @@ _NAMES = {
     "plan_recording": "plan",
     "prompt_attention": "hooks",
     "record_checkpoint": "hooks",
+    "watched": "hooks",
     "record_trajectory": "recorder",
     "remove_trajectory": "storage",
     "select_queries": "plan",

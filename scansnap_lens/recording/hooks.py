@@ -42,6 +42,7 @@ __all__ = [
     "model_vocab_size",
     "prompt_attention",
     "record_checkpoint",
+    "watched",
 ]
 
 
@@ -425,6 +426,21 @@ def check_tokens(x: Tensor, vocab_size: int) -> None:
         )
 
 
+def watched(model, layers=None, heads=None) -> tuple[list[int], list[int]]:
+    """The layers and heads to watch (default: all of `model`'s), checked against the model."""
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    layers = list(range(n_layers)) if layers is None else [int(v) for v in layers]
+    heads = list(range(n_heads)) if heads is None else [int(v) for v in heads]
+    for name, values, n in (("layer", layers, n_layers), ("head", heads, n_heads)):
+        bad = [v for v in values if not 0 <= v < n]
+        if bad or not values:
+            raise ValueError(
+                f"{name}s {bad or values} out of range: the model has {n} {name}s, 0 to {n - 1}"
+                " (layers=, heads=)"
+            )
+    return layers, heads
+
+
 @torch.no_grad()
 def record_checkpoint(
     model: HookedModel,
@@ -459,13 +475,7 @@ def record_checkpoint(
             RuntimeWarning,
             stacklevel=2,
         )
-    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    layers = list(range(n_layers)) if layers is None else [int(v) for v in layers]
-    heads = list(range(n_heads)) if heads is None else [int(v) for v in heads]
-    for name, values, n in (("layer", layers, n_layers), ("head", heads, n_heads)):
-        bad = [v for v in values if not 0 <= v < n]
-        if bad or not values:
-            raise ValueError(f"{name}s {bad or values} out of range: the model has {n}")
+    layers, heads = watched(model, layers, heads)
     if device is None:
         device = next(model.parameters()).device
     aggregator = _HookAggregator(model, plan, layers, heads, device)

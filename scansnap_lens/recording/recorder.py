@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from scansnap_lens._io import check_writable
 from scansnap_lens.models.backend import hf_bridge, is_hf_model
 from scansnap_lens.models.checkpoints import CheckpointError, CheckpointSource
 from scansnap_lens.recording.budget import (
@@ -26,7 +27,7 @@ from scansnap_lens.recording.budget import (
     RUN_BUDGET,
     size_text,
 )
-from scansnap_lens.recording.hooks import CheckpointRecord, record_checkpoint
+from scansnap_lens.recording.hooks import CheckpointRecord, record_checkpoint, watched
 from scansnap_lens.recording.plan import (
     RecordPlan,
     measured_queries,
@@ -118,6 +119,7 @@ class Recorder:
         self._said: tuple[int | None] | None = None  # (run size) the plan's line was said for
         if self.out.exists() and not self.out.is_dir():
             raise ValueError(f"{self.out} is a file, not a folder for the trajectory")
+        check_writable(self.out)  # before any checkpoint is loaded
         self.lock = RecordingLock(self.out)
         if (self.out / "manifest.json").exists():
             self.lock.acquire()  # before anything of the folder is read or removed
@@ -205,8 +207,10 @@ class Recorder:
             self._check_same_run(self.meta)
             if model is None and (self.plan is None or self.layers is None or self.heads is None):
                 return None
-            layers = list(range(model.cfg.n_layers)) if self.layers is None else list(self.layers)
-            heads = list(range(model.cfg.n_heads)) if self.heads is None else list(self.heads)
+            if model is not None:  # checked before anything is written into the folder
+                layers, heads = watched(model, self.layers, self.heads)
+            else:
+                layers, heads = list(self.layers), list(self.heads)
             if self.plan is None:  # planned from the first model: its vocabulary, its tokenizer
                 self.plan = self._plan_for(model, len(layers) * len(heads))
             self._check_budget(len(layers) * len(heads))

@@ -110,17 +110,20 @@ class TrajectoryWriter:
             if not saved.same_as(plan):
                 raise ValueError(
                     f"{self.path} holds a recording with another plan (other evaluation tokens,"
-                    " queries or context convention); record into another folder"
+                    " queries or context convention); record into another folder, or replace it"
+                    " (overwrite=True)"
                 )
             if (manifest["layers"], manifest["heads"]) != (list(layers), list(heads)):
                 raise ValueError(
                     f"{self.path} was recorded for layers {manifest['layers']} and heads"
-                    f" {manifest['heads']}, not {list(layers)} and {list(heads)}"
+                    f" {manifest['heads']}, not {list(layers)} and {list(heads)}: watch those to"
+                    " resume, record into another folder, or replace it (overwrite=True)"
                 )
             if manifest.get("prompt") != prompt_ids:
                 raise ValueError(
                     f"{self.path} was recorded with another example prompt"
-                    f" ({manifest.get('prompt')} against {prompt_ids})"
+                    f" ({manifest.get('prompt')} against {prompt_ids}): record into another"
+                    " folder, or replace it (overwrite=True)"
                 )
             self.manifest = manifest
         else:

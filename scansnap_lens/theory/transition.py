@@ -39,6 +39,11 @@ ArrayLike = float | np.ndarray
 def _check(K: float, M: float, lr_y: float) -> None:
     if K < 1 or M < 2:
         raise ValueError(f"need K >= 1 and M >= 2, got K={K}, M={M}")
+    if K > M:
+        raise ValueError(
+            f"K={K} next tokens exceed the vocabulary M={M}: next tokens are tokens of the"
+            " vocabulary (the paper's K <= M)"
+        )
     if lr_y <= 0:
         raise ValueError(f"lr_y must be positive, got {lr_y}")
 
