@@ -27,6 +27,7 @@ __all__ = [
     "bridge_from_hf",
     "fake_hub_model",
     "fake_legacy_tl_model",
+    "legacy_buffers",
     "tiny_hf_model",
     "word_tokenizer",
 ]
@@ -134,6 +135,21 @@ def bridge_from_hf(hf_model, name: str = "gpt2", tokenizer_dir: str | Path | Non
     return TransformerBridge.boot_transformers(name, hf_model=hf_model, tokenizer=tokenizer)
 
 
+def legacy_buffers(state: dict, fields: dict, ignore: float = -1e5) -> dict:
+    """`state` as a TransformerLens 1.x or 2.x ``HookedTransformer.state_dict()`` holds it:
+    each attention block's buffers ``mask`` (the causal mask, bool [n_ctx, n_ctx]) and
+    ``IGNORE`` (-1e5 up to 1.x, -inf later) after its parameters, in the module's order
+    (TransformerLens 1.0 ``components.Attention``; 2.0 ``AbstractAttention``)."""
+    out = {}
+    mask = torch.tril(torch.ones(fields["n_ctx"], fields["n_ctx"])).bool()
+    for key, tensor in state.items():
+        out[key] = tensor
+        if key.endswith(".attn.b_O"):
+            out[key[: -len("b_O")] + "mask"] = mask.clone()
+            out[key[: -len("b_O")] + "IGNORE"] = torch.tensor(ignore)
+    return out
+
+
 def fake_legacy_tl_model(
     cache_dir: str | Path,
     repo_id: str = "NeelNanda/attn-only-1l",
@@ -153,28 +169,42 @@ def fake_legacy_tl_model(
     commit = hashlib.sha1(repo_id.encode()).hexdigest()
     snapshot = repo / "snapshots" / commit
     (snapshot / "checkpoints").mkdir(parents=True, exist_ok=True)
-    fields = dict(
+    fields = dict(  # the training script's config, as those repositories hold it
         n_layers=1,
         d_model=16,
-        n_heads=2,
-        d_head=8,
         d_mlp=64,
+        d_head=8,
+        n_heads=2,
+        lr_hidden=0.002,
+        lr_vector=0.001,
+        batch_size_per_device=32,
+        batches_per_step=1,
+        seed=10000,
+        save_checkpoints=True,
+        debug=False,
+        normalization="LN",
+        max_tokens=22_000_000_000,
         n_ctx=32,
         d_vocab=vocab_size,
-        act_fn="relu",
-        attn_only=True,
-        normalization="LN",
         tokenizer_name="NeelNanda/gpt-neox-tokenizer-digits",
+        betas=[0.9, 0.99],
+        weight_decay=0.05,
+        dataset_name="c4+code",
+        grad_norm_clip=1.0,
+        act_fn="relu",
         shortformer_pos=False,
+        attn_only=True,
+        ln_eps=1e-5,
+        lr_schedule="cosine_warmup",
+        warmup_tokens=300_000_000,
+        weight_init_scheme="gpt2",
     )
     (snapshot / "config.json").write_text(json.dumps(fields))
     stem = repo_id.split("/")[-1]
     weight_fields = {**fields, "normalization_type": "LN"}
     for i, label in sorted(enumerate(labels), key=lambda p: -p[1]):
-        torch.save(
-            initial_weights(weight_fields, seed=i),
-            snapshot / "checkpoints" / f"{stem}_checkpoint_{label}.pth",
-        )
+        state = legacy_buffers(initial_weights(weight_fields, seed=i), weight_fields)
+        torch.save(state, snapshot / "checkpoints" / f"{stem}_checkpoint_{label}.pth")
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / "main").write_text(commit)
     return repo

@@ -269,7 +269,7 @@ def tl_to_native(state: Mapping[str, torch.Tensor], strict: bool = True) -> dict
     """
     out = {}
     for key, tensor in state.items():
-        if key.endswith((".mask", ".IGNORE", ".rotary_sin", ".rotary_cos")):
+        if key.endswith(CONSTANT_BUFFERS):
             continue
         for old, new, pattern in _TL_TO_NATIVE:
             if key.endswith(old):
@@ -300,7 +300,9 @@ def load_weights(
     A mismatch raises ValueError listing the missing and unexpected keys and the first shape
     that differs, not torch's whole message.
     """
-    state = dict(state)
+    # Constants a model computes from its config, which files of TransformerLens 1.x-2.x carry
+    # (the causal mask at [n_ctx, n_ctx] where 3.x keeps an empty one): the model's own count.
+    state = {k: v for k, v in state.items() if not k.endswith(CONSTANT_BUFFERS)}
     if is_bridge(model) and state_layout(state) == "tl":
         state = tl_to_native(state, strict=False)
     own = model.state_dict()
@@ -311,8 +313,7 @@ def load_weights(
         for k in own
         if k in state and tuple(state[k].shape) != tuple(own[k].shape)
     ]
-    # HookedTransformer keeps masks as buffers some files lack; they are constants.
-    missing = [k for k in missing if not k.endswith((".mask", ".IGNORE"))]
+    missing = [k for k in missing if not k.endswith(CONSTANT_BUFFERS)]
     if missing or unexpected or shapes:
         parts = []
         if missing:
@@ -323,6 +324,9 @@ def load_weights(
             parts.append(f"shapes differ: {shapes[0]}")
         raise ValueError(f"{source}: the weights do not fit the model ({'; '.join(parts)})")
     model.load_state_dict(state, strict=False)
+
+
+CONSTANT_BUFFERS = (".mask", ".IGNORE", ".rotary_sin", ".rotary_cos")
 
 
 # ------------------------------------------------------------------ Hugging Face models

@@ -4,6 +4,7 @@ with the configs people write, trusted pickles; under whichever TransformerLens 
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -191,6 +192,26 @@ def tl_weights_folder(tmp_path, config_text):
 )
 def test_tl_state_dicts_load_on_the_installed_major(tmp_path, config_text):
     folder, _ = tl_weights_folder(tmp_path, config_text)
+    model = checkpoints.folder(folder).checkpoints[1].load()
+    want = attention_only_model(
+        V, d_model=16, n_heads=2, n_ctx=16, seed=10, positional=True, backend=default_backend()
+    )
+    x = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(model(x, return_type="logits"), want(x, return_type="logits"))
+
+
+@pytest.mark.parametrize("ignore", [-1e5, -math.inf], ids=["tl1.0", "tl1.19-2.x"])
+def test_tl_state_dicts_of_older_versions_with_their_buffers_load(tmp_path, ignore):
+    """State dicts saved by TransformerLens 1.x-2.x carry each block's causal mask at
+    [n_ctx, n_ctx] and IGNORE (`testing.legacy_buffers`, after those versions' sources): they
+    load on either major and compute what the same weights without the buffers compute."""
+    from scansnap_lens.testing import legacy_buffers
+
+    folder, fields = tl_weights_folder(tmp_path, json.dumps)
+    for step in (0, 10):
+        state = legacy_buffers(initial_weights(fields, seed=step), fields, ignore=ignore)
+        assert state["blocks.0.attn.mask"].shape == (16, 16)
+        torch.save(state, folder / f"model_{step}.pt")
     model = checkpoints.folder(folder).checkpoints[1].load()
     want = attention_only_model(
         V, d_model=16, n_heads=2, n_ctx=16, seed=10, positional=True, backend=default_backend()
