@@ -1,0 +1,81 @@
+"""A user's own run, as a new user tries it: a word-level model trained with `train` on
+WikiText-2 valid, statistics of the training text, `record --text` on WikiText-2 test with
+`--queries 0.3`, then `report --stats`.  On whichever TransformerLens major is installed (CI
+runs the suite on both)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scansnap_lens.cli import main
+from scansnap_lens.inputs.text import read_documents, word_level_tokenizer
+from scansnap_lens.inputs.tokens import encode, rows_of
+from scansnap_lens.models.training import attention_only_model, train
+
+
+@pytest.fixture(scope="module")
+def user_run(tmp_path_factory):
+    """(folder, WikiText-2 folder) after training, `stats` and `record --text`."""
+    from conftest import SHARED
+
+    wikitext = SHARED / "data" / "wikitext-2"
+    if not wikitext.is_dir():
+        pytest.skip(f"shared data not found at {SHARED}")
+    root = tmp_path_factory.mktemp("user")
+    docs = read_documents(wikitext / "valid.txt", "wikitext")
+    tokenizer = word_level_tokenizer(docs, max_vocab=2000)
+    tokenizer.save(str(root / "tokenizer.json"))
+    model = attention_only_model(2000, d_model=32, n_heads=2, n_ctx=64, seed=0)
+    train(model, rows_of(encode(tokenizer, docs), 32), steps=60, lr_y=0.1, lr_z=1.0,
+          checkpoints=[0, 5, 10, 20, 40, 60], out=root / "ckpt", progress=False)  # fmt: skip
+    tok, stats = str(root / "tokenizer.json"), str(root / "stats.safetensors")
+    assert main(["stats", str(wikitext / "valid.txt"), "--tokenizer", tok, "--documents",
+                 "wikitext", "--window", "32", "--out", stats]) == 0  # fmt: skip
+    assert main(["record", "--checkpoints", str(root / "ckpt"), "--text",
+                 str(wikitext / "test.txt"), "--tokenizer", tok, "--queries", "0.3",
+                 "--seq-len", "32", "--max-rows", "64", "--stats", stats,
+                 "--out", str(root / "traj")]) == 0  # fmt: skip
+    return root
+
+
+def test_the_report_of_a_users_run_is_written_and_names_what_it_could_not_measure(user_run, capsys):
+    """The most frequent queries of real text ('<unk>', 'the') have no distinct token under
+    the binomial guard: the report is still written, says why, and what to change."""
+    capsys.readouterr()
+    code = main(["report", str(user_run / "traj"), "--stats", str(user_run / "stats.safetensors")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    folder = user_run / "traj" / "report"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["title"] == f"scansnap_lens: {user_run / 'ckpt'}"  # not the meta dict
+    why = summary["not_measured"]
+    assert "--no-guard" in why["token groups"] and "--min-distinct" in why["token groups"]
+    assert why["discriminative_bias"] == "needs token groups (see 'token groups')"
+    rows = summary["summary"]
+    assert len(rows) == 2 and all(r["attention_entropy"] > 0 for r in rows)
+    assert all("rank_agreement" in r for r in rows)  # the theory's fit needs no groups
+    page = (folder / "report.html").read_text()
+    assert "<h2>Not measured</h2>" in page and "token groups" in page
+    assert "not measured: token groups:" in out
+
+
+def test_relaxing_the_classification_as_advised_measures_the_scan(user_run, capsys):
+    """The advice works: without the guard, the queries the statistics give distinct tokens
+    are measured (record chose them with --stats when --queries is not given)."""
+    stats = str(user_run / "stats.safetensors")
+    tok = str(user_run / "tokenizer.json")
+    from conftest import SHARED
+
+    text = SHARED / "data" / "wikitext-2" / "test.txt"
+    assert main(["record", "--checkpoints", str(user_run / "ckpt"), "--text", str(text),
+                 "--tokenizer", tok, "--seq-len", "32", "--max-rows", "64", "--stats", stats,
+                 "--out", str(user_run / "traj2")]) == 0  # fmt: skip
+    out = user_run / "report2"
+    args = ["report", str(user_run / "traj2"), "--stats", stats, "--out", str(out)]
+    assert main([*args, "--no-guard"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert "token groups" not in summary["not_measured"]
+    assert all(r["bias"] is not None and r["auroc"] is not None for r in summary["summary"])
+    assert (out / "head_ranking.csv").exists()
