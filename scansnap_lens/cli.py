@@ -2,6 +2,7 @@
 
     scansnap demo [--out DIR]                         the main job, end to end
     scansnap stats CORPUS... --out stats.safetensors  co-occurrence statistics of a corpus
+    scansnap tokens TEXT --tokenizer T --out eval.safetensors   evaluation tokens from text
     scansnap record --checkpoints DIR --tokens FILE --out TRAJ   attention over checkpoints
     scansnap report TRAJ --stats STATS --out DIR      measurements, figures, circuitsvis views
     scansnap theory --K 2 --M 33 --lr-y 0.1 --lr-z 3  the theory's transition and B_n curve
@@ -203,22 +204,34 @@ def _stats(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ record
 def _eval_tokens(args: argparse.Namespace):
-    from scansnap_lens.inputs.text import read_documents
-    from scansnap_lens.inputs.tokens import encode, load_tokenizer, read_tokens, rows_of
+    from scansnap_lens.inputs.text import text_rows
+    from scansnap_lens.inputs.tokens import load_tokenizer, read_tokens
 
     if bool(args.tokens) == bool(args.text):
         raise ValueError("give the evaluation tokens with either --tokens FILE or --text FILE")
     if args.tokens:
         tokens = read_tokens(args.tokens)
-    else:
-        spec = args.tokenizer or args.model
-        if not spec:
-            raise ValueError("--text needs --tokenizer (a tokenizer.json or a hub name)")
-        docs = read_documents(args.text, args.documents)
-        tokens = rows_of(encode(load_tokenizer(spec), docs), args.seq_len)
-    if args.max_rows:
-        tokens = tokens[: args.max_rows]
-    return tokens
+        return tokens[: args.max_rows] if args.max_rows else tokens
+    spec = args.tokenizer or args.model
+    if not spec:
+        raise ValueError("--text needs --tokenizer (a tokenizer.json or a hub name)")
+    tokenizer = load_tokenizer(spec)
+    return text_rows(args.text, tokenizer, args.seq_len, args.documents, args.max_rows)
+
+
+# ------------------------------------------------------------------ tokens
+def _tokens(args: argparse.Namespace) -> int:
+    from scansnap_lens._io import check_writable
+    from scansnap_lens.inputs.text import text_rows
+    from scansnap_lens.inputs.tokens import load_tokenizer, save_tokens
+
+    check_writable(args.out)
+    tokens = text_rows(
+        args.text, load_tokenizer(args.tokenizer), args.seq_len, args.documents, args.max_rows
+    )
+    save_tokens(args.out, tokens)
+    print(f"{tokens.shape[0]} rows of {tokens.shape[1]} tokens: {Path(args.out).resolve()}")
+    return 0
 
 
 def _record(args: argparse.Namespace) -> int:
@@ -518,6 +531,24 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--queries", type=_ints, help="count only these query ids (a,b,c)")
     stats.add_argument("--min-count", type=_count(1), default=1, help="prune rarer co-occurrences")
     stats.set_defaults(func=_stats)
+
+    tokens = sub.add_parser(
+        "tokens",
+        help="write an evaluation token file [rows, positions] from a text file",
+        description="Encode a text file's documents with a tokenizer and cut them into rows of"
+        " --seq-len tokens (what record --text does), saved as a token file for record --tokens.",
+    )
+    tokens.add_argument("text", type=Path, help="a text file")
+    tokens.add_argument("--tokenizer", required=True, help="tokenizer.json or a hub name")
+    tokens.add_argument("--out", type=Path, required=True, help="token file (.safetensors)")
+    tokens.add_argument("--seq-len", type=_count(2, 1 << 20), default=64, help="row length")
+    tokens.add_argument("--max-rows", type=_count(1), help="keep only the first rows")
+    tokens.add_argument(
+        "--documents", choices=DOCUMENT_SPLITS, default="paragraph",
+        help="how the file splits into documents (rows never cross one): paragraph (default),"
+        " wikitext, line, or document",
+    )  # fmt: skip
+    tokens.set_defaults(func=_tokens)
 
     record = sub.add_parser(
         "record",

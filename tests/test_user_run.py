@@ -79,3 +79,25 @@ def test_relaxing_the_classification_as_advised_measures_the_scan(user_run, caps
     assert "token groups" not in summary["not_measured"]
     assert all(r["bias"] is not None and r["auroc"] is not None for r in summary["summary"])
     assert (out / "head_ranking.csv").exists()
+
+
+def test_tokens_writes_the_evaluation_tokens_record_text_reads(user_run, capsys):
+    """`scansnap tokens` writes the rows `record --text` encodes: recording from the file gives
+    the same trajectory."""
+    import torch
+
+    from conftest import SHARED
+    from scansnap_lens.recording.trajectory import Trajectory
+
+    text = SHARED / "data" / "wikitext-2" / "test.txt"
+    stats, tok = str(user_run / "stats.safetensors"), str(user_run / "tokenizer.json")
+    ev = user_run / "eval.safetensors"
+    assert main(["tokens", str(text), "--tokenizer", tok, "--seq-len", "32", "--max-rows", "64",
+                 "--out", str(ev)]) == 0  # fmt: skip
+    assert "64 rows of 32 tokens" in capsys.readouterr().out
+    out = str(user_run / "traj3")
+    assert main(["record", "--checkpoints", str(user_run / "ckpt"), "--tokens", str(ev),
+                 "--queries", "0.3", "--stats", stats, "--out", out]) == 0  # fmt: skip
+    a, b = Trajectory.load(user_run / "traj3"), Trajectory.load(user_run / "traj")
+    assert torch.equal(a.plan.queries, b.plan.queries)
+    assert torch.equal(a.zbar.full(), b.zbar.full())

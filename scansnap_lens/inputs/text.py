@@ -30,6 +30,7 @@ __all__ = [
     "DOCUMENT_SPLITS",
     "encode_documents",
     "read_documents",
+    "text_rows",
     "wikitext_documents",
     "word_level_tokenizer",
 ]
@@ -113,3 +114,21 @@ def encode_documents(
     if bos is not None and prefix[0] is None:
         raise ValueError(f"BOS token {bos!r} is not in the vocabulary")
     return [np.asarray(prefix + e.ids, dtype=np.int64) for e in tokenizer.encode_batch(texts)]
+
+
+def text_rows(
+    path: str | Path,
+    tokenizer,
+    seq_len: int,
+    split: str = "paragraph",
+    max_rows: int | None = None,
+):
+    """Evaluation tokens [N, seq_len] of a text file: its documents (`read_documents`),
+    encoded with `tokenizer` (anything `tokens.codec` takes, with its BOS/EOS), cut into
+    consecutive rows (`tokens.rows_of`); the first `max_rows` rows."""
+    from scansnap_lens.inputs.tokens import encode, rows_of
+
+    rows = rows_of(encode(tokenizer, read_documents(path, split)), seq_len, max_rows)
+    if rows.shape[0] == 0:
+        raise ValueError(f"{path}: no document has {seq_len} tokens (give a smaller --seq-len)")
+    return rows
