@@ -12,12 +12,12 @@ from scansnap_lens.lab import distinct_entropy, syn_small_experiment
 
 def main() -> None:
     p = parser(__doc__, "out/fig5")
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--num-steps", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, nargs="+", default=[0.1, 0.5, 1.0])
     args = p.parse_args()
     settings = {f"lr{lr:g}": (lr, 1.0) for lr in args.lr}
-    runs = syn_small_experiment(settings, args.out, "adam", args.steps, args.seed, "fig5")
+    runs = syn_small_experiment(settings, args.out, "adam", args.num_steps, args.seed, "fig5")
     for label, run in runs.items():
         top = run.attention()[-1, 0, 0].topk(3)
         print(

@@ -31,11 +31,11 @@ def main() -> None:
     p.add_argument("--lr-z", type=float, nargs="+", default=list(FIG6_LR_Z))
     p.add_argument("--ratio", type=float, nargs="+", default=list(FIG6_RATIO))
     p.add_argument("--seeds", type=int, default=10)
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--num-steps", type=int, default=100)
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    training = LabTraining(seeds=args.seeds, steps=args.steps)
+    training = LabTraining(seeds=args.seeds, num_steps=args.num_steps)
     training.save(args.out / "training.json")  # the setting, beside the results
     per_seed = entropy_sweep(args.num_last, args.lr_z, args.ratio, training=training)
     elapsed = time.perf_counter() - start

@@ -49,7 +49,7 @@ OPTIMIZERS = {
 
 def _lab_run(classes, lr_y, lr_z, steps, population, optimizer="sgd", momentum=0.0, seeds=(0,)):
     run = train_yz(
-        classes, lr_z=lr_z, ratio=lr_y / lr_z, seeds=list(seeds), steps=steps,
+        classes, lr_z=lr_z, ratio=lr_y / lr_z, seeds=list(seeds), num_steps=steps,
         population=population, init="zero", optimizer=optimizer, momentum=momentum,
         snapshot_every=max(1, steps // 300),
     )  # fmt: skip
@@ -74,7 +74,7 @@ def horizon_table(horizons=(3, 30, 300)) -> pd.DataFrame:
         t0 = PhaseTransition(classes.num_classes, classes.vocab_size, eff_y, eff_z).t0
         steps = int(max(horizons) * t0) + 1
         run = train_yz(
-            classes, lr_z=lr_z, ratio=lr_y / lr_z, steps=steps, population=True, init="zero",
+            classes, lr_z=lr_z, ratio=lr_y / lr_z, num_steps=steps, population=True, init="zero",
             momentum=momentum, snapshot_every=max(1, round(steps / 3000)),
         )  # fmt: skip
         traj = run.to_trajectory()
@@ -141,7 +141,7 @@ def optimizers(out, demo_steps: int, lab_steps: int) -> tuple[pd.DataFrame, pd.D
 
         lr_y, lr_z = setting["demo"]
         result = run_demo(
-            out / f"demo_{name}", steps=demo_steps, lr_y=lr_y, lr_z=lr_z,
+            out / f"demo_{name}", num_steps=demo_steps, lr_y=lr_y, lr_z=lr_z,
             optimizer=optimizer, momentum=setting["momentum"], progress=False, overwrite=True,
         )  # fmt: skip
         summary = result.summary.iloc[0]

@@ -138,10 +138,10 @@ def run_fig7(name, layers, dropout, cfg, data, out, seed) -> tuple[dict, pd.Data
         recorder.on_checkpoint(step, model, training=training)
         curve.append({"run": name, "step": step, **entropies(model, eval_rows)})
 
-    result = train(model, train_stream, steps=cfg["iterations"], lr_y=cfg["lr"],
+    result = train(model, train_stream, num_steps=cfg["iterations"], lr_y=cfg["lr"],
                    lr_by_name={FIRST_FEED_FORWARD: cfg["lr_first_ff"]},
                    clip_grad_norm=cfg["clip"], batch_size=cfg["batch"], bptt=cfg["bptt"],
-                   checkpoints=cfg["every"], seed=seed, progress=False,
+                   save_steps=cfg["every"], seed=seed, progress=False,
                    on_checkpoint=on_checkpoint)  # fmt: skip
     traj = recorder.trajectory()
     curve = pd.DataFrame(curve)
@@ -206,9 +206,9 @@ def run_sweep(cfg, data, out) -> tuple[pd.DataFrame, pd.DataFrame]:
             def on_checkpoint(step, model, lr=lr, seed=seed):
                 curves.append({"lr": lr, "seed": seed, "step": step, **entropies(model, eval_rows)})
 
-            result = train(model, train_stream, steps=cfg["sweep_iterations"], lr_y=lr,
+            result = train(model, train_stream, num_steps=cfg["sweep_iterations"], lr_y=lr,
                            clip_grad_norm=cfg["clip"], batch_size=cfg["batch"], bptt=cfg["bptt"],
-                           checkpoints=cfg["sweep_every"], seed=seed, progress=False,
+                           save_steps=cfg["sweep_every"], seed=seed, progress=False,
                            on_checkpoint=on_checkpoint)  # fmt: skip
             rows.append({"lr": lr, "seed": seed, **{k: curves[-1][k] for k in ENTROPY},
                          "final_loss": float(np.mean(result.loss[-20:]))})  # fmt: skip

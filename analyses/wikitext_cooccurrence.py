@@ -18,8 +18,8 @@ import pandas as pd
 from _common import parser
 
 from scansnap_lens.inputs.text import encode_documents, wikitext_documents, word_level_tokenizer
-from scansnap_lens.statistics.classification import DISTINCT, classify
 from scansnap_lens.statistics.corpus import cooccurrence
+from scansnap_lens.statistics.kinds import DISTINCT, token_kinds
 
 
 def example_classes(stats, classes, tok, queries, k=10, top=5):
@@ -72,7 +72,7 @@ def main() -> None:
             rows, tok.get_vocab_size(), window=W, tokenizer="wikitext-2 word level"
         )
         t1 = time.perf_counter()
-        classes = classify(stats, min_support=args.min_support, purity=args.purity, guard=True)
+        classes = token_kinds(stats, min_support=args.min_support, purity=args.purity, guard=True)
         t2 = time.perf_counter()
         stats.save(args.out / f"stats_W{W}.safetensors")
         queries, _ = stats.query_counts()
@@ -86,7 +86,7 @@ def main() -> None:
         summary[f"W{W}"] = {
             "classes": stats.num_classes,
             "triples": stats.num_triples,
-            "distinct_pairs": int((classes.label == DISTINCT).sum()),
+            "distinct_pairs": int((classes.kind == DISTINCT).sum()),
             "judged_pairs": len(classes),
         }
         print(

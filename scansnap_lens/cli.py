@@ -40,11 +40,12 @@ def _demo(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     result = run_demo(
-        args.out, data=args.data, steps=args.steps, seed=args.seed, overwrite=args.overwrite
+        args.out, data=args.data, num_steps=args.num_steps, seed=args.seed, overwrite=args.overwrite
     )
     print(
         f"Trained a 1-layer attention-only transformer (no positions) on {args.data} for"
-        f" {args.steps} steps: loss {result.training.loss[0]:.3f} -> {result.training.loss[-1]:.4f}"
+        f" {args.num_steps} steps: loss {result.training.loss[0]:.3f} ->"
+        f" {result.training.loss[-1]:.4f}"
     )
     print(f"recorded {result.trajectory.num_steps} checkpoints; classes from the training corpus")
     _print_summary(result.summary)
@@ -57,142 +58,36 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ stats
-def _corpus_rows(args: argparse.Namespace):
-    """(rows, vocab size, tokenizer name) of the text or token files given."""
-    from scansnap_lens.inputs.text import read_documents, word_level_tokenizer
-    from scansnap_lens.inputs.tokens import TOKEN_SUFFIXES, encode, load_tokenizer, read_tokens
-
-    if not args.inputs:
-        raise ValueError("give corpus files (text or token files) or --dataset")
-    indexed = [Path(p) for p in args.inputs if Path(p).suffix in (".bin", ".idx")]
-    if indexed:
-        if len(indexed) != len(args.inputs):
-            raise ValueError("give indexed datasets (.bin/.idx) on their own")
-        return _indexed_rows(indexed, args.vocab_size)
-    texts = [Path(p) for p in args.inputs if not str(p).endswith(TOKEN_SUFFIXES)]
-    files = [Path(p) for p in args.inputs if str(p).endswith(TOKEN_SUFFIXES)]
-    if texts and files:
-        raise ValueError("give either text files or token files, not both")
-    if files:
-        rows = [r for f in files for r in read_tokens(f)]
-        return rows, args.vocab_size, None
-    docs = [d for p in texts for d in read_documents(p, args.documents)]
-    if args.tokenizer:
-        tokenizer = load_tokenizer(args.tokenizer)
-    else:
-        tokenizer = word_level_tokenizer(docs, max_vocab=args.max_vocab)
-        path = Path(args.out).with_suffix(".tokenizer.json")
-        tokenizer.save(str(path))
-        print(f"word-level tokenizer ({tokenizer.get_vocab_size()} words) saved to {path}")
-    return encode(tokenizer, docs), args.vocab_size or _vocab_of(tokenizer), args.tokenizer
-
-
-def _indexed_rows(paths: list[Path], vocab_size: int | None):
-    """Documents of memory-mapped indexed datasets (Pythia's .bin + .idx), read lazily."""
-    from scansnap_lens.inputs.indexed import IndexedTokens
-
-    prefixes = dict.fromkeys(p.with_suffix("") for p in paths)  # a.bin and a.idx: one dataset
-    datasets = [IndexedTokens(p) for p in prefixes]
-    if vocab_size is None:
-        vocab_size = max(d.max_id() for d in datasets) + 1
-        print(f"vocabulary: {vocab_size} (1 + the largest id; give --vocab-size for the model's)")
-    batches = (batch for d in datasets for batch in d.batches())
-    return batches, vocab_size, None
-
-
-def _ray_stats(args: argparse.Namespace, common: dict):
-    """The same statistics, counted in --shards Ray tasks (indexed datasets are read by the
-    workers themselves; other files are read here and put into Ray's object store)."""
-    from scansnap_lens import distributed
-
-    address = args.ray or None
-    distributed.connect(address)
-    indexed = [Path(p) for p in args.inputs if Path(p).suffix in (".bin", ".idx")]
-    if indexed and len(indexed) == len(args.inputs):
-        _, vocab, name = _indexed_rows(indexed, args.vocab_size)
-        shards = [
-            s for p in dict.fromkeys(p.with_suffix("") for p in indexed)
-            for s in distributed.indexed_shards(p, args.shards)
-        ]  # fmt: skip
-    else:
-        rows, vocab, name = _corpus_rows(args)
-        if vocab is None:
-            vocab = max(int(r.max()) for r in rows if len(r)) + 1
-        shards = distributed.row_shards(rows, args.shards)
-    stats = distributed.ray_cooccurrence(shards, vocab, address=address, **common)
-    stats.tokenizer = name
-    return stats
-
-
-def _dataset_tokenizer(args: argparse.Namespace):
-    if not args.text_column:
-        return None
-    if not args.tokenizer:
-        raise ValueError("--text-column needs --tokenizer")
-    from scansnap_lens.inputs.tokens import load_tokenizer
-
-    return load_tokenizer(args.tokenizer)
-
-
-def _dataset_stats(args: argparse.Namespace, common: dict):
-    """Statistics of a `datasets` dataset: a folder from save_to_disk, or a hub name; with
-    --ray, --shards contiguous parts of it, each read and counted by its own Ray task."""
-    from scansnap_lens.statistics.corpus import cooccurrence_from_dataset, open_dataset
-
-    if args.ray is not None:
-        from scansnap_lens import distributed
-
-        address = args.ray or None
-        distributed.connect(address)
-        tokenizer = _dataset_tokenizer(args)  # checked here, loaded again in each worker
-        vocab = args.vocab_size or (None if tokenizer is None else _vocab_of(tokenizer))
-        if vocab is None:
-            raise ValueError("--ray over a dataset of token ids needs --vocab-size")
-        shards = distributed.dataset_shards(
-            args.dataset, args.shards, split=args.split, column=args.column,
-            text_column=args.text_column, tokenizer=args.tokenizer,
-        )  # fmt: skip
-        stats = distributed.ray_cooccurrence(shards, vocab, address=address, **common)
-        stats.tokenizer = args.tokenizer
-        return stats
-    return cooccurrence_from_dataset(
-        open_dataset(args.dataset, args.split),
-        column=args.column,
-        text_column=args.text_column,
-        tokenizer=_dataset_tokenizer(args),
-        vocab_size=args.vocab_size,
-        **common,
-    )
-
-
-def _vocab_of(tokenizer) -> int:
-    from scansnap_lens.inputs.tokens import codec
-
-    return codec(tokenizer).vocab_size
-
-
 def _stats(args: argparse.Namespace) -> int:
     from scansnap_lens._io import check_writable
-    from scansnap_lens.statistics.corpus import cooccurrence
+    from scansnap_lens.inputs.corpus import Corpus
+    from scansnap_lens.statistics.context import Context
+    from scansnap_lens.statistics.corpus import count_corpus
 
     check_writable(args.out)  # before the corpus is read
+    corpus = Corpus.of(
+        args.inputs, dataset=args.dataset, split=args.split, column=args.column,
+        text_column=args.text_column, tokenizer=args.tokenizer, documents=args.documents,
+        max_vocab=args.max_vocab, vocab_size=args.vocab_size,
+    )  # fmt: skip
+    if corpus.built_tokenizer:
+        path = Path(args.out).with_suffix(".tokenizer.json")
+        corpus.tokenizer.save(str(path))
+        print(f"word-level tokenizer ({corpus.vocab_size} words) saved to {path}")
+    execute = None
+    if args.ray is not None:
+        from functools import partial
 
-    common = {
-        "window": args.window,
-        "exclude_bos": args.exclude_bos,
-        "queries": args.queries,
-        "min_count": args.min_count,
-        "progress": True,
-    }
-    if args.dataset:
-        stats = _dataset_stats(args, common)
-    elif args.ray is not None:
-        stats = _ray_stats(args, common)
-    else:
-        rows, vocab, name = _corpus_rows(args)
-        stats = cooccurrence(rows, vocab, tokenizer=name, **common)
-    if stats.num_classes == 0:
-        raise ValueError("the corpus holds no event (query followed by a next token)")
+        from scansnap_lens.distributed import ray_cooccurrence
+
+        execute = partial(ray_cooccurrence, address=args.ray or None)
+    stats = count_corpus(
+        corpus, Context(args.window, args.exclude_bos), queries=args.queries,
+        min_count=args.min_count, execute=execute, shards=args.shards, progress=True,
+    )  # fmt: skip
+    if corpus.kind == "indexed" and args.vocab_size is None:
+        print(f"vocabulary: {stats.vocab_size} (1 + the largest id; give --vocab-size for the"
+              " model's)")  # fmt: skip
     stats.save(args.out)
     print(
         f"{int(stats.events.sum())} events, {stats.num_classes} classes (m, n),"
@@ -480,7 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="Syn-Medium (1 query, 2 next tokens; default) or Syn-Small (each query its own"
         " next token: the residual stream solves it and attention barely moves)",
     )
-    demo.add_argument("--steps", type=_count(1, 10**7), default=250, help="training steps")
+    demo.add_argument(
+        "--num-steps", type=_count(1, 10**7), default=250, help="training steps (default 250)"
+    )
     demo.add_argument(
         "--overwrite", action="store_true", help="replace a demo of other settings in --out"
     )

@@ -52,10 +52,10 @@ class DemoResult:
 def run_demo(
     out: str | Path = "demo_out",
     data: str = "syn-medium",
-    steps: int = 250,
+    num_steps: int = 250,
     lr_y: float | None = None,
     lr_z: float | None = None,
-    checkpoints: str = "log:15",
+    save_steps: str = "log:15",
     seed: int = 0,
     progress: bool = True,
     overwrite: bool = False,
@@ -95,9 +95,9 @@ def run_demo(
         progress=False,
         meta={
             "data": data,
-            "steps": steps,
+            "num_steps": num_steps,
             "seed": seed,
-            "checkpoints": checkpoints,
+            "save_steps": save_steps,
             "model": "1-layer attn-only",
         },  # train adds the rates
         overwrite=overwrite,
@@ -105,13 +105,13 @@ def run_demo(
     training = train(
         model,
         sample,
-        steps=steps,
+        num_steps=num_steps,
         lr_y=lr_y,
         lr_z=lr_z,
         optimizer=optimizer,
         momentum=momentum,
         batch_size=64,
-        checkpoints=checkpoints,
+        save_steps=save_steps,
         loss_on="last",
         seed=seed,
         progress=progress,
@@ -122,7 +122,7 @@ def run_demo(
         trajectory,
         groups,
         out / "report",
-        title=f"scansnap_lens demo: {data}, {steps} steps",
+        title=f"scansnap_lens demo: {data}, {num_steps} steps",
         source=stats,  # the training meta says the loss is on each row's last position
     )
     write_text(out / "report" / "loss.csv", training.to_dataframe().to_csv(index=False))

@@ -3,16 +3,17 @@ parallel into one trajectory folder.
 
     pip install "scansnap-lens[ray]"
 
-    shards = indexed_shards("pile/document", num_shards=64)      # ranges of documents
-    stats = ray_cooccurrence(shards, vocab_size=50304, window=64)  # a local Ray, or address=
+    corpus = Corpus.of(["pile/document.bin"], vocab_size=50304)   # inputs.corpus
+    stats = count_corpus(corpus, Context(window=64), execute=ray_cooccurrence, shards=64)
 
     traj = ray_record(Recorder("out/traj", tokens, plan), checkpoints.pretrained(name))
 
 Counts add (`CooccurrenceStats.__add__`), so the merged statistics equal those of one process
 on the whole corpus (`canonical()` forms are identical; tested).  Each worker holds one
 shard's statistics; pruning (`min_count`) runs once, after the last merge, as it must.  Shards
-are small callables that read their own data (a range of an indexed dataset, or rows put in
-Ray's object store), so a worker never receives the corpus through the driver.
+(`Corpus.shards`) are small callables that read their own data (a range of an indexed dataset
+or of a ``datasets`` dataset, or a slice of rows in memory, which Ray passes through its object
+store), so a worker never receives a file-backed corpus through the driver.
 
 `ray_record` runs one task per checkpoint (one GPU each where the cluster has GPUs); each
 worker loads its checkpoint, records it and writes its file into the trajectory folder, which
@@ -24,26 +25,16 @@ recording resumes where it stopped.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
-from functools import partial
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from scansnap_lens.models.checkpoints import CheckpointError, CheckpointSource
 from scansnap_lens.statistics.corpus import CooccurrenceStats, cooccurrence
 
-__all__ = [
-    "connect",
-    "dataset_shards",
-    "indexed_shards",
-    "ray_cooccurrence",
-    "ray_record",
-    "row_shards",
-]
+__all__ = ["connect", "ray_cooccurrence", "ray_record"]
 
 
 def _ray():
@@ -65,81 +56,6 @@ def connect(address: str | None = None, num_cpus: int | None = None):
         else:
             ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     return ray
-
-
-def _read_indexed(prefix: str, start: int, stop: int):
-    from scansnap_lens.inputs.indexed import IndexedTokens
-
-    return IndexedTokens(prefix).batches(start, stop)
-
-
-def indexed_shards(prefix, num_shards: int) -> list[Callable]:
-    """`num_shards` ranges of documents of an indexed dataset (``.bin`` + ``.idx``), each read
-    by the worker that counts it (the files must be visible to every worker)."""
-    from scansnap_lens.inputs.indexed import IndexedTokens
-
-    data = IndexedTokens(prefix)
-    edges = np.linspace(0, data.num_documents, max(1, num_shards) + 1).round().astype(int)
-    return [
-        partial(_read_indexed, str(data.idx_path.with_suffix("")), int(a), int(b))
-        for a, b in itertools.pairwise(edges)
-        if b > a
-    ]
-
-
-def _read_dataset(spec: str, split: str, streaming: bool, column: str, text_column,
-                  tokenizer, num_shards: int, index: int):  # fmt: skip
-    from scansnap_lens.inputs.tokens import load_tokenizer
-    from scansnap_lens.statistics.corpus import dataset_batches, open_dataset
-
-    data = open_dataset(spec, split, streaming)
-    if streaming:
-        data = data.shard(num_shards=num_shards, index=index)
-    else:
-        data = data.shard(num_shards=num_shards, index=index, contiguous=True)
-    tokenizer = None if tokenizer is None else load_tokenizer(tokenizer)
-    return dataset_batches(data, column, text_column, tokenizer)[0]
-
-
-def dataset_shards(
-    spec, num_shards: int, split: str = "train", column: str = "input_ids",
-    text_column: str | None = None, tokenizer: str | None = None, streaming: bool = False,
-) -> list[Callable]:  # fmt: skip
-    """`num_shards` parts of a ``datasets`` dataset (a ``save_to_disk`` folder every worker
-    sees, or a hub name), each opened and read by the worker that counts it: its token
-    `column`, or its `text_column` encoded with `tokenizer` (a tokenizer.json or a hub name).
-    A map-style dataset is cut into contiguous ranges of rows; a streaming one
-    (``streaming=True``) into groups of its source files, so `num_shards` must not exceed
-    its ``n_shards``."""
-    from scansnap_lens.statistics.corpus import open_dataset
-
-    data = open_dataset(spec, split, streaming)  # fail here, not in every worker
-    available = getattr(data, "n_shards", None) if streaming else len(data)
-    if available is not None and num_shards > available:
-        what = "source files" if streaming else "rows"
-        raise ValueError(f"{spec} has {available} {what}: fewer than {num_shards} shards")
-    return [
-        partial(_read_dataset, str(spec), split, streaming, column, text_column, tokenizer,
-                num_shards, i)
-        for i in range(num_shards)
-    ]  # fmt: skip
-
-
-def _get_rows(ref):
-    return _ray().get(ref)
-
-
-def row_shards(rows: Sequence, num_shards: int, address: str | None = None) -> list[Callable]:
-    """Rows (1-D id arrays or a [N, T] tensor) cut into `num_shards` consecutive parts, each
-    put once into Ray's object store."""
-    ray = connect(address)
-    rows = list(rows)
-    edges = np.linspace(0, len(rows), max(1, num_shards) + 1).round().astype(int)
-    return [
-        partial(_get_rows, ray.put([np.asarray(r) for r in rows[a:b]]))
-        for a, b in itertools.pairwise(edges)
-        if b > a
-    ]
 
 
 def _count(shard: Callable, vocab_size: int, options: dict) -> tuple[CooccurrenceStats, int]:

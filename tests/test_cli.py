@@ -40,11 +40,11 @@ def own_run(tmp_path_factory):
     train(
         model,
         sample,
-        steps=40,
+        num_steps=40,
         lr_y=0.1,
         lr_z=3.0,
         batch_size=32,
-        checkpoints=[0, 10, 20, 40],
+        save_steps=[0, 10, 20, 40],
         out=root / "ckpt",
         loss_on="last",
         progress=False,
@@ -258,7 +258,7 @@ def test_demo_refuses_unknown_data():
 
 
 def test_every_command_has_help(capsys):
-    for command in ("demo", "stats", "record", "report", "theory"):
+    for command in ("demo", "stats", "tokens", "record", "report", "theory"):
         with pytest.raises(SystemExit) as done:
             main([command, "--help"])
         assert done.value.code == 0
@@ -354,8 +354,8 @@ def test_padded_model_vocabulary_measures_with_tokenizer_statistics(own_run, tmp
     M, pad = classes.vocab_size, 7
     sample = sequence_sampler(classes, seq_len=24)
     model = attention_only_model(M + pad, d_model=16, n_ctx=32, seed=0)
-    train(model, sample, steps=20, lr_y=0.1, lr_z=3.0, batch_size=32, out=tmp_path / "ckpt",
-          checkpoints=[0, 10, 20], loss_on="last", progress=False)  # fmt: skip
+    train(model, sample, num_steps=20, lr_y=0.1, lr_z=3.0, batch_size=32, out=tmp_path / "ckpt",
+          save_steps=[0, 10, 20], loss_on="last", progress=False)  # fmt: skip
     ev = str(root / "eval.safetensors")
     args = ["record", "--checkpoints", str(tmp_path / "ckpt"), "--tokens", ev]
     assert main([*args, "--out", str(tmp_path / "traj")]) == 0
@@ -493,9 +493,9 @@ def test_every_kth_checkpoint_that_leaves_one_is_an_error(own_run, tmp_path, cap
 def test_an_output_folder_of_another_run_is_refused(demo_out, own_run, tmp_path, capsys):
     out, _ = demo_out
     before = sorted(p.name for p in (out / "trajectory" / "checkpoints").iterdir())
-    assert main(["demo", "--out", str(out), "--steps", "100"]) == 2
+    assert main(["demo", "--out", str(out), "--num-steps", "100"]) == 2
     err = capsys.readouterr().err
-    assert "holds another run (steps 250 there, 100 here)" in err and "--overwrite" in err
+    assert "holds another run (num_steps 250 there, 100 here)" in err and "--overwrite" in err
     assert sorted(p.name for p in (out / "trajectory" / "checkpoints").iterdir()) == before
 
     root, _ = own_run  # resuming with another checkpoint folder mixes two trainings: refused
@@ -557,7 +557,7 @@ def test_files_a_user_gets_wrong_are_named(demo_out, own_run, tmp_path, capsys):
         (["report", str(out / "trajectory"), "--stats", str(stats), "--out", str(a_file)],
          "a_file is a file: the report needs a folder"),
         (["stats", "--dataset", str(tmp_path), "--out", str(tmp_path / "y"), "--ray"],
-         "--ray over a dataset of token ids needs --vocab-size"),
+         "needs its vocabulary size (vocab_size=, --vocab-size)"),
     ]  # fmt: skip
     capsys.readouterr()
     for args, message in cases:

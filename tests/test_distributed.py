@@ -40,16 +40,21 @@ def assert_identical(a: CooccurrenceStats, b: CooccurrenceStats) -> None:
 
 
 def test_sharded_wikitext_equals_one_process(local_ray, shared_dir):
-    from scansnap_lens.distributed import ray_cooccurrence, row_shards
+    from scansnap_lens.distributed import ray_cooccurrence
+    from scansnap_lens.inputs.corpus import Corpus
+    from scansnap_lens.statistics.context import Context
+    from scansnap_lens.statistics.corpus import count_corpus
 
     docs = wikitext_documents(shared_dir / "data" / "wikitext-2" / "test.txt")[:60]
     tok = word_level_tokenizer(docs)
     rows = encode_documents(tok, docs)
     V = tok.get_vocab_size()
     one = cooccurrence(rows, V, window=32, min_count=2)
+    corpus = Corpus.of(rows=rows, vocab_size=V)
     for shards, arity in ((5, 2), (3, 3)):  # uneven shards, a merge tree of 2 and of 3
-        many = ray_cooccurrence(row_shards(rows, shards), V, window=32, min_count=2,
-                                merge_arity=arity)  # fmt: skip
+        execute = partial(ray_cooccurrence, merge_arity=arity)
+        many = count_corpus(corpus, Context(window=32), min_count=2, execute=execute,
+                            shards=shards)  # fmt: skip
         assert_identical(one, many)
 
 

@@ -38,12 +38,12 @@ def test_every_module_and_name_is_reachable_in_a_fresh_interpreter():
     )
     subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", code, *_modules()],
                    check=True)  # fmt: skip
-    assert ss.TokenKind.DISTINCT.label == "distinct"
+    assert ss.TokenKind.DISTINCT.word == "distinct"
 
 
 def test_functions_named_like_their_stage_are_functions():
-    """``ss.classify(stats)`` and ``ss.train(model, ...)`` call the functions."""
-    assert ss.classify is ss.statistics.classification.classify
+    """``ss.token_kinds(stats)`` and ``ss.train(model, ...)`` call the functions."""
+    assert ss.token_kinds is ss.statistics.kinds.token_kinds
     assert ss.train is ss.models.training.train
 
 

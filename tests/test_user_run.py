@@ -28,8 +28,8 @@ def user_run(tmp_path_factory):
     tokenizer = word_level_tokenizer(docs, max_vocab=2000)
     tokenizer.save(str(root / "tokenizer.json"))
     model = attention_only_model(2000, d_model=32, n_heads=2, n_ctx=64, seed=0)
-    train(model, rows_of(encode(tokenizer, docs), 32), steps=60, lr_y=0.1, lr_z=1.0,
-          checkpoints=[0, 5, 10, 20, 40, 60], out=root / "ckpt", progress=False)  # fmt: skip
+    train(model, rows_of(encode(tokenizer, docs), 32), num_steps=60, lr_y=0.1, lr_z=1.0,
+          save_steps=[0, 5, 10, 20, 40, 60], out=root / "ckpt", progress=False)  # fmt: skip
     tok, stats = str(root / "tokenizer.json"), str(root / "stats.safetensors")
     assert main(["stats", str(wikitext / "valid.txt"), "--tokenizer", tok, "--documents",
                  "wikitext", "--window", "32", "--out", stats]) == 0  # fmt: skip

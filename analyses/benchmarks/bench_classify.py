@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from scansnap_lens.inputs.text import encode_documents, wikitext_documents, word_level_tokenizer
-from scansnap_lens.statistics.classification import classify
 from scansnap_lens.statistics.corpus import cooccurrence
+from scansnap_lens.statistics.kinds import token_kinds
 
 
 def sort_based(stats):
@@ -64,14 +64,14 @@ def main() -> None:
     docs = wikitext_documents(data / "valid.txt") + wikitext_documents(data / "test.txt")
     tok = word_level_tokenizer(docs)
     rows = encode_documents(tok, docs)
-    classify(cooccurrence(rows[:50], tok.get_vocab_size(), window=8))  # compile the kernels
+    token_kinds(cooccurrence(rows[:50], tok.get_vocab_size(), window=8))  # compile the kernels
     stats, count_s, _, _ = timed(cooccurrence, rows, tok.get_vocab_size(), window=args.window)
     stats_bytes = sum(
         t.numel() * t.element_size()
         for t in (stats.query, stats.next_token, stats.events, stats.offsets, stats.token,
                   stats.count)
     )  # fmt: skip
-    classes, classify_s, classify_first_s, classify_peak = timed(classify, stats)
+    classes, classify_s, classify_first_s, classify_peak = timed(token_kinds, stats)
     _, baseline_s, _, baseline_peak = timed(sort_based, stats)
     print(
         json.dumps(

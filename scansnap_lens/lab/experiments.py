@@ -68,12 +68,12 @@ class LabTraining:
     """How each run of a sweep trains (App. G's setting by default); saved beside its CSVs
     with `save` as ``training.json``.
 
-    >>> LabTraining(steps=50).steps, LabTraining().optimizer
+    >>> LabTraining(num_steps=50).num_steps, LabTraining().optimizer
     (50, 'sgd')
     """
 
     seeds: int = 10
-    steps: int = 100
+    num_steps: int = 100
     batch_size: int = 128
     seq_len: int = 128
     optimizer: str = "sgd"
@@ -124,7 +124,7 @@ def entropy_sweep(
 ) -> pd.DataFrame:
     """The Fig. 6 grid on Syn-Medium: one row per (num_last, lr_z, ratio, seed).
 
-    `training` (or its fields as keywords, ``seeds=3, steps=50``) says how each run trains.
+    `training` (or its fields as keywords, ``seeds=3, num_steps=50``) says how each run trains.
     Column ``entropy`` is the final-step distinct-token entropy averaged over the classes.
     """
     training = replace(training or LabTraining(), **settings)
@@ -192,7 +192,7 @@ def syn_small_experiment(
     settings: dict[str, tuple[float, float]],
     out: str | Path,
     optimizer: str = "sgd",
-    steps: int = 100,
+    num_steps: int = 100,
     seed: int = 0,
     prefix: str = "fig4",
 ) -> dict[str, YZRun]:
@@ -209,7 +209,13 @@ def syn_small_experiment(
     runs, tables, losses = {}, [], []
     for label, (lr_z, ratio) in settings.items():
         run = train_yz(
-            syn_small(), lr_z, ratio, optimizer=optimizer, init="zero", steps=steps, seeds=[seed]
+            syn_small(),
+            lr_z,
+            ratio,
+            optimizer=optimizer,
+            init="zero",
+            num_steps=num_steps,
+            seeds=[seed],
         )
         runs[label] = run
         title = f"{optimizer.upper()} {label}: eta_Z={lr_z:g}, eta_Y={lr_z * ratio:g}"

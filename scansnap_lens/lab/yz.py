@@ -15,7 +15,7 @@ run gives the same numbers whether it is trained alone or inside a grid.
 theorems: the attention of class n is c_n = P(.|n) exp(z_m) normalised (Eq. 5) and each step
 uses the expected gradient over the classes, with no sampling.
 
->>> run = train_yz(syn_small(), lr_z=1.0, ratio=1.0, steps=5, seeds=[0, 1])
+>>> run = train_yz(syn_small(), lr_z=1.0, ratio=1.0, num_steps=5, seeds=[0, 1])
 >>> run.Z.shape  # [snapshots, runs, V, V]
 torch.Size([6, 2, 34, 34])
 >>> round(run.loss[0, 0].item(), 4) == round(math.log(34), 4)  # zero init: uniform prediction
@@ -185,8 +185,8 @@ class YZRun:
                 "class": k.numpy(),
                 "token": m.numpy(),
                 "kind": pd.Categorical(
-                    np.where(common.numpy(), TokenKind.COMMON.label, TokenKind.DISTINCT.label),
-                    categories=[TokenKind.COMMON.label, TokenKind.DISTINCT.label],
+                    np.where(common.numpy(), TokenKind.COMMON.word, TokenKind.DISTINCT.word),
+                    categories=[TokenKind.COMMON.word, TokenKind.DISTINCT.word],
                 ),
                 "p_context": self.classes.probs[k, m].numpy(),
                 "attention": attention[s, r, k, m].numpy(),
@@ -268,7 +268,7 @@ def train_yz(
     init: Literal["zero", "uniform"] = "zero",
     batch_size: int = 128,
     seq_len: int = 128,
-    steps: int = 100,
+    num_steps: int = 100,
     snapshot_every: int = 1,
     population: bool = False,
     device: str | torch.device = "cpu",
@@ -293,8 +293,8 @@ def train_yz(
     runs, vocab = seeds_t.numel(), classes.vocab_size
     if runs < 1:
         raise ValueError("need at least one seed")
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
     if init not in ("zero", "uniform"):
         raise ValueError(f"init must be 'zero' or 'uniform', got {init!r}")
     if optimizer not in ("sgd", "adam"):
@@ -326,8 +326,8 @@ def train_yz(
     )
 
     snap_steps, snaps_y, snaps_z = [0], [Y.detach().cpu().clone()], [Z.detach().cpu().clone()]
-    losses = torch.empty(steps, runs)
-    for step in tqdm(range(1, steps + 1), desc="train Y/Z", disable=not progress):
+    losses = torch.empty(num_steps, runs)
+    for step in tqdm(range(1, num_steps + 1), desc="train Y/Z", disable=not progress):
         if population:
             loss = yz_loss(Y, Z, cls_dev)
         else:
@@ -349,7 +349,7 @@ def train_yz(
                     m_hat = m1 / (1 - betas[0] ** step)
                     v_hat = m2 / (1 - betas[1] ** step)
                     p.sub_(rate * m_hat / (v_hat.sqrt() + eps))
-        if (snapshot_every and step % snapshot_every == 0) or step == steps:
+        if (snapshot_every and step % snapshot_every == 0) or step == num_steps:
             snap_steps.append(step)
             snaps_y.append(Y.detach().cpu().clone())
             snaps_z.append(Z.detach().cpu().clone())
@@ -362,7 +362,7 @@ def train_yz(
         "init": init,
         "batch_size": batch_size,
         "seq_len": seq_len,
-        "steps": steps,
+        "num_steps": num_steps,
         "snapshot_every": snapshot_every,
         "population": population,
     }

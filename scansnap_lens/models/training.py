@@ -131,11 +131,11 @@ def remove_positions(model: HookedModel) -> None:
     pos.requires_grad_(False)
 
 
-def schedule(steps: int, every: int | str | Iterable[int] = "log:20") -> list[int]:
-    """The steps in [0, steps] at which training saves a checkpoint, chosen by
-    `steps.select_steps` among 0..steps: every k-th (an int k: every k steps), "log:N" or a
+def schedule(num_steps: int, every: int | str | Iterable[int] = "log:20") -> list[int]:
+    """The steps in [0, num_steps] at which training saves a checkpoint, chosen by
+    `steps.select_steps` among 0..num_steps: every k-th (an int k: every k steps), "log:N" or a
     list.  Step 0 (the initial weights) and the last step are always included."""
-    return sorted(set(select_steps(range(steps + 1), every)) | {0, steps})
+    return sorted(set(select_steps(range(num_steps + 1), every)) | {0, num_steps})
 
 
 CONFIG_FORMAT = "scansnap_lens.model/2"
@@ -322,7 +322,7 @@ def _sampler(data, batch_size: int, generator: torch.Generator,
 def train(
     model: HookedModel,
     data,
-    steps: int,
+    num_steps: int,
     out: str | Path | None = None,
     lr_y: float | None = None,
     lr_z: float | None = None,
@@ -330,7 +330,7 @@ def train(
     momentum: float = 0.0,
     weight_decay: float = 0.0,
     batch_size: int = 32,
-    checkpoints: int | str | Iterable[int] = "log:20",
+    save_steps: int | str | Iterable[int] = "log:20",
     loss_on: str = "all",
     seed: int = 0,
     device=None,
@@ -340,7 +340,7 @@ def train(
     lr_by_name: dict[str, float] | None = None,
     bptt: int | None = None,
 ) -> TrainResult:
-    r"""Train `model` for `steps` steps of next-token prediction, saving checkpoints.
+    r"""Train `model` for `num_steps` steps of next-token prediction, saving checkpoints.
 
     data: token tensor [N, T] (rows sampled with replacement), a `datasets.Dataset` with a
         ``tokens`` or ``input_ids`` column, or a callable ``(batch_size, generator) -> [B, T]``.
@@ -349,7 +349,7 @@ def train(
     optimizer: "sgd" (with `momentum`) or "adam".
     loss_on: "all" positions, or "last": only the prediction of the final token (the paper's
         setup, where the final token is the next token n of the query before it).
-    checkpoints: schedule of steps to save (see `schedule`); step 0 is the initial model.
+    save_steps: the steps to save (see `schedule`); step 0 is the initial model.
     clip_grad_norm: clip the gradients' global norm to this before each step.
     lr_by_name: {name pattern: rate} for parameters whose name matches (``re.search``; the
         first pattern wins), beyond the eta_Y / eta_Z split, e.g. ``{r"mlp\.W_in": 10.0}``.
@@ -381,7 +381,7 @@ def train(
         raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
     generator = torch.Generator().manual_seed(seed)
     sample = _sampler(data, batch_size, generator, bptt)
-    save_at = set(schedule(steps, checkpoints))
+    save_at = set(schedule(num_steps, save_steps))
     result = TrainResult(loss=[], out=None if out is None else str(out))
     training = {
         **rates.to_dict(),
@@ -412,7 +412,7 @@ def train(
     model.train()
     if 0 in save_at:
         checkpoint(0)
-    bar = tqdm(range(1, steps + 1), desc="train", unit="step", disable=not progress)
+    bar = tqdm(range(1, num_steps + 1), desc="train", unit="step", disable=not progress)
     for step in bar:
         tokens = sample().to(device)
         if int(tokens.max()) >= model.cfg.d_vocab or int(tokens.min()) < 0:

@@ -374,15 +374,15 @@ def budget_queries(
 
 def measured_queries(stats: CooccurrenceStats) -> Tensor:
     """The queries the measurements can use, most events first: those with a class that
-    `classify(stats)` (its defaults, as the report's) gives a distinct token."""
-    from scansnap_lens.statistics.classification import DISTINCT, classify
+    `token_kinds(stats)` (its defaults, as the report's) gives a distinct token."""
+    from scansnap_lens.statistics.kinds import DISTINCT, token_kinds
 
-    labels = classify(stats)
-    distinct = labels.label == DISTINCT
-    if labels.scope == "local":
-        wanted = torch.unique(labels.query[distinct])
+    kinds = token_kinds(stats)
+    distinct = kinds.kind == DISTINCT
+    if kinds.scope == "local":
+        wanted = torch.unique(kinds.query[distinct])
     else:
-        next_tokens = labels.next_token[distinct]
+        next_tokens = kinds.next_token[distinct]
         wanted = torch.unique(stats.query[torch.isin(stats.next_token, next_tokens)])
     query, _ = stats.query_counts()
     return query[torch.isin(query, wanted)]

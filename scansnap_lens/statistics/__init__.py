@@ -1,9 +1,10 @@
 """Corpus statistics and token kinds: which context tokens are distinct, which common.
 
 - `context`: the context convention (window, BOS, self) shared by statistics and recordings;
-- `corpus`: co-occurrence statistics N(m, n), C(m, n, l), P(l | m, n);
-- `kinds`: `TokenKind`, the one vocabulary of token kinds;
-- `classification`: `classify`, distinct and common tokens decided from the statistics;
+- `corpus`: co-occurrence statistics N(m, n), C(m, n, l), P(l | m, n), and `count_corpus`,
+  the one way to count a corpus (in one process, or in parts on Ray);
+- `kinds`: `TokenKind`, the one vocabulary of token kinds, and `token_kinds`, which decides
+  from the statistics which context tokens are distinct and which common (`TokenKinds`);
 - `groups`: `TokenGroups`, the distinct tokens of each class and the common tokens of each
   query that the measurements compare.
 """
@@ -11,22 +12,20 @@
 from scansnap_lens._lazy import exports
 
 _NAMES = {
-    "COMMON": "classification",
+    "COMMON": "kinds",
     "Context": "context",
     "CooccurrenceStats": "corpus",
-    "DISTINCT": "classification",
+    "DISTINCT": "kinds",
     "TokenGroups": "groups",
     "TokenKind": "kinds",
-    "TokenLabels": "classification",
-    "UNDETERMINED": "classification",
-    "classify": "classification",
+    "TokenKinds": "kinds",
+    "UNDETERMINED": "kinds",
     "cooccurrence": "corpus",
-    "cooccurrence_from_dataset": "corpus",
-    "dataset_batches": "corpus",
-    "open_dataset": "corpus",
+    "count_corpus": "corpus",
     "require_same": "context",
+    "token_kinds": "kinds",
 }
-_MODULES = {"classification", "context", "corpus", "groups", "kinds"}
+_MODULES = {"context", "corpus", "groups", "kinds"}
 
 __all__ = sorted(set(_NAMES) | _MODULES)
 __getattr__, __dir__ = exports(__name__, _NAMES, _MODULES)

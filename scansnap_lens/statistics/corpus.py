@@ -11,6 +11,8 @@ a row is a document (rows may have different lengths).
 Storage is sparse: one entry per class (m, n) seen and per distinct triple (m, n, l), in CSR
 form (``offsets`` into ``token`` / ``count``), never a dense [V, V, V] or [V * V, V] array.
 Counts add, so statistics of shards merge with ``+`` into those of the concatenated corpus.
+`count_corpus` counts a corpus however it is given (`inputs.corpus.Corpus`) in one process or
+in parts (Ray); `cooccurrence` is its kernel over rows in memory or batches.
 
 >>> rows = torch.tensor([[0, 1, 2, 1, 3], [2, 2, 1, 3, 0]])
 >>> stats = cooccurrence(rows, vocab_size=4, window=2)
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,15 +48,9 @@ from scansnap_lens.statistics._counting import (
 from scansnap_lens.statistics.context import Context
 
 if TYPE_CHECKING:
-    from scansnap_lens.inputs.tokens import TokenizerLike
+    from scansnap_lens.inputs.corpus import Corpus
 
-__all__ = [
-    "CooccurrenceStats",
-    "cooccurrence",
-    "cooccurrence_from_dataset",
-    "dataset_batches",
-    "open_dataset",
-]
+__all__ = ["CooccurrenceStats", "cooccurrence", "count_corpus"]
 
 FORMAT = "scansnap_lens.CooccurrenceStats/1"
 _MASK64 = (1 << 64) - 1
@@ -62,7 +58,7 @@ _MASK64 = (1 << 64) - 1
 
 @dataclass
 class CooccurrenceStats:
-    """Sparse co-occurrence counts; build with `cooccurrence` or `cooccurrence_from_dataset`.
+    """Sparse co-occurrence counts; build with `count_corpus` (or its kernel `cooccurrence`).
 
     Attributes:
         vocab_size: V, token ids lie in [0, V).
@@ -569,92 +565,53 @@ def _chunked(batches: Iterable, chunk_tokens: int):
         yield rows
 
 
-# --------------------------------------------------------------------- datasets
-def open_dataset(spec: str | Path, split: str = "train", streaming: bool = False):
-    """A ``datasets`` dataset: a folder written by ``save_to_disk`` (memory-mapped), or a hub
-    name loaded with ``load_dataset`` (``streaming=True``: read as it is iterated)."""
-    import datasets
-
-    path = Path(spec)
-    if path.exists():
-        data = datasets.load_from_disk(str(path))
-    else:
-        data = datasets.load_dataset(str(spec), split=split, streaming=streaming)
-    if isinstance(data, datasets.DatasetDict | datasets.IterableDatasetDict):
-        if split not in data:
-            raise ValueError(f"{spec} has no split {split!r}: {list(data)}")
-        data = data[split]
-    return data
-
-
-def dataset_batches(
-    dataset, column: str = "input_ids", text_column: str | None = None,
-    tokenizer: TokenizerLike | None = None,
-    batch_size: int = 1000, num_proc: int | None = None,
-):  # fmt: skip
-    """(batches of rows, vocabulary size of the tokenizer or None, tokenizer name) of a
-    ``datasets`` dataset: its token column, or its text column encoded with `tokenizer`."""
-    name, vocab_size = None, None
-    if text_column is not None:
-        if tokenizer is None:
-            raise ValueError("a text column needs a tokenizer")
-        from scansnap_lens.inputs.tokens import codec
-
-        tok = codec(tokenizer)
-        encode, vocab_size, name = (
-            (lambda texts: tok.encode(texts, False)),
-            tok.vocab_size,
-            tok.name,
-        )
-        if text_column not in (dataset.column_names or [text_column]):
-            raise ValueError(f"dataset has no column {text_column!r}: {dataset.column_names}")
-        column = "_scansnap_ids"
-        map_kwargs = {
-            "batched": True,
-            "batch_size": batch_size,
-            "remove_columns": dataset.column_names,
-        }
-        if num_proc and hasattr(dataset, "num_rows"):
-            map_kwargs["num_proc"] = num_proc
-        dataset = dataset.map(lambda b: {column: encode(list(b[text_column]))}, **map_kwargs)
-    elif dataset.column_names is not None and column not in dataset.column_names:
-        raise ValueError(f"dataset has no token column {column!r}: {dataset.column_names}")
-
-    def batches():
-        for batch in dataset.iter(batch_size=batch_size):
-            yield [np.asarray(row, dtype=np.int64) for row in batch[column] if len(row)]
-
-    return batches(), vocab_size, name
-
-
-def cooccurrence_from_dataset(
-    dataset,
-    column: str = "input_ids",
-    text_column: str | None = None,
-    tokenizer: TokenizerLike | None = None,
-    vocab_size: int | None = None,
-    batch_size: int = 1000,
-    num_proc: int | None = None,
-    progress: bool = True,
-    **kwargs,
+# --------------------------------------------------------------------- the entry point
+def count_corpus(
+    corpus: Corpus | Tensor | Sequence,
+    context: Context | None = None,
+    *,
+    queries: Iterable[int] | None = None,
+    next_tokens: Iterable[int] | None = None,
+    min_count: int = 1,
+    execute: Callable | None = None,
+    shards: int = 8,
+    progress: bool = False,
 ) -> CooccurrenceStats:
-    """Statistics of a ``datasets.Dataset`` / ``IterableDataset``, one row per example.
+    """The co-occurrence statistics of a corpus: the one way to count one.
 
-    Either a token column (``column``), or a ``text_column`` with a ``tokenizer`` (Hugging Face,
-    ``tokenizers`` or a TransformerLens model).  ``num_proc`` tokenises a map-style dataset in
-    parallel and sets the counting threads; other keyword arguments go to `cooccurrence`.
+    corpus: an `inputs.corpus.Corpus` (text, token files, indexed data, a ``datasets``
+    dataset), or rows in memory.  context: the window and the position-0 convention
+    (`Context`; default the whole row, BOS counted).  queries, next_tokens, min_count: see
+    `cooccurrence`.  execute: how to count in parts, e.g. ``partial(distributed.
+    ray_cooccurrence, address=...)``: called as ``execute(corpus.shards(shards), vocab_size,
+    window=..., exclude_bos=..., queries=..., next_tokens=..., progress=...)`` and identical to
+    counting in one process (default: here, in one process).
+
+    >>> stats = count_corpus(torch.tensor([[0, 1, 2, 3]]), Context(window=2))
+    >>> stats.num_classes, stats.num_triples, stats.context.window
+    (2, 3, 2)
     """
-    batches, tok_vocab, name = dataset_batches(
-        dataset, column, text_column, tokenizer, batch_size, num_proc
-    )
-    vocab_size = vocab_size or tok_vocab
-    if vocab_size is None:
-        raise ValueError("vocab_size is required for a dataset of token ids")
-    return cooccurrence(
-        batches,
-        vocab_size=vocab_size,
-        num_proc=num_proc,
-        tokenizer=kwargs.pop("tokenizer_name", name),
-        progress=progress,
-        **kwargs,
-    )
+    from scansnap_lens.inputs.corpus import Corpus
+
+    context = context or Context()
+    if context.include_self:
+        raise ValueError("statistics never count the query's own position as its context")
+    if not isinstance(corpus, Corpus):
+        corpus = Corpus.of(rows=list(corpus))
+    options = {"window": context.window, "exclude_bos": context.exclude_bos,
+               "queries": queries, "next_tokens": next_tokens, "progress": progress}  # fmt: skip
+    if execute is None:
+        rows, vocab_size = corpus.batches()
+        stats = cooccurrence(rows, vocab_size, **options)
+    else:
+        vocab_size = corpus.vocab_size
+        if vocab_size is None and corpus.kind == "indexed":  # 1 + its largest id
+            vocab_size = corpus.batches()[1]
+        if vocab_size is None:
+            raise ValueError(
+                "counting a dataset of token ids in parts needs its vocabulary size"
+                " (vocab_size=, --vocab-size)"
+            )
+        stats = execute(corpus.shards(shards), vocab_size, **options)
+    stats.tokenizer = corpus.tokenizer_name
+    return stats.prune(min_count) if min_count > 1 else stats

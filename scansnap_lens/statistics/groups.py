@@ -2,7 +2,7 @@
 per query m its common tokens.
 
 They come from the synthetic truth (`TokenGroups.from_synthetic`) or from corpus statistics and
-a classification (`TokenGroups.from_classification`), so every measurement runs the same way
+a classification (`TokenGroups.from_kinds`), so every measurement runs the same way
 on the lab and on real models.
 
 >>> from scansnap_lens.lab.synthetic import syn_small
@@ -141,22 +141,20 @@ class TokenGroups:
         guard: bool = True,
         alpha: float = 0.05,
     ) -> TokenGroups:
-        """Classify the context tokens of `stats` (`classify.classify` with `scope`,
-        `min_support`, `purity`, `guard`, `alpha`) and group them (`from_classification`
+        """Assign the kinds of the context tokens of `stats` (`kinds.token_kinds` with `scope`,
+        `min_support`, `purity`, `guard`, `alpha`) and group them (`from_kinds`
         with `queries`, `min_events`, `min_distinct`): the one call from statistics to the
         groups that every measurement takes."""
-        from scansnap_lens.statistics.classification import classify
+        from scansnap_lens.statistics.kinds import token_kinds
 
-        labels = classify(
+        kinds = token_kinds(
             stats, scope=scope, min_support=min_support, purity=purity, guard=guard, alpha=alpha
         )
-        return cls.from_classification(labels, stats, queries, min_events, min_distinct)
+        return cls.from_kinds(kinds, stats, queries, min_events, min_distinct)
 
     @classmethod
-    def from_classification(
-        cls, labels, stats, queries=None, min_events: int = 1, min_distinct: int = 0
-    ):
-        """Groups from `classify(stats)`: every class (m, n) of the statistics with a tracked
+    def from_kinds(cls, kinds, stats, queries=None, min_events: int = 1, min_distinct: int = 0):
+        """Groups from `token_kinds(stats)`: every class (m, n) of the statistics with a tracked
         query, its tokens labelled distinct for n, and P(l|m, n) from the statistics.
 
         min_distinct: keep only classes with at least this many distinct tokens (real text has
@@ -175,15 +173,15 @@ class TokenGroups:
             keep &= frame["query"].isin([int(q) for q in queries])
             counts.append(("with a tracked query", int(keep.sum())))
         if min_distinct > 0:
-            from scansnap_lens.statistics.classification import DISTINCT
+            from scansnap_lens.statistics.kinds import DISTINCT
 
-            d = labels.label == DISTINCT
-            q = labels.query[d] if labels.scope == "local" else None
-            n = labels.next_token[d]
+            d = kinds.kind == DISTINCT
+            q = kinds.query[d] if kinds.scope == "local" else None
+            n = kinds.next_token[d]
             pairs = pd.DataFrame({"query": q.numpy() if q is not None else -1, "next": n.numpy()})
             sizes = pairs.value_counts().rename("n").reset_index()
             sizes = sizes[sizes["n"] >= min_distinct]
-            if labels.scope == "local":
+            if kinds.scope == "local":
                 key = frame[["query", "next"]].merge(sizes, on=["query", "next"], how="left")
             else:
                 key = frame[["next"]].merge(sizes.drop(columns="query"), on="next", how="left")
@@ -193,10 +191,10 @@ class TokenGroups:
         frame = frame[keep]
         if frame.empty:
             raise ValueError(_empty_filter_message(counts))
-        distinct, distinct_p = _distinct_of_classes(labels, stats, frame)
+        distinct, distinct_p = _distinct_of_classes(kinds, stats, frame)
         tracked = None if queries is None else {int(q) for q in queries}
         wanted = [m for m in all_queries if tracked is None or m in tracked]
-        common = _common_of_queries(labels, wanted)
+        common = _common_of_queries(kinds, wanted)
         return cls(
             torch.tensor(frame["query"].to_numpy(), dtype=torch.long),
             torch.tensor(frame["next"].to_numpy(), dtype=torch.long),
@@ -209,20 +207,20 @@ class TokenGroups:
         )
 
 
-def _distinct_of_classes(labels, stats, frame: pd.DataFrame) -> tuple[list[Tensor], list[Tensor]]:
-    """Per class of `frame` (rows of ``stats.classes()``): the tokens `labels` call distinct
-    for it that occur in its contexts (in the labels' order), and P(l|m, n) of each.
+def _distinct_of_classes(kinds, stats, frame: pd.DataFrame) -> tuple[list[Tensor], list[Tensor]]:
+    """Per class of `frame` (rows of ``stats.classes()``): the tokens `kinds` call distinct
+    for it that occur in its contexts (in the kinds' order), and P(l|m, n) of each.
 
-    One sort of the distinct labels and one of the statistics' triples, then binary searches:
-    linear in the labels and triples up to the sorts, with no pass per class.
+    One sort of the distinct kinds and one of the statistics' triples, then binary searches:
+    linear in the kinds and triples up to the sorts, with no pass per class.
     """
-    from scansnap_lens.statistics.classification import DISTINCT
+    from scansnap_lens.statistics.kinds import DISTINCT
 
     V = stats.vocab_size
-    local = labels.scope == "local"
-    rows = (labels.label == DISTINCT).nonzero().flatten()
-    row_key = labels.next_token[rows] + (labels.query[rows] * V if local else 0)
-    order = torch.argsort(row_key, stable=True)  # stable: the labels' order within a class
+    local = kinds.scope == "local"
+    rows = (kinds.kind == DISTINCT).nonzero().flatten()
+    row_key = kinds.next_token[rows] + (kinds.query[rows] * V if local else 0)
+    order = torch.argsort(row_key, stable=True)  # stable: the kinds' order within a class
     rows, row_key = rows[order], row_key[order]
     cls = torch.tensor(frame.index.to_numpy(), dtype=torch.long)  # class index in stats
     query = torch.tensor(frame["query"].to_numpy(), dtype=torch.long)
@@ -232,7 +230,7 @@ def _distinct_of_classes(labels, stats, frame: pd.DataFrame) -> tuple[list[Tenso
     size = torch.searchsorted(row_key, key, right=True) - lo
     owner = torch.repeat_interleave(torch.arange(key.numel()), size)  # [n] class of each
     start = torch.cumsum(size, 0) - size
-    tokens = labels.token[rows[torch.arange(owner.numel()) - start[owner] + lo[owner]]]
+    tokens = kinds.token[rows[torch.arange(owner.numel()) - start[owner] + lo[owner]]]
     triple_key, perm = torch.sort(stats.triple_class * V + stats.token)
     want = cls[owner] * V + tokens
     at = torch.searchsorted(triple_key, want).clamp_max(max(triple_key.numel() - 1, 0))
@@ -243,18 +241,18 @@ def _distinct_of_classes(labels, stats, frame: pd.DataFrame) -> tuple[list[Tenso
     return list(torch.split(tokens[seen], sizes)), list(torch.split(p, sizes))
 
 
-def _common_of_queries(labels, queries: list[int]) -> dict[int, Tensor]:
-    """query -> the tokens `labels` call common for it (in the labels' order; the same
-    tokens for every query when the labels are global)."""
-    from scansnap_lens.statistics.classification import COMMON
+def _common_of_queries(kinds, queries: list[int]) -> dict[int, Tensor]:
+    """query -> the tokens `kinds` call common for it (in the kinds' order; the same
+    tokens for every query when the kinds are global)."""
+    from scansnap_lens.statistics.kinds import COMMON
 
-    rows = (labels.label == COMMON).nonzero().flatten()
-    if labels.scope != "local":
-        tokens = labels.token[rows]
+    rows = (kinds.kind == COMMON).nonzero().flatten()
+    if kinds.scope != "local":
+        tokens = kinds.token[rows]
         return {m: tokens for m in queries}
-    query = labels.query[rows]
+    query = kinds.query[rows]
     order = torch.argsort(query, stable=True)
     ids, counts = torch.unique_consecutive(query[order], return_counts=True)
-    parts = dict(zip(ids.tolist(), torch.split(labels.token[rows[order]], counts.tolist())))
+    parts = dict(zip(ids.tolist(), torch.split(kinds.token[rows[order]], counts.tolist())))
     empty = torch.empty(0, dtype=torch.long)
     return {m: parts.get(m, empty) for m in queries}

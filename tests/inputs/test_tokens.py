@@ -80,7 +80,7 @@ def test_one_codec_for_every_kind_of_tokenizer():
     import transformers
 
     from scansnap_lens.inputs.text import word_level_tokenizer
-    from scansnap_lens.statistics.classification import _decoder
+    from scansnap_lens.statistics.kinds import _decoder
 
     raw = word_level_tokenizer(["the cat sat on the mat", "the dog"])
     hf = transformers.PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>")

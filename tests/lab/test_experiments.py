@@ -21,7 +21,7 @@ from scansnap_lens.lab.yz import train_yz
 
 def test_sweep_trends_and_summary():
     per_seed = entropy_sweep(
-        num_last=(1,), lr_z=(0.5, 3.0), ratio=(2.0, 10.0), seeds=3, steps=100, progress=False
+        num_last=(1,), lr_z=(0.5, 3.0), ratio=(2.0, 10.0), seeds=3, num_steps=100, progress=False
     )
     summary = summarize_sweep(per_seed)
     assert list(summary.columns) == [
@@ -45,7 +45,7 @@ def test_sweep_trends_and_summary():
 def test_distinct_recall_counts_retrieved_distinct_tokens():
     """Figs. 11-12's recall against loops over classes and tokens, with the two ends known:
     every distinct token has positive attention (recall 1 at threshold 0), none exceeds 1."""
-    run = train_yz(syn_medium(2), [0.5, 3.0], 2.0, seeds=[0, 1], init="uniform", steps=30)
+    run = train_yz(syn_medium(2), [0.5, 3.0], 2.0, seeds=[0, 1], init="uniform", num_steps=30)
     classes, att = run.classes, run.attention()[-1]
     owner = classes.distinct_for()
     x = [0.0, 0.5 / classes.vocab_size, 2.0 / classes.vocab_size, 1.0]
@@ -62,7 +62,7 @@ def test_distinct_recall_counts_retrieved_distinct_tokens():
     assert (got[:, 0] == 1).all() and (got[:, -1] == 0).all()
     assert (torch.diff(got, dim=1) <= 0).all()  # recall never rises with the threshold
     table = recall_sweep(lr_z=(0.5,), ratio=(2.0, 5.0), threshold_factors=(0.5, 2.0), seeds=2,
-                         steps=10, progress=False)  # fmt: skip
+                         num_steps=10, progress=False)  # fmt: skip
     assert len(table) == 2 * 2 * 2
     assert sorted(set(table["threshold"] * 33)) == pytest.approx([0.5, 2.0])  # M = 33
 
@@ -72,11 +72,11 @@ def test_lab_training_is_one_config_saved_with_the_run(tmp_path):
     with ``training=`` equals one with the same fields as keywords."""
     from scansnap_lens.lab import LabTraining
 
-    training = LabTraining(seeds=2, steps=20, momentum=0.0)
+    training = LabTraining(seeds=2, num_steps=20, momentum=0.0)
     assert LabTraining.load(training.save(tmp_path / "training.json")) == training
     grid = dict(num_last=(1,), lr_z=(1.0,), ratio=(2.0,), progress=False)
     by_config = entropy_sweep(**grid, training=training)
-    by_keywords = entropy_sweep(**grid, seeds=2, steps=20, momentum=0.0)
+    by_keywords = entropy_sweep(**grid, seeds=2, num_steps=20, momentum=0.0)
     pd.testing.assert_frame_equal(by_config, by_keywords)
     assert len(by_config) == 2
     with pytest.raises(ValueError, match="seeds must be >= 1"):

@@ -40,7 +40,7 @@ def test_trainer_equals_torch_optim_on_the_reference_model(optimizer, init):
         init=init,
         batch_size=8,
         seq_len=12,
-        steps=steps,
+        num_steps=steps,
     )
     gen = torch.Generator().manual_seed(seed)
     M = classes.vocab_size
@@ -64,7 +64,7 @@ def test_trainer_equals_torch_optim_on_the_reference_model(optimizer, init):
 
 
 def test_a_run_is_the_same_alone_or_inside_a_batch_of_runs():
-    kw = dict(init="uniform", batch_size=16, seq_len=20, steps=5)
+    kw = dict(init="uniform", batch_size=16, seq_len=20, num_steps=5)
     batch = train_yz(syn_small(), [1.0, 2.0, 0.5], [1.0, 5.0, 2.0], seeds=[0, 1, 2], **kw)
     alone = train_yz(syn_small(), 2.0, 5.0, seeds=[1], **kw)
     torch.testing.assert_close(batch.Z[:, 1], alone.Z[:, 0])
@@ -72,7 +72,7 @@ def test_a_run_is_the_same_alone_or_inside_a_batch_of_runs():
 
 
 def test_syn_small_sgd_zero_init_loss_starts_at_ln_M_and_drops_below_005_by_step_10():
-    run = train_yz(syn_small(), 1.0, 1.0, seeds=[0, 1, 2], steps=10)
+    run = train_yz(syn_small(), 1.0, 1.0, seeds=[0, 1, 2], num_steps=10)
     torch.testing.assert_close(run.loss[0], torch.full((3,), math.log(34)))
     assert (run.loss[9] < 0.05).all(), run.loss[9]
 
@@ -126,7 +126,7 @@ def _lab_distribution(seed):
 )
 def test_theorem2_distinct_logits_rise_common_logits_fall(classes):
     # population dynamics, zero init, eta_Y >> eta_Z, plain gradient steps (Assumption 1)
-    run = train_yz(classes, 0.05, 20.0, momentum=0.0, population=True, steps=150)
+    run = train_yz(classes, 0.05, 20.0, momentum=0.0, population=True, num_steps=150)
     owner, common = classes.distinct_for(), classes.common_mask()
     for k in range(classes.num_classes):
         m = classes.query[k]
@@ -137,7 +137,7 @@ def test_theorem2_distinct_logits_rise_common_logits_fall(classes):
 
 def test_theorem3_relative_gain_equals_initial_gain_times_growth_factor():
     classes = syn_small()
-    run = train_yz(classes, 0.05, 20.0, momentum=0.0, population=True, steps=400)
+    run = train_yz(classes, 0.05, 20.0, momentum=0.0, population=True, num_steps=400)
     owner = classes.distinct_for()
     worst = 0.0
     for k in range(2):
@@ -154,7 +154,7 @@ def test_theorem3_relative_gain_equals_initial_gain_times_growth_factor():
 
 def test_scan_distinct_tokens_lose_attention_from_low_to_high_probability():
     classes = syn_small()
-    run = train_yz(classes, 0.05, 20.0, momentum=0.0, population=True, steps=300)
+    run = train_yz(classes, 0.05, 20.0, momentum=0.0, population=True, num_steps=300)
     c = run.attention()[:, 0]  # [S, K, V]
     owner = classes.distinct_for()
     for k in range(2):
@@ -169,13 +169,13 @@ def test_scan_distinct_tokens_lose_attention_from_low_to_high_probability():
 
 
 def test_attention_never_winner_takes_all():
-    run = train_yz(syn_medium(1), 3.0, 2.0, seeds=[0], init="uniform", steps=100)
+    run = train_yz(syn_medium(1), 3.0, 2.0, seeds=[0], init="uniform", num_steps=100)
     top = per_token_attention(run.Z[-1], run.classes).max(-1).values
     assert (top < 0.5).all() and (distinct_entropy(run) > 1.0).all()
 
 
 def test_save_load_round_trip_and_bad_files(tmp_path):
-    run = train_yz(syn_small(), 1.0, 2.0, seeds=[0, 1], steps=3, optimizer="adam")
+    run = train_yz(syn_small(), 1.0, 2.0, seeds=[0, 1], num_steps=3, optimizer="adam")
     path = run.save(tmp_path / "run.safetensors")
     back = YZRun.load(path)
     for name in ["steps", "Z", "Y", "loss", "lr_z", "ratio", "seeds"]:
@@ -195,20 +195,20 @@ def test_save_load_round_trip_and_bad_files(tmp_path):
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="lr_z has 2 values for 3 runs"):
-        train_yz(syn_small(), [1.0, 2.0], seeds=[0, 1, 2], steps=1)
+        train_yz(syn_small(), [1.0, 2.0], seeds=[0, 1, 2], num_steps=1)
     with pytest.raises(ValueError, match="init"):
-        train_yz(syn_small(), init="normal", steps=1)
+        train_yz(syn_small(), init="normal", num_steps=1)
     with pytest.raises(ValueError, match="ratio must be positive"):
-        train_yz(syn_small(), 1.0, -1.0, steps=1)
+        train_yz(syn_small(), 1.0, -1.0, num_steps=1)
     with pytest.raises(ValueError, match="lr_y must be positive"):
-        train_yz(syn_small(), 1.0, lr_y=0.0, steps=1)
+        train_yz(syn_small(), 1.0, lr_y=0.0, num_steps=1)
     with pytest.raises(ValueError, match="not both"):
-        train_yz(syn_small(), 1.0, 2.0, lr_y=2.0, steps=1)
+        train_yz(syn_small(), 1.0, 2.0, lr_y=2.0, num_steps=1)
 
 
 def test_the_decoder_rate_is_lr_y_or_a_ratio():
     """``lr_y`` names eta_Y as everywhere else; ``ratio`` (Fig. 6's axis) is the same run."""
-    by_rate = train_yz(syn_small(), lr_z=[0.5, 2.0], lr_y=[2.0, 4.0], seeds=[0, 1], steps=5)
-    by_ratio = train_yz(syn_small(), lr_z=[0.5, 2.0], ratio=[4.0, 2.0], seeds=[0, 1], steps=5)
+    by_rate = train_yz(syn_small(), lr_z=[0.5, 2.0], lr_y=[2.0, 4.0], seeds=[0, 1], num_steps=5)
+    by_ratio = train_yz(syn_small(), lr_z=[0.5, 2.0], ratio=[4.0, 2.0], seeds=[0, 1], num_steps=5)
     assert by_rate.lr_y.tolist() == [2.0, 4.0] and by_rate.ratio.tolist() == [4.0, 2.0]
     assert torch.equal(by_rate.Z, by_ratio.Z) and torch.equal(by_rate.Y, by_ratio.Y)

@@ -25,7 +25,7 @@ def lab():
         classes,
         **RATES,
         seeds=[0, 1],
-        steps=400,
+        num_steps=400,
         population=True,
         momentum=0.0,
         snapshot_every=10,
@@ -61,7 +61,7 @@ def test_population_lab_fits_its_own_prediction(lab):
 def test_sampled_lab_fits_closely():
     """Finite sequences (T = 128) instead of the T -> infinity limit: close, not exact."""
     classes = syn_small()
-    run = train_yz(classes, **RATES, seeds=[0, 1], steps=400, snapshot_every=10)
+    run = train_yz(classes, **RATES, seeds=[0, 1], num_steps=400, snapshot_every=10)
     fit = measures.theory_fit(run.to_trajectory(), classes, TokenGroups.from_synthetic(classes))
     final = fit.final()
     assert (final["rank_agreement"] > 0.9).all()

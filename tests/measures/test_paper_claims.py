@@ -25,7 +25,7 @@ def lab():
         torch.tensor([1.0, 1.0, 2.0]),
         torch.tensor([1.0, 10.0, 1.0]),
         seeds=[0, 0, 0],
-        steps=100,
+        num_steps=100,
         progress=False,
     )
     return run.to_trajectory(), TokenGroups.from_synthetic(classes)
@@ -83,7 +83,7 @@ def test_lab_syn_medium_bias_and_entropy():
         torch.tensor([1.0, 3.0]),
         torch.tensor([2.0, 2.0]),
         seeds=[1, 1],
-        steps=60,
+        num_steps=60,
         progress=False,
     )
     traj, g = run.to_trajectory(), TokenGroups.from_synthetic(classes)
@@ -99,8 +99,8 @@ def test_trained_transformer_scans_and_snaps(tmp_path):
     from scansnap_lens.models.training import attention_only_model, train
     from scansnap_lens.recording.plan import plan_recording
     from scansnap_lens.recording.recorder import Recorder
-    from scansnap_lens.statistics.classification import classify
     from scansnap_lens.statistics.corpus import cooccurrence
+    from scansnap_lens.statistics.kinds import token_kinds
 
     classes = syn_medium(1)
     M = classes.vocab_size
@@ -112,10 +112,10 @@ def test_trained_transformer_scans_and_snaps(tmp_path):
     # classes from the training corpus, not from the synthetic truth
     corpus = data(512, torch.Generator().manual_seed(123))
     stats = cooccurrence(corpus, M, queries=classes.query.tolist())
-    found = TokenGroups.from_classification(classify(stats, scope="global"), stats)
+    found = TokenGroups.from_kinds(token_kinds(stats, scope="global"), stats)
     assert (
-        TokenGroups.from_classification(
-            classify(stats, scope="global"), stats, min_distinct=1
+        TokenGroups.from_kinds(
+            token_kinds(stats, scope="global"), stats, min_distinct=1
         ).num_classes
         == classes.num_classes
     )
@@ -140,11 +140,11 @@ def test_trained_transformer_scans_and_snaps(tmp_path):
     train(
         model,
         data,
-        steps=250,
+        num_steps=250,
         lr_y=0.1,
         lr_z=3.0,
         batch_size=64,
-        checkpoints="log:15",
+        save_steps="log:15",
         loss_on="last",
         progress=False,
         on_checkpoint=recorder.on_checkpoint,

@@ -39,6 +39,6 @@ def test_predicted_snap_uses_effective_rates():
 
 def _lab_trajectory(classes, lr_z, momentum):
     """Two steps of the population Y/Z lab at eta_Y = 10 eta_Z, as a trajectory."""
-    run = train_yz(classes, lr_z=lr_z, ratio=10, momentum=momentum, steps=2, population=True,
+    run = train_yz(classes, lr_z=lr_z, ratio=10, momentum=momentum, num_steps=2, population=True,
                    snapshot_every=1)  # fmt: skip
     return run.to_trajectory()

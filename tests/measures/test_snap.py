@@ -23,7 +23,7 @@ SETTINGS = {  # population Y/Z runs (T -> infinity), eta_Y = 10 eta_Z (Assumptio
 
 
 def snap_of(classes, steps, every=1, **setting):
-    run = train_yz(classes, steps=steps, population=True, snapshot_every=every, **setting)
+    run = train_yz(classes, num_steps=steps, population=True, snapshot_every=every, **setting)
     return run.to_trajectory()
 
 

@@ -66,7 +66,7 @@ def test_every_backend_trains_the_same_parameters(backend):
     assert names == attention | {"embed.weight", "unembed.weight", "unembed.bias"}
     before = native["unembed.bias"].detach().clone()
     rows = torch.randint(0, V, (4, 8), generator=torch.Generator().manual_seed(0))
-    train(model, lambda b, g: rows, steps=1, lr_y=0.5, lr_z=0.5, checkpoints=[], progress=False)
+    train(model, lambda b, g: rows, num_steps=1, lr_y=0.5, lr_z=0.5, save_steps=[], progress=False)
     after = model.state_dict()
     after = tl_to_native(after) if state_layout(after) == "tl" else after
     assert not torch.equal(after["unembed.bias"], before)

@@ -34,7 +34,7 @@ def test_train_saves_global_steps_and_learns(trained):
 def test_two_learning_rates_are_separate():
     model = attention_only_model(V, d_model=16, n_heads=1, n_ctx=32, seed=1)
     before = native({k: v.clone() for k, v in model.state_dict().items()})
-    train(model, syn_data, steps=3, lr_y=0.5, lr_z=0.0, checkpoints=[], progress=False)
+    train(model, syn_data, num_steps=3, lr_y=0.5, lr_z=0.0, save_steps=[], progress=False)
     after = native(model.state_dict())
     for name in ("blocks.0.attn.q.weight", "blocks.0.attn.k.weight", "blocks.0.attn.q.bias"):
         assert torch.equal(before[name], after[name]), name
@@ -49,12 +49,19 @@ def test_train_on_a_datasets_dataset(tmp_path):
     ds = datasets.Dataset.from_dict({"input_ids": rows.tolist()})
     model = attention_only_model(V, d_model=16, n_heads=1, n_ctx=32, seed=2)
     result = train(
-        model, ds, steps=20, out=tmp_path, lr_y=0.5, checkpoints=10, loss_on="last", progress=False
+        model,
+        ds,
+        num_steps=20,
+        out=tmp_path,
+        lr_y=0.5,
+        save_steps=10,
+        loss_on="last",
+        progress=False,
     )
     assert sorted(result.checkpoints) == [0, 10, 20]
     assert result.to_dataframe()["loss"].iloc[-1] < result.loss[0]
     with pytest.raises(ValueError, match="non-empty"):
-        train(model, torch.empty(0, 5, dtype=torch.long), steps=1, progress=False)
+        train(model, torch.empty(0, 5, dtype=torch.long), num_steps=1, progress=False)
 
 
 def test_gradient_clipping_bounds_each_step():
@@ -62,7 +69,7 @@ def test_gradient_clipping_bounds_each_step():
     the unclipped gradient is larger."""
     model = attention_only_model(V, d_model=16, n_heads=1, n_ctx=32, seed=1)
     before = [p.detach().clone() for p in model.parameters() if p.requires_grad]
-    train(model, syn_data, steps=1, lr_y=0.5, clip_grad_norm=1e-3, checkpoints=[],
+    train(model, syn_data, num_steps=1, lr_y=0.5, clip_grad_norm=1e-3, save_steps=[],
           progress=False)  # fmt: skip
     after = [p.detach() for p in model.parameters() if p.requires_grad]
     moved = torch.sqrt(sum(((a - b).double() ** 2).sum() for a, b in zip(after, before)))
@@ -75,13 +82,13 @@ def test_rates_by_parameter_name(backend):
     """Patterns match the state-dict keys (the names checkpoints are saved under)."""
     model = attention_only_model(V, d_model=16, n_heads=1, n_ctx=32, seed=1, backend=backend)
     before = native({k: v.clone() for k, v in model.state_dict().items()})
-    train(model, syn_data, steps=3, lr_y=0.5, lr_by_name={"unembed": 0.0}, checkpoints=[],
+    train(model, syn_data, num_steps=3, lr_y=0.5, lr_by_name={"unembed": 0.0}, save_steps=[],
           progress=False)  # fmt: skip
     after = native(model.state_dict())
     assert torch.equal(before["unembed.weight"], after["unembed.weight"])  # its own rate: 0
     assert not torch.equal(before["embed.weight"], after["embed.weight"])
     with pytest.raises(ValueError, match=r"no parameter name matches \['mlp\\\\.W_in'\]"):
-        train(model, syn_data, steps=1, lr_by_name={r"mlp\.W_in": 10.0}, progress=False)
+        train(model, syn_data, num_steps=1, lr_by_name={r"mlp\.W_in": 10.0}, progress=False)
 
 
 def test_bptt_reads_a_stream_in_contiguous_columns(tmp_path):
@@ -97,12 +104,12 @@ def test_bptt_reads_a_stream_in_contiguous_columns(tmp_path):
     assert batches[1][:, 0].tolist() == batches[0][:, -1].tolist()  # contiguous
     assert [b[0, 0].item() for b in batches] == [0, 5, 10, 15, 0, 5]  # 4 windows an epoch
     model = attention_only_model(V, d_model=16, n_heads=1, n_ctx=32, seed=1)
-    result = train(model, torch.randint(0, V, (500,)), steps=8, bptt=10, batch_size=4,
-                   out=tmp_path, checkpoints=[], progress=False)  # fmt: skip
+    result = train(model, torch.randint(0, V, (500,)), num_steps=8, bptt=10, batch_size=4,
+                   out=tmp_path, save_steps=[], progress=False)  # fmt: skip
     assert len(result.loss) == 8
     assert json.loads((tmp_path / "training.json").read_text())["bptt"] == 10
     with pytest.raises(ValueError, match="fewer than bptt"):
-        train(model, torch.arange(20), steps=1, bptt=10, batch_size=4, progress=False)
+        train(model, torch.arange(20), num_steps=1, bptt=10, batch_size=4, progress=False)
 
 
 def test_training_writes_its_rates_into_the_trajectory(tmp_path):
@@ -114,7 +121,7 @@ def test_training_writes_its_rates_into_the_trajectory(tmp_path):
     plan = plan_recording(tokens, classes.vocab_size)
     recorder = Recorder(tmp_path / "loop", tokens, plan, progress=False)
     model = attention_only_model(classes.vocab_size, d_model=16, n_ctx=32)
-    train(model, sample, steps=4, lr_y=0.2, lr_z=2.0, momentum=0.5, checkpoints=[0, 4],
+    train(model, sample, num_steps=4, lr_y=0.2, lr_z=2.0, momentum=0.5, save_steps=[0, 4],
           out=tmp_path / "ckpt", on_checkpoint=recorder.on_checkpoint, progress=False)  # fmt: skip
     want = {"lr_y": 0.2, "lr_z": 2.0, "optimizer": "sgd", "momentum": 0.5}
     in_loop = recorder.trajectory()
@@ -134,8 +141,8 @@ def test_one_typed_value_for_the_rates(tmp_path):
     from scansnap_lens.models.training import Rates
 
     model = attention_only_model(V, d_model=16, n_heads=1, n_ctx=32, seed=1)
-    train(model, syn_data, steps=2, lr_y=0.5, lr_z=2.0, optimizer="adam", momentum=0.9,
-          out=tmp_path / "run", checkpoints=[0, 2], progress=False)  # fmt: skip
+    train(model, syn_data, num_steps=2, lr_y=0.5, lr_z=2.0, optimizer="adam", momentum=0.9,
+          out=tmp_path / "run", save_steps=[0, 2], progress=False)  # fmt: skip
     written = json.loads((tmp_path / "run" / "training.json").read_text())
     assert Rates.from_dict(written) == Rates(0.5, 2.0, "adam", 0.0)  # momentum: SGD's only
     assert checkpoints.folder(tmp_path / "run").meta["lr_z"] == 2.0

@@ -81,8 +81,8 @@ def test_tutorial_model_computes_the_tutorials_function(n_layers):
             got = model(tokens, return_type="logits").double()
         tol = 64 * D * EPS32 * n_layers * float(want.abs().max())
         assert float((got - want).abs().max()) <= tol
-        train(model, _tokens(16, 1), steps=3, lr_y=5.0, clip_grad_norm=0.5, batch_size=4,
-              lr_by_name={FIRST_FEED_FORWARD: 10.0}, checkpoints=[], progress=False)  # fmt: skip
+        train(model, _tokens(16, 1), num_steps=3, lr_y=5.0, clip_grad_norm=0.5, batch_size=4,
+              lr_by_name={FIRST_FEED_FORWARD: 10.0}, save_steps=[], progress=False)  # fmt: skip
     positions = model.original_model.transformer.positions_embed.weight
     assert torch.equal(positions, sinusoidal_positions(T, D))  # frozen through training
 

@@ -10,10 +10,10 @@ from scansnap_lens.lab.synthetic import sequence_sampler, syn_medium
 from scansnap_lens.models.training import attention_only_model
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder
-from scansnap_lens.statistics.classification import classify
 from scansnap_lens.statistics.context import Context
 from scansnap_lens.statistics.corpus import cooccurrence
 from scansnap_lens.statistics.groups import TokenGroups
+from scansnap_lens.statistics.kinds import token_kinds
 
 
 def test_defaults_agree_and_a_mismatch_is_refused_where_the_two_meet(tmp_path):
@@ -31,11 +31,11 @@ def test_defaults_agree_and_a_mismatch_is_refused_where_the_two_meet(tmp_path):
     queries = classes.query.unique().tolist()
     stats = cooccurrence(corpus, V, queries=queries)  # the defaults: position 0 is context
     assert stats.context.mismatch(plan.context) is None
-    groups = TokenGroups.from_classification(classify(stats, scope="global", guard=False), stats)
+    groups = TokenGroups.from_kinds(token_kinds(stats, scope="global", guard=False), stats)
     assert measures.discriminative_bias(traj, groups).table["bias"].notna().all()
 
     other = cooccurrence(corpus, V, queries=queries, exclude_bos=True)
-    groups = TokenGroups.from_classification(classify(other, scope="global", guard=False), other)
+    groups = TokenGroups.from_kinds(token_kinds(other, scope="global", guard=False), other)
     message = "the statistics leave position 0 out of context and the recording counts it"
     for measurement in (measures.discriminative_bias, measures.frequency_bias, measures.sparsity):
         with pytest.raises(ValueError, match=message):
@@ -55,7 +55,7 @@ def test_the_command_line_refuses_statistics_of_another_convention(tmp_path, cap
     classes = syn_medium(1)
     sample = sequence_sampler(classes)
     model = attention_only_model(classes.vocab_size, d_model=16, n_ctx=64, seed=0)
-    train(model, sample, steps=4, lr_y=0.1, lr_z=3.0, checkpoints=[0, 4], out=tmp_path / "ckpt",
+    train(model, sample, num_steps=4, lr_y=0.1, lr_z=3.0, save_steps=[0, 4], out=tmp_path / "ckpt",
           loss_on="last", progress=False)  # fmt: skip
     save_tokens(tmp_path / "corpus.safetensors", sample(64, torch.Generator().manual_seed(1)))
     save_tokens(tmp_path / "eval.safetensors", sample(16, torch.Generator().manual_seed(2)))

@@ -12,11 +12,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scansnap_lens.inputs.corpus import Corpus, dataset_batches
 from scansnap_lens.inputs.text import encode_documents, word_level_tokenizer
+from scansnap_lens.statistics.context import Context
 from scansnap_lens.statistics.corpus import (
     CooccurrenceStats,
     cooccurrence,
-    cooccurrence_from_dataset,
+    count_corpus,
 )
 
 
@@ -133,29 +135,27 @@ def test_save_load_round_trip_is_exact(tmp_path):
         assert getattr(back, name) == getattr(stats, name)
 
 
-def test_datasets_token_column_and_text_column_with_tokenizer():
+def test_datasets_token_column_and_text_column_with_tokenizer(tmp_path):
     docs = ["the cat sat on the mat", "a dog sat on a log", "the cat and the dog"]
     tok = word_level_tokenizer(docs)
     ids = encode_documents(tok, docs)
     expected = as_dicts(cooccurrence(ids, vocab_size=tok.get_vocab_size(), window=3))
     token_ds = datasets.Dataset.from_dict({"input_ids": [r.tolist() for r in ids]})
-    assert (
-        as_dicts(
-            cooccurrence_from_dataset(
-                token_ds, vocab_size=tok.get_vocab_size(), window=3, progress=False
-            )
-        )
-        == expected
-    )
+    token_ds.save_to_disk(tmp_path / "tokens")
+    corpus = Corpus.of(dataset=tmp_path / "tokens", vocab_size=tok.get_vocab_size())
+    assert as_dicts(count_corpus(corpus, Context(window=3))) == expected
     text_ds = datasets.Dataset.from_dict({"text": docs})
-    stats = cooccurrence_from_dataset(
-        text_ds, text_column="text", tokenizer=tok, window=3, num_proc=1, progress=False
+    text_ds.save_to_disk(tmp_path / "text")
+    tok.save(str(tmp_path / "tok.json"))
+    corpus = Corpus.of(
+        dataset=tmp_path / "text", text_column="text", tokenizer=tmp_path / "tok.json"
     )
-    assert as_dicts(stats) == expected and stats.tokenizer == "tokenizers.Tokenizer"
-    streamed = cooccurrence_from_dataset(
-        text_ds.to_iterable_dataset(), text_column="text", tokenizer=tok, window=3, progress=False
-    )
-    assert as_dicts(streamed) == expected
+    stats = count_corpus(corpus, Context(window=3))
+    assert as_dicts(stats) == expected and stats.tokenizer == str(tmp_path / "tok.json")
+    batches, _, name = dataset_batches(text_ds.to_iterable_dataset(), text_column="text",
+                                       tokenizer=tok)  # fmt: skip
+    streamed = cooccurrence(batches, tok.get_vocab_size(), window=3)
+    assert as_dicts(streamed) == expected and name == "tokenizers.Tokenizer"
 
 
 @pytest.mark.parametrize(

@@ -1,39 +1,39 @@
 """Token groups from statistics equal a per-class, per-query reference loop (the definition
-written plainly), in one pass over the labels and triples."""
+written plainly), in one pass over the kinds and triples."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from scansnap_lens.statistics.classification import COMMON, DISTINCT, classify
 from scansnap_lens.statistics.corpus import cooccurrence
 from scansnap_lens.statistics.groups import TokenGroups
+from scansnap_lens.statistics.kinds import COMMON, DISTINCT, token_kinds
 
 
-def reference_groups(labels, stats, queries, min_events):
+def reference_groups(kinds, stats, queries, min_events):
     """The definition, one class and one query at a time."""
-    local = labels.scope == "local"
+    local = kinds.scope == "local"
     frame = stats.classes()
     frame = frame[frame["events"] >= min_events]
     if queries is not None:
         frame = frame[frame["query"].isin(queries)]
     distinct, distinct_p = [], []
     for m, n in zip(frame["query"].tolist(), frame["next"].tolist()):
-        keep = (labels.label == DISTINCT) & (labels.next_token == n)
+        keep = (kinds.kind == DISTINCT) & (kinds.next_token == n)
         if local:
-            keep &= labels.query == m
-        tokens, (ctx, counts) = labels.token[keep], stats.context_counts(m, n)
+            keep &= kinds.query == m
+        tokens, (ctx, counts) = kinds.token[keep], stats.context_counts(m, n)
         p = {int(l): int(c) / int(counts.sum()) for l, c in zip(ctx, counts)}
         tokens = [int(t) for t in tokens if int(t) in p]
         distinct.append(tokens)
         distinct_p.append([p[t] for t in tokens])
     common = {}
     for m in frame["query"].unique().tolist():
-        keep = labels.label == COMMON
+        keep = kinds.kind == COMMON
         if local:
-            keep &= labels.query == m
-        common[m] = labels.token[keep].tolist()
+            keep &= kinds.query == m
+        common[m] = kinds.token[keep].tolist()
     return frame, distinct, distinct_p, common
 
 
@@ -45,10 +45,10 @@ def test_groups_equal_the_reference_loop(seed, scope):
     rows = torch.randint(0, V, (30, 25), generator=gen)
     rows = torch.where(torch.rand(rows.shape, generator=gen) < 0.7, rows % 6, rows)
     stats = cooccurrence(rows, V, window=6)
-    labels = classify(stats, scope=scope, guard=False, purity=0.5 if scope == "local" else 0.2)
+    kinds = token_kinds(stats, scope=scope, guard=False, purity=0.5 if scope == "local" else 0.2)
     queries = None if seed % 2 else [0, 1, 2, 3, 39]
-    groups = TokenGroups.from_classification(labels, stats, queries, min_events=2)
-    frame, distinct, distinct_p, common = reference_groups(labels, stats, queries, 2)
+    groups = TokenGroups.from_kinds(kinds, stats, queries, min_events=2)
+    frame, distinct, distinct_p, common = reference_groups(kinds, stats, queries, 2)
     assert groups.query.tolist() == frame["query"].tolist()
     assert groups.next_token.tolist() == frame["next"].tolist()
     assert [d.tolist() for d in groups.distinct] == distinct

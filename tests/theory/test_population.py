@@ -79,7 +79,7 @@ def test_prediction_equals_the_lab_population_run(classes, optimizer, momentum):
     zero: the same dynamics written twice, once dense (float32) and once compressed."""
     steps = 150
     lab = train_yz(
-        classes, lr_z=0.5, ratio=4.0, steps=steps, population=True, init="zero",
+        classes, lr_z=0.5, ratio=4.0, num_steps=steps, population=True, init="zero",
         optimizer=optimizer, momentum=momentum, snapshot_every=50,
     )  # fmt: skip
     pop = Population.from_classes(classes)

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scansnap_lens.lab.synthetic import sequence_classes, syn_medium, syn_small
-from scansnap_lens.statistics.classification import COMMON, DISTINCT, UNDETERMINED, classify
 from scansnap_lens.statistics.corpus import cooccurrence
+from scansnap_lens.statistics.kinds import COMMON, DISTINCT, UNDETERMINED, token_kinds
 
 
 def synthetic_stats(classes, n=3000, seed=0):
@@ -28,7 +28,7 @@ def truth_matches(tc, classes, scope):
             else classes.support().any(0)
         )
         expected = torch.where(truth >= 0, DISTINCT, COMMON)[seen]
-        got = tc.label_map(m if scope == "local" else None)[seen]
+        got = tc.kind_map(m if scope == "local" else None)[seen]
         if not torch.equal(got, expected):
             return False
         distinct = (truth >= 0) & seen
@@ -37,7 +37,7 @@ def truth_matches(tc, classes, scope):
             zip(
                 tc.distinct_tokens(m if scope == "local" else None).tolist(),
                 tc.next_token[
-                    tc._select(m if scope == "local" else None) & (tc.label == DISTINCT)
+                    tc._select(m if scope == "local" else None) & (tc.kind == DISTINCT)
                 ].tolist(),
             )
         ) == set(zip(distinct.nonzero().flatten().tolist(), owner_next.tolist()))
@@ -52,15 +52,15 @@ def truth_matches(tc, classes, scope):
     ids=["syn_medium3", "per_query_common"],
 )
 def test_recovers_the_synthetic_ground_truth(classes, scope, guard):
-    tc = classify(synthetic_stats(classes), scope=scope, guard=guard)
+    tc = token_kinds(synthetic_stats(classes), scope=scope, guard=guard)
     assert truth_matches(tc, classes, scope)
 
 
 def test_single_next_token_queries_are_locally_distinct_but_undetermined_under_the_guard():
     stats = synthetic_stats(syn_small())
-    assert (classify(stats, guard=False).label == DISTINCT).all()  # |Omega_m(l)| = 1, trivially
-    assert (classify(stats, guard=True).label == UNDETERMINED).all()  # nothing to test against
-    assert truth_matches(classify(stats, scope="global", guard=True), syn_small(), "global")
+    assert (token_kinds(stats, guard=False).kind == DISTINCT).all()  # |Omega_m(l)| = 1, trivially
+    assert (token_kinds(stats, guard=True).kind == UNDETERMINED).all()  # nothing to test against
+    assert truth_matches(token_kinds(stats, scope="global", guard=True), syn_small(), "global")
 
 
 @settings(max_examples=60, deadline=None)
@@ -68,11 +68,11 @@ def test_single_next_token_queries_are_locally_distinct_but_undetermined_under_t
 def test_paper_definition_is_omega_size_one(seed, vocab, window):
     rows = torch.randint(vocab, (6, 12), generator=torch.Generator().manual_seed(seed))
     stats = cooccurrence(rows, vocab_size=vocab, window=window)
-    tc = classify(stats, guard=False)
+    tc = token_kinds(stats, guard=False)
     frame = stats.to_dataframe()
     omega = frame.groupby(["query", "token"])["next"].nunique()
-    for q, tok, label in zip(tc.query.tolist(), tc.token.tolist(), tc.label.tolist()):
-        assert label == (DISTINCT if omega[(q, tok)] == 1 else COMMON)
+    for q, tok, kind in zip(tc.query.tolist(), tc.token.tolist(), tc.kind.tolist()):
+        assert kind == (DISTINCT if omega[(q, tok)] == 1 else COMMON)
 
 
 def test_guard_marks_rare_lookalikes_undetermined_and_keeps_strong_distinct_tokens():
@@ -80,15 +80,15 @@ def test_guard_marks_rare_lookalikes_undetermined_and_keeps_strong_distinct_toke
     # token 6 precedes next 1 once (pure, but could be chance)
     rows = [[5, 0, 1]] * 40 + [[7, 0, 2]] * 40 + [[6, 0, 1]] + [[8, 0, 1], [8, 0, 2]] * 20
     stats = cooccurrence(rows, vocab_size=9)
-    tc = classify(stats, guard=True)
-    lm = tc.label_map(0)
+    tc = token_kinds(stats, guard=True)
+    lm = tc.kind_map(0)
     assert lm[5] == DISTINCT and lm[7] == DISTINCT and lm[6] == UNDETERMINED and lm[8] == COMMON
-    assert classify(stats, guard=False).label_map(0)[6] == DISTINCT
-    assert classify(stats, min_support=2, guard=False).label_map(0)[6] == UNDETERMINED
+    assert token_kinds(stats, guard=False).kind_map(0)[6] == DISTINCT
+    assert token_kinds(stats, min_support=2, guard=False).kind_map(0)[6] == UNDETERMINED
     # purity below 1: a mostly-pure token counts as distinct
     rows2 = rows + [[8, 0, 1]] * 200
     assert (
-        classify(cooccurrence(rows2, vocab_size=9), purity=0.8, guard=False).label_map(0)[8]
+        token_kinds(cooccurrence(rows2, vocab_size=9), purity=0.8, guard=False).kind_map(0)[8]
         == DISTINCT
     )
 
@@ -99,10 +99,10 @@ def test_dataframe_with_token_strings():
     docs = ["a b c d", "a b c e", "x b c d"]
     tok = word_level_tokenizer(docs)
     stats = cooccurrence(encode_documents(tok, docs), vocab_size=tok.get_vocab_size())
-    frame = classify(stats, guard=False).to_dataframe(tok)
+    frame = token_kinds(stats, guard=False).to_dataframe(tok)
     row = frame[(frame.query_str == "c") & (frame.token_str == "x")].iloc[0]
-    assert row.label == "distinct" and row.next_str == "d"
-    assert set(classify(stats, guard=False).counts_by_query().columns) >= {
+    assert row.kind == "distinct" and row.next_str == "d"
+    assert set(token_kinds(stats, guard=False).counts_by_query().columns) >= {
         "distinct",
         "common",
         "undetermined",
@@ -118,7 +118,7 @@ def test_bad_arguments():
         ({"alpha": 1.5}, "alpha"),
     ]:
         with pytest.raises(ValueError, match=match):
-            classify(stats, **kwargs)
+            token_kinds(stats, **kwargs)
 
 
 def reference(stats, scope: str):
@@ -154,12 +154,12 @@ def test_classification_equals_brute_force(seed, vocab, scope):
     over the candidates that pass support and purity)."""
     import numpy as np
 
-    from scansnap_lens.statistics.classification import _benjamini_hochberg
+    from scansnap_lens.statistics.kinds import _benjamini_hochberg
 
     rows = torch.randint(vocab, (8, 14), generator=torch.Generator().manual_seed(seed))
     stats = cooccurrence(rows, vocab_size=vocab, window=4)
     ref = reference(stats, scope)
-    tc = classify(stats, scope=scope, guard=True, purity=0.6, min_support=2)
+    tc = token_kinds(stats, scope=scope, guard=True, purity=0.6, min_support=2)
     got = tc.to_dataframe()
     for column in ("query", "token", "support", "next", "num_next"):
         assert got[column].tolist() == ref[column].tolist(), column
