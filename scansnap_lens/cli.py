@@ -574,34 +574,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Library spellings in messages, as the command line spells them.
-CLI_SPELLING = {
-    "trust_pickle=True": "--trust-pickle",
-    "backend 'bridge'": "--backend bridge",
-    "backend 'hooked'": "--backend hooked",
-    "config= or model_factory=": "a config.json",
-    "overwrite=True": "--overwrite",
-    "(queries=)": "(--queries)",
-    "(layers=, heads=)": "(--layers, --heads)",
-    "(steps=)": "(--steps)",
-    "raise max_run_bytes": "raise --max-run-gb",
-    "(max_run_bytes)": "(--max-run-gb)",
-    "training={'lr_y': ..., 'lr_z': ..., 'optimizer': ..., 'momentum': ...}": "--lr-y and --lr-z"
-    " (and --optimizer, --momentum)",
-}
-
-
 def cli_message(exc: BaseException) -> str:
-    """An exception's message in command-line spelling, without terminal escapes."""
+    """An exception's message as the command line prints it (see `cli_text`)."""
     return cli_text(str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc))
 
 
 def cli_text(message: str) -> str:
-    """A library message in command-line spelling, without terminal escapes."""
-    message = re.sub(r"\x1b\[[0-9;]*m", "", message)
-    for library, cli in CLI_SPELLING.items():
-        message = message.replace(library, cli)
-    return message
+    """A library message as the command line prints it: as it is (library messages name both
+    spellings of an option, ``overwrite=True, --overwrite``), without terminal escapes."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", message)
 
 
 def main(argv: list[str] | None = None) -> int:

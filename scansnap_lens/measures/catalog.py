@@ -28,7 +28,7 @@ from scansnap_lens.statistics.groups import TokenGroups
 
 __all__ = ["MEASURES", "Measure", "MeasureInputs", "Plot", "by_name"]
 
-NEEDS_SOURCE = "needs the training corpus's statistics (source=)"
+NEEDS_SOURCE = "needs the training corpus's statistics (source=, report --stats)"
 
 
 @dataclass

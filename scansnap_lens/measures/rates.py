@@ -64,7 +64,7 @@ def training_of(traj: Trajectory, training: dict | None = None) -> list[dict] | 
             warnings.warn(
                 f"the trajectory's meta holds {typed} but not lr_y and lr_z (the paper's eta_Y,"
                 " eta_Z), so the theory gives no prediction: record with those keys, or pass"
-                " training={'lr_y': ..., 'lr_z': ...}",
+                " training={'lr_y': ..., 'lr_z': ...} (report --lr-y, --lr-z)",
                 stacklevel=3,
             )
         return None

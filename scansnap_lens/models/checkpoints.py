@@ -222,7 +222,7 @@ def folder(
     if backend == "hooked" and any(p.is_dir() and formats.is_hf_folder(p) for p in found.values()):
         raise BackendError(
             f"{path} holds Hugging Face checkpoints, which load through TransformerBridge:"
-            " use backend 'bridge'"
+            " use backend 'bridge' (--backend bridge)"
         )
     fields = None
     if model_factory is None:
@@ -271,7 +271,7 @@ def folder(
         if fields is None:
             raise CheckpointError(
                 f"{item}: a state dict needs the model's architecture: put its config.json"
-                " beside the checkpoints (or pass config= or model_factory=)"
+                " beside the checkpoints (or pass config= or model_factory= to folder)"
             )
         return formats.tl_model(fields, state, str(item), backend)
 

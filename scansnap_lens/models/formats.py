@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
-TRUST_HINT = "trust_pickle=True"  # the CLI rewrites this as --trust-pickle
+TRUST_HINT = "trust_pickle=True, --trust-pickle"
 
 
 class CheckpointError(RuntimeError):

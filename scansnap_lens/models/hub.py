@@ -168,7 +168,8 @@ def load_labelled(name: str, label: int, backend: str | None = None, **load_kwar
     if load_kwargs and (backend != "hooked" or kind == "legacy-tl"):
         raise ValueError(
             f"load options {sorted(load_kwargs)} go to HookedTransformer.from_pretrained, which"
-            " this checkpoint does not load through (backend 'hooked', Pythia or stanford-crfm)"
+            " this checkpoint does not load through (backend 'hooked' or --backend hooked,"
+            " Pythia or stanford-crfm)"
         )
     if kind == "legacy-tl":
         files = legacy_files(name)

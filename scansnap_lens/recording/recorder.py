@@ -197,8 +197,8 @@ class Recorder:
         if differ:
             what = "; ".join(f"{k} {old!r} there, {new!r} here" for k, (old, new) in differ.items())
             raise ValueError(
-                f"{self.out} holds another run ({what}): record into another folder, or pass"
-                " overwrite=True to replace it"
+                f"{self.out} holds another run ({what}): record into another folder, or"
+                " replace it (overwrite=True, --overwrite)"
             )
 
     def _writer_for(self, model=None) -> TrajectoryWriter | None:
@@ -267,9 +267,9 @@ class Recorder:
             raise ValueError(
                 f"the recording would write {total} ({size_text(per)} per checkpoint for"
                 f" {runs} checkpoints; {self.plan.describe()}), over the budget of"
-                f" {budget} (max_run_bytes): track fewer queries (queries=),"
-                " watch fewer layers or heads (layers=, heads=), select fewer checkpoints"
-                " (steps=), or raise max_run_bytes"
+                f" {budget} (max_run_bytes, --max-run-gb): track fewer queries (queries=,"
+                " --queries), watch fewer layers or heads (layers=, heads=, --layers,"
+                " --heads), select fewer checkpoints (steps=, --steps), or raise the budget"
             )
 
     def close(self) -> None:

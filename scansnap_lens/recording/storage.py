@@ -111,19 +111,20 @@ class TrajectoryWriter:
                 raise ValueError(
                     f"{self.path} holds a recording with another plan (other evaluation tokens,"
                     " queries or context convention); record into another folder, or replace it"
-                    " (overwrite=True)"
+                    " (overwrite=True, --overwrite)"
                 )
             if (manifest["layers"], manifest["heads"]) != (list(layers), list(heads)):
                 raise ValueError(
                     f"{self.path} was recorded for layers {manifest['layers']} and heads"
-                    f" {manifest['heads']}, not {list(layers)} and {list(heads)}: watch those to"
-                    " resume, record into another folder, or replace it (overwrite=True)"
+                    f" {manifest['heads']}, not {list(layers)} and {list(heads)}: watch those"
+                    " to resume, record into another folder, or replace it (overwrite=True,"
+                    " --overwrite)"
                 )
             if manifest.get("prompt") != prompt_ids:
                 raise ValueError(
                     f"{self.path} was recorded with another example prompt"
                     f" ({manifest.get('prompt')} against {prompt_ids}): record into another"
-                    " folder, or replace it (overwrite=True)"
+                    " folder, or replace it (overwrite=True, --overwrite)"
                 )
             self.manifest = manifest
         else:

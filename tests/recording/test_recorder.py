@@ -217,7 +217,8 @@ def test_a_run_over_the_budget_is_refused_before_anything_is_written(tmp_path):
     tokens = _zipf_tokens()
     model = attention_only_model(SMALL_V, d_model=16, n_heads=2)
     out = tmp_path / "t"
-    with pytest.raises(ValueError, match=r"over the budget of 100 B \(max_run_bytes\).*queries="):
+    budget = r"over the budget of 100 B \(max_run_bytes, --max-run-gb\).*queries="
+    with pytest.raises(ValueError, match=budget):
         record_trajectory(in_memory({0: model, 1: model}), tokens, out, queries="all",
                           max_run_bytes=100, progress=False)  # fmt: skip
     assert not (out / "manifest.json").exists()
