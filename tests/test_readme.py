@@ -1,5 +1,6 @@
-"""The README's Python snippets run as pasted: each in a fresh namespace, from a scratch
-folder beside which ``../shared`` holds the shared data, as in a checkout."""
+"""The Python snippets of the README and of analyses/README.md run as pasted: each in a fresh
+namespace, from a scratch folder beside which ``../shared`` holds the shared data, as from the
+root of a checkout."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ import pytest
 
 from conftest import REPO
 
-BLOCKS = re.findall(r"^```python\n(.*?)^```", (REPO / "README.md").read_text(), re.S | re.M)
+DOCUMENTS = [REPO / "README.md", REPO / "analyses" / "README.md"]
+BLOCKS = [
+    block
+    for doc in DOCUMENTS
+    for block in re.findall(r"^```python\n(.*?)^```", doc.read_text(), re.S | re.M)
+]
 
 
 def test_the_readme_has_snippets():

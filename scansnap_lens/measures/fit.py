@@ -8,7 +8,7 @@
   attention over each class's distinct tokens, correlation of predicted and measured logit
   changes, and the ratio of the measured snap step to the predicted one.
 
-Both return a `measure.Measurement` whose ``values`` are [step, layer, head] tensors.
+Both return a `measurement.Measurement` whose ``values`` are [step, layer, head] tensors.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def growth_bounds(
     The Y/Z model's decoder couples every pair of next tokens (xi_n sums over all n' != n),
     so K is the number of tracked classes and rho0 the data's (`theory.rho0` over all of them)
     or the given number; M is the vocabulary and the rates the training's effective ones
-    (`measure.effective_rate`; Adam has none: NaN).
+    (`rates.effective_rate`; Adam has none: NaN).
 
     source: the training corpus's `CooccurrenceStats` or `SequenceClasses` (default: the
     recording's own evaluation text) for P(l|m, n), rho0 and K.
@@ -217,7 +217,7 @@ def theory_fit(
 
     The population dynamics (`population.predict`) run on `source` (the training corpus's
     `CooccurrenceStats`, or the lab's `SequenceClasses`) for the trajectory's tracked
-    classes, with the training's own optimizer and rates (`measure.training_of`, or
+    classes, with the training's own optimizer and rates (`rates.training_of`, or
     `training`), to the trajectory's steps.  Per step, layer and head:
 
     - ``rank_agreement``: Spearman correlation of predicted and measured per-token attention
@@ -227,7 +227,7 @@ def theory_fit(
       z(t) - z(t_first) over every tracked pair (m, l) of the classes' queries (NaN at the first
       checkpoint, where both are 0).
 
-    Per head: ``snap_step`` (measured, `measure.snapping` over the tracked classes the
+    Per head: ``snap_step`` (measured, `snap.snapping` over the tracked classes the
     statistics hold), ``population_snap`` (the same estimator on the prediction) and
     ``snap_ratio`` = snap_step / population_snap.
     ``values``: dz_corr [S, L, H]; ``detail``: rank agreement per class at the last step.

@@ -2,7 +2,7 @@
 per query m its common tokens.
 
 They come from the synthetic truth (`TokenGroups.from_synthetic`) or from corpus statistics and
-a classification (`TokenGroups.from_kinds`), so every measurement runs the same way
+their token kinds (`TokenGroups.from_statistics`, `TokenGroups.from_kinds`), so every measurement runs the same way
 on the lab and on real models.
 
 >>> from scansnap_lens.lab.synthetic import syn_small
