@@ -2,8 +2,8 @@
 per query m its common tokens.
 
 They come from the synthetic truth (`TokenGroups.from_synthetic`) or from corpus statistics and
-their token kinds (`TokenGroups.from_statistics`, `TokenGroups.from_kinds`), so every measurement runs the same way
-on the lab and on real models.
+their token kinds (`TokenGroups.from_statistics`, `TokenGroups.from_kinds`), so every
+measurement runs the same way on the lab and on real models.
 
 >>> from scansnap_lens.lab.synthetic import syn_small
 >>> groups = TokenGroups.from_synthetic(syn_small())
