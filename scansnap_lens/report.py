@@ -46,10 +46,10 @@ def how_to_read() -> str:
 
 # The columns a reader needs first, in the page and on the command line; every column is in
 # summary.csv and explained under "How to read it".
-KEY_COLUMNS = ["layer", "head", "bias", "auroc", "spearman", "entropy", "distinct_mass",
+KEY_COLUMNS = ["layer", "head", "scans", "bias", "auroc", "spearman", "entropy", "distinct_mass",
                "top_share", "snap_step", "predicted_snap", "population_snap", "rank_agreement",
                "bound_ratio"]  # fmt: skip
-HEAD_COLUMNS = ["rank", "layer", "head", "auroc", "bias", "spearman", "snap_step",
+HEAD_COLUMNS = ["rank", "layer", "head", "scans", "auroc", "bias", "spearman", "snap_step",
                 "attention_entropy", "dz_corr", "rank_agreement"]  # fmt: skip
 HEAD_GRID = ("bias", "auroc", "snap_step", "attention_entropy", "dz_corr")
 
@@ -61,6 +61,22 @@ def number(value: float) -> str:
 
 def table_html(frame: pd.DataFrame) -> str:
     return frame.to_html(index=False, float_format=number, na_rep="–")
+
+
+def with_intervals(summary: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """`columns` of the summary for reading: a value with an interval (``VALUE_lo``,
+    ``VALUE_hi``) shows as "value [lo, hi]"."""
+    shown = summary[[c for c in columns if c in summary]].copy()
+    for c in shown.columns:
+        lo, hi = f"{c}_lo", f"{c}_hi"
+        if lo not in summary or not pd.api.types.is_float_dtype(shown[c]):
+            continue
+        shown[c] = [
+            "–" if pd.isna(v) else number(v) if pd.isna(a) or pd.isna(b)
+            else f"{number(v)} [{number(a)}, {number(b)}]"
+            for v, a, b in zip(summary[c], summary[lo], summary[hi])
+        ]  # fmt: skip
+    return shown
 
 
 @dataclass
@@ -237,6 +253,20 @@ def write_report(
     return Report(folder.files["report"], summary, folder.files, folder.not_measured)
 
 
+def _legend(results: dict) -> str:
+    """What the intervals and the verdict mean, with their levels."""
+    if "uncertainty" not in results:
+        return ""
+    a = results["uncertainty"].table.attrs
+    return (
+        f"<p class='legend'>[lo, hi]: {100 * a['level']:.0f} % bootstrap interval"
+        f" ({a['resamples']} resamples; over queries for bias and AUROC, over classes for"
+        " spearman, entropy and snap_step; none where a figure averages one unit)."
+        f"  <b>scans</b>: bias &gt; 0 and AUROC above its permutation null at p &lt;"
+        f" {a['alpha']:g} / {a['heads']} heads (Bonferroni).</p>"
+    )
+
+
 def _ranking(summary: pd.DataFrame, folder: _Folder) -> pd.DataFrame | None:
     if not {"auroc", "bias"} & set(summary):
         folder.not_measured["head ranking"] = "needs auroc or bias (discriminative_bias)"
@@ -338,7 +368,8 @@ def _page(traj, groups, title, summary, ranking, results, folder: _Folder, view_
         f"<h1>{html.escape(title)}</h1>",
         _overview(traj, groups),
         "<h2>Summary (one row per layer and head, at the last checkpoint)</h2>",
-        table_html(summary[[c for c in KEY_COLUMNS if c in summary]].head(50)),
+        table_html(with_intervals(summary, KEY_COLUMNS).head(50)),
+        _legend(results),
         f"<p>The first 50 heads and the main columns; all {len(summary.columns)} columns of"
         f" every head are in <code>summary.csv</code>.  Each is explained under"
         " <i>How to read it</i>; a dash is a value that could not be measured (see"
@@ -347,7 +378,7 @@ def _page(traj, groups, title, summary, ranking, results, folder: _Folder, view_
     if ranking is not None:
         body += [
             "<h2>Heads ranked by scan (AUROC, then bias)</h2>",
-            table_html(ranking[[c for c in HEAD_COLUMNS if c in ranking]].head(20)),
+            table_html(with_intervals(ranking, HEAD_COLUMNS).head(20)),
         ]
     if {"growth_bounds", "theory_fit"} & set(results):
         body.append(_theory_section(summary, results))

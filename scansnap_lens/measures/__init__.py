@@ -17,18 +17,26 @@ P(l|m, n), common tokens of each query), and returns a `Measurement`: a table wi
 - `catalog`: `MEASURES`, the table of measurements (function, needs, summary columns,
   figures, explanation) that `measure_all`, `summarize` and the report iterate over;
 - `summary`: `measure_all` (each measurement once) and `summarize` (one row per head);
-- `heads`: `rank_heads`, `head_grid`.
+- `heads`: `rank_heads`, `head_grid`;
+- `uncertainty`: `scan_uncertainty`, bootstrap intervals, permutation p-values, the untrained
+  baseline and the `scans` verdict of every head.
 """
 
 from scansnap_lens._lazy import exports
 
 _NAMES = {
+    "ALPHA": "uncertainty",
+    "LEVEL": "uncertainty",
+    "UNCERTAINTY_COLUMNS": "uncertainty",
     "INDEX": "measurement",
     "MEASURES": "catalog",
     "Measure": "catalog",
     "MeasureInputs": "catalog",
     "Plot": "catalog",
     "by_name": "catalog",
+    "bootstrap_interval": "uncertainty",
+    "permutation_p": "uncertainty",
+    "scan_uncertainty": "uncertainty",
     "Measurement": "measurement",
     "NOT_YET_SNAPPED": "snap",
     "NO_SCAN": "snap",
@@ -68,6 +76,7 @@ _MODULES = {
     "rates",
     "snap",
     "summary",
+    "uncertainty",
 }
 
 __all__ = sorted(set(_NAMES) | _MODULES)

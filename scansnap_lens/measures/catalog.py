@@ -6,7 +6,7 @@ iterate over `MEASURES`; adding a measurement is one module plus one entry here.
 
 >>> [m.name for m in MEASURES]  # in the summary's column order
 ['snapping', 'discriminative_bias', 'frequency_bias', 'sparsity', 'attention_entropy', \
-'growth_factor', 'growth_bounds', 'theory_fit']
+'growth_factor', 'growth_bounds', 'theory_fit', 'uncertainty']
 >>> by_name("growth_bounds").summary  # the columns it gives the one-row-per-head summary
 ('bound_ratio', 'inside')
 """
@@ -23,6 +23,7 @@ from scansnap_lens.measures.frequency import frequency_bias
 from scansnap_lens.measures.growth import growth_factor
 from scansnap_lens.measures.measurement import Measurement
 from scansnap_lens.measures.snap import snapping
+from scansnap_lens.measures.uncertainty import UNCERTAINTY_COLUMNS, scan_uncertainty
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
@@ -226,6 +227,19 @@ MEASURES: tuple[Measure, ...] = (
         " measured attention over each class's distinct tokens; <b>dz_corr</b>: correlation of"
         " predicted and measured logit changes over the tracked pairs.  1 means the head does"
         " what the theory says.",
+    ),
+    Measure(
+        "uncertainty",
+        lambda x: scan_uncertainty(x.traj, x.groups),
+        summary=UNCERTAINTY_COLUMNS,
+        explains="<b>Uncertainty</b> (at the last checkpoint): <b>_lo</b>, <b>_hi</b> are 95 %"
+        " bootstrap intervals, over queries for bias, AUROC and attention entropy, over classes"
+        " for spearman, entropy and snap_step (empty where a figure averages one unit);"
+        " <b>bias_p</b>, <b>auroc_p</b>: permutation p-values with the token kinds shuffled"
+        " within each query, <b>spearman_p</b> with P(l|m, n) shuffled within each class;"
+        " <b>_baseline</b>: bias and AUROC of the logit levels at the first checkpoint (the"
+        " untrained head).  <b>scans</b>: bias &gt; 0 and AUROC above its null at p &lt; 0.05"
+        " divided by the number of heads (Bonferroni).",
     ),
 )
 

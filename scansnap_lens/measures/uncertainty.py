@@ -1,0 +1,324 @@
+"""How sure a per-head figure is: bootstrap intervals, permutation nulls, an untrained baseline
+and a `scans` verdict, at the last checkpoint.
+
+- **Bootstrap** (`bootstrap_interval`): the units a figure averages are resampled with
+  replacement, queries for `bias` and `auroc` (and the attention entropy), classes for
+  `spearman`, the entropy over distinct tokens and `snap_step`; the interval is the
+  percentile interval of the resampled weighted means (`level`, default 95 %), NaN where a
+  figure averages fewer than two units.
+- **Permutation null** (`permutation_p`): `bias` and `auroc` with the token kinds shuffled
+  within each query (which tokens are distinct and which common), `spearman` with P(l|m, n)
+  shuffled within each class; the p-value is (1 + #{null >= observed}) / (1 + resamples).
+- **Baseline**: `bias` and `auroc` of the logit levels z at the first checkpoint (what the
+  untrained head shows), against their change dz since then.
+- **Verdict**: a head ``scans`` when its bias is above 0 and its AUROC above the null at
+  p < alpha / heads (Bonferroni over the heads of the trajectory).
+
+Every resample is one row of a tensor: no Python loop runs per resample or per token.  Shape
+letters (docs/shapes.md): L layers, H heads, U units (queries or classes), B resamples, N
+tokens of one unit.
+
+>>> g = torch.Generator().manual_seed(0)
+>>> values = torch.tensor([1.0, 2.0, 3.0, 4.0])  # four units with one value each
+>>> lo, hi = bootstrap_interval(values, torch.ones(4), num=2000, generator=g)
+>>> 1.0 <= lo.item() < 2.5 < hi.item() <= 4.0
+True
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from scansnap_lens.measures.measurement import Measurement
+from scansnap_lens.measures.snap import class_movement, snap_step
+from scansnap_lens.recording.trajectory import Trajectory
+from scansnap_lens.statistics.groups import TokenGroups
+
+__all__ = [
+    "ALPHA",
+    "LEVEL",
+    "UNCERTAINTY_COLUMNS",
+    "bootstrap_interval",
+    "permutation_p",
+    "scan_uncertainty",
+]
+
+LEVEL = 0.95  # the bootstrap intervals' coverage
+ALPHA = 0.05  # the verdict's family-wise level over the heads
+# the columns `scan_uncertainty` adds to the one-row-per-head summary
+UNCERTAINTY_COLUMNS = ("bias_lo", "bias_hi", "bias_p", "bias_baseline", "auroc_lo", "auroc_hi",
+                       "auroc_p", "auroc_baseline", "spearman_lo", "spearman_hi", "spearman_p",
+                       "entropy_lo", "entropy_hi", "attention_entropy_lo",
+                       "attention_entropy_hi", "snap_step_lo", "snap_step_hi", "snap_share",
+                       "scans")  # fmt: skip
+MAX_ELEMENTS = 1 << 24  # resamples are drawn in chunks of at most this many values
+
+
+def _counts(num_units: int, num: int, generator) -> Tensor:
+    """[B, U] how often each unit is drawn in each of `num` resamples with replacement."""
+    drawn = torch.randint(num_units, (num, num_units), generator=generator)
+    counts = torch.zeros(num, num_units, dtype=torch.float64)
+    return counts.scatter_add_(1, drawn, torch.ones_like(drawn, dtype=torch.float64))
+
+
+def _resampled_means(values: Tensor, weights: Tensor, counts: Tensor) -> Tensor:
+    """[B, ...] the weighted mean over units of `values` [U, ...] for each row of `counts`
+    [B, U]; a NaN value has no weight (NaN where a resample holds no value)."""
+    ok = ~torch.isnan(values)
+    w = weights.double().reshape(-1, *([1] * (values.dim() - 1))) * ok
+    flat_v = (torch.nan_to_num(values.double()) * w).reshape(values.shape[0], -1)
+    flat_w = w.expand_as(values).reshape(values.shape[0], -1)
+    total = counts @ flat_w
+    mean = torch.where(total > 0, (counts @ flat_v) / total.clamp_min(1e-300), math.nan)
+    return mean.reshape(counts.shape[0], *values.shape[1:])
+
+
+def bootstrap_interval(
+    values: Tensor, weights: Tensor, num: int = 1000, level: float = LEVEL, generator=None
+) -> tuple[Tensor, Tensor]:
+    """The percentile bootstrap interval of the weighted mean over units of `values` [U, ...]
+    (`weights` [U]): units resampled with replacement `num` times.  ([...], [...]); NaN with
+    fewer than two units (one unit has no spread to resample)."""
+    if values.shape[0] < 2:
+        nan = torch.full(values.shape[1:], math.nan, dtype=torch.float64)
+        return nan, nan.clone()
+    means = _resampled_means(values, weights, _counts(values.shape[0], num, generator))
+    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
+    lo, hi = torch.nanquantile(means, q, dim=0)
+    return lo, hi
+
+
+def permutation_p(observed: Tensor, null: Tensor) -> Tensor:
+    """One-sided p-value of `observed` [...] against `null` [B, ...]: (1 + #{null >=
+    observed}) / (1 + B); NaN where the observation is NaN."""
+    above = (null >= observed).sum(0).double()
+    p = (1 + above) / (1 + null.shape[0])
+    return torch.where(torch.isnan(observed), math.nan, p)
+
+
+def _shuffled_first(n: int, k: int, num: int, generator) -> Tensor:
+    """[B, k] the positions that the first k of a random permutation of n take, per resample."""
+    keys = torch.rand(num, n, generator=generator)
+    return keys.argsort(-1)[:, :k]
+
+
+def _kind_null(dz: Tensor, ranks: Tensor, num_distinct: int, num: int, generator):
+    """Bias and AUROC [B, L, H] of one query with its token kinds shuffled: `dz` and `ranks`
+    [L, H, N] over its distinct and common tokens, the first `num_distinct` distinct."""
+    n = dz.shape[-1]
+    d = num_distinct
+    total = dz.sum(-1)  # [L, H]
+    biases, aurocs = [], []
+    step = max(1, MAX_ELEMENTS // max(1, dz[..., 0].numel() * d))
+    for start in range(0, num, step):  # chunks of resamples, not one resample at a time
+        pick = _shuffled_first(n, d, min(step, num - start), generator)  # [b, d]
+        d_sum = dz[..., pick].sum(-1)  # [L, H, b]
+        r_sum = ranks[..., pick].sum(-1)
+        biases.append(d_sum / d - (total[..., None] - d_sum) / (n - d))
+        aurocs.append((r_sum - d * (d + 1) / 2) / (d * (n - d)))
+    return torch.cat(biases, -1).permute(2, 0, 1), torch.cat(aurocs, -1).permute(2, 0, 1)
+
+
+def _ranks(x: Tensor) -> Tensor:
+    """Ranks along the last axis, ties averaged (as scipy's rankdata)."""
+    from scipy.stats import rankdata
+
+    return torch.from_numpy(rankdata(x.numpy(), axis=-1))
+
+
+def _query_units(traj: Trajectory, groups: TokenGroups):
+    """Per query with both kinds: (query, distinct tokens' slots, common tokens' slots, events)."""
+    plan = traj.plan
+    units = []
+    for m in groups.query.unique().tolist():  # one entry per query: index lists, no tensors
+        d = plan.pair_slot(m, groups.distinct_of_query(m))
+        c = plan.pair_slot(m, groups.common.get(m, torch.empty(0, dtype=torch.long)))
+        d, c = d[d >= 0], c[c >= 0]
+        if d.numel() and c.numel():
+            units.append((m, d, c, float(groups.events[groups.query == m].sum())))
+    return units
+
+
+def scan_uncertainty(
+    traj: Trajectory,
+    groups: TokenGroups,
+    num_resamples: int = 1000,
+    level: float = LEVEL,
+    alpha: float = ALPHA,
+    seed: int = 0,
+) -> Measurement:
+    """Intervals, p-values, baselines and the `scans` verdict of every head (see the module).
+
+    Table, one row per layer and head: ``bias``, ``bias_lo``, ``bias_hi``, ``bias_p``,
+    ``bias_baseline``; the same for ``auroc``; ``spearman_lo``, ``spearman_hi``,
+    ``spearman_p``; ``entropy_lo``, ``entropy_hi`` (over distinct tokens);
+    ``attention_entropy_lo``, ``attention_entropy_hi``; ``snap_step_lo``, ``snap_step_hi``
+    (over the resamples that snapped) and ``snap_share`` (the share that did); ``scans``.
+    Seeded (`seed`): the same call gives the same numbers.
+    """
+    groups.check_context(traj.plan)
+    g = torch.Generator().manual_seed(seed)
+    L, H = len(traj.layers), len(traj.heads)
+    first, last = traj.zbar[0].double(), traj.zbar[-1].double()  # [L, H, Pz]
+    out: dict[str, Tensor] = {}
+
+    # ---- bias and AUROC: units are queries
+    units = _query_units(traj, groups)
+    if not units:
+        raise ValueError("no query has both distinct and common tokens in the trajectory")
+    w = torch.tensor([u[3] for u in units], dtype=torch.float64)
+    stats = {k: [] for k in ("bias", "auroc", "bias_baseline", "auroc_baseline")}
+    nulls = {"bias": 0, "auroc": 0}
+    for _m, d, c, _ in units:  # per query, vectorised over heads, tokens and resamples
+        slots = torch.cat([d, c])
+        dz, z0 = last[..., slots] - first[..., slots], first[..., slots]
+        for name, x in (("", dz), ("_baseline", z0)):
+            ranks = _ranks(x)
+            nd, nc = d.numel(), c.numel()
+            stats["bias" + name].append(x[..., :nd].mean(-1) - x[..., nd:].mean(-1))
+            stats["auroc" + name].append((ranks[..., :nd].sum(-1) - nd * (nd + 1) / 2) / (nd * nc))
+            if not name:
+                b_null, a_null = _kind_null(dz, ranks, nd, num_resamples, g)
+                nulls["bias"] = nulls["bias"] + b_null * w[len(stats["bias"]) - 1]
+                nulls["auroc"] = nulls["auroc"] + a_null * w[len(stats["bias"]) - 1]
+    for name in ("bias", "auroc"):
+        values = torch.stack(stats[name])  # [U, L, H]
+        out[name] = _resampled_means(values, w, torch.ones(1, len(units), dtype=torch.float64))[0]
+        out[f"{name}_lo"], out[f"{name}_hi"] = bootstrap_interval(values, w, num_resamples,
+                                                                  level, g)  # fmt: skip
+        out[f"{name}_p"] = permutation_p(out[name], nulls[name] / w.sum())
+        base = torch.stack(stats[f"{name}_baseline"])
+        out[f"{name}_baseline"] = _resampled_means(base, w, torch.ones(1, len(units)).double())[0]
+
+    # ---- spearman and the entropy over distinct tokens: units are classes
+    out.update(_class_figures(traj, groups, first, last, num_resamples, level, g))
+    # ---- attention entropy: units are the tracked queries
+    ent = traj.query_entropy[-1].double().permute(2, 0, 1)  # [Q, L, H]
+    out["attention_entropy_lo"], out["attention_entropy_hi"] = bootstrap_interval(
+        ent, traj.plan.query_events.double(), num_resamples, level, g
+    )
+    # ---- snap_step: units are the tracked classes
+    out.update(_snap_interval(traj, min(num_resamples, 200), level, g))
+
+    heads = L * H
+    scans = (out["bias"] > 0) & (out["auroc_p"] < alpha / heads)
+    table = pd.MultiIndex.from_product([traj.layers, traj.heads], names=["layer", "head"])
+    table = table.to_frame(index=False)
+    for name, value in out.items():
+        table[name] = value.reshape(-1).numpy()
+    table["scans"] = scans.reshape(-1).numpy()
+    table.attrs.update(level=level, alpha=alpha, heads=heads, resamples=num_resamples)
+    return Measurement("uncertainty", table)
+
+
+def _class_figures(traj, groups, first, last, num, level, g) -> dict[str, Tensor]:
+    """Spearman (interval and p-value) and the entropy over distinct tokens (interval), with
+    classes as units; tokens padded to the longest class so that every class is one row."""
+    plan = traj.plan
+    L, H = first.shape[:2]
+    sizes = torch.tensor([t.numel() for t in groups.distinct])
+    keep = sizes >= 2
+    out = {}
+    if not bool(keep.any()):
+        nan = torch.full((L, H), math.nan, dtype=torch.float64)
+        return {k: nan.clone() for k in ("spearman_lo", "spearman_hi", "spearman_p",
+                                         "entropy_lo", "entropy_hi")}  # fmt: skip
+    ks = keep.nonzero().flatten()
+    n_max = int(sizes[ks].max())
+    K = ks.numel()
+    tokens = torch.zeros(K, n_max, dtype=torch.long)
+    p = torch.full((K, n_max), math.nan, dtype=torch.float64)
+    for row, k in enumerate(ks.tolist()):  # index arrays only; the values are gathered at once
+        n = int(sizes[k])
+        tokens[row, :n], p[row, :n] = groups.distinct[k], groups.distinct_p[k].double()
+    valid = ~torch.isnan(p)
+    queries = groups.query[ks][:, None].expand(K, n_max)
+    slots = plan.pair_slot(queries.reshape(-1), tokens.reshape(-1)).reshape(K, n_max)
+    valid &= slots >= 0
+    safe = slots.clamp_min(0)
+    dz = (last[..., safe] - first[..., safe]).permute(2, 0, 1, 3)  # [K, L, H, N]
+    weights = groups.events[ks].double()
+
+    # Spearman per class: ranks within each class over its valid tokens
+    big = torch.where(valid[:, None, None, :], dz, math.inf)
+    rx = _masked_ranks(big, valid[:, None, None, :])
+    rp = _masked_ranks(torch.where(valid, p, math.inf), valid)  # [K, N]
+    n_valid = valid.sum(-1).double()  # [K]
+    mean_rank = (n_valid + 1) / 2
+    rx_c = torch.where(valid[:, None, None, :], rx - mean_rank[:, None, None, None], 0.0)
+    rp_c = torch.where(valid, rp - mean_rank[:, None], 0.0)
+    den = torch.sqrt((rx_c**2).sum(-1) * (rp_c**2).sum(-1)[:, None, None])  # [K, L, H]
+    usable = (den > 0) & (n_valid >= 2)[:, None, None]
+    rho = torch.where(usable, (rx_c * rp_c[:, None, None, :]).sum(-1) / den.clamp_min(1e-300),
+                      math.nan)  # fmt: skip
+    observed = _resampled_means(rho, weights, torch.ones(1, K, dtype=torch.float64))[0]
+    out["spearman_lo"], out["spearman_hi"] = bootstrap_interval(rho, weights, num, level, g)
+    # null: P shuffled within each class (pads stay last), the correlation with each shuffle
+    nulls = []
+    step = max(1, MAX_ELEMENTS // max(1, K * L * H * n_max))
+    for start in range(0, num, step):
+        b = min(step, num - start)
+        keys = torch.where(valid[None], torch.rand(b, K, n_max, generator=g), math.inf)
+        order = keys.argsort(-1)  # valid positions first, in a random order
+        shuffled = torch.gather(rp_c.expand(b, K, n_max), 2, order)  # [b, K, N]
+        shuffled = torch.where(valid[None], shuffled, 0.0)
+        num_ = torch.einsum("klhn,bkn->bklh", rx_c, shuffled)
+        rho_b = torch.where(usable[None], num_ / den.clamp_min(1e-300)[None], math.nan)
+        w_ok = torch.where(torch.isnan(rho_b), 0.0, weights[None, :, None, None])
+        nulls.append((torch.nan_to_num(rho_b) * w_ok).sum(1) / w_ok.sum(1).clamp_min(1e-300))
+    out["spearman_p"] = permutation_p(observed, torch.cat(nulls))
+
+    out["entropy_lo"], out["entropy_hi"] = _entropy_interval(traj, groups, ks, num, level, g)
+    return out
+
+
+def _masked_ranks(x: Tensor, valid: Tensor) -> Tensor:
+    """Ranks along the last axis among the valid entries (invalid ones hold +inf and rank last),
+    ties averaged."""
+    return _ranks(torch.where(valid, x, math.inf).expand(x.shape))
+
+
+def _entropy_interval(traj, groups, ks, num, level, g) -> tuple[Tensor, Tensor]:
+    """Interval of the entropy over distinct tokens (renormalised c_hat at the last step)."""
+    plan = traj.plan
+    last = traj.c_hat[-1].double()  # [L, H, Pc]
+    ents, weights = [], []
+    for k in ks.tolist():  # slot lookups per class; the values come from one loaded step
+        c = plan.class_slot(int(groups.query[k]), int(groups.next_token[k]))
+        if c is None:
+            continue
+        slot = plan.triple_slot(c, groups.distinct[k])
+        vals = torch.where(slot >= 0, last[..., slot.clamp_min(0)], 0.0)  # [L, H, D]
+        mass = vals.sum(-1, keepdim=True)
+        q = vals / mass.clamp_min(1e-300)
+        ent = -torch.special.xlogy(q, q).sum(-1)
+        ents.append(torch.where(mass[..., 0] > 0, ent, math.nan))
+        weights.append(1.0)  # `sparsity` averages classes with equal weight
+    if not ents:
+        nan = torch.full(last.shape[:2], math.nan, dtype=torch.float64)
+        return nan, nan.clone()
+    return bootstrap_interval(torch.stack(ents), torch.tensor(weights), num, level, g)
+
+
+def _snap_interval(traj: Trajectory, num: int, level: float, g) -> dict[str, Tensor]:
+    """snap_step of resampled classes (events-weighted movement, as `snapping`)."""
+    L, H = len(traj.layers), len(traj.heads)
+    nan = torch.full((L, H), math.nan, dtype=torch.float64)
+    if traj.num_steps < 3:
+        return {"snap_step_lo": nan, "snap_step_hi": nan.clone(), "snap_share": nan.clone()}
+    move = class_movement(traj)  # [S-1, L, H, K]
+    if move.shape[-1] < 2:
+        return {"snap_step_lo": nan, "snap_step_hi": nan.clone(), "snap_share": nan.clone()}
+    w = traj.plan.class_events.double()
+    counts = _counts(move.shape[-1], num, g) * w  # [B, K]
+    head_move = torch.einsum("slhk,bk->blhs", move, counts) / counts.sum(-1)[:, None, None, None]
+    snaps, _, _ = snap_step(traj.steps, head_move)  # [B, L, H]
+    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
+    snapped = ~torch.isnan(snaps)
+    lo, hi = torch.nanquantile(snaps, q, dim=0)
+    share = snapped.double().mean(0)
+    return {"snap_step_lo": lo, "snap_step_hi": hi, "snap_share": share}
