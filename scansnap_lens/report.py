@@ -284,8 +284,10 @@ def _model_figures(traj, groups, summary, results, folder, layer, head, training
     if len(summary) > 1:
         folder.figure(
             "heads",
-            "Every head by layer: scan (bias, AUROC), snap (snap_step), attention entropy and"
-            " theory fit (dz_corr: logit changes against the population dynamics)",
+            "Head atlas: every head by layer, its scan (bias, AUROC), snap (snap_step; a dash:"
+            " not snapped), attention entropy and theory fit (dz_corr: logit changes against"
+            " the population dynamics); ringed in white: the heads that scan (see the legend"
+            " of the summary)",
             lambda p: figures.plot_head_grid(
                 summary, traj.layers, traj.heads, columns=HEAD_GRID, path=p
             ),
@@ -379,6 +381,16 @@ def _page(traj, groups, title, summary, ranking, results, folder: _Folder, view_
         body += [
             "<h2>Heads ranked by scan (AUROC, then bias)</h2>",
             table_html(with_intervals(ranking, HEAD_COLUMNS).head(20)),
+        ]
+    if len(summary) > 1:
+        table = measures.atlas(summary)
+        shown = [c for c in table.columns if not c.endswith(("_lo", "_hi")) and c != "snap_step"]
+        body += [
+            "<h2>Head atlas</h2>",
+            "<p>Every layer and head: the scan verdict, bias with its interval, AUROC's"
+            " permutation p-value, the snap step (or why there is none), the theory's fit and"
+            " the attention entropy; the figure <i>heads</i> maps them.</p>",
+            table_html(with_intervals(table, shown)),
         ]
     if {"growth_bounds", "theory_fit"} & set(results):
         body.append(_theory_section(summary, results))

@@ -17,7 +17,7 @@ P(l|m, n), common tokens of each query), and returns a `Measurement`: a table wi
 - `catalog`: `MEASURES`, the table of measurements (function, needs, summary columns,
   figures, explanation) that `measure_all`, `summarize` and the report iterate over;
 - `summary`: `measure_all` (each measurement once) and `summarize` (one row per head);
-- `heads`: `rank_heads`, `head_grid`;
+- `heads`: `rank_heads`, `head_grid`, `atlas` (every head's verdict, snap, fit, entropy);
 - `uncertainty`: `scan_uncertainty`, bootstrap intervals, permutation p-values, the untrained
   baseline and the `scans` verdict of every head.
 """
@@ -41,6 +41,7 @@ _NAMES = {
     "NOT_YET_SNAPPED": "snap",
     "NO_SCAN": "snap",
     "SINGLE_DISTINCT": "entropy",
+    "atlas": "heads",
     "attention_entropy": "entropy",
     "discriminative_bias": "discriminative",
     "effective_rate": "rates",

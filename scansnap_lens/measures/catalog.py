@@ -109,6 +109,15 @@ MEASURES: tuple[Measure, ...] = (
                 "The scan: logit change of distinct (solid) and common (dashed) tokens",
                 "logit_change",
             ),
+            Plot(
+                "auroc_over_steps",
+                "How each head's scan evolved: AUROC of the logit change separating distinct"
+                " from common tokens, a line per head; dotted: its snap_step",
+                "over_steps",
+                "auroc",
+                "scan (AUROC) over checkpoints",
+                snaps=True,
+            ),
         ),
         explains="<b>bias</b>: mean change of the attention logit of a query's <i>distinct</i>"
         " tokens minus that of its <i>common</i> tokens since the first checkpoint; &gt; 0 is"

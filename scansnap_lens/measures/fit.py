@@ -21,7 +21,13 @@ import torch
 from scipy.stats import rankdata
 from torch import Tensor
 
-from scansnap_lens.measures.measurement import Measurement, _frame, _weighted_nanmean, _z
+from scansnap_lens.measures.measurement import (
+    Measurement,
+    _frame,
+    _tracked,
+    _weighted_nanmean,
+    _z,
+)
 from scansnap_lens.measures.rates import effective_rate, training_of
 from scansnap_lens.measures.snap import snapping
 from scansnap_lens.recording.trajectory import Trajectory
@@ -121,7 +127,8 @@ def growth_bounds(
             theory = PhaseTransition(K=K, M=M, lr_y=y, lr_z=zr, rho0=r0)
             B_head[:, j] = theory.B_integral(t) - theory.B_integral(t[:1])
     B = np.broadcast_to(B_head[:, None, :], (len(t), len(traj.layers), len(traj.heads)))
-    for k in range(groups.num_classes):
+    pop_row = {(int(q), int(n)): i for i, (q, n) in enumerate(zip(pop.query, pop.next_token))}
+    for k in _tracked(traj, groups):
         m, n = int(groups.query[k]), int(groups.next_token[k])
         z, held = _z(traj, m, groups.distinct[k])
         if not held.any():
@@ -129,10 +136,9 @@ def growth_bounds(
         p_distinct = groups.distinct_p[k][held]
         i0 = int(torch.argmax(p_distinct))
         l0 = int(groups.distinct[k][held][i0])
-        row = ((pop.query == m) & (pop.next_token == n)).nonzero().flatten()
-        if row.numel() == 0:
+        if (m, n) not in pop_row:
             continue
-        p = probs[int(row[0])]
+        p = probs[pop_row[(m, n)]]
         col = int(torch.searchsorted(pop.tokens, torch.tensor(l0)))
         if col >= pop.tokens.numel() or int(pop.tokens[col]) != l0:
             continue

@@ -11,7 +11,13 @@ import torch
 from scipy.stats import rankdata
 from torch import Tensor
 
-from scansnap_lens.measures.measurement import Measurement, _dz, _frame, _weighted_nanmean
+from scansnap_lens.measures.measurement import (
+    Measurement,
+    _dz,
+    _frame,
+    _tracked,
+    _weighted_nanmean,
+)
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
@@ -20,11 +26,12 @@ __all__ = ["frequency_bias"]
 
 def frequency_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
     """Spearman correlation of dz[m, l] with P(l|m, n) over the distinct tokens of each class,
-    averaged over classes with weights N(m, n).  Classes with fewer than two distinct tokens,
-    or with all P equal, have no correlation and are left out; so are steps where dz is flat."""
+    averaged over the classes the recording tracks with weights N(m, n).  Classes with fewer
+    than two distinct tokens, or with all P equal, have no correlation and are left out; so
+    are steps where dz is flat."""
     groups.check_context(traj.plan)
     rhos, weights, rows = [], [], []
-    for k in range(groups.num_classes):
+    for k in _tracked(traj, groups):
         m = int(groups.query[k])
         dz, held = _dz(traj, m, groups.distinct[k])
         p = groups.distinct_p[k][held]

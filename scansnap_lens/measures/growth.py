@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from scansnap_lens.measures.measurement import Measurement, _frame, _z
+from scansnap_lens.measures.measurement import Measurement, _frame, _tracked, _z
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
@@ -17,10 +17,11 @@ def growth_factor(traj: Trajectory, groups: TokenGroups) -> Measurement:
     """Theorem 3 per class: l0 = the distinct token with the highest P(l|m, n); for every other
     distinct l, r(t) = (ctilde_l0 / ctilde_l)^2 - 1 with ctilde = P exp(zbar), the growth factor
     chi_l0(t) = exp(2 (z_l0(t) - z_l0(0))), and the relative deviation |r - r(0) chi| / r(0) chi.
-    The table keeps chi of l0 (mean over classes) and the worst deviation per step."""
+    The table keeps chi of l0 (mean over the classes the recording tracks) and the worst
+    deviation per step."""
     groups.check_context(traj.plan)
     chis, devs, rows = [], [], []
-    for k in range(groups.num_classes):
+    for k in _tracked(traj, groups):
         m = int(groups.query[k])
         z, held = _z(traj, m, groups.distinct[k])
         p = groups.distinct_p[k][held]

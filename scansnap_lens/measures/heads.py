@@ -21,7 +21,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-__all__ = ["head_grid", "rank_heads"]
+__all__ = ["atlas", "head_grid", "rank_heads"]
+
+# the atlas's columns: verdict, scan with its interval, snap, theory fit, entropy
+ATLAS = ["layer", "head", "scans", "bias", "bias_lo", "bias_hi", "auroc", "auroc_p",
+         "spearman", "snap_step", "snap_step_lo", "snap_step_hi", "rank_agreement", "dz_corr",
+         "attention_entropy"]  # fmt: skip
 
 
 def rank_heads(summary: pd.DataFrame, by: Sequence[str] = ("auroc", "bias")) -> pd.DataFrame:
@@ -46,3 +51,25 @@ def head_grid(
         if int(layer) in li and int(head) in hi:
             grid[li[int(layer)], hi[int(head)]] = float(value)
     return grid
+
+
+def atlas(summary: pd.DataFrame) -> pd.DataFrame:
+    """Every head in one table, layer by layer: the `scans` verdict with bias, its interval and
+    AUROC's p-value, the snap step with its interval (``snap`` says "not yet snapped" or "no
+    scan" where there is none), the theory's fit and the attention entropy; the columns the
+    summary lacks are left out.
+
+    >>> summary = pd.DataFrame({"layer": [0, 0], "head": [0, 1], "scans": [True, False],
+    ...                         "bias": [2.0, 0.1], "snap_step": [120.0, float("nan")],
+    ...                         "snap_reason": ["", "not yet snapped"]})
+    >>> atlas(summary)[["head", "scans", "snap"]].values.tolist()
+    [[0, True, '120'], [1, False, 'not yet snapped']]
+    """
+    table = summary[[c for c in ATLAS if c in summary]].copy()
+    if "snap_step" in summary:
+        reason = summary.get("snap_reason", pd.Series([""] * len(summary)))
+        table["snap"] = [
+            f"{v:.4g}" if not math.isnan(v) else (r or "none")
+            for v, r in zip(summary["snap_step"].astype(float), reason.fillna(""))
+        ]
+    return table.sort_values(["layer", "head"], kind="stable").reset_index(drop=True)

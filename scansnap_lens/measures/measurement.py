@@ -32,6 +32,15 @@ def _dz(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:
     return z - z[:1], held
 
 
+def _tracked(traj: Trajectory, groups) -> list[int]:
+    """Indices of the groups' classes that the recording tracks (class slots of its plan): the
+    per-class measurements average over these, one vectorised lookup for all of them."""
+    from scansnap_lens.recording.plan import _find
+
+    keys = groups.query * traj.plan.vocab_size + groups.next_token
+    return (_find(traj.plan.class_keys, keys) >= 0).nonzero().flatten().tolist()
+
+
 def _frame(traj: Trajectory, values: dict[str, Tensor]) -> pd.DataFrame:
     """Long table of [S, L, H] tensors."""
     idx = pd.MultiIndex.from_product(

@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from scansnap_lens.measures.measurement import Measurement
+from scansnap_lens.measures.measurement import Measurement, _tracked
 from scansnap_lens.measures.snap import class_movement, snap_step
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
@@ -222,6 +222,9 @@ def _class_figures(traj, groups, first, last, num, level, g) -> dict[str, Tensor
     L, H = first.shape[:2]
     sizes = torch.tensor([t.numel() for t in groups.distinct])
     keep = sizes >= 2
+    tracked = torch.zeros_like(keep)
+    tracked[_tracked(traj, groups)] = True  # the classes `frequency_bias` averages
+    keep &= tracked
     out = {}
     if not bool(keep.any()):
         nan = torch.full((L, H), math.nan, dtype=torch.float64)

@@ -398,20 +398,28 @@ def recordable(model: HookedModel | torch.nn.Module) -> HookedModel:
     return hf_bridge(copy.deepcopy(model).eval()) if is_hf_model(model) else model
 
 
-def trainer_callback(recorder: Recorder):
-    """A ``transformers.TrainerCallback`` that records at the start and at every save.
+def trainer_callback(recorder: Recorder, steps=None):
+    """A ``transformers.TrainerCallback`` that records at the start and at every save, and,
+    with `steps` (optimizer steps, e.g. Pythia's 0, 1, 2, 4, ..., 512, 1000, ...), at each of
+    them whether or not the Trainer saves there (no weights are written for those).
 
     >>> # trainer = transformers.Trainer(..., callbacks=[trainer_callback(recorder)])
     """
     from transformers import TrainerCallback
+
+    wanted = None if steps is None else {int(s) for s in steps}
 
     class ScanSnapCallback(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             if model is not None and state.global_step == 0:
                 recorder.on_checkpoint(0, model)
 
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if model is not None and wanted is not None and state.global_step in wanted:
+                recorder.on_checkpoint(state.global_step, model)
+
         def on_save(self, args, state, control, model=None, **kwargs):
-            if model is not None:
+            if model is not None and state.global_step not in recorder.done:
                 recorder.on_checkpoint(state.global_step, model)
 
     return ScanSnapCallback()

@@ -325,7 +325,9 @@ def plot_head_grid(
     columns: Sequence[str] = ("bias", "auroc", "snap_step", "attention_entropy"),
     path: str | Path | None = None,
 ) -> Figure:
-    """[layer, head] heat maps of summary columns: where in the model the scan and snap are."""
+    """[layer, head] heat maps of summary columns: where in the model the scan and snap are.
+    A head the summary says ``scans`` (`measures.uncertainty`) is ringed in white; a cell
+    without a value (a head not yet snapped) is grey with a dash."""
     from scansnap_lens.measures.heads import head_grid
 
     columns = [c for c in columns if c in summary]
@@ -335,7 +337,14 @@ def plot_head_grid(
     axes = np.atleast_1d(fig.subplots(1, len(columns)))
     for ax, column in zip(axes, columns):
         grid = head_grid(summary, column, layers, heads).numpy()
-        image = ax.imshow(grid, aspect="auto", cmap="viridis")
+        image = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis")
+        ax.set_facecolor("#d0d0d0")
+        for li, hi in zip(*np.nonzero(np.isnan(grid))):
+            ax.text(hi, li, "–", ha="center", va="center", color="#555555")
+        if "scans" in summary:
+            scans = head_grid(summary, "scans", layers, heads).numpy() == 1
+            ys, xs = np.nonzero(scans)
+            ax.scatter(xs, ys, s=60, facecolors="none", edgecolors="white", linewidths=1.5)
         fig.colorbar(image, ax=ax, shrink=0.8)
         ax.set_title(column)
         ax.set_xlabel("head")

@@ -127,6 +127,16 @@ def test_trainer_callback_records_without_changing_training(tmp_path):
     assert set(checkpoints.load_state_dict(tmp_path / "run" / "checkpoint-4")) == plain_keys
 
 
+def test_trainer_callback_records_at_chosen_steps_between_saves(tmp_path):
+    """`steps=` (Pythia's schedule, say) records at steps the Trainer does not save, and the
+    saves as before; the training is unchanged."""
+    plain = trainer_run("gpt2", tmp_path / "plain")
+    recorder = Recorder(tmp_path / "traj", EVAL, plan_recording(EVAL, V), progress=False)
+    callback = trainer_callback(recorder, steps=[1, 3])
+    assert trainer_run("gpt2", tmp_path / "run", callbacks=[callback]) == plain
+    assert recorder.trajectory().steps.tolist() == [0, 1, 2, 3, 4]
+
+
 def test_trainer_step_must_agree_with_trainer_state(tmp_path):
     trainer_run("gpt2", tmp_path / "run")
     os.rename(tmp_path / "run" / "checkpoint-2", tmp_path / "run" / "checkpoint-3")
