@@ -513,6 +513,18 @@ def test_an_output_folder_of_another_run_is_refused(demo_out, own_run, tmp_path,
     assert Trajectory.load(tmp_path / "t").meta["source"] == str(other)
 
 
+def test_a_closed_output_pipe_ends_quietly():
+    """`scansnap theory ... | head -1`: the reader goes away; no traceback, no error line."""
+    code = "import sys; from scansnap_lens.cli import main; sys.exit(main(sys.argv[1:]))"
+    args = ["theory", "--K", "2", "--M", "33", "--lr-y", "1", "--lr-z", "1", "--points", "5000"]
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    proc.stdout.readline()
+    proc.stdout.close()  # as head does after its line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and err == "", err
+
+
 def test_an_interrupt_at_any_moment_exits_130_without_a_traceback():
     """SIGINT while the libraries load (the first seconds) or while a command runs."""
     import signal

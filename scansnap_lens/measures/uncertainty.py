@@ -172,19 +172,19 @@ def scan_uncertainty(
         raise ValueError("no query has both distinct and common tokens in the trajectory")
     w = torch.tensor([u[3] for u in units], dtype=torch.float64)
     stats = {k: [] for k in ("bias", "auroc", "bias_baseline", "auroc_baseline")}
-    nulls = {"bias": 0, "auroc": 0}
-    for _m, d, c, _ in units:  # per query, vectorised over heads, tokens and resamples
+    nulls = {"bias": 0.0, "auroc": 0.0}  # sum over queries of weight x null, [B, L, H]
+    for (_m, d, c, _), weight in zip(units, w):  # per query, vectorised over the rest
         slots = torch.cat([d, c])
+        nd, nc = d.numel(), c.numel()
         dz, z0 = last[..., slots] - first[..., slots], first[..., slots]
         for name, x in (("", dz), ("_baseline", z0)):
             ranks = _ranks(x)
-            nd, nc = d.numel(), c.numel()
             stats["bias" + name].append(x[..., :nd].mean(-1) - x[..., nd:].mean(-1))
             stats["auroc" + name].append((ranks[..., :nd].sum(-1) - nd * (nd + 1) / 2) / (nd * nc))
             if not name:
                 b_null, a_null = _kind_null(dz, ranks, nd, num_resamples, g)
-                nulls["bias"] = nulls["bias"] + b_null * w[len(stats["bias"]) - 1]
-                nulls["auroc"] = nulls["auroc"] + a_null * w[len(stats["bias"]) - 1]
+                nulls["bias"] = nulls["bias"] + b_null * weight
+                nulls["auroc"] = nulls["auroc"] + a_null * weight
     for name in ("bias", "auroc"):
         values = torch.stack(stats[name])  # [U, L, H]
         out[name] = _resampled_means(values, w, torch.ones(1, len(units), dtype=torch.float64))[0]
