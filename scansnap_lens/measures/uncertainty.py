@@ -94,8 +94,16 @@ def bootstrap_interval(
 
 def permutation_p(observed: Tensor, null: Tensor) -> Tensor:
     """One-sided p-value of `observed` [...] against `null` [B, ...]: (1 + #{null >=
-    observed}) / (1 + B); NaN where the observation is NaN."""
-    above = (null >= observed).sum(0).double()
+    observed}) / (1 + B); NaN where the observation is NaN.  A null value equal to the
+    observation up to rounding (relative 1e-9) counts as equal: the observed arrangement is one
+    of the null's, computed along another path.
+
+    >>> null = torch.tensor([0.3, 0.0, 1.0], dtype=torch.float64)
+    >>> permutation_p(torch.tensor(0.1 + 0.2, dtype=torch.float64), null)  # 0.3 ties it
+    tensor(0.7500, dtype=torch.float64)
+    """
+    tie = 1e-9 * observed.abs().clamp_min(1.0)
+    above = (null >= observed - tie).sum(0).double()
     p = (1 + above) / (1 + null.shape[0])
     return torch.where(torch.isnan(observed), math.nan, p)
 
@@ -242,6 +250,10 @@ def _class_figures(traj, groups, first, last, num, level, g) -> dict[str, Tensor
     queries = groups.query[ks][:, None].expand(K, n_max)
     slots = plan.pair_slot(queries.reshape(-1), tokens.reshape(-1)).reshape(K, n_max)
     valid &= slots >= 0
+    # the tokens the recording holds first in each row: the null below shuffles the first
+    # n_valid positions, which must be the valid ones (a held token may follow unheld ones)
+    held_first = torch.sort((~valid).to(torch.int8), dim=-1, stable=True).indices
+    valid, slots, p = (x.gather(-1, held_first) for x in (valid, slots, p))
     safe = slots.clamp_min(0)
     dz = (last[..., safe] - first[..., safe]).permute(2, 0, 1, 3)  # [K, L, H, N]
     weights = groups.events[ks].double()

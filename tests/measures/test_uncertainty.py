@@ -114,3 +114,44 @@ def test_the_demo_head_scans(demo_out):
     table = scan_uncertainty(traj, TokenGroups.from_synthetic(syn_medium(1))).table
     assert table["scans"].all() and (table["bias_p"] == 1 / 1001).all()
     assert (table["snap_step_lo"] < table["snap_step_hi"]).all()
+
+
+def test_spearman_p_is_the_exact_permutation_p_when_the_recording_misses_tokens():
+    """A class's distinct tokens the recording does not hold (pairs absent from the evaluation
+    text) sit between held ones; the null shuffles P(l|m, n) among the held tokens only, and
+    its p-value is the one that enumerating every shuffle gives."""
+    import itertools
+
+    from scipy.stats import spearmanr
+
+    from tests._hand import groups as hand_groups
+    from tests._hand import hand_trajectory
+
+    steps = [0, 1, 2, 3]
+    final = {(0, 4): 1.0, (0, 6): 3.0, (0, 7): 2.0, (0, 8): 0.5, (0, 9): 1.0, (0, 1): -1.0}
+    zbar = {pair: [v * t / 3 for t in steps] for pair, v in final.items()}
+    c_hat = {
+        (0, 1): {4: [0.1] * 4, 6: [0.1] * 4, 7: [0.1] * 4},
+        (0, 2): {8: [0.1] * 4, 9: [0.1] * 4},
+    }
+    traj = hand_trajectory(steps, zbar, c_hat)
+    distinct = {(0, 1): {3: 0.1, 4: 0.2, 5: 0.3, 6: 0.4, 7: 0.5},  # 3 and 5 not recorded
+                (0, 2): {3: 0.4, 8: 0.1, 9: 0.3}}  # fmt: skip
+    groups = hand_groups(distinct, {0: [1]}, events=[1, 2])
+
+    held = [[4, 6, 7], [8, 9]]  # each class's recorded tokens, in token order
+    dz = [[final[(0, t)] for t in tokens] for tokens in held]
+    p = [[distinct[key][t] for t in tokens] for key, tokens in zip(sorted(distinct), held)]
+    weights = np.array([1.0, 2.0])
+
+    def mean_rho(ps):
+        return np.dot(weights, [spearmanr(x, y)[0] for x, y in zip(dz, ps)]) / weights.sum()
+
+    observed = mean_rho(p)
+    null = [mean_rho(ps) for ps in itertools.product(*map(itertools.permutations, p))]
+    exact = np.mean(np.array(null) >= observed - 1e-12)  # 3 of 12 arrangements
+
+    table = scan_uncertainty(traj, groups, num_resamples=4000).table
+    assert frequency_bias(traj, groups).final()["spearman"].item() == pytest.approx(observed)
+    # Monte Carlo with 4000 shuffles: standard error sqrt(p (1 - p) / 4000) = 0.007
+    assert table["spearman_p"].item() == pytest.approx(exact, abs=0.03), (exact, table)
