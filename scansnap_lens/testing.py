@@ -6,9 +6,9 @@ with ``HF_HUB_OFFLINE=1``.  TransformerLens then loads ``EleutherAI/pythia-14m``
 through its own code path, with no network and no mocking.
 
 >>> import os, tempfile
->>> cache = tempfile.mkdtemp()
->>> _ = fake_hub_model(cache, "EleutherAI/pythia-14m", revisions=["step0", "step1000"])
->>> sorted(os.listdir(os.path.join(cache, "models--EleutherAI--pythia-14m", "refs")))
+>>> with tempfile.TemporaryDirectory() as cache:
+...     _ = fake_hub_model(cache, "EleutherAI/pythia-14m", revisions=["step0", "step1000"])
+...     sorted(os.listdir(os.path.join(cache, "models--EleutherAI--pythia-14m", "refs")))
 ['main', 'step0', 'step1000']
 """
 
@@ -124,12 +124,12 @@ def fake_hub_model(
 
 def bridge_from_hf(hf_model, name: str = "gpt2", tokenizer_dir: str | Path | None = None):
     """A TransformerBridge around an in-memory Hugging Face model, with a local tokenizer."""
-    import tempfile
-
     import transformers
     from transformer_lens.model_bridge import TransformerBridge
 
-    folder = Path(tokenizer_dir or tempfile.mkdtemp(prefix="scansnap_tok_"))
+    from scansnap_lens.models.backend import _scratch_dir
+
+    folder = Path(tokenizer_dir or _scratch_dir("scansnap_tok_"))
     word_tokenizer(hf_model.config.vocab_size).save_pretrained(folder)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     return TransformerBridge.boot_transformers(name, hf_model=hf_model, tokenizer=tokenizer)

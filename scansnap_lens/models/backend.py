@@ -374,12 +374,23 @@ def _placeholder_tokenizer(vocab_size: int):
     )
     # The bridge re-creates tokenizers from their saved name later, so keep one on disk.
     if vocab_size not in _PLACEHOLDER_DIRS:
-        _PLACEHOLDER_DIRS[vocab_size] = tempfile.mkdtemp(prefix="scansnap_tok_")
+        _PLACEHOLDER_DIRS[vocab_size] = _scratch_dir("scansnap_tok_")
         fast.save_pretrained(_PLACEHOLDER_DIRS[vocab_size])
     return transformers.AutoTokenizer.from_pretrained(_PLACEHOLDER_DIRS[vocab_size])
 
 
 _PLACEHOLDER_DIRS: dict[int, str] = {}
+
+
+def _scratch_dir(prefix: str) -> str:
+    """A temporary folder that lives as long as the process (removed at exit, not left in the
+    user's temp folder)."""
+    import atexit
+    import shutil
+
+    folder = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def attention_logit_parameters(model: nn.Module) -> tuple[list, list]:

@@ -100,7 +100,7 @@ def test_steps_of_thirteen_digits_and_more_record_resume_and_load(tmp_path):
         Trajectory.load(tmp_path / "t")
 
 
-def test_a_folder_written_by_this_version_loads_with_its_values():
+def test_a_folder_written_by_this_version_loads_with_its_values(tmp_path):
     """tests/data/trajectory_v1 was written by `tests/data/make_trajectory_v1.py` with this
     version; a change of the disk format (names, layout, metadata) that strands users'
     folders fails here.  Its values are those a recording of the same models gives now."""
@@ -117,16 +117,10 @@ def test_a_folder_written_by_this_version_loads_with_its_values():
     assert saved.meta["lr_y"] == 0.1 and saved.prompt.numel() == 6
     from scansnap_lens.recording.recorder import record_trajectory
 
-    now = record_trajectory(in_memory(make.models()), make.tokens(), Path(tempfile_dir()),
+    now = record_trajectory(in_memory(make.models()), make.tokens(), tmp_path / "now",
                             queries=[1, 2, 3], window=4, prompt_length=6,
                             progress=False)  # fmt: skip
     assert saved.plan.same_as(now.plan)
     for name in (*FIELDS, "prompt_pattern"):  # float32 sums of a handful of terms
         torch.testing.assert_close(getattr(saved, name).full(), getattr(now, name).full(),
                                    rtol=1e-5, atol=1e-6)  # fmt: skip
-
-
-def tempfile_dir() -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="scansnap_v1_")
