@@ -388,8 +388,9 @@ def _page(traj, groups, title, summary, ranking, results, folder: _Folder, view_
         body += [
             "<h2>Head atlas</h2>",
             "<p>Every layer and head: the scan verdict, bias with its interval, AUROC's"
-            " permutation p-value, the snap step (or why there is none), the theory's fit and"
-            " the attention entropy; the figure <i>heads</i> maps them.</p>",
+            " permutation p-value, the frequency bias (spearman) with its interval, p-value"
+            " and the number of classes it averages, the snap step (or why there is none), the"
+            " theory's fit and the attention entropy; the figure <i>heads</i> maps them.</p>",
             table_html(with_intervals(table, shown)),
         ]
     if {"growth_bounds", "theory_fit"} & set(results):

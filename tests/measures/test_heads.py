@@ -40,3 +40,31 @@ def test_summary_ranks_heads_and_maps_them(tmp_path):
     assert grid[int(row["layer"]), int(row["head"])].item() == row["auroc"] or (
         torch.isnan(grid[int(row["layer"]), int(row["head"])]) and row["auroc"] != row["auroc"]
     )
+
+
+def test_the_atlas_gives_every_head_its_verdict_interval_and_snap():
+    """Three Y/Z runs on Syn-Medium (3 queries) as three heads of one layer; the second head's
+    logit changes are reversed (common tokens gain, distinct ones lose), so it must not scan
+    while the others do.  The atlas holds every head once, in order, with the summary's
+    values."""
+    from scansnap_lens.lab.synthetic import syn_medium
+    from scansnap_lens.lab.yz import train_yz
+    from scansnap_lens.statistics.groups import TokenGroups
+
+    classes = syn_medium(3)
+    run = train_yz(classes, lr_z=1.0, ratio=10.0, num_steps=60, seeds=[0, 1, 2], snapshot_every=5)
+    traj, groups = run.to_trajectory(), TokenGroups.from_synthetic(classes)
+    z = traj.zbar[:, :, 1]
+    traj.zbar[:, :, 1] = 2 * z[:1] - z  # dz -> -dz, levels at the first checkpoint kept
+
+    summary = measures.summarize(traj, groups)
+    table = heads.atlas(summary)
+    assert table[["layer", "head"]].values.tolist() == [[0, 0], [0, 1], [0, 2]]
+    assert table["scans"].tolist() == [True, False, True]
+    assert (table["bias"] < 0).tolist() == [False, True, False]
+    assert ((table["bias_lo"] <= table["bias"]) & (table["bias"] <= table["bias_hi"])).all()
+    assert table["auroc_p"].tolist()[1] > 0.5 > max(table["auroc_p"].tolist()[::2])
+    for column in ["bias", "auroc", "spearman", "spearman_p", "snap_step", "attention_entropy"]:
+        assert table[column].equals(summary[column]), column
+    assert (table["spearman_classes"] == classes.num_classes).all()
+    assert table["snap"].tolist() == [f"{v:.4g}" for v in summary["snap_step"]]
