@@ -32,7 +32,7 @@ def discriminative_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
         aurocs.append(auroc)
         d_means.append(d_dz.mean(-1))
         c_means.append(c_dz.mean(-1))
-        weights.append(float(groups.events[groups.query == m].sum()))
+        weights.append(groups.events_of_query(m))
         rows.append((m, d_dz.shape[-1], c_dz.shape[-1], float(bias[-1].mean()), weights[-1]))
     if not biases:
         raise ValueError("no query has both distinct and common tokens in the trajectory")

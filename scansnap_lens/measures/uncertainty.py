@@ -147,7 +147,7 @@ def _query_units(traj: Trajectory, groups: TokenGroups):
         c = plan.pair_slot(m, groups.common.get(m, torch.empty(0, dtype=torch.long)))
         d, c = d[d >= 0], c[c >= 0]
         if d.numel() and c.numel():
-            units.append((m, d, c, float(groups.events[groups.query == m].sum())))
+            units.append((m, d, c, groups.events_of_query(m)))
     return units
 
 

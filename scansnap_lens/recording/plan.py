@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -199,17 +200,19 @@ class RecordPlan:
             f" {self.num_pairs:,} zbar pairs, {self.num_triples:,} c_hat triples"
         )
 
-    @property
+    # The lookup keys are built once per plan: every slot lookup searches them, and building
+    # them per lookup made a measurement's lookups quadratic in the plan's size.
+    @cached_property
     def pair_keys(self) -> Tensor:
         """[Pz] m * V + l, ascending: the lookup key of each zbar slot."""
         return self.pair_query * self.vocab_size + self.pair_token
 
-    @property
+    @cached_property
     def class_keys(self) -> Tensor:
         """[K] m * V + n, ascending."""
         return self.class_query * self.vocab_size + self.class_next
 
-    @property
+    @cached_property
     def triple_keys(self) -> Tensor:
         """[Pc] class * V + l, ascending."""
         return self.triple_class * self.vocab_size + self.triple_token
