@@ -33,7 +33,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from scansnap_lens.measures.measurement import Measurement, _tracked
+from scansnap_lens.measures.measurement import (
+    Measurement,
+    QueryTokens,
+    _tracked,
+    segment_ranks,
+)
 from scansnap_lens.measures.snap import class_movement, snap_step
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
@@ -138,19 +143,6 @@ def _ranks(x: Tensor) -> Tensor:
     return torch.from_numpy(rankdata(x.numpy(), axis=-1))
 
 
-def _query_units(traj: Trajectory, groups: TokenGroups):
-    """Per query with both kinds: (query, distinct tokens' slots, common tokens' slots, events)."""
-    plan = traj.plan
-    units = []
-    for m in groups.query.unique().tolist():  # one entry per query: index lists, no tensors
-        d = plan.pair_slot(m, groups.distinct_of_query(m))
-        c = plan.pair_slot(m, groups.common.get(m, torch.empty(0, dtype=torch.long)))
-        d, c = d[d >= 0], c[c >= 0]
-        if d.numel() and c.numel():
-            units.append((m, d, c, groups.events_of_query(m)))
-    return units
-
-
 def scan_uncertainty(
     traj: Trajectory,
     groups: TokenGroups,
@@ -175,32 +167,32 @@ def scan_uncertainty(
     out: dict[str, Tensor] = {}
 
     # ---- bias and AUROC: units are queries
-    units = _query_units(traj, groups)
-    if not units:
+    units = QueryTokens.of(traj, groups)
+    if not units.query.numel():
         raise ValueError("no query has both distinct and common tokens in the trajectory")
-    w = torch.tensor([u[3] for u in units], dtype=torch.float64)
-    stats = {k: [] for k in ("bias", "auroc", "bias_baseline", "auroc_baseline")}
-    nulls = {"bias": 0.0, "auroc": 0.0}  # sum over queries of weight x null, [B, L, H]
-    for (_m, d, c, _), weight in zip(units, w):  # per query, vectorised over the rest
-        slots = torch.cat([d, c])
-        nd, nc = d.numel(), c.numel()
-        dz, z0 = last[..., slots] - first[..., slots], first[..., slots]
-        for name, x in (("", dz), ("_baseline", z0)):
-            ranks = _ranks(x)
-            stats["bias" + name].append(x[..., :nd].mean(-1) - x[..., nd:].mean(-1))
-            stats["auroc" + name].append((ranks[..., :nd].sum(-1) - nd * (nd + 1) / 2) / (nd * nc))
+    w = units.events
+    z0 = first[..., units.slot]  # [L, H, N]
+    dz = last[..., units.slot] - z0
+    ranks = segment_ranks(dz, units.unit, units.start)
+    for name, x in (("", dz), ("_baseline", z0)):
+        d_mean, c_mean = units.kind_means(x)
+        values = {"bias": d_mean - c_mean, "auroc": units.auroc(x)}  # [L, H, U]
+        for figure, v in values.items():
+            v = v.permute(2, 0, 1)  # [U, L, H]
+            out[figure + name] = _resampled_means(v, w, torch.ones(1, v.shape[0]).double())[0]
             if not name:
-                b_null, a_null = _kind_null(dz, ranks, nd, num_resamples, g)
-                nulls["bias"] = nulls["bias"] + b_null * weight
-                nulls["auroc"] = nulls["auroc"] + a_null * weight
+                out[f"{figure}_lo"], out[f"{figure}_hi"] = bootstrap_interval(
+                    v, w, num_resamples, level, g
+                )
+    nulls = {"bias": 0.0, "auroc": 0.0}  # sum over queries of weight x null, [B, L, H]
+    nd = units.num_distinct.tolist()
+    for u, weight in enumerate(w):  # per query, vectorised over resamples and heads
+        part = slice(int(units.start[u]), int(units.start[u + 1]))
+        b_null, a_null = _kind_null(dz[..., part], ranks[..., part], nd[u], num_resamples, g)
+        nulls["bias"] = nulls["bias"] + b_null * weight
+        nulls["auroc"] = nulls["auroc"] + a_null * weight
     for name in ("bias", "auroc"):
-        values = torch.stack(stats[name])  # [U, L, H]
-        out[name] = _resampled_means(values, w, torch.ones(1, len(units), dtype=torch.float64))[0]
-        out[f"{name}_lo"], out[f"{name}_hi"] = bootstrap_interval(values, w, num_resamples,
-                                                                  level, g)  # fmt: skip
         out[f"{name}_p"] = permutation_p(out[name], nulls[name] / w.sum())
-        base = torch.stack(stats[f"{name}_baseline"])
-        out[f"{name}_baseline"] = _resampled_means(base, w, torch.ones(1, len(units)).double())[0]
 
     # ---- spearman and the entropy over distinct tokens: units are classes
     out.update(_class_figures(traj, groups, first, last, num_resamples, level, g))

@@ -96,10 +96,6 @@ class TokenGroups:
         parts = [self.distinct[k] for k in self._classes_of_query.get(int(query), ())]
         return torch.unique(torch.cat(parts)) if parts else torch.empty(0, dtype=torch.long)
 
-    def events_of_query(self, query: int) -> float:
-        """The events of the classes of `query`: the weight of its figures."""
-        return float(self.events[self._classes_of_query.get(int(query), [])].sum())
-
     @cached_property
     def _classes_of_query(self) -> dict[int, list[int]]:
         """query -> its class indices, built once (a scan per query would be quadratic)."""
