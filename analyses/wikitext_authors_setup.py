@@ -24,9 +24,11 @@ parameters, several rates and seeds, the first layer's entropy at the end.  Figs
 recall of distinct tokens against a threshold near 1/M on Syn-Medium (the Y/Z lab).
 
 Writes to --out: runs.csv (one row per Fig. 7 run), entropy.csv (entropy per checkpoint of
-every run), scan.csv (biases per checkpoint, both class variants), fig7_<run>.png and
-fig7_<run>.html, entropy_<run>.png, fig10.csv / fig10_per_seed.csv / fig10.png,
-fig11.csv / fig11.png, fig12.csv / fig12.png, reports/<run>/, trajectories/<run>/, run.json.
+every run), scan.csv (biases per checkpoint, both class variants), uncertainty.csv (every
+head's intervals, p-values and `scans` verdict at the last checkpoint, both class variants),
+fig7_<run>.png and fig7_<run>.html, entropy_<run>.png, fig10.csv / fig10_per_seed.csv /
+fig10.png, fig11.csv / fig11.png, fig12.csv / fig12.png, reports/<run>/, trajectories/<run>/,
+run.json.
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ QUICK = {
     "recall_seeds": 2,
 }
 ENTROPY = ["entropy_with_self", "entropy_without_self"]
+# `measures.scan_uncertainty` columns runs.csv carries for the first layer, per class variant
+SURE = ["bias_lo", "bias_hi", "bias_p", "bias_baseline", "auroc_p", "auroc_baseline",
+        "spearman_lo", "spearman_hi", "spearman_p", "scans"]  # fmt: skip
 PARTS = ["fig7", "fig10", "fig11-12"]
 
 
@@ -161,13 +166,18 @@ def run_fig7(name, layers, dropout, cfg, data, out, seed) -> tuple[dict, pd.Data
                         title=f"{name}: first-layer entropy, all held-out positions (dotted: snap)",
                         path=out / f"entropy_{name}.png")  # fmt: skip
 
-    scans = []
+    scans, sure = [], []
     for variant, groups in variants.items():
         disc = measure_or_nan(measures.discriminative_bias, traj, groups, ["bias", "auroc"])
         freq = measure_or_nan(
             measures.frequency_bias, traj, groups, ["spearman", "spearman_classes"]
         )
         scans.append(disc.merge(freq, on=["step", "layer", "head"]).assign(classes=variant))
+        try:  # intervals, p-values and the verdict at the last checkpoint, every head
+            table = measures.scan_uncertainty(traj, groups, seed=seed).table
+            sure.append(table.assign(classes=variant, run=name, heads=len(table)))
+        except ValueError as err:
+            print(f"  scan_uncertainty ({variant}): {err}")
     scan = pd.concat(scans, ignore_index=True).assign(run=name)
     write_report(traj, variants["paper"], out / "reports" / name, token_strings=words,
                  title=f"WikiText-2, the authors' {name} model, SGD lr {cfg['lr']}")  # fmt: skip
@@ -188,10 +198,16 @@ def run_fig7(name, layers, dropout, cfg, data, out, seed) -> tuple[dict, pd.Data
     }
     final = scan[(scan["step"] == scan["step"].max()) & (scan["layer"] == 0)]
     for variant, part in final.groupby("classes"):
-        for column in ("bias", "auroc", "spearman"):
+        for column in ("bias", "auroc", "spearman", "spearman_classes"):
             row[f"{column}_{variant}"] = part[column].iloc[0]
+    for table in sure:  # the first layer's intervals and verdict, per class variant
+        first_layer = table[table["layer"] == 0].iloc[0]
+        for column in SURE:
+            row[f"{column}_{first_layer['classes']}"] = first_layer[column]
+    if sure:  # over the tracked classes: the same for both variants
+        row["snap_step_lo"], row["snap_step_hi"] = sure[0].iloc[0][["snap_step_lo", "snap_step_hi"]]
     row = {k: float(v) if isinstance(v, np.floating) else v for k, v in row.items()}
-    return row, curve, [scan]
+    return row, curve, [scan], sure
 
 
 def run_sweep(cfg, data, out) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -283,10 +299,10 @@ def main() -> None:
           f" {len(eval_rows)} ({unk:.1%} <unk>), tracked queries {plan.num_queries}")  # fmt: skip
     data = (tok, train_stream, eval_rows, plan, variants)
 
-    rows, curves, scans = [], [], []
+    rows, curves, scans, sure = [], [], [], []
     for name, (layers, dropout) in cfg["fig7"].items() if "fig7" in args.parts else ():
-        row, curve, scan = run_fig7(name, layers, dropout, cfg, data, out, args.seed)
-        rows.append(row), curves.append(curve), scans.extend(scan)
+        row, curve, scan, intervals = run_fig7(name, layers, dropout, cfg, data, out, args.seed)
+        rows.append(row), curves.append(curve), scans.extend(scan), sure.extend(intervals)
         print(f"{name}: {({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})}"
               f" ({time.time() - start:.0f} s)")  # fmt: skip
     if rows:
@@ -294,6 +310,8 @@ def main() -> None:
         runs.to_csv(out / "runs.csv", index=False)
         pd.concat(curves, ignore_index=True).to_csv(out / "entropy.csv", index=False)
         pd.concat(scans, ignore_index=True).to_csv(out / "scan.csv", index=False)
+        if sure:
+            pd.concat(sure, ignore_index=True).to_csv(out / "uncertainty.csv", index=False)
         print(runs.T.to_string())
     if "fig10" in args.parts:
         _, fig10 = run_sweep(cfg, data, out)

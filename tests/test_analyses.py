@@ -41,6 +41,12 @@ def test_wikitext_authors_setup_quick(shared_dir, tmp_path):
         assert runs[column].notna().all(), column
     assert (runs["predicted_snap"] > 0).all()
 
+    sure = pd.read_csv(out / "uncertainty.csv")  # every head of both runs, both class variants
+    assert len(sure) == 2 * (1 + 3) and set(sure["classes"]) == {"paper", "guarded"}
+    assert sure["bias_p"].between(1 / 1001, 1).all() and sure["scans"].dtype == bool
+    assert (sure["heads"] == sure["run"].map({"1layer": 1, "3layer": 3})).all()
+    assert runs["bias_p_paper"].notna().all() and runs["scans_paper"].dtype == bool
+
     scan = pd.read_csv(out / "scan.csv")
     assert set(scan["classes"]) == {"paper", "guarded"}
     assert scan["step"].max() == 40 and set(scan["run"]) == {"1layer", "3layer"}
