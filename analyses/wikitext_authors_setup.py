@@ -130,6 +130,9 @@ def run_fig7(name, layers, dropout, cfg, data, out, seed) -> tuple[dict, pd.Data
     """One Fig. 7 run: train, record, measure, draw, report."""
     tok, train_stream, eval_rows, plan, variants = data
     V = tok.get_vocab_size()
+    # dropout draws from the global generator: each run starts from the seed, so that a run
+    # gives the same model alone (--runs) as after another
+    torch.manual_seed(seed)
     model = tutorial_model(V, n_layers=layers, d_model=cfg["d_model"], d_mlp=cfg["d_model"],
                            n_ctx=cfg["bptt"], dropout=dropout, seed=seed)  # fmt: skip
     folder = out / "trajectories" / name
