@@ -155,3 +155,21 @@ def test_spearman_p_is_the_exact_permutation_p_when_the_recording_misses_tokens(
     assert frequency_bias(traj, groups).final()["spearman"].item() == pytest.approx(observed)
     # Monte Carlo with 4000 shuffles: standard error sqrt(p (1 - p) / 4000) = 0.007
     assert table["spearman_p"].item() == pytest.approx(exact, abs=0.03), (exact, table)
+
+
+@pytest.mark.parametrize("n, k", [(6, 2), (9, 3), (5, 3)])  # drawn again / permuted
+def test_the_shuffles_draw_every_subset_of_kinds_equally_often(n, k):
+    """The null's draws of which tokens are distinct are uniform over the k-subsets."""
+    import itertools
+    import math
+
+    from scansnap_lens.measures.uncertainty import _shuffled_first
+
+    num = 40_000
+    rows = _shuffled_first(n, k, num, torch.Generator().manual_seed(0))
+    subsets = {s: i for i, s in enumerate(itertools.combinations(range(n), k))}
+    counts = np.bincount([subsets[tuple(r)] for r in rows.sort(-1).values.tolist()],
+                         minlength=len(subsets))  # fmt: skip
+    expected = num / math.comb(n, k)
+    # each count is binomial: within 5 standard deviations of its mean
+    assert np.abs(counts - expected).max() < 5 * math.sqrt(expected), counts
