@@ -585,7 +585,29 @@ def cli_text(message: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", message)
 
 
+class _Interrupts:
+    """Whether Ctrl-C was pressed: an interrupt that lands inside a C extension's import
+    surfaces as that import's error (matplotlib's "initialization failed"), not as
+    KeyboardInterrupt, and must still read as an interrupt."""
+
+    seen = False
+
+    @classmethod
+    def handler(cls, signum, frame):
+        cls.seen = True
+        raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+    import threading
+
+    own = threading.current_thread() is threading.main_thread() and (
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    )
+    if own:
+        _Interrupts.seen = False
+        signal.signal(signal.SIGINT, _Interrupts.handler)
     try:
         return _main(argv)
     except KeyboardInterrupt:  # before a command ran (while the libraries load)
@@ -594,6 +616,14 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (scansnap theory ... | head): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception:
+        if not _Interrupts.seen:
+            raise
+        print("scansnap: interrupted", file=sys.stderr)  # whatever error Ctrl-C left behind
+        return 130
+    finally:
+        if own:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -614,6 +644,8 @@ def _main(argv: list[str] | None) -> int:
         ImportError,
         OSError,
     ) as exc:
+        if _Interrupts.seen:  # the error an interrupt left behind, not bad input
+            raise KeyboardInterrupt from exc
         print(f"scansnap {args.command}: error: {cli_message(exc)}", file=sys.stderr)
         return 2
     except MemoryError:

@@ -546,6 +546,29 @@ def test_an_interrupt_at_any_moment_exits_130_without_a_traceback():
         assert "Traceback" not in err.decode() and "interrupted" in err.decode()
 
 
+def test_an_interrupt_that_surfaces_as_another_error_exits_130(monkeypatch, capsys):
+    """Ctrl-C inside a C extension's import comes out as that import's error (matplotlib's
+    "initialization failed"): still an interrupt (130), not bad input (2)."""
+    import os
+    import signal
+    import time
+
+    from scansnap_lens import cli
+
+    def interrupted_import(args):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler runs here
+        except KeyboardInterrupt:
+            raise ImportError("initialization failed") from None  # as the extension reports it
+
+    monkeypatch.setattr(cli, "_theory", interrupted_import)
+    assert cli.main(["theory", "--K", "2", "--M", "33", "--lr-y", "1", "--lr-z", "1"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "initialization failed" not in err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
+
+
 def test_files_a_user_gets_wrong_are_named(demo_out, own_run, tmp_path, capsys):
     """Each exits 2 with the file and what is wrong with it (in CLI words), no traceback."""
     import shutil
