@@ -14,6 +14,8 @@ P(l|m, n), common tokens of each query), and returns a `Measurement`: a table wi
   `secondary_snap_steps`, `snapping`;
 - `rates`: the training's effective rates and the theory's t0 at them (`predicted_snap`);
 - `fit`: `growth_bounds` (Theorem 3's bounds) and `theory_fit` (population dynamics);
+- `measurement`: `Measurement` (what every function returns), `QueryTokens` (every query's
+  held distinct and common tokens as flat arrays) and `segment_ranks` (ranks within them);
 - `catalog`: `MEASURES`, the table of measurements (function, needs, summary columns,
   figures, explanation) that `measure_all`, `summarize` and the report iterate over;
 - `summary`: `measure_all` (each measurement once) and `summarize` (one row per head);
@@ -38,6 +40,8 @@ _NAMES = {
     "permutation_p": "uncertainty",
     "scan_uncertainty": "uncertainty",
     "Measurement": "measurement",
+    "QueryTokens": "measurement",
+    "segment_ranks": "measurement",
     "NOT_YET_SNAPPED": "snap",
     "NO_SCAN": "snap",
     "SINGLE_DISTINCT": "entropy",
