@@ -5,12 +5,14 @@ cross a document's end: paragraphs (blank-line separated, the default), WikiText
 lines, or the whole file (the names of ``datasets``' text loader, ``sample_by``, and WikiText).
 
 >>> import tempfile, pathlib
->>> path = pathlib.Path(tempfile.mkdtemp()) / "t.txt"
+>>> folder = tempfile.TemporaryDirectory()
+>>> path = pathlib.Path(folder.name) / "t.txt"
 >>> _ = path.write_text(" = A = \\n\\n one two \\n three \\n\\n = B = \\n\\n four \\n")
 >>> read_documents(path, "wikitext")
 ['= A = one two three', '= B = four']
 >>> read_documents(path, "paragraph")
 ['= A =', 'one two three', '= B =', 'four']
+>>> folder.cleanup()
 >>> tok = word_level_tokenizer(["the cat sat on the mat", "the dog"], max_vocab=4)
 >>> tok.get_vocab_size(), tok.encode("the cat ran").ids  # <unk> = 0, then by frequency
 (4, [1, 2, 0])

@@ -4,8 +4,9 @@ Token files hold int ids: ``.safetensors`` (a tensor named ``tokens``, or the on
 ``.npy`` (read without pickle) or ``.pt`` (``torch.load(weights_only=True)``).
 
 >>> import tempfile, torch
->>> path = save_tokens(tempfile.mkdtemp() + "/eval.safetensors", torch.arange(12).reshape(3, 4))
->>> read_tokens(path).shape
+>>> with tempfile.TemporaryDirectory() as folder:
+...     path = save_tokens(folder + "/eval.safetensors", torch.arange(12).reshape(3, 4))
+...     read_tokens(path).shape
 torch.Size([3, 4])
 >>> rows_of([np.arange(10), np.arange(5)], seq_len=4).tolist()
 [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3]]
