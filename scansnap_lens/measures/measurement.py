@@ -113,10 +113,15 @@ class QueryTokens:
             out.append(total.index_add_(-1, self.unit[mask], values[..., mask]) / n)
         return out[0], out[1]
 
-    def auroc(self, values: Tensor) -> Tensor:
+    def ranks(self, values: Tensor) -> Tensor:
+        """[..., N] the ranks of `values` [..., N] within each query (`segment_ranks`)."""
+        return segment_ranks(values, self.unit, self.start)
+
+    def auroc(self, values: Tensor, ranks: Tensor | None = None) -> Tensor:
         """[..., U] P(distinct > common) + P(equal) / 2 of `values` [..., N] within each query
-        (Mann-Whitney U over ranks with ties averaged); NaN where a query holds a NaN."""
-        ranks = segment_ranks(values, self.unit, self.start)
+        (Mann-Whitney U over ranks with ties averaged); NaN where a query holds a NaN.  `ranks`:
+        `self.ranks(values)` where the caller has them already."""
+        ranks = self.ranks(values) if ranks is None else ranks
         U = self.query.numel()
         total = ranks.new_zeros(*ranks.shape[:-1], U)
         rank_sum = total.index_add_(-1, self.unit[self.distinct], ranks[..., self.distinct])

@@ -37,7 +37,6 @@ from scansnap_lens.measures.measurement import (
     Measurement,
     QueryTokens,
     _tracked,
-    segment_ranks,
 )
 from scansnap_lens.measures.snap import class_movement, snap_step
 from scansnap_lens.recording.trajectory import Trajectory
@@ -190,10 +189,10 @@ def scan_uncertainty(
     w = units.events
     z0 = first[..., units.slot]  # [L, H, N]
     dz = last[..., units.slot] - z0
-    ranks = segment_ranks(dz, units.unit, units.start)
-    for name, x in (("", dz), ("_baseline", z0)):
+    ranks = units.ranks(dz)  # shared by the AUROC and its null
+    for name, x, r in (("", dz, ranks), ("_baseline", z0, None)):
         d_mean, c_mean = units.kind_means(x)
-        values = {"bias": d_mean - c_mean, "auroc": units.auroc(x)}  # [L, H, U]
+        values = {"bias": d_mean - c_mean, "auroc": units.auroc(x, r)}  # [L, H, U]
         for figure, v in values.items():
             v = v.permute(2, 0, 1)  # [U, L, H]
             out[figure + name] = _resampled_means(v, w, torch.ones(1, v.shape[0]).double())[0]
