@@ -200,7 +200,7 @@ def _report(args: argparse.Namespace) -> int:
     from scansnap_lens.recording.trajectory import Trajectory
     from scansnap_lens.report import write_report
     from scansnap_lens.statistics.corpus import CooccurrenceStats
-    from scansnap_lens.statistics.groups import TokenGroups, check_vocabulary
+    from scansnap_lens.statistics.groups import Classification, TokenGroups, check_vocabulary
 
     if (args.lr_y is None) != (args.lr_z is None):
         raise ValueError("--lr-y and --lr-z go together: give both or neither")
@@ -209,17 +209,13 @@ def _report(args: argparse.Namespace) -> int:
     traj = Trajectory.load(args.trajectory)
     stats = CooccurrenceStats.load(args.stats)
     check_vocabulary(stats.vocab_size, traj.plan)
+    settings = Classification(
+        scope=args.scope, min_support=args.min_support, purity=args.purity,
+        guard=not args.no_guard, min_distinct=args.min_distinct,
+    )  # fmt: skip
     groups, why = None, None
     try:  # without token groups the report still measures what needs none, and says why
-        groups = TokenGroups.from_statistics(
-            stats,
-            queries=traj.plan.queries.tolist(),
-            min_distinct=args.min_distinct,
-            scope=args.scope,
-            min_support=args.min_support,
-            purity=args.purity,
-            guard=not args.no_guard,
-        )
+        groups = TokenGroups.from_statistics(stats, traj.plan.queries.tolist(), settings)
     except ValueError as err:
         why = str(err)
     training = None
@@ -228,8 +224,9 @@ def _report(args: argparse.Namespace) -> int:
 
         training = Rates(args.lr_y, args.lr_z, args.optimizer, args.momentum).to_dict()
     report = write_report(
-        traj, groups, out, title=args.title, source=stats, training=training, groups_reason=why
-    )
+        traj, groups, out, title=args.title, source=stats, training=training, groups_reason=why,
+        classification=settings,
+    )  # fmt: skip
     _print_summary(report.summary)
     for what, why in report.not_measured.items():
         print(f"not measured: {what}: {cli_text(why)}")
@@ -308,6 +305,7 @@ def _real(test, rule: str):
 
 _positive_float = _real(lambda v: v > 0, "be a positive finite number")
 _fraction = _real(lambda v: 0 <= v < 1, "lie in [0, 1)")
+_purity = _real(lambda v: 0 < v <= 1, "lie in (0, 1]")
 
 
 def _device(text: str) -> str:
@@ -540,14 +538,33 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("trajectory", type=Path, help="trajectory folder (scansnap record)")
     report.add_argument("--stats", type=Path, required=True, help="statistics (scansnap stats)")
     report.add_argument("--out", type=Path, help="report folder (default TRAJECTORY/report)")
-    report.add_argument("--title")
-    report.add_argument("--scope", choices=["local", "global"], default="local")
-    report.add_argument("--min-support", type=int, default=1)
-    report.add_argument("--purity", type=float, default=1.0)
-    report.add_argument("--no-guard", action="store_true", help="no binomial guard")
+    report.add_argument("--title", help="the page's title (default: the trajectory's source)")
+    from scansnap_lens.statistics.groups import Classification
+
+    kinds = Classification()  # the defaults the library uses too
     report.add_argument(
-        "--min-distinct", type=int, default=1, help="classes need this many distinct tokens"
-    )
+        "--scope", choices=["local", "global"], default=kinds.scope,
+        help="distinct for the next token of its own query (local, Sec. 7) or of all queries"
+        " (global, Sec. 3.2) (default: %(default)s)",
+    )  # fmt: skip
+    report.add_argument(
+        "--min-support", type=_count(1), default=kinds.min_support,
+        help="occurrences a context token needs before it is judged (default: %(default)s)",
+    )  # fmt: skip
+    report.add_argument(
+        "--purity", type=_purity, default=kinds.purity,
+        help="a token is distinct when its top next token takes at least this share of its"
+        " occurrences (1: the paper's definition) (default: %(default)s)",
+    )  # fmt: skip
+    report.add_argument(
+        "--no-guard", action="store_true",
+        help="no binomial guard (by default a distinct-looking token must be significantly"
+        f" more often before its next token than the query's base rate, at alpha {kinds.alpha})",
+    )  # fmt: skip
+    report.add_argument(
+        "--min-distinct", type=_count(0), default=kinds.min_distinct,
+        help="classes need this many distinct tokens (default: %(default)s)",
+    )  # fmt: skip
     report.add_argument(
         "--lr-y",
         type=_positive_float,

@@ -178,6 +178,7 @@ def write_report(
     loss_positions: int | None = None,
     results: dict | None = None,
     groups_reason: str | None = None,
+    classification=None,
 ) -> Report:
     """Measure `traj` against `groups` and write the report folder `out`.
 
@@ -189,7 +190,9 @@ def write_report(
     corpus's `CooccurrenceStats` (or the lab's `SequenceClasses`) for the theory's checks
     (without it the bounds use the evaluation text's statistics and there is no prediction).
     training, loss_positions: see `catalog.MeasureInputs`.  results: measurements made already
-    (``{"theory_fit": ...}``), used instead of measuring those.
+    (``{"theory_fit": ...}``), used instead of measuring those.  classification: the
+    `groups.Classification` the groups came from (default: the groups' own), saved in
+    ``summary.json`` and shown on the page with the statistics' window.
 
     The report is written whatever cannot be measured; ``Report.not_measured`` and the page
     say what was left out and why.
@@ -235,8 +238,10 @@ def write_report(
     folder.files["summary_json"] = out / "summary.json"
     folder.files["report"] = out / "report.html"
     title = default_title(traj) if title is None else title
+    settings = _settings(groups, classification, source, results)
     payload = {
         "title": title,
+        "settings": settings,
         "steps": traj.steps.tolist(),
         "step_unit": traj.step_unit,
         "layers": traj.layers,
@@ -248,7 +253,7 @@ def write_report(
         "files": {k: str(v.relative_to(out)) for k, v in folder.files.items()},
     }
     write_text(folder.files["summary_json"], json.dumps(payload, indent=1))
-    body = _page(traj, groups, title, summary, ranking, results, folder, view_html)
+    body = _page(traj, groups, title, summary, ranking, results, folder, view_html, settings)
     write_text(folder.files["report"], body)
     return Report(folder.files["report"], summary, folder.files, folder.not_measured)
 
@@ -258,12 +263,17 @@ def _legend(results: dict) -> str:
     if "uncertainty" not in results:
         return ""
     a = results["uncertainty"].table.attrs
+    correction = "Holm" if a["correction"] == "holm" else "Benjamini-Hochberg"
     return (
-        f"<p class='legend'>[lo, hi]: {100 * a['level']:.0f} % bootstrap interval"
-        f" ({a['resamples']} resamples; over queries for bias and AUROC, over classes for"
-        " spearman, entropy and snap_step; none where a figure averages one unit)."
-        f"  <b>scans</b>: bias &gt; 0 and AUROC above its permutation null at p &lt;"
-        f" {a['alpha']:g} / {a['heads']} heads (Bonferroni).</p>"
+        f"<p class='legend'>[lo, hi]: {100 * a['level']:.0f} % interval (Student t with"
+        " n_eff - 1 degrees of freedom; for bias and AUROC queries and context tokens are"
+        " crossed units, for spearman, entropy and snap_step classes are the units; none"
+        f" below n_eff {a['min_units']:g}: <i>too few units</i>).  <b>scans</b>: bias &gt; 0"
+        " and AUROC &gt; 0.5, each significant, and not explained by token frequency (see"
+        f" <b>verdict</b>), at {a['alpha']:g} over the {a['heads']} heads tested ({correction}"
+        ").  <b>auroc_mde</b>: the AUROC the recording could have detected with 80 % power."
+        "  The intervals cover other queries and tokens of this text for this trained"
+        " model, not another training run.</p>"
     )
 
 
@@ -363,12 +373,14 @@ def _views(traj, groups, folder: _Folder, layer: int, head: int, strings) -> str
     )
 
 
-def _page(traj, groups, title, summary, ranking, results, folder: _Folder, view_html) -> str:
+def _page(
+    traj, groups, title, summary, ranking, results, folder: _Folder, view_html, settings
+) -> str:
     from scansnap_lens.viz import views as cv
 
     body = [
         f"<h1>{html.escape(title)}</h1>",
-        _overview(traj, groups),
+        _overview(traj, groups, settings),
         "<h2>Summary (one row per layer and head, at the last checkpoint)</h2>",
         table_html(with_intervals(summary, KEY_COLUMNS).head(50)),
         _legend(results),
@@ -445,7 +457,24 @@ def _theory_section(summary: pd.DataFrame, checks: dict) -> str:
     return "<h2>Theory against measurement</h2>" + text + table_html(table)
 
 
-def _overview(traj: Trajectory, groups: TokenGroups | None) -> str:
+def _settings(groups, classification, source, results) -> dict:
+    """What decided the numbers, for summary.json and the page: the classification (None for
+    groups made by hand or from the synthetic truth), the statistics' window and the
+    uncertainty's level, alpha, correction and least number of units."""
+    chosen = classification or (groups.settings if groups is not None else None)
+    context = getattr(source, "context", None) or (groups.context if groups else None)
+    out = {
+        "classification": None if chosen is None else chosen.to_dict(),
+        "window": None if context is None else context.window,
+        "groups": "none" if groups is None else groups.source,
+    }
+    if "uncertainty" in results:
+        attrs = results["uncertainty"].table.attrs
+        out["uncertainty"] = {k: attrs[k] for k in ("level", "alpha", "correction", "min_units")}
+    return out
+
+
+def _overview(traj: Trajectory, groups: TokenGroups | None, settings: dict) -> str:
     plan = traj.plan
     steps = traj.steps.tolist()
     items = {
@@ -457,6 +486,20 @@ def _overview(traj: Trajectory, groups: TokenGroups | None) -> str:
         else f"{groups.num_classes} classes with distinct tokens ({groups.source})",
         "skipped checkpoints": str(len(traj.skipped)),
     }
+    if settings["classification"] is not None:
+        from scansnap_lens.statistics.groups import Classification
+
+        window = settings["window"]
+        items["classification"] = (
+            Classification.from_dict(settings["classification"]).describe()
+            + f"; statistics window {'whole rows' if window is None else window}"
+        )
+    if "uncertainty" in settings:
+        u = settings["uncertainty"]
+        items["uncertainty"] = (
+            f"{100 * u['level']:.0f} % intervals, verdicts at {u['alpha']:g} ({u['correction']}"
+            f" over the heads), at least {u['min_units']:g} effective units"
+        )
     items.update({k: str(v) for k, v in traj.meta.items() if not isinstance(v, dict | list)})
     rows = "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in items.items()

@@ -11,14 +11,15 @@ from scansnap_lens.statistics.groups import TokenGroups
 V = 10
 
 
-def hand_trajectory(steps, zbar: dict, c_hat: dict, heads=1) -> Trajectory:
-    """zbar {(m, l): [value per step]}, c_hat {(m, n): {l: [value per step]}}; one layer."""
+def hand_trajectory(steps, zbar: dict, c_hat: dict, heads=1, vocab: int = V) -> Trajectory:
+    """zbar {(m, l): [value per step]}, c_hat {(m, n): {l: [value per step]}}; one layer, a
+    vocabulary of `vocab` tokens."""
     pairs = sorted(zbar)
     classes = sorted(c_hat)
     triples = [(c, l) for c, key in enumerate(classes) for l in sorted(c_hat[key])]
     queries = sorted({m for m, _ in pairs} | {m for m, _ in classes})
     plan = RecordPlan(
-        vocab_size=V,
+        vocab_size=max(vocab, 1 + max(max(k) for k in [*zbar, *c_hat])),
         exclude_bos=False,
         include_self=False,
         fingerprint=0,

@@ -145,8 +145,10 @@ class YZRun:
         classes, M = self.classes, self.classes.vocab_size
         k_idx, l_idx = classes.support().nonzero(as_tuple=True)  # each class's context tokens
         ones = torch.ones(classes.num_classes, dtype=torch.long)
+        # the counts a text of a million context positions per class would hold
+        counts = torch.round(classes.probs[k_idx, l_idx].double() * 1e6).long().clamp_min(1)
         plan = RecordPlan.from_counts(
-            M, classes.query, classes.next_token, ones, k_idx, l_idx, torch.ones_like(k_idx),
+            M, classes.query, classes.next_token, ones, k_idx, l_idx, counts,
             token_strings=dict(enumerate(classes.token_labels())),
         )  # fmt: skip
         S, R = self.Z.shape[:2]

@@ -5,8 +5,10 @@ where the quantity compares token kinds, `TokenGroups` (distinct tokens of each 
 P(l|m, n), common tokens of each query), and returns a `Measurement`: a table with
 ``to_dataframe()`` and its values as ``[step, layer, head]`` tensors (``tensor``).
 
-- `discriminative`: `discriminative_bias`, distinct minus common dz of a query, and its AUROC;
-- `frequency`: `frequency_bias`, Spearman(dz, P(l|m, n)) over a class's distinct tokens;
+- `discriminative`: `discriminative_bias`, distinct minus common dz of a query, and its AUROC
+  (`QueryTokens`: every query's held distinct and common tokens, the figures' one definition);
+- `frequency`: `frequency_bias`, Spearman(dz, P(l|m, n)) over a class's distinct tokens
+  (`ClassTokens`);
 - `entropy`: `sparsity` (Fig. 6 entropy over distinct tokens, Figs. 11-12 recall),
   `attention_entropy` (Fig. 10), `restricted_entropy`;
 - `growth`: `growth_factor`, Theorem 3's growth factor and the deviation from its ratio law;
@@ -14,14 +16,16 @@ P(l|m, n), common tokens of each query), and returns a `Measurement`: a table wi
   `secondary_snap_steps`, `snapping`;
 - `rates`: the training's effective rates and the theory's t0 at them (`predicted_snap`);
 - `fit`: `growth_bounds` (Theorem 3's bounds) and `theory_fit` (population dynamics);
-- `measurement`: `Measurement` (what every function returns), `QueryTokens` (every query's
-  held distinct and common tokens as flat arrays) and `segment_ranks` (ranks within them);
+- `measurement`: `Measurement` (what every function returns) and `segment_ranks` (ranks
+  within segments of flat arrays, the way every per-query and per-class figure is computed);
+- `resampling`: every interval, p-value, correction over heads and minimal detectable effect
+  (`Estimate`), from the per-unit pieces each measure hands over;
 - `catalog`: `MEASURES`, the table of measurements (function, needs, summary columns,
   figures, explanation) that `measure_all`, `summarize` and the report iterate over;
 - `summary`: `measure_all` (each measurement once) and `summarize` (one row per head);
 - `heads`: `rank_heads`, `head_grid`, `atlas` (every head's verdict, snap, fit, entropy);
-- `uncertainty`: `scan_uncertainty`, bootstrap intervals, permutation p-values, the untrained
-  baseline and the `scans` verdict of every head.
+- `uncertainty`: `scan_uncertainty`, every head's intervals, p-values, the untrained baseline
+  and its verdict (`scans`), each figure from its own module and `resampling`.
 """
 
 from scansnap_lens._lazy import exports
@@ -36,11 +40,15 @@ _NAMES = {
     "MeasureInputs": "catalog",
     "Plot": "catalog",
     "by_name": "catalog",
-    "bootstrap_interval": "uncertainty",
-    "permutation_p": "uncertainty",
+    "VERDICTS": "uncertainty",
     "scan_uncertainty": "uncertainty",
+    "Estimate": "resampling",
+    "MIN_UNITS": "resampling",
     "Measurement": "measurement",
-    "QueryTokens": "measurement",
+    "QueryTokens": "discriminative",
+    "ClassTokens": "frequency",
+    "DistinctAttention": "entropy",
+    "snap_step_interval": "snap",
     "segment_ranks": "measurement",
     "NOT_YET_SNAPPED": "snap",
     "NO_SCAN": "snap",
@@ -79,6 +87,7 @@ _MODULES = {
     "heads",
     "measurement",
     "rates",
+    "resampling",
     "snap",
     "summary",
     "uncertainty",

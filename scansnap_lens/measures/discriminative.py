@@ -1,30 +1,306 @@
 """Discriminative bias (Sec. 5, Theorem 2): a query's distinct tokens gain attention logit
-and its common tokens lose it."""
+and its common tokens lose it.
+
+The one definition of the scan's figures, per query over its held distinct and common tokens
+(`QueryTokens`): ``bias`` (mean dz of the distinct minus the common tokens), ``auroc`` (how
+cleanly dz separates them) and ``matched_auroc`` (the same, each distinct token against the
+common tokens of its query that are about as frequent: the control for token frequency).
+Each returns its value per query and its influences per query and per context token, from
+which `resampling.crossed` makes the interval.  Every query counts once: weighting queries by
+their events would let the most frequent one decide (one carried half the weight on a
+Pythia-like run) and leave a test without units; `discriminative_bias` gives the values over
+checkpoints, `uncertainty.scan_uncertainty` the intervals, p-values and verdict.
+"""
 
 from __future__ import annotations
 
-import pandas as pd
+import math
+from dataclasses import dataclass
+from functools import cached_property
 
-from scansnap_lens.measures.measurement import Measurement, QueryTokens, _frame, _weighted_nanmean
+import pandas as pd
+import torch
+from torch import Tensor
+
+from scansnap_lens.measures.measurement import (
+    Measurement,
+    _frame,
+    _weighted_nanmean,
+    segment_ranks,
+)
+from scansnap_lens.measures.resampling import Estimate, crossed, kish
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
-__all__ = ["discriminative_bias"]
+__all__ = ["MATCH_NEIGHBOURS", "MATCH_RATIO", "QueryTokens", "discriminative_bias"]
+
+MATCH_RATIO = 2**0.5  # a matched common token is at most this factor more or less frequent
+MATCH_NEIGHBOURS = 8  # and among the this many nearest in frequency of its query
+
+
+@dataclass
+class QueryTokens:
+    """Every query's distinct and common tokens that the recording holds, as flat arrays sorted
+    by query, each query's distinct tokens first: the per-query figures are segment sums over
+    these, not a loop over queries.  Only queries with both kinds held are kept.
+
+    query, events: [U] the query ids and their events N(m); unit, slot, token, count,
+    distinct: [N] the query index, zbar slot, token id, count in the evaluation contexts
+    (`RecordPlan.pair_count`) and kind of each entry; start: [U + 1] where each query's
+    entries begin (and the end).
+    """
+
+    query: Tensor
+    events: Tensor
+    unit: Tensor
+    slot: Tensor
+    token: Tensor
+    count: Tensor
+    distinct: Tensor
+    start: Tensor
+
+    @classmethod
+    def of(cls, traj: Trajectory, groups: TokenGroups) -> QueryTokens:
+        plan = traj.plan
+        sizes = torch.tensor([t.numel() for t in groups.distinct], dtype=torch.long)
+        d_query = torch.repeat_interleave(groups.query, sizes)
+        d_keys = torch.unique(d_query * plan.vocab_size + _cat(groups.distinct))  # union per query
+        c_ids = [int(m) for m in groups.common]
+        c_sizes = torch.tensor([groups.common[m].numel() for m in c_ids], dtype=torch.long)
+        c_query = torch.repeat_interleave(torch.tensor(c_ids, dtype=torch.long), c_sizes)
+        c_token = _cat([groups.common[m] for m in c_ids])
+        query = torch.cat([d_keys // plan.vocab_size, c_query])
+        token = torch.cat([d_keys % plan.vocab_size, c_token])
+        kind = torch.cat([torch.zeros_like(d_keys), torch.ones_like(c_query)])  # 0: distinct
+        slot = plan.pair_slot(query, token)
+        held = slot >= 0
+        query, token, kind, slot = query[held], token[held], kind[held], slot[held]
+        ids, unit = torch.unique(query, return_inverse=True)
+        counts = torch.zeros(ids.numel(), 2, dtype=torch.long)
+        counts.index_put_((unit, kind), torch.ones_like(unit), accumulate=True)
+        both = (counts > 0).all(-1)
+        keep = both[unit]
+        new_unit = torch.cumsum(both, 0) - 1
+        unit, token, kind, slot = new_unit[unit[keep]], token[keep], kind[keep], slot[keep]
+        order = torch.sort(unit * 2 + kind, stable=True).indices  # by query, distinct first
+        unit, token, kind, slot = unit[order], token[order], kind[order], slot[order]
+        ids = ids[both]
+        start = torch.zeros(ids.numel() + 1, dtype=torch.long)
+        start[1:] = torch.cumsum(torch.bincount(unit, minlength=ids.numel()), 0)
+        with_class, at = torch.unique(groups.query, return_inverse=True)  # every id has a class
+        events = torch.zeros(with_class.numel(), dtype=torch.float64).index_add_(
+            0, at, groups.events.double()
+        )[torch.searchsorted(with_class, ids)]
+        count = plan.pair_count[slot].clamp_min(1)
+        return cls(ids, events, unit, slot, token, count, kind == 0, start)
+
+    # -- design: counts and segments, the same for every head ---------------------------
+    @cached_property
+    def num_distinct(self) -> Tensor:
+        """[U] the distinct tokens held of each query."""
+        return torch.bincount(self.unit[self.distinct], minlength=self.query.numel())
+
+    @cached_property
+    def num_common(self) -> Tensor:
+        """[U] the common tokens held of each query."""
+        return torch.bincount(self.unit[~self.distinct], minlength=self.query.numel())
+
+    @cached_property
+    def _kind_segments(self) -> tuple[Tensor, Tensor]:
+        """(segment [N], start [2U + 1]): each query's distinct tokens, then its common ones."""
+        segment = self.unit * 2 + (~self.distinct).long()
+        start = torch.zeros(2 * self.query.numel() + 1, dtype=torch.long)
+        start[1:] = torch.cumsum(torch.bincount(segment, minlength=2 * self.query.numel()), 0)
+        return segment, start
+
+    @cached_property
+    def _tokens(self) -> Tensor:
+        """[N] the index of each entry's token among the tokens the entries hold."""
+        return torch.unique(self.token, return_inverse=True)[1]
+
+    def _n_eff(self, coefficient: Tensor) -> tuple[Tensor, Tensor]:
+        """(n_eff, dof): Kish's n_eff of the tokens of the sparser kind, each token weighted by
+        its total |coefficient| [N] in the figure (a token shared by queries counts once), or
+        the number of queries where fewer (with one query the figure is about that query's
+        tokens; with several, about queries like these); and the design's degrees of freedom,
+        Kish's n_eff of the squared weights (the variance's own units), likewise."""
+        sides, dof = [], []
+        for mask in (self.distinct, ~self.distinct):
+            per_token = torch.zeros(int(self._tokens.max()) + 1, dtype=torch.float64)
+            per_token.index_add_(0, self._tokens[mask], coefficient[mask].abs().double())
+            sides.append(kish(per_token))
+            dof.append(kish(per_token**2))
+        per_query = torch.zeros(self.query.numel(), dtype=torch.float64)
+        per_query.index_add_(0, self.unit, coefficient.abs().double())
+        queries = (per_query > 0).sum()
+        if queries > 1:  # several queries: the figure is about queries like these, which count
+            sides.append(queries.double())
+            dof.append(queries.double())
+        return torch.stack(sides).min(), torch.stack(dof).min()
+
+    @cached_property
+    def _kind_size(self) -> Tensor:
+        """[N] how many tokens of its kind each entry's query holds."""
+        n = torch.where(self.distinct, self.num_distinct[self.unit], self.num_common[self.unit])
+        return n.double()
+
+    @cached_property
+    def _kind_coefficient(self) -> Tensor:
+        """[N] each entry's weight in a mean over its query's tokens of its kind (queries
+        weighted equally)."""
+        return 1 / self._kind_size
+
+    @cached_property
+    def matched_pairs(self) -> tuple[Tensor, Tensor]:
+        """(d [P], c [P]) entry indices: each distinct token with the (at most
+        `MATCH_NEIGHBOURS`) common tokens of its query nearest in count, within a factor
+        `MATCH_RATIO`.  Sorted by query; one sort and one search, no loop over queries."""
+        f = self.count.double().log()
+        common = (~self.distinct).nonzero().flatten()
+        key = self.unit[common].double() * 1e3 + f[common]  # log counts stay far below 1e3
+        order = torch.argsort(key, stable=True)
+        common, key = common[order], key[order]
+        lo = torch.searchsorted(key, self.unit.double() * 1e3 - 1)  # where each query's begin
+        hi = torch.searchsorted(key, self.unit.double() * 1e3 + 999)
+        d = self.distinct.nonzero().flatten()
+        at = torch.searchsorted(key, self.unit[d].double() * 1e3 + f[d])
+        k = MATCH_NEIGHBOURS
+        cand = at[:, None] + torch.arange(-k, k)[None, :]  # [D, 2k] positions in `common`
+        inside = (cand >= lo[d][:, None]) & (cand < hi[d][:, None])
+        cand = cand.clamp(0, max(common.numel() - 1, 0))
+        dist = (f[common[cand]] - f[d][:, None]).abs() if common.numel() else cand.double()
+        dist = torch.where(inside & (dist <= math.log(MATCH_RATIO) + 1e-9), dist, math.inf)
+        best, pick = torch.topk(dist, min(k, 2 * k), largest=False, dim=-1)
+        ok = torch.isfinite(best)
+        d_idx = d[:, None].expand_as(pick)[ok]
+        c_idx = common[cand.gather(-1, pick)[ok]] if common.numel() else d_idx[:0]
+        return d_idx, c_idx
+
+    # -- figures: one definition each, over any leading shape of `values` [..., N] -------
+    def kind_means(self, values: Tensor) -> tuple[Tensor, Tensor]:
+        """([..., U], [..., U]): the mean of `values` [..., N] over each query's distinct and
+        over its common tokens."""
+        U = self.query.numel()
+        out = []
+        for mask, n in ((self.distinct, self.num_distinct), (~self.distinct, self.num_common)):
+            total = values.new_zeros(*values.shape[:-1], U)
+            out.append(total.index_add_(-1, self.unit[mask], values[..., mask]) / n)
+        return out[0], out[1]
+
+    def ranks(self, values: Tensor) -> Tensor:
+        """[..., N] the ranks of `values` [..., N] within each query (`segment_ranks`)."""
+        return segment_ranks(values, self.unit, self.start)
+
+    def auroc(self, values: Tensor, ranks: Tensor | None = None) -> Tensor:
+        """[..., U] P(distinct > common) + P(equal) / 2 of `values` [..., N] within each query
+        (Mann-Whitney U over ranks with ties averaged); NaN where a query holds a NaN.  `ranks`:
+        `self.ranks(values)` where the caller has them already."""
+        ranks = self.ranks(values) if ranks is None else ranks
+        U = self.query.numel()
+        total = ranks.new_zeros(*ranks.shape[:-1], U)
+        rank_sum = total.index_add_(-1, self.unit[self.distinct], ranks[..., self.distinct])
+        nd, nc = self.num_distinct.double(), self.num_common.double()
+        return (rank_sum - nd * (nd + 1) / 2) / (nd * nc)
+
+    def bias_estimate(self, values: Tensor) -> Estimate:
+        """The bias of `values` [..., N] (distinct minus common mean per query, averaged with
+        weights N(m)) with its crossed interval's pieces."""
+        d_mean, c_mean = self.kind_means(values)
+        own = torch.where(self.distinct, d_mean[..., self.unit], c_mean[..., self.unit])
+        sign = torch.where(self.distinct, 1.0, -1.0).double() / self._kind_size
+        # d(per-query bias) / d(weight of an entry's token): its deviation from its kind's mean
+        return self._crossed(d_mean - c_mean, sign * (values - own), 1 / self._kind_size,
+                             self._kind_coefficient, bounds=(-math.inf, math.inf))  # fmt: skip
+
+    def auroc_estimate(self, values: Tensor, ranks: Tensor | None = None) -> Estimate:
+        """The AUROC of `values` [..., N] (per query, averaged with weights N(m)) with its
+        crossed interval's pieces (DeLong's placement values within each query)."""
+        ranks = self.ranks(values) if ranks is None else ranks
+        per_query = self.auroc(values, ranks)
+        own = segment_ranks(values, *self._kind_segments)
+        others_below = ranks - own  # the other kind's tokens below (ties count half)
+        nd, nc = self.num_distinct[self.unit].double(), self.num_common[self.unit].double()
+        placement = torch.where(self.distinct, others_below / nc, (nd - others_below) / nd)
+        # d(per-query AUROC) / d(weight of an entry's token), DeLong's structural components
+        return self._crossed(per_query, (placement - per_query[..., self.unit]) / self._kind_size,
+                             1 / self._kind_size, self._kind_coefficient)  # fmt: skip
+
+    def matched_auroc_estimate(self, values: Tensor) -> Estimate:
+        """The AUROC of `values` [..., N] over frequency-matched pairs (`matched_pairs`), per
+        query and averaged with weights N(m); queries without a matched pair are left out."""
+        d, c = self.matched_pairs
+        U = self.query.numel()
+        pair_unit = self.unit[d]
+        pairs = torch.bincount(pair_unit, minlength=U).double()
+        above = (values[..., d] > values[..., c]).double() + 0.5 * (
+            values[..., d] == values[..., c]
+        )
+        total = above.new_zeros(*above.shape[:-1], U).index_add_(-1, pair_unit, above)
+        per_query = torch.where(pairs > 0, total / pairs.clamp_min(1), math.nan)
+        share = (above - per_query[..., pair_unit]) / pairs[pair_unit]
+        terms = values.new_zeros(values.shape).double()
+        terms = terms.index_add(-1, d, share).index_add(-1, c, share)
+        in_pairs = torch.zeros(self.unit.numel(), dtype=torch.float64)
+        in_pairs.index_add_(0, d, torch.ones_like(d, dtype=torch.float64))
+        in_pairs.index_add_(0, c, torch.ones_like(c, dtype=torch.float64))
+        leverage = in_pairs / pairs[self.unit].clamp_min(1)  # the entry's share of its pairs
+        return self._crossed(per_query, terms, leverage, leverage)
+
+    def _crossed(
+        self,
+        per_query: Tensor,
+        entry_terms: Tensor,
+        leverage: Tensor,
+        coefficient: Tensor,
+        bounds=(0.0, 1.0),
+    ) -> Estimate:
+        """The mean over queries of `per_query` [..., U] (NaN: left out) and
+        its influences: per query its weighted deviation, per token the sum over its entries
+        of d(per-query figure) / d(token weight) `entry_terms` [..., N], weighted likewise,
+        each entry corrected for its `leverage` [N] in its query's figure (1 / n for a mean
+        over n tokens); `coefficient` [N]: each entry's weight in the figure (for n_eff)."""
+        ok = ~torch.isnan(per_query)
+        w = ok.double()  # every query counts once (its events enter through its zbar)
+        total = w.sum(-1, keepdim=True)
+        share = w / total.clamp_min(1e-300)
+        value = torch.where(total[..., 0] > 0, (torch.nan_to_num(per_query) * share).sum(-1),
+                            math.nan)  # fmt: skip
+        query_terms = share * torch.nan_to_num(per_query - value[..., None])
+        query_terms = query_terms / (1 - share).clamp_min(1e-12).sqrt()  # leverage (CR2)
+        room = (1 - leverage.double()).clamp_min(0)
+        entry = share[..., self.unit] * torch.nan_to_num(entry_terms.double())
+        entry = torch.where(room > 1e-9, entry / room.sqrt().clamp_min(1e-12), 0.0)
+        token_terms = entry.new_zeros(*entry.shape[:-1], int(self._tokens.max()) + 1)
+        token_terms.index_add_(-1, self._tokens, entry)
+        n_eff, dof = (x.expand_as(value) for x in self._n_eff(coefficient))
+        n_eff = torch.where(ok.any(-1), n_eff, 0.0)
+        squares = [(x**2).sum(-1) for x in (query_terms, token_terms, entry)]
+        return crossed(value, *squares, n_eff, dof, bounds)
+
+
+def _cat(parts) -> Tensor:
+    parts = list(parts)
+    return torch.cat(parts).long() if parts else torch.empty(0, dtype=torch.long)
 
 
 def discriminative_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
     """Mean dz of a query's distinct tokens minus its common tokens, and the AUROC of dz
-    separating them; averaged over queries with both kinds, weighted by their events.
+    separating them; averaged over the queries with both kinds, each counting once (a query's
+    events enter through its zbar; weighting by them would let one frequent query decide).
     The table also keeps the two means, dz_distinct and dz_common (bias is their difference)."""
     groups.check_context(traj.plan)
     units = QueryTokens.of(traj, groups)
     if not units.query.numel():
-        raise ValueError("no query has both distinct and common tokens in the trajectory")
+        raise ValueError(
+            "no query has both distinct and common tokens in the trajectory: track the"
+            " queries the statistics give distinct tokens (record with stats=, --stats) or"
+            " relax the classification (see statistics.groups.Classification)"
+        )
     z = traj.zbar[..., units.slot].double()  # [S, L, H, N], one read for every query
     dz = z - z[:1]
     d_mean, c_mean = units.kind_means(dz)  # [S, L, H, U]
     bias = d_mean - c_mean
-    w = units.events
+    w = torch.ones_like(units.events)
     table = _frame(
         traj,
         {
@@ -38,6 +314,6 @@ def discriminative_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
     detail = pd.DataFrame({
         "query": units.query.numpy(), "distinct": units.num_distinct.numpy(),
         "common": units.num_common.numpy(),
-        "final_bias_mean_heads": bias[-1].mean((0, 1)).numpy(), "events": w.numpy(),
+        "final_bias_mean_heads": bias[-1].mean((0, 1)).numpy(), "events": units.events.numpy(),
     })  # fmt: skip
     return Measurement("discriminative_bias", table, detail)

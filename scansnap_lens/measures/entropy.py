@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from scansnap_lens.measures.measurement import Measurement, _frame
+from scansnap_lens.measures.resampling import Estimate, mean_over_units
 from scansnap_lens.recording.hooks import check_tokens, model_vocab_size, run_until
+from scansnap_lens.recording.plan import _find
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
@@ -22,7 +25,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SINGLE_DISTINCT",
+    "DistinctAttention",
     "attention_entropy",
+    "attention_entropy_estimate",
+    "distinct_entropy_estimate",
     "position_entropy",
     "restricted_entropy",
     "sparsity",
@@ -51,6 +57,70 @@ def restricted_entropy(attention: Tensor, mask: Tensor) -> Tensor:
     return -torch.special.xlogy(p, p).sum(-1)
 
 
+@dataclass
+class DistinctAttention:
+    """The distinct tokens of every tracked class as c_hat slots, flat and sorted by class.
+
+    classes: [K] indices of the classes in the groups; num_distinct: [K] each class's distinct
+    tokens (held or not: a token that never occurred in its contexts has c_hat 0); unit,
+    slot: [N] the class and c_hat slot of each held one; start: [K + 1] where each begins.
+    """
+
+    classes: Tensor
+    num_distinct: Tensor
+    unit: Tensor
+    slot: Tensor
+    start: Tensor
+
+    @classmethod
+    def of(cls, traj: Trajectory, groups: TokenGroups) -> DistinctAttention:
+        plan = traj.plan
+        c = _find(plan.class_keys, groups.query * plan.vocab_size + groups.next_token)
+        sizes = torch.tensor([t.numel() for t in groups.distinct], dtype=torch.long)
+        ks = ((c >= 0) & (sizes > 0)).nonzero().flatten()
+        unit = torch.repeat_interleave(torch.arange(ks.numel()), sizes[ks])
+        tokens = torch.cat([groups.distinct[k] for k in ks.tolist()] or [torch.empty(0)]).long()
+        slot = _find(plan.triple_keys, c[ks][unit] * plan.vocab_size + tokens)
+        held = slot >= 0
+        unit, slot = unit[held], slot[held]
+        start = torch.zeros(ks.numel() + 1, dtype=torch.long)
+        start[1:] = torch.cumsum(torch.bincount(unit, minlength=ks.numel()), 0)
+        return cls(ks, sizes[ks], unit, slot, start)
+
+    @property
+    def held(self) -> Tensor:
+        """[K] the distinct tokens of each class that occurred in its contexts."""
+        return torch.diff(self.start)
+
+    def figures(self, c_hat: Tensor, thresholds: Tensor) -> dict[str, Tensor]:
+        """Per class [..., K] from c_hat [..., N] of the held distinct tokens: ``mass`` on
+        them, ``entropy`` of the attention over them renormalised and ``top_share`` (NaN where
+        fewer than two are held: 0 and 1 by construction), and ``recall`` [..., K,
+        thresholds]."""
+        K = self.classes.numel()
+        c = c_hat.double()
+
+        def per_class(x: Tensor) -> Tensor:
+            return x.new_zeros(*x.shape[:-1], K).index_add_(-1, self.unit, x)
+
+        mass = per_class(c)
+        q = c / mass[..., self.unit].clamp_min(1e-300)
+        top = q.new_zeros(*q.shape[:-1], K).scatter_reduce(-1, self.unit.expand_as(q), q,
+                                                           "amax", include_self=True)  # fmt: skip
+        ok = (mass > 0) & (self.held >= 2)
+        recall = torch.stack(
+            [per_class((c >= t).double()) for t in thresholds.tolist()]
+            or [mass.new_zeros(mass.shape)],
+            -1,
+        )[..., : len(thresholds)]
+        return {
+            "mass": mass,
+            "entropy": torch.where(ok, per_class(-torch.special.xlogy(q, q)), math.nan),
+            "top_share": torch.where(ok, top, math.nan),
+            "recall": recall / self.num_distinct[:, None].double(),
+        }
+
+
 def sparsity(
     traj: Trajectory, groups: TokenGroups, thresholds: Tensor | None = None
 ) -> Measurement:
@@ -58,41 +128,51 @@ def sparsity(
     classes; also the attention mass on distinct tokens, the top distinct token's share of it,
     and recall(threshold): the share of distinct tokens with c_hat >= threshold (Figs. 11, 12).
 
-    Entropy and top share need two distinct tokens: a class with one would give 0 and 1 by
-    construction, so it counts for the mass and recall only (``sparsity_classes`` counts the
-    classes the entropy averages; NaN where there is none, `SINGLE_DISTINCT` says why)."""
+    Entropy and top share need two distinct tokens that occurred in the class's contexts: a
+    class with one would give 0 and 1 by construction, so it counts for the mass and recall
+    only (``sparsity_classes`` counts the classes the entropy averages; NaN where there is
+    none, `SINGLE_DISTINCT` says why)."""
     groups.check_context(traj.plan)
-    ents, masses, tops, recalls = [], [], [], []
-    judged = 0
+    units = DistinctAttention.of(traj, groups)
+    if not units.classes.numel():
+        raise ValueError("no tracked class has distinct tokens")
     if thresholds is None:
         thresholds = torch.tensor([0.5, 1.0, 2.0]) / max(traj.plan.vocab_size, 1)
-    for k in range(groups.num_classes):
-        c = traj.class_slot(int(groups.query[k]), int(groups.next_token[k]))
-        if c is None or groups.distinct[k].numel() == 0:
-            continue
-        c_hat = traj.class_attention(c, groups.distinct[k])  # [S, L, H, D]
-        mass = c_hat.sum(-1)
-        p = c_hat / mass.clamp_min(1e-300)[..., None]
-        several = groups.distinct[k].numel() >= 2
-        judged += several
-        ok = (mass > 0) & several
-        ents.append(torch.where(ok, -torch.special.xlogy(p, p).sum(-1), math.nan))
-        masses.append(mass)
-        tops.append(torch.where(ok, p.max(-1).values, math.nan))
-        recalls.append(torch.stack([(c_hat >= t).double().mean(-1) for t in thresholds], -1))
-    if not ents:
-        raise ValueError("no tracked class has distinct tokens")
+    per_class = units.figures(traj.c_hat[..., units.slot], thresholds)  # [S, L, H, K]
     values = {
-        "entropy": torch.nanmean(torch.stack(ents, -1), -1),
-        "distinct_mass": torch.stack(masses, -1).mean(-1),
-        "top_share": torch.nanmean(torch.stack(tops, -1), -1),
+        "entropy": _nanmean(per_class["entropy"]),
+        "distinct_mass": per_class["mass"].mean(-1),
+        "top_share": _nanmean(per_class["top_share"]),
     }
-    recall = torch.stack(recalls, -2).mean(-2)  # [S, L, H, thresholds]
+    recall = per_class["recall"].mean(-2)  # [S, L, H, thresholds]
     for j, t in enumerate(thresholds.tolist()):
         values[f"recall@{t:.4g}"] = recall[..., j]
     table = _frame(traj, values)
-    table["sparsity_classes"] = judged
+    table["sparsity_classes"] = int((units.held >= 2).sum())
     return Measurement("sparsity", table)
+
+
+def _nanmean(x: Tensor) -> Tensor:
+    """Mean over the last axis without NaNs; NaN (no warning) where all are NaN."""
+    ok = ~torch.isnan(x)
+    n = ok.sum(-1)
+    return torch.where(n > 0, torch.nan_to_num(x).sum(-1) / n.clamp_min(1), math.nan)
+
+
+def distinct_entropy_estimate(traj: Trajectory, groups: TokenGroups) -> Estimate:
+    """[L, H] the entropy over distinct tokens at the last checkpoint, averaged over the
+    classes (with equal weight, as `sparsity`) that hold two distinct tokens, with its
+    interval's pieces: the classes are the units."""
+    units = DistinctAttention.of(traj, groups)
+    ent = units.figures(traj.c_hat[-1][..., units.slot], torch.empty(0))["entropy"]  # [L, H, K]
+    return mean_over_units(ent.movedim(-1, 0), torch.ones(ent.shape[-1]), (0.0, math.inf))
+
+
+def attention_entropy_estimate(traj: Trajectory) -> Estimate:
+    """[L, H] the attention entropy at the last checkpoint (`attention_entropy`) with its
+    interval's pieces: the tracked queries, weighted by their events, are the units."""
+    ent = traj.query_entropy[-1].double()  # [L, H, Q]
+    return mean_over_units(ent.movedim(-1, 0), traj.plan.query_events.double(), (0.0, math.inf))
 
 
 SINGLE_DISTINCT = (

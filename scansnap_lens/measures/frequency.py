@@ -1,27 +1,125 @@
 """Frequency bias (Sec. 5, Theorem 3): among a class's distinct tokens, the more frequent
-co-occurrence gains more attention logit."""
+co-occurrence gains more attention logit.
+
+The one definition: per class (`ClassTokens`), the Spearman correlation of dz with P(l|m, n)
+over the distinct tokens the recording holds; averaged over classes with weights N(m, n).
+`frequency_bias` gives it over checkpoints, `ClassTokens.estimate` its interval over classes
+and `ClassTokens.null_p` its p-value against P shuffled within each class.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 import torch
-from scipy.stats import rankdata
 from torch import Tensor
 
 from scansnap_lens.measures.measurement import (
     Measurement,
-    _dz,
     _frame,
     _tracked,
     _weighted_nanmean,
+    segment_ranks,
 )
+from scansnap_lens.measures.resampling import Estimate, mean_over_units, normal_p
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
-__all__ = ["frequency_bias"]
+__all__ = ["ClassTokens", "frequency_bias"]
+
+
+@dataclass
+class ClassTokens:
+    """The distinct tokens the recording holds of every tracked class that has at least two
+    of them with different P(l|m, n), flat and sorted by class.
+
+    query, next_token, events: [K] the classes and N(m, n); unit, slot, p: [N] the class
+    index, zbar slot and P(l|m, n) of each entry; start: [K + 1] where each class begins.
+    """
+
+    query: Tensor
+    next_token: Tensor
+    events: Tensor
+    unit: Tensor
+    slot: Tensor
+    p: Tensor
+    start: Tensor
+
+    @classmethod
+    def of(cls, traj: Trajectory, groups: TokenGroups) -> ClassTokens:
+        ks = torch.tensor(_tracked(traj, groups), dtype=torch.long)
+        sizes = torch.tensor([groups.distinct[k].numel() for k in ks.tolist()], dtype=torch.long)
+        unit = torch.repeat_interleave(torch.arange(ks.numel()), sizes)
+        token = _cat([groups.distinct[k] for k in ks.tolist()]).long()
+        p = _cat([groups.distinct_p[k] for k in ks.tolist()]).double()
+        slot = traj.plan.pair_slot(groups.query[ks][unit], token)
+        held = slot >= 0
+        unit, slot, p = unit[held], slot[held], p[held]
+        K = ks.numel()
+        n = torch.bincount(unit, minlength=K)
+        top = torch.full((K,), -math.inf, dtype=torch.float64).scatter_reduce(
+            0, unit, p, "amax", include_self=True
+        )
+        low = torch.full((K,), math.inf, dtype=torch.float64).scatter_reduce(
+            0, unit, p, "amin", include_self=True
+        )
+        keep = (n >= 2) & (top > low)
+        new = torch.cumsum(keep.long(), 0) - 1
+        entry = keep[unit]
+        unit, slot, p = new[unit[entry]], slot[entry], p[entry]
+        ks = ks[keep]
+        start = torch.zeros(ks.numel() + 1, dtype=torch.long)
+        start[1:] = torch.cumsum(torch.bincount(unit, minlength=ks.numel()), 0)
+        return cls(groups.query[ks], groups.next_token[ks], groups.events[ks].double(), unit,
+                   slot, p, start)  # fmt: skip
+
+    @property
+    def num_classes(self) -> int:
+        return self.query.numel()
+
+    @property
+    def sizes(self) -> Tensor:
+        """[K] the held distinct tokens of each class."""
+        return torch.diff(self.start)
+
+    def spearman(self, values: Tensor) -> Tensor:
+        """[..., K] Spearman's rho of `values` [..., N] with P(l|m, n) within each class
+        (ranks with ties averaged, as scipy's); NaN where `values` are flat in a class."""
+        K = self.num_classes
+        mean_rank = ((self.sizes.double() + 1) / 2)[self.unit]
+        rx = segment_ranks(values, self.unit, self.start) - mean_rank
+        rp = segment_ranks(self.p, self.unit, self.start) - mean_rank
+
+        def per_class(x: Tensor) -> Tensor:
+            return x.new_zeros(*x.shape[:-1], K).index_add_(-1, self.unit, x)
+
+        den = torch.sqrt(per_class(rx**2) * per_class(rp**2))
+        return torch.where(den > 0, per_class(rx * rp) / den.clamp_min(1e-300), math.nan)
+
+    def estimate(self, values: Tensor) -> Estimate:
+        """The weighted mean of `spearman(values)` [...] over classes, with its interval's
+        pieces: the classes are the units (another draw of classes like these)."""
+        rho = self.spearman(values)
+        return mean_over_units(rho.movedim(-1, 0), self.events, bounds=(-1.0, 1.0))
+
+    def null_p(self, values: Tensor) -> Tensor:
+        """[...] two-sided p-value of the weighted mean rho against P(l|m, n) shuffled within
+        each class: under that null each class's rho has mean 0 and variance exactly
+        1 / (n - 1) (a rank correlation of n tokens), and the weighted mean is nearly normal."""
+        rho = self.spearman(values)
+        ok = ~torch.isnan(rho)
+        w = self.events * ok
+        total = w.sum(-1)
+        mean = (torch.nan_to_num(rho) * w).sum(-1) / total.clamp_min(1e-300)
+        var0 = (w**2 / (self.sizes.double() - 1)).sum(-1) / total.clamp_min(1e-300) ** 2
+        return torch.where(total > 0, normal_p(mean, var0.sqrt()), math.nan)
+
+
+def _cat(parts) -> Tensor:
+    parts = list(parts)
+    return torch.cat(parts) if parts else torch.empty(0)
 
 
 def frequency_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
@@ -30,31 +128,19 @@ def frequency_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
     than two distinct tokens, or with all P equal, have no correlation and are left out; so
     are steps where dz is flat."""
     groups.check_context(traj.plan)
-    rhos, weights, rows = [], [], []
-    for k in _tracked(traj, groups):
-        m = int(groups.query[k])
-        dz, held = _dz(traj, m, groups.distinct[k])
-        p = groups.distinct_p[k][held]
-        if p.numel() < 2 or bool((p == p[0]).all()):
-            continue
-        rho = _spearman(dz, p)
-        rhos.append(rho)
-        weights.append(float(groups.events[k]))
-        rows.append((m, int(groups.next_token[k]), p.numel(), float(np.nanmean(rho[-1]))))
-    if not rhos:
+    units = ClassTokens.of(traj, groups)
+    if not units.num_classes:
         raise ValueError("no class has two distinct tokens with different P(l|m, n)")
-    rho = _weighted_nanmean(torch.stack(rhos, -1), torch.tensor(weights, dtype=torch.float64))
-    table = _frame(traj, {"spearman": rho})
-    table["spearman_classes"] = len(rhos)
-    detail = pd.DataFrame(rows, columns=["query", "next", "distinct", "final_spearman_mean"])
+    z = traj.zbar[..., units.slot].double()  # [S, L, H, N]
+    rho = units.spearman(z - z[:1])  # [S, L, H, K]
+    table = _frame(traj, {"spearman": _weighted_nanmean(rho, units.events)})
+    table["spearman_classes"] = units.num_classes
+    final = rho[-1].flatten(0, 1)  # [L * H, K]
+    final_mean = torch.where(
+        (~torch.isnan(final)).any(0), torch.nanmean(final, 0), math.nan
+    )  # fmt: skip
+    detail = pd.DataFrame({
+        "query": units.query.numpy(), "next": units.next_token.numpy(),
+        "distinct": units.sizes.numpy(), "final_spearman_mean": final_mean.numpy(),
+    })  # fmt: skip
     return Measurement("frequency_bias", table, detail)
-
-
-def _spearman(x: Tensor, p: Tensor) -> Tensor:
-    """Spearman correlation of x [..., n] with p [n] along the last axis; NaN if x is flat."""
-    rx = torch.from_numpy(rankdata(x.numpy(), axis=-1))
-    rp = torch.from_numpy(rankdata(p.numpy())).double()
-    rx = rx - rx.mean(-1, keepdim=True)
-    rp = rp - rp.mean()
-    den = torch.sqrt((rx**2).sum(-1) * (rp**2).sum())
-    return torch.where(den > 0, (rx * rp).sum(-1) / den.clamp_min(1e-300), math.nan)

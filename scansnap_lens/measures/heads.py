@@ -24,9 +24,11 @@ from torch import Tensor
 __all__ = ["atlas", "head_grid", "rank_heads"]
 
 # the atlas's columns: verdict, scan with its interval, snap, theory fit, entropy
-ATLAS = ["layer", "head", "scans", "bias", "bias_lo", "bias_hi", "auroc", "auroc_p",
-         "spearman", "spearman_lo", "spearman_hi", "spearman_p", "spearman_classes",
-         "snap_step", "snap_step_lo", "snap_step_hi", "rank_agreement", "dz_corr",
+ATLAS = ["layer", "head", "scans", "verdict", "bias", "bias_lo", "bias_hi", "auroc",
+         "auroc_lo", "auroc_hi", "auroc_p", "auroc_n_eff", "auroc_mde", "matched_auroc",
+         "matched_auroc_lo", "matched_auroc_hi", "frequency_control", "spearman",
+         "spearman_lo", "spearman_hi", "spearman_p", "spearman_classes", "snap_step",
+         "snap_step_lo", "snap_step_hi", "rank_agreement", "dz_corr",
          "attention_entropy"]  # fmt: skip
 
 
@@ -55,11 +57,13 @@ def head_grid(
 
 
 def atlas(summary: pd.DataFrame) -> pd.DataFrame:
-    """Every head in one table, layer by layer: the `scans` verdict with bias, its interval and
-    AUROC's p-value, the frequency bias with its interval, p-value and number of classes (a
-    few classes of two tokens each give +-1, which says little), the snap step with its
-    interval (``snap`` says "not yet snapped" or "no scan" where there is none), the theory's
-    fit and the attention entropy; the columns the summary lacks are left out.
+    """Every head in one table, layer by layer: the verdict (``scans`` and its words: "too few
+    units", "no scan (could have seen AUROC >= x)", ...), bias and AUROC with their intervals,
+    AUROC's p-value, effective units and minimal detectable effect, the frequency-matched
+    AUROC and how frequency was ruled out, the frequency bias with its interval, p-value and
+    number of classes, the snap step with its interval (``snap`` says "not yet snapped" or
+    "no scan" where there is none), the theory's fit and the attention entropy; the columns
+    the summary lacks are left out.
 
     >>> summary = pd.DataFrame({"layer": [0, 0], "head": [0, 1], "scans": [True, False],
     ...                         "bias": [2.0, 0.1], "snap_step": [120.0, float("nan")],

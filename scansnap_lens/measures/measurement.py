@@ -16,7 +16,7 @@ from torch import Tensor
 
 from scansnap_lens.recording.trajectory import Trajectory
 
-__all__ = ["INDEX", "Measurement", "QueryTokens", "segment_ranks"]
+__all__ = ["INDEX", "Measurement", "segment_ranks"]
 
 
 def _z(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:
@@ -39,99 +39,6 @@ def _tracked(traj: Trajectory, groups) -> list[int]:
 
     keys = groups.query * traj.plan.vocab_size + groups.next_token
     return (_find(traj.plan.class_keys, keys) >= 0).nonzero().flatten().tolist()
-
-
-@dataclass
-class QueryTokens:
-    """Every query's distinct and common tokens that the recording holds, as flat arrays sorted
-    by query, each query's distinct tokens first: the per-query figures are segment sums over
-    these, not a loop over queries.  Only queries with both kinds held are kept.
-
-    query, events: [U] the query ids and their events N(m); unit, slot, distinct: [N] the
-    query index, zbar slot and kind of each entry; start: [U + 1] where each query's entries
-    begin (and the end).
-    """
-
-    query: Tensor
-    events: Tensor
-    unit: Tensor
-    slot: Tensor
-    distinct: Tensor
-    start: Tensor
-
-    @classmethod
-    def of(cls, traj: Trajectory, groups) -> QueryTokens:
-        plan = traj.plan
-        sizes = torch.tensor([t.numel() for t in groups.distinct], dtype=torch.long)
-        d_query = torch.repeat_interleave(groups.query, sizes)
-        d_keys = torch.unique(d_query * plan.vocab_size + _cat(groups.distinct))  # union per query
-        c_ids = [int(m) for m in groups.common]
-        c_sizes = torch.tensor([groups.common[m].numel() for m in c_ids], dtype=torch.long)
-        c_query = torch.repeat_interleave(torch.tensor(c_ids, dtype=torch.long), c_sizes)
-        c_token = _cat([groups.common[m] for m in c_ids])
-        query = torch.cat([d_keys // plan.vocab_size, c_query])
-        token = torch.cat([d_keys % plan.vocab_size, c_token])
-        kind = torch.cat([torch.zeros_like(d_keys), torch.ones_like(c_query)])  # 0: distinct
-        slot = plan.pair_slot(query, token)
-        held = slot >= 0
-        query, kind, slot = query[held], kind[held], slot[held]
-        ids, unit = torch.unique(query, return_inverse=True)
-        counts = torch.zeros(ids.numel(), 2, dtype=torch.long)
-        counts.index_put_((unit, kind), torch.ones_like(unit), accumulate=True)
-        both = (counts > 0).all(-1)
-        keep = both[unit]
-        new_unit = torch.cumsum(both, 0) - 1
-        unit, kind, slot = new_unit[unit[keep]], kind[keep], slot[keep]
-        order = torch.sort(unit * 2 + kind, stable=True).indices  # by query, distinct first
-        unit, kind, slot = unit[order], kind[order], slot[order]
-        ids = ids[both]
-        start = torch.zeros(ids.numel() + 1, dtype=torch.long)
-        start[1:] = torch.cumsum(torch.bincount(unit, minlength=ids.numel()), 0)
-        with_class, at = torch.unique(groups.query, return_inverse=True)  # every id has a class
-        events = torch.zeros(with_class.numel(), dtype=torch.float64).index_add_(
-            0, at, groups.events.double()
-        )[torch.searchsorted(with_class, ids)]
-        return cls(ids, events, unit, slot, kind == 0, start)
-
-    @property
-    def num_distinct(self) -> Tensor:
-        """[U] the distinct tokens held of each query."""
-        return torch.bincount(self.unit[self.distinct], minlength=self.query.numel())
-
-    @property
-    def num_common(self) -> Tensor:
-        """[U] the common tokens held of each query."""
-        return torch.bincount(self.unit[~self.distinct], minlength=self.query.numel())
-
-    def kind_means(self, values: Tensor) -> tuple[Tensor, Tensor]:
-        """([..., U], [..., U]): the mean of `values` [..., N] over each query's distinct and
-        over its common tokens."""
-        U = self.query.numel()
-        out = []
-        for mask, n in ((self.distinct, self.num_distinct), (~self.distinct, self.num_common)):
-            total = values.new_zeros(*values.shape[:-1], U)
-            out.append(total.index_add_(-1, self.unit[mask], values[..., mask]) / n)
-        return out[0], out[1]
-
-    def ranks(self, values: Tensor) -> Tensor:
-        """[..., N] the ranks of `values` [..., N] within each query (`segment_ranks`)."""
-        return segment_ranks(values, self.unit, self.start)
-
-    def auroc(self, values: Tensor, ranks: Tensor | None = None) -> Tensor:
-        """[..., U] P(distinct > common) + P(equal) / 2 of `values` [..., N] within each query
-        (Mann-Whitney U over ranks with ties averaged); NaN where a query holds a NaN.  `ranks`:
-        `self.ranks(values)` where the caller has them already."""
-        ranks = self.ranks(values) if ranks is None else ranks
-        U = self.query.numel()
-        total = ranks.new_zeros(*ranks.shape[:-1], U)
-        rank_sum = total.index_add_(-1, self.unit[self.distinct], ranks[..., self.distinct])
-        nd, nc = self.num_distinct.double(), self.num_common.double()
-        return (rank_sum - nd * (nd + 1) / 2) / (nd * nc)
-
-
-def _cat(parts) -> Tensor:
-    parts = list(parts)
-    return torch.cat(parts).long() if parts else torch.empty(0, dtype=torch.long)
 
 
 MAX_ELEMENTS = 1 << 22  # segment_ranks works on row blocks of at most this many values

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from scansnap_lens.measures.measurement import Measurement
+from scansnap_lens.measures.resampling import LEVEL, MIN_UNITS, bootstrap_percentile, kish
 from scansnap_lens.recording.plan import _find
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
@@ -26,6 +27,7 @@ __all__ = [
     "class_movement",
     "secondary_snap_steps",
     "snap_step",
+    "snap_step_interval",
     "snapping",
 ]
 
@@ -148,6 +150,34 @@ def class_movement(traj: Trajectory) -> Tensor:
         out[s - 1].index_add_(-1, plan.triple_class, (now - before).abs_())
         before = now
     return out.mul_(0.5)
+
+
+def snap_step_interval(
+    traj: Trajectory, num: int = 200, level: float = LEVEL, generator=None
+) -> dict[str, Tensor]:
+    """[L, H] the percentile interval of `snapping`'s snap_step with the tracked classes as the
+    units (resampled with replacement, each weighted by its events as `snapping` weighs
+    them): ``snap_step_lo``, ``snap_step_hi`` over the resamples that snapped, ``snap_share``
+    (the share that did) and ``snap_step_n_eff`` (Kish's n_eff of the class events); no
+    interval below `resampling.MIN_UNITS` effective classes or three checkpoints."""
+    L, H = len(traj.layers), len(traj.heads)
+    nan = torch.full((L, H), math.nan, dtype=torch.float64)
+    w = traj.plan.class_events.double()
+    n_eff = kish(w).expand(L, H).clone()
+    out = {"snap_step_lo": nan, "snap_step_hi": nan.clone(), "snap_share": nan.clone(),
+           "snap_step_n_eff": n_eff}  # fmt: skip
+    if traj.num_steps < 3 or float(n_eff[0, 0]) < MIN_UNITS:
+        return out
+    move = class_movement(traj)  # [S-1, L, H, K]
+
+    def statistic(counts: Tensor) -> Tensor:
+        c = counts * w
+        head_move = torch.einsum("slhk,bk->blhs", move, c) / c.sum(-1)[:, None, None, None]
+        return snap_step(traj.steps, head_move)[0]  # [B, L, H]
+
+    lo, hi, share = bootstrap_percentile(statistic, move.shape[-1], num, level, generator)
+    out.update(snap_step_lo=lo, snap_step_hi=hi, snap_share=share)
+    return out
 
 
 def snapping(

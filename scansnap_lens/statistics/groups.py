@@ -13,7 +13,7 @@ measurement runs the same way on the lab and on real models.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from functools import cached_property
 
 import pandas as pd
@@ -22,7 +22,78 @@ from torch import Tensor
 
 from scansnap_lens.statistics.context import Context, require_same
 
-__all__ = ["TokenGroups"]
+__all__ = ["Classification", "TokenGroups"]
+
+
+@dataclass(frozen=True)
+class Classification:
+    """How the context tokens of corpus statistics get their kinds and the classes their
+    groups: the one set of settings (and defaults) that `TokenGroups.from_statistics`,
+    ``scansnap report`` (each field an option: ``--min-support``, ...) and the report share,
+    saved in ``summary.json`` and shown on the page.
+
+    scope, min_support, purity, guard, alpha: `kinds.token_kinds` (``guard=False, purity=1,
+    min_support=1`` is the paper's definition); min_events, min_distinct: the classes kept
+    (`TokenGroups.from_kinds`).  The context window is the statistics' own
+    (`CooccurrenceStats.window`): it is how they were counted.
+
+    >>> Classification(purity=0.9).describe().split(", ")[:4]
+    ['local scope', 'min_support 1', 'purity 0.9', 'binomial guard at alpha 0.05']
+    """
+
+    scope: str = "local"
+    min_support: int = 1
+    purity: float = 1.0
+    guard: bool = True
+    alpha: float = 0.05
+    min_events: int = 1
+    min_distinct: int = 1
+
+    def __post_init__(self):
+        if self.scope not in ("local", "global"):
+            raise ValueError(f"scope must be 'local' or 'global' (--scope), got {self.scope!r}")
+        for name in ("min_support", "min_events"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                flag = name.replace("_", "-")
+                raise ValueError(f"{name} must be an integer >= 1 (--{flag}), got {value!r}")
+        if (
+            isinstance(self.min_distinct, bool)
+            or not isinstance(self.min_distinct, int)
+            or (self.min_distinct < 0)
+        ):
+            raise ValueError(
+                f"min_distinct must be an integer >= 0 (--min-distinct), got {self.min_distinct!r}"
+            )
+        if not 0.0 < self.purity <= 1.0:
+            raise ValueError(f"purity must lie in (0, 1] (--purity), got {self.purity!r}")
+        if not 0.0 < self.alpha < 1.0:
+            raise ValueError(f"alpha must lie in (0, 1), got {self.alpha!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> Classification:
+        return cls().replace(**values)
+
+    def replace(self, **changes) -> Classification:
+        """These settings with some fields changed (unknown names refused, naming them)."""
+        known = sorted(f.name for f in fields(self))
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown classification settings {unknown}: known are {sorted(known)}"
+            )
+        return replace(self, **changes)
+
+    def describe(self) -> str:
+        """One line for the page and the command line."""
+        guard = f"binomial guard at alpha {self.alpha:g}" if self.guard else "no binomial guard"
+        return (
+            f"{self.scope} scope, min_support {self.min_support}, purity {self.purity:g}, {guard},"
+            f" min_events {self.min_events}, min_distinct {self.min_distinct}"
+        )
 
 
 def _empty_filter_message(counts: list[tuple[str, int]]) -> str:
@@ -82,6 +153,15 @@ class TokenGroups:
     common: dict[int, Tensor]
     source: str = "corpus"
     context: Context | None = None  # of the statistics the groups came from (None: the lab)
+    settings: Classification | None = None  # how they were classified (None: by hand, the lab)
+
+    def __repr__(self) -> str:
+        sizes = [t.numel() for t in self.distinct]
+        return (
+            f"TokenGroups({self.num_classes:,} classes of {len(set(self.query.tolist())):,}"
+            f" queries, {sum(sizes):,} distinct tokens (median {_median(sizes)} per class),"
+            f" common tokens of {len(self.common):,} queries, source={self.source!r})"
+        )
 
     def check_context(self, plan) -> None:
         """Refuse a recording whose context convention differs from the statistics'."""
@@ -133,24 +213,29 @@ class TokenGroups:
         cls,
         stats,
         queries=None,
-        min_events: int = 1,
-        min_distinct: int = 0,
-        scope: str = "local",
-        min_support: int = 1,
-        purity: float = 1.0,
-        guard: bool = True,
-        alpha: float = 0.05,
+        settings: Classification | None = None,
+        **overrides,
     ) -> TokenGroups:
-        """Assign the kinds of the context tokens of `stats` (`kinds.token_kinds` with `scope`,
-        `min_support`, `purity`, `guard`, `alpha`) and group them (`from_kinds`
-        with `queries`, `min_events`, `min_distinct`): the one call from statistics to the
-        groups that every measurement takes."""
+        """Assign the kinds of the context tokens of `stats` (`kinds.token_kinds`) and group
+        them (`from_kinds`) with `settings` (default `Classification()`, the report's), any
+        field replaced by a keyword (``purity=0.9``): the one call from statistics to the
+        groups that every measurement takes.  queries: keep the classes of these queries (a
+        trajectory's, ``traj.plan.queries``)."""
+        from scansnap_lens.statistics.corpus import CooccurrenceStats
         from scansnap_lens.statistics.kinds import token_kinds
 
-        kinds = token_kinds(
-            stats, scope=scope, min_support=min_support, purity=purity, guard=guard, alpha=alpha
-        )
-        return cls.from_kinds(kinds, stats, queries, min_events, min_distinct)
+        if not isinstance(stats, CooccurrenceStats):
+            raise TypeError(
+                "TokenGroups.from_statistics needs CooccurrenceStats (statistics.cooccurrence,"
+                f" CooccurrenceStats.load, scansnap stats), got {type(stats).__name__}"
+            )
+        settings = (settings or Classification()).replace(**overrides)
+        kinds = token_kinds(stats, scope=settings.scope, min_support=settings.min_support,
+                            purity=settings.purity, guard=settings.guard,
+                            alpha=settings.alpha)  # fmt: skip
+        groups = cls.from_kinds(kinds, stats, queries, settings.min_events, settings.min_distinct)
+        groups.settings = settings
+        return groups
 
     @classmethod
     def from_kinds(cls, kinds, stats, queries=None, min_events: int = 1, min_distinct: int = 0):
@@ -205,6 +290,10 @@ class TokenGroups:
             source="corpus",
             context=stats.context,
         )
+
+
+def _median(values: list[int]):
+    return sorted(values)[len(values) // 2] if values else 0
 
 
 def _distinct_of_classes(kinds, stats, frame: pd.DataFrame) -> tuple[list[Tensor], list[Tensor]]:

@@ -1,0 +1,176 @@
+"""Trajectories whose truth is known, shaped like real text: what the scan's intervals, p-values
+and verdict are checked against (``analyses/benchmarks/bench_calibration.py`` and the tests).
+
+Each head's logit change of query m on context token l is
+
+    dz[m, l] = a[m] + b[l] + effect * distinct(m, l) + noise[m, l]     (per head)
+
+with a query effect a (which no within-query figure sees), a token effect b shared by every
+query that holds l, and independent noise; b and noise together have variance 1 for a
+common token.  Real text's structure comes from `Scenario`:
+
+- ``queries`` with events drawn Zipf-like (one query can carry much of the weight),
+- per query 1 + Poisson(0.7) distinct tokens of its own and ``commons`` common tokens drawn
+  from a shared pool of ``pool`` tokens with Zipf weights (the frequent words are common for
+  almost every query), or its own common tokens where ``pool`` is 0,
+- ``token_share``: the token effect's share of the variance,
+- ``distinct_noise``: the distinct tokens' noise standard deviation against 1,
+- ``frequency_slope``: a head that only follows token frequency: dz falls with the log count of
+  the pair in the evaluation text (standardised), and the kinds mark rare tokens as distinct
+  more often (no effect of the kind itself).
+
+``effect`` is set from a target AUROC: P(dz of a distinct token > dz of a common token of the
+same query) = Phi(effect / sqrt(2)) where the noise is equal.
+
+>>> traj, groups, truth = crossed_run(Scenario(queries=8), heads=2, seed=0)
+>>> traj.zbar.shape[:3], truth["auroc"].tolist()
+(torch.Size([2, 1, 2]), [0.5, 0.5])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from scansnap_lens.recording.plan import RecordPlan
+from scansnap_lens.recording.trajectory import Trajectory
+from scansnap_lens.statistics.groups import TokenGroups
+
+__all__ = ["SCENARIOS", "Scenario", "crossed_run", "effect_for_auroc"]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """The structure of a synthetic trajectory (see the module)."""
+
+    queries: int = 30
+    pool: int = 400  # shared common tokens (0: every query has its own)
+    commons: int = 40  # common tokens per query
+    token_share: float = 0.2  # share of the variance that belongs to the token
+    distinct_noise: float = 1.0  # noise sd of distinct tokens against common ones
+    frequency_slope: float = 0.0  # a frequency-only head: dz ~ -slope * log count
+    query_skew: float = 1.0  # events of the r-th query ~ 1 / r ** skew
+
+    def with_queries(self, queries: int) -> Scenario:
+        return replace(self, queries=queries)
+
+
+# The null scenarios of the calibration benchmark: nothing depends on the token's kind.
+SCENARIOS = {
+    "clean": Scenario(pool=0, token_share=0.0, query_skew=0.0),
+    "shared_pool_20": Scenario(token_share=0.2),
+    "shared_pool_50": Scenario(token_share=0.5),
+    "same_few_commons": Scenario(pool=6, commons=6, token_share=0.2),
+    "unequal_noise": Scenario(token_share=0.2, distinct_noise=3.0),
+    "frequency_only": Scenario(token_share=0.2, frequency_slope=1.0),
+}
+
+
+def effect_for_auroc(auroc: float) -> float:
+    """The kind effect giving this AUROC where distinct and common tokens have equal noise."""
+    return math.sqrt(2.0) * _probit(auroc)
+
+
+def _probit(p: float) -> float:
+    return math.sqrt(2.0) * torch.erfinv(torch.tensor(2 * p - 1, dtype=torch.float64)).item()
+
+
+def crossed_run(
+    scenario: Scenario,
+    heads: int = 8,
+    layers: int = 1,
+    auroc: Tensor | float = 0.5,
+    seed: int = 0,
+) -> tuple[Trajectory, TokenGroups, dict[str, Tensor]]:
+    """A two-checkpoint trajectory of `layers` x `heads` heads and its token groups, and the
+    truth: ``auroc`` and ``bias`` [L, H] (the kind effect), from `auroc` (one value, or one
+    per head [L, H]) under equal noise.  Seeded: the same seed gives the same run."""
+    g = torch.Generator().manual_seed(seed)
+    s = scenario
+    Q = s.queries
+    target = torch.as_tensor(auroc, dtype=torch.float64).expand(layers, heads)
+    effect = torch.tensor([effect_for_auroc(float(a)) for a in target.reshape(-1)],
+                          dtype=torch.float64).reshape(layers, heads)  # fmt: skip
+
+    # the tokens of each query: own distinct ones, then common ones (shared pool or own)
+    pool = max(s.pool, 0)
+    num_distinct = 1 + torch.poisson(torch.full((Q,), 0.7), generator=g).long()
+    d_first = pool + torch.cumsum(num_distinct, 0) - num_distinct
+    own_common = 0 if pool else s.commons
+    c_first = pool + int(num_distinct.sum()) + torch.arange(Q) * own_common
+    query_ids = pool + int(num_distinct.sum()) + Q * own_common + torch.arange(Q)
+    vocab = int(query_ids[-1]) + 2  # one next token for every query: the last id
+    zipf = 1.0 / torch.arange(1, max(pool, 1) + 1, dtype=torch.float64)
+    entries_q, entries_t, entries_d, counts = [], [], [], []
+    events = 1.0 / torch.arange(1, Q + 1, dtype=torch.float64) ** s.query_skew
+    events = torch.round(events / events.min() * 10).long()
+    for m in range(Q):  # a few tensors per query to build the design; the values are drawn once
+        d = d_first[m] + torch.arange(int(num_distinct[m]))
+        if pool:
+            take = min(s.commons, pool)
+            c = torch.multinomial(zipf, take, replacement=False, generator=g)
+            c_rate = zipf[c] / zipf[:take].mean() * 4.0
+        else:
+            c = c_first[m] + torch.arange(s.commons)
+            c_rate = torch.full((s.commons,), 4.0, dtype=torch.float64)
+        d_rate = torch.distributions.Exponential(1 / 3.0).sample((d.numel(),)).double()
+        rate = torch.cat([d_rate, c_rate])
+        count = 1 + torch.poisson(rate, generator=g).long()
+        entries_q.append(torch.full((rate.numel(),), m))
+        entries_t.append(torch.cat([d, c]))
+        entries_d.append(torch.cat([torch.ones(d.numel()), torch.zeros(c.numel())]).bool())
+        counts.append(count)
+    q, t, is_d, count = (torch.cat(x) for x in (entries_q, entries_t, entries_d, counts))
+    if s.frequency_slope:  # the kinds follow frequency: rare tokens are distinct more often
+        logc = count.double().log()
+        rare = torch.sigmoid(-2.0 * (logc - logc.median()))
+        is_d = torch.rand(logc.numel(), generator=g, dtype=torch.float64) < rare
+        has_both = (
+            torch.zeros(Q, 2, dtype=torch.long)
+            .index_put_((q, is_d.long()), torch.ones_like(q), accumulate=True)
+            .gt(0)
+            .all(-1)
+        )
+        keep = has_both[q]
+        q, t, is_d, count = q[keep], t[keep], is_d[keep], count[keep]
+
+    # the values: one draw for every head and entry
+    H = layers * heads
+    N = q.numel()
+    tau = s.token_share
+    b = torch.randn(H, vocab, generator=g, dtype=torch.float64) * math.sqrt(tau)
+    noise = torch.randn(H, N, generator=g, dtype=torch.float64) * math.sqrt(1 - tau)
+    noise = torch.where(is_d, noise * s.distinct_noise, noise)
+    a = torch.randn(H, Q, generator=g, dtype=torch.float64)
+    dz = a[:, q] + b[:, t] + noise + effect.reshape(H, 1) * is_d
+    if s.frequency_slope:
+        logc = count.double().log()
+        dz = dz - s.frequency_slope * (logc - logc.mean()) / logc.std().clamp_min(1e-12)
+
+    next_token = torch.full((Q,), vocab - 1, dtype=torch.long)
+    plan = RecordPlan.from_counts(
+        vocab, query_ids, next_token, events, torch.as_tensor(q), t, count,
+    )  # fmt: skip
+    slot = plan.pair_slot(query_ids[q], t)
+    zbar = torch.zeros(2, H, plan.num_pairs, dtype=torch.float64)
+    zbar[0, :, slot] = torch.randn(H, N, generator=g, dtype=torch.float64)
+    zbar[1, :, slot] = zbar[0, :, slot] + dz
+    c_hat = torch.full((2, H, plan.num_triples), 1.0 / max(1, plan.num_triples))
+    traj = Trajectory(
+        plan, torch.tensor([0, 1000]), list(range(layers)), list(range(heads)),
+        zbar=zbar.reshape(2, layers, heads, -1).float(),
+        c_hat=c_hat.reshape(2, layers, heads, -1).float(),
+        entropy=torch.zeros(2, layers, heads, plan.num_classes),
+        query_entropy=torch.zeros(2, layers, heads, plan.num_queries),
+        meta={"source": "lab.calibration"},
+    )  # fmt: skip
+    distinct = [t[(q == m) & is_d] for m in range(Q)]
+    distinct_p = [count[(q == m) & is_d].double() / count[q == m].sum() for m in range(Q)]
+    common = {int(query_ids[m]): t[(q == m) & ~is_d] for m in range(Q)}
+    groups = TokenGroups(query_ids.clone(), next_token, events, distinct, distinct_p, common,
+                         source="synthetic")  # fmt: skip
+    truth = {"auroc": target.clone(), "bias": effect}
+    return traj, groups, truth

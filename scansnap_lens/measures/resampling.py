@@ -1,0 +1,259 @@
+"""How sure a figure is: every interval, p-value, correction over heads and minimal detectable
+effect of the package comes from this module.
+
+A measure hands over the pieces of its figure per unit (`measures.measurement.QueryTokens`
+for the scan over queries and context tokens, the per-class values of the frequency bias and
+the entropy, the per-class movement behind `snap_step`) and gets an `Estimate` back:
+
+- **Weighted means over units** (`mean_over_units`: classes, queries): the standard error is
+  the cluster-robust (delta-method) one of a weighted mean, sum_u (w_u (x_u - mean) / W)^2,
+  each unit corrected for its leverage w_u / W (`sum_of_squares`: CR2; one query that
+  carries half the weight pulls the mean halfway to itself and hides half its deviation).
+- **Contrasts over crossed units** (`crossed`: the scan's bias and AUROC): queries and context
+  tokens are crossed factors (the frequent common words belong to every query), so the
+  variance is the two-way cluster-robust one (the linearised two-way bootstrap's without its
+  double count): the squared influence of each query plus that of each token, less that of
+  each (query, token) cell, each corrected for its leverage.  A token shared by many queries
+  moves the figure through all of them at once; the query-only bootstrap missed that.
+- **Intervals and p-values** are Student t with ``n_eff - 1`` degrees of freedom, ``n_eff``
+  the effective number of units of the sparser side (Kish's (sum w)^2 / sum w^2 of the units'
+  weights in the figure): asymptotic, so they resolve any level (alpha / 144 heads and below),
+  and checked by simulation on real-text structure (`lab.calibration`,
+  ``analyses/benchmarks/bench_calibration.py``).  Below `MIN_UNITS` there is no interval and
+  no p-value: "too few units (n_eff = ...)".
+- **Over heads**: Holm's step-down correction (family-wise), or Benjamini-Hochberg (`fdr`).
+- **Minimal detectable effect** (`Estimate.mde`): the smallest true value the test would have
+  detected with 80 % power at its level.
+- **Bootstrap** (`bootstrap_percentile`): for a figure that is no mean (``snap_step``), the
+  percentile interval over resampled units.
+
+Shape letters (docs/shapes.md): U units, B resamples, ``...`` any leading shape (layers,
+heads).
+
+>>> x = torch.tensor([[1.0], [2.0], [3.0], [4.0], [5.0], [6.0]], dtype=torch.float64)
+>>> est = mean_over_units(x, torch.ones(6))
+>>> est.value.item(), round(est.se.item(), 4), est.n_eff.item()
+(3.5, 0.7071, 6.0)
+>>> lo, hi = est.interval()
+>>> round(lo.item(), 3), round(hi.item(), 3)  # 3.5 -+ t(5, 0.975) * 0.7071
+(1.682, 5.318)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy import stats as scipy_stats
+from torch import Tensor
+
+__all__ = [
+    "ALPHA",
+    "LEVEL",
+    "MIN_UNITS",
+    "POWER",
+    "Estimate",
+    "adjust",
+    "bootstrap_percentile",
+    "crossed",
+    "kish",
+    "mean_over_units",
+    "normal_p",
+    "resample_counts",
+    "sum_of_squares",
+    "too_few",
+]
+
+LEVEL = 0.95  # every interval's coverage
+ALPHA = 0.05  # the verdict's level over the heads (family-wise with Holm)
+POWER = 0.8  # the power at which the minimal detectable effect is stated
+MIN_UNITS = 5.0  # below this effective number of units: no interval, no p-value
+
+
+def kish(weights: Tensor, dim: int = -1) -> Tensor:
+    """Kish's effective number of units, (sum w)^2 / sum w^2 along `dim` (0 where no weight).
+
+    >>> kish(torch.tensor([1.0, 1.0, 1.0, 1.0])).item(), kish(torch.tensor([8.0, 1, 1])).item()
+    (4.0, 1.5)
+    """
+    w = weights.double().abs()
+    total = w.sum(dim)
+    return torch.where(total > 0, total**2 / (w**2).sum(dim).clamp_min(1e-300), 0.0)
+
+
+def too_few(n_eff: float) -> str:
+    """The words shown where a figure rests on too few units for an interval."""
+    return f"too few units (n_eff = {n_eff:.3g} < {MIN_UNITS:g})"
+
+
+@dataclass
+class Estimate:
+    """A figure with its uncertainty: ``value``, standard error ``se`` and the effective
+    number of units ``n_eff`` behind it, all of one shape [...] (a layer x head grid)."""
+
+    value: Tensor
+    se: Tensor
+    n_eff: Tensor
+    bounds: tuple[float, float] = (-math.inf, math.inf)  # the values the figure can take
+    dof: Tensor | None = None  # degrees of freedom where fewer than n_eff - 1
+
+    @property
+    def df(self) -> Tensor:
+        """Degrees of freedom of the t reference: n_eff - 1, or fewer where the variance
+        rests on fewer units (`dof`); at least 1."""
+        df = self.n_eff - 1
+        if self.dof is not None:
+            df = torch.minimum(df, self.dof)
+        return torch.nan_to_num(df, nan=1.0).clamp_min(1.0)
+
+    @property
+    def enough(self) -> Tensor:
+        """Where the figure rests on at least `MIN_UNITS` effective units (and is a number)."""
+        return (self.n_eff >= MIN_UNITS) & ~torch.isnan(self.value) & ~torch.isnan(self.se)
+
+    def _t(self, q: float) -> Tensor:
+        return torch.from_numpy(np.asarray(scipy_stats.t.ppf(q, self.df.numpy()), np.float64))
+
+    def interval(self, level: float = LEVEL) -> tuple[Tensor, Tensor]:
+        """value -+ t(n_eff - 1, (1 + level) / 2) * se; NaN where there are too few units."""
+        half = self._t((1 + level) / 2) * self.se
+        lo = (self.value - half).clamp_min(self.bounds[0])
+        hi = (self.value + half).clamp_max(self.bounds[1])
+        return torch.where(self.enough, lo, math.nan), torch.where(self.enough, hi, math.nan)
+
+    def p_value(self, null: float = 0.0) -> Tensor:
+        """Two-sided p-value of value = `null` (t with n_eff - 1 degrees of freedom); 0 where
+        the standard error is 0 and the value differs; NaN where there are too few units."""
+        diff = (self.value - null).abs()
+        t = torch.where(self.se > 0, diff / self.se.clamp_min(1e-300), math.inf)
+        t = torch.where(diff > 0, t, 0.0)
+        p = 2 * scipy_stats.t.sf(t.numpy(), self.df.numpy())
+        return torch.where(self.enough, torch.from_numpy(np.asarray(p, np.float64)), math.nan)
+
+    def mde(self, alpha: float, power: float = POWER) -> Tensor:
+        """The smallest distance from the null that a two-sided test at `alpha` detects with
+        probability `power` at this standard error; NaN where there are too few units."""
+        reach = (self._t(1 - alpha / 2) + self._t(power)) * self.se
+        return torch.where(self.enough, reach, math.nan)
+
+
+def mean_over_units(
+    values: Tensor, weights: Tensor, bounds: tuple[float, float] = (-math.inf, math.inf)
+) -> Estimate:
+    """The weighted mean over units of `values` [U, ...] (`weights` [U]; a NaN value has no
+    weight) with its cluster-robust standard error and Kish's n_eff of the weights; `bounds`:
+    the values it can take (an interval is cut there)."""
+    ok = ~torch.isnan(values)
+    w = weights.double().reshape(-1, *([1] * (values.dim() - 1))) * ok
+    total = w.sum(0)
+    share = w / total.clamp_min(1e-300)
+    mean = torch.where(total > 0, (torch.nan_to_num(values.double()) * share).sum(0), math.nan)
+    influence = share * (torch.nan_to_num(values.double()) - mean)
+    se = torch.sqrt(sum_of_squares(influence, share, dim=0))
+    return Estimate(mean, se, kish(w, 0), bounds)
+
+
+def sum_of_squares(influence: Tensor, leverage: Tensor, dim: int = -1) -> Tensor:
+    """sum of influence^2 / (1 - leverage) along `dim`: the units' influences on a weighted
+    mean, each corrected for how much its own weight pulled the mean towards it (the CR2
+    correction; with U equal weights it is the familiar U / (U - 1)).  A unit that is the whole
+    mean (leverage 1) has influence 0 and adds nothing."""
+    room = (1 - leverage.double()).clamp_min(1e-12)
+    return torch.where(room > 1e-9, influence.double() ** 2 / room, 0.0).sum(dim)
+
+
+def crossed(
+    value: Tensor,
+    query_var: Tensor,
+    token_var: Tensor,
+    cell_var: Tensor,
+    n_eff: Tensor,
+    dof: Tensor,
+    bounds: tuple[float, float] = (-math.inf, math.inf),
+) -> Estimate:
+    """A figure over crossed queries and tokens: `value` [...], the summed squared influences
+    (`sum_of_squares`) of its queries `query_var` [...], of its tokens `token_var` [...] and of
+    its (query, token) cells `cell_var` [...] (each unit's derivative of the figure with
+    respect to its resampling weight), and the effective number of units `n_eff` [...].
+
+    The variance is the two-way cluster-robust one, query + token - cell (Cameron, Gelbach
+    and Miller 2011: a token held by one query only is counted once, through its query), and
+    never less than either one-way variance (with one query, the token one).  `dof` [...]:
+    the degrees of freedom of the design (`kish` of the squared weights: a variance that a few
+    units carry is poorly known), used where fewer than n_eff - 1.
+
+    A proportion's influences vanish where it is 0 or 1 (an AUROC of 1: every pair ordered),
+    which would read as certainty: for `bounds` (0, 1) the standard error is at least half
+    that of one uniform placement per unit at the proportion moved half a unit inwards,
+    sqrt(p (1 - p) / (12 (n_eff + 1))) with p = (value n_eff + 1/2) / (n_eff + 1), which
+    binds near 0 and 1 only."""
+    var = torch.maximum(query_var + token_var - cell_var, torch.maximum(query_var, token_var))
+    se = torch.sqrt(var)
+    if bounds == (0.0, 1.0):
+        p = (value * n_eff + 0.5) / (n_eff + 1)
+        se = torch.maximum(se, torch.sqrt(p * (1 - p) / (12 * (n_eff + 1))))
+    return Estimate(value, torch.where(torch.isnan(value), math.nan, se), n_eff, bounds, dof)
+
+
+def normal_p(value: Tensor, null_sd: Tensor) -> Tensor:
+    """Two-sided p-value of `value` [...] against a null centred on 0 with standard deviation
+    `null_sd` [...], nearly normal (a sum of many small independent parts); 0 where the null
+    has no spread and the value is not 0."""
+    z = torch.where(null_sd > 0, value.abs() / null_sd.clamp_min(1e-300),
+                    torch.where(value == 0, 0.0, math.inf))  # fmt: skip
+    p = 2 * scipy_stats.norm.sf(z.numpy())
+    return torch.where(torch.isnan(value), math.nan, torch.from_numpy(np.asarray(p, np.float64)))
+
+
+def adjust(p: Tensor, method: str = "holm") -> Tensor:
+    """p-values [...] adjusted over all their entries (the heads): ``"holm"`` (Holm's step-down,
+    family-wise) or ``"fdr"`` (Benjamini-Hochberg); NaN entries are not tested and stay NaN.
+
+    >>> adjust(torch.tensor([0.01, 0.04, 0.03, float("nan")])).tolist()
+    [0.03, 0.06, 0.06, nan]
+    >>> [round(x, 3) for x in adjust(torch.tensor([0.01, 0.04, 0.03]), "fdr").tolist()]
+    [0.03, 0.04, 0.04]
+    """
+    if method not in ("holm", "fdr"):
+        raise ValueError(f"correction must be 'holm' or 'fdr', got {method!r}")
+    flat = p.reshape(-1).double()
+    tested = (~torch.isnan(flat)).nonzero().flatten()
+    out = torch.full_like(flat, math.nan)
+    m = tested.numel()
+    if m == 0:
+        return out.reshape(p.shape)
+    values, order = torch.sort(flat[tested])
+    rank = torch.arange(1, m + 1, dtype=torch.float64)
+    if method == "holm":
+        adjusted = torch.cummax(values * (m - rank + 1), 0).values
+    else:
+        adjusted = (values * m / rank).flip(0).cummin(0).values.flip(0)
+    out[tested[order]] = adjusted.clamp_max(1.0)
+    return out.reshape(p.shape)
+
+
+def resample_counts(num_units: int, num: int, generator=None) -> Tensor:
+    """[B, U] how often each unit is drawn in each of `num` resamples with replacement."""
+    drawn = torch.randint(num_units, (num, num_units), generator=generator)
+    counts = torch.zeros(num, num_units, dtype=torch.float64)
+    return counts.scatter_add_(1, drawn, torch.ones_like(drawn, dtype=torch.float64))
+
+
+def bootstrap_percentile(statistic, num_units: int, num: int, level: float = LEVEL,
+                         generator=None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """The percentile interval of `statistic(counts)` -> [B, ...] over `num` resamples of
+    `num_units` units with replacement (`counts` [B, U]), for a figure that is no weighted
+    mean: (lo [...], hi [...], share [...] of resamples where the statistic is a number).
+
+    >>> values = torch.arange(10.0, dtype=torch.float64)
+    >>> lo, hi, share = bootstrap_percentile(
+    ...     lambda c: (c @ values) / c.sum(-1), 10, 500, generator=torch.Generator().manual_seed(0))
+    >>> bool(2.0 < lo < 4.5 < hi < 7.0), share.item()
+    (True, 1.0)
+    """
+    stat = statistic(resample_counts(num_units, num, generator))
+    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
+    lo, hi = torch.nanquantile(stat.double(), q, dim=0)
+    return lo, hi, (~torch.isnan(stat)).double().mean(0)
