@@ -24,7 +24,7 @@ same query) = Phi(effect / sqrt(2)) where the noise is equal.
 
 >>> traj, groups, truth = crossed_run(Scenario(queries=8), heads=2, seed=0)
 >>> traj.zbar.shape[:3], truth["auroc"].tolist()
-(torch.Size([2, 1, 2]), [0.5, 0.5])
+(torch.Size([2, 1, 2]), [[0.5, 0.5]])
 """
 
 from __future__ import annotations

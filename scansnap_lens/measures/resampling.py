@@ -32,11 +32,11 @@ heads).
 
 >>> x = torch.tensor([[1.0], [2.0], [3.0], [4.0], [5.0], [6.0]], dtype=torch.float64)
 >>> est = mean_over_units(x, torch.ones(6))
->>> est.value.item(), round(est.se.item(), 4), est.n_eff.item()
-(3.5, 0.7071, 6.0)
+>>> est.value.item(), round(est.se.item(), 4), est.n_eff.item()  # se: sd / sqrt(6)
+(3.5, 0.7638, 6.0)
 >>> lo, hi = est.interval()
->>> round(lo.item(), 3), round(hi.item(), 3)  # 3.5 -+ t(5, 0.975) * 0.7071
-(1.682, 5.318)
+>>> round(lo.item(), 3), round(hi.item(), 3)  # 3.5 -+ t(5, 0.975) * 0.7638
+(1.537, 5.463)
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ MIN_UNITS = 5.0  # below this effective number of units: no interval, no p-value
 def kish(weights: Tensor, dim: int = -1) -> Tensor:
     """Kish's effective number of units, (sum w)^2 / sum w^2 along `dim` (0 where no weight).
 
-    >>> kish(torch.tensor([1.0, 1.0, 1.0, 1.0])).item(), kish(torch.tensor([8.0, 1, 1])).item()
-    (4.0, 1.5)
+    >>> kish(torch.tensor([1.0, 1.0, 1.0, 1.0])).item(), kish(torch.tensor([3.0, 1.0])).item()
+    (4.0, 1.6)
     """
     w = weights.double().abs()
     total = w.sum(dim)
@@ -211,10 +211,11 @@ def adjust(p: Tensor, method: str = "holm") -> Tensor:
     """p-values [...] adjusted over all their entries (the heads): ``"holm"`` (Holm's step-down,
     family-wise) or ``"fdr"`` (Benjamini-Hochberg); NaN entries are not tested and stay NaN.
 
-    >>> adjust(torch.tensor([0.01, 0.04, 0.03, float("nan")])).tolist()
+    >>> p = torch.tensor([0.01, 0.04, 0.03, float("nan")], dtype=torch.float64)
+    >>> [round(x, 6) for x in adjust(p).tolist()]
     [0.03, 0.06, 0.06, nan]
-    >>> [round(x, 3) for x in adjust(torch.tensor([0.01, 0.04, 0.03]), "fdr").tolist()]
-    [0.03, 0.04, 0.04]
+    >>> [round(x, 6) for x in adjust(p, "fdr").tolist()]
+    [0.03, 0.04, 0.04, nan]
     """
     if method not in ("holm", "fdr"):
         raise ValueError(f"correction must be 'holm' or 'fdr', got {method!r}")
