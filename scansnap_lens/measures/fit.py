@@ -92,8 +92,8 @@ def growth_bounds(
     B(t) = eta_Z int xi (`PhaseTransition.B_integral` from the first checkpoint), which the
     theorem says bounds it: f0^2 B <= dz <= B, with f0^2 = f_{n l0}(0)^2 = P(l0)^2 / ||P||^2.
     The Y/Z model's decoder couples every pair of next tokens (xi_n sums over all n' != n),
-    so K is the number of tracked classes and rho0 the data's (`theory.rho0` over all of them)
-    or the given number; M is the vocabulary and the rates the training's effective ones
+    so K is the number of next tokens of the tracked classes (as `rates.theory_of` counts them)
+    and rho0 the data's (`theory.rho0` over all classes) or the given number; M is the vocabulary and the rates the training's effective ones
     (`rates.effective_rate`; Adam has none: NaN).
 
     source: the training corpus's `CooccurrenceStats` or `SequenceClasses` (default: the
@@ -110,7 +110,7 @@ def growth_bounds(
     t = traj.steps.double().numpy()
     rows, dzs, lower, upper = [], [], [], []
     M = traj.plan.vocab_size
-    K = pop.num_classes
+    K = int(torch.unique(torch.as_tensor(pop.next_token)).numel())  # next tokens, as `rates`
     probs = pop.probs  # [K, U], dense once
     r0 = rho0(probs.numpy()) if rho0_value == "data" else float(rho0_value)
     if not math.isfinite(r0):
@@ -126,6 +126,11 @@ def growth_bounds(
         if y is not None and zr is not None:
             theory = PhaseTransition(K=K, M=M, lr_y=y, lr_z=zr, rho0=r0)
             B_head[:, j] = theory.B_integral(t) - theory.B_integral(t[:1])
+    if np.isnan(B_head).all():
+        raise ValueError(
+            "Theorem 4's B(t) needs plain-SGD rates, and the training's optimizer has none"
+            " (Adam normalises its steps): bound_ratio is not defined for it"
+        )
     B = np.broadcast_to(B_head[:, None, :], (len(t), len(traj.layers), len(traj.heads)))
     pop_row = {(int(q), int(n)): i for i, (q, n) in enumerate(zip(pop.query, pop.next_token))}
     for k in _tracked(traj, groups):

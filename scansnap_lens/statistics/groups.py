@@ -80,7 +80,7 @@ class Classification:
     def replace(self, **changes) -> Classification:
         """These settings with some fields changed (unknown names refused, naming them)."""
         known = sorted(f.name for f in fields(self))
-        unknown = sorted(set(changes) - known)
+        unknown = sorted(set(changes) - set(known))
         if unknown:
             raise ValueError(
                 f"unknown classification settings {unknown}: known are {sorted(known)}"

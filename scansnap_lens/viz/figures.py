@@ -265,7 +265,10 @@ def plot_over_steps(
     path: str | Path | None = None,
 ) -> Figure:
     """A measurement table (step, layer, head, column) as one line per layer and head, steps on
-    a log axis; with ``snaps`` (a `snapping` table) a marker at each head's snap step."""
+    a log axis; with ``snaps`` (a `snapping` table) a marker at each head's snap step.
+    ValueError where the column holds no number (nothing was measured: no empty figure)."""
+    if column not in table or not table[column].notna().any():
+        raise ValueError(f"{column} is not measured at any checkpoint: nothing to draw")
     fig = Figure(figsize=(6, 3.6))
     ax = fig.subplots()
     for key, part in table.groupby(list(by)):

@@ -110,9 +110,33 @@ def test_growth_bounds_use_theorem_4_with_data_rho0(lab):
 def test_adam_has_no_bound_and_missing_rates_are_named(lab):
     classes, groups, traj = lab
     adam = replace(traj, meta={**traj.meta, "optimizer": "adam"})
-    assert measures.growth_bounds(adam, groups, classes).detail["B"].isna().all()
+    with pytest.raises(ValueError, match="plain-SGD rates.*Adam"):  # not a column of NaN
+        measures.growth_bounds(adam, groups, classes)
     bare = replace(traj, meta={"source": "yz"})
     with pytest.raises(ValueError, match="does not say how the model was trained"):
         measures.theory_fit(bare, classes, groups)
     fit = measures.theory_fit(bare, classes, groups, training={"lr_y": 2.0, "lr_z": 0.5})
     assert fit.final()["dz_corr"].iloc[0] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_growth_bounds_count_next_tokens_not_classes(tmp_path):
+    """On text, the classes (m, n) outnumber the vocabulary (every query meets many next
+    tokens); Theorem 4's K counts next tokens (it was the classes: "K=297 next tokens exceed
+    the vocabulary M=33")."""
+    from _tiny import V, tiny_model
+
+    from scansnap_lens.models.checkpoints import in_memory
+    from scansnap_lens.recording.plan import plan_recording
+    from scansnap_lens.recording.recorder import record_trajectory
+    from scansnap_lens.statistics.corpus import cooccurrence
+
+    tokens = torch.randint(0, V, (8, 24), generator=torch.Generator().manual_seed(0))
+    plan = plan_recording(tokens, V)
+    assert plan.num_classes > V
+    models = in_memory({0: tiny_model(seed=0), 5: tiny_model(seed=1)})
+    traj = record_trajectory(models, tokens, tmp_path / "t", plan=plan, progress=False)
+    stats = cooccurrence(tokens, V)
+    groups = TokenGroups.from_statistics(stats, guard=False, purity=0.5)
+    bounds = measures.growth_bounds(traj, groups, stats, training={"lr_y": 1.0, "lr_z": 1.0})
+    assert (bounds.detail["K"] == plan.class_next.unique().numel()).all()
+    assert bounds.final()["bound_ratio"].notna().all()

@@ -60,3 +60,24 @@ def test_groups_equal_the_reference_loop(seed, scope):
     for m in set(groups.query.tolist()):
         union = sorted({t for d, q in zip(distinct, groups.query.tolist()) if q == m for t in d})
         assert groups.distinct_of_query(m).tolist() == union
+
+
+def test_one_classification_with_its_defaults_refusing_bad_settings():
+    """The settings are one typed value: the report's defaults are the library's, a keyword
+    replaces a field, and bad or unknown ones are refused naming the option."""
+    from scansnap_lens.statistics.corpus import cooccurrence
+    from scansnap_lens.statistics.groups import Classification
+
+    rows = torch.tensor([[5, 0, 1, 2], [6, 0, 1, 3], [5, 6, 1, 2], [5, 4, 1, 2]])
+    stats = cooccurrence(rows, vocab_size=7)
+    groups = TokenGroups.from_statistics(stats, guard=False)
+    assert groups.settings == Classification(guard=False)
+    assert Classification.from_dict(groups.settings.to_dict()) == groups.settings
+    for bad, match in [({"purity": 0.0}, "--purity"), ({"scope": "both"}, "--scope"),
+                       ({"min_support": 0}, "--min-support"), ({"min_distinct": -1}, "--min-dist"),
+                       ({"pureness": 1.0}, "unknown classification settings")]:  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            Classification().replace(**bad)
+    with pytest.raises(TypeError, match="needs CooccurrenceStats"):
+        TokenGroups.from_statistics(None)
+    assert len(repr(groups)) < 200 and "classes" in repr(groups)
