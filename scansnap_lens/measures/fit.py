@@ -93,8 +93,9 @@ def growth_bounds(
     theorem says bounds it: f0^2 B <= dz <= B, with f0^2 = f_{n l0}(0)^2 = P(l0)^2 / ||P||^2.
     The Y/Z model's decoder couples every pair of next tokens (xi_n sums over all n' != n),
     so K is the number of next tokens of the tracked classes (as `rates.theory_of` counts them)
-    and rho0 the data's (`theory.rho0` over all classes) or the given number; M is the vocabulary and the rates the training's effective ones
-    (`rates.effective_rate`; Adam has none: NaN).
+    and rho0 the data's (`theory.rho0` over all classes) or the given number; M is the
+    vocabulary and the rates the training's effective ones (`rates.effective_rate`; Adam has
+    none: ValueError saying so).
 
     source: the training corpus's `CooccurrenceStats` or `SequenceClasses` (default: the
     recording's own evaluation text) for P(l|m, n), rho0 and K.

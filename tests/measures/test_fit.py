@@ -110,7 +110,7 @@ def test_growth_bounds_use_theorem_4_with_data_rho0(lab):
 def test_adam_has_no_bound_and_missing_rates_are_named(lab):
     classes, groups, traj = lab
     adam = replace(traj, meta={**traj.meta, "optimizer": "adam"})
-    with pytest.raises(ValueError, match="plain-SGD rates.*Adam"):  # not a column of NaN
+    with pytest.raises(ValueError, match=r"plain-SGD rates.*Adam"):  # not a column of NaN
         measures.growth_bounds(adam, groups, classes)
     bare = replace(traj, meta={"source": "yz"})
     with pytest.raises(ValueError, match="does not say how the model was trained"):
