@@ -181,23 +181,10 @@ def main() -> None:
         "not_measured": report.not_measured,
     }  # fmt: skip
     (args.out / "run.json").write_text(json.dumps(info, indent=1))
-    cols = [
-        c
-        for c in (
-            "layer",
-            "head",
-            "scans",
-            "bias",
-            "bias_lo",
-            "bias_hi",
-            "auroc",
-            "auroc_p",
-            "snap",
-            "rank_agreement",
-            "attention_entropy",
-        )
-        if c in table
-    ]
+    shown = ("layer", "head", "verdict", "bias", "bias_lo", "bias_hi", "auroc", "auroc_lo",
+             "auroc_hi", "auroc_n_eff", "auroc_mde", "matched_auroc", "frequency_control",
+             "snap", "rank_agreement", "attention_entropy")  # fmt: skip
+    cols = [c for c in shown if c in table]
     print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(json.dumps(info))
     print(f"report: {report.path.resolve()}")

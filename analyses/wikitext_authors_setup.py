@@ -91,8 +91,10 @@ QUICK = {
 }
 ENTROPY = ["entropy_with_self", "entropy_without_self"]
 # `measures.scan_uncertainty` columns runs.csv carries for the first layer, per class variant
-SURE = ["bias_lo", "bias_hi", "bias_p", "bias_baseline", "auroc_p", "auroc_baseline",
-        "spearman_lo", "spearman_hi", "spearman_p", "scans"]  # fmt: skip
+SURE = ["verdict", "bias_lo", "bias_hi", "bias_p", "bias_n_eff", "bias_baseline", "auroc_lo",
+        "auroc_hi", "auroc_p", "auroc_mde", "auroc_baseline", "matched_auroc",
+        "frequency_control", "spearman_lo", "spearman_hi", "spearman_p", "spearman_n_eff",
+        "scans"]  # fmt: skip
 PARTS = ["fig7", "fig10", "fig11-12"]
 
 

@@ -42,6 +42,8 @@ _NAMES = {
     "Context": "statistics.context",
     "token_kinds": "statistics.kinds",
     "TokenGroups": "statistics.groups",
+    "Classification": "statistics.groups",
+    "scan_uncertainty": "measures.uncertainty",
     "TokenKind": "statistics.kinds",
     "plan_recording": "recording.plan",
     "record_checkpoint": "recording.hooks",

@@ -43,9 +43,10 @@ def test_wikitext_authors_setup_quick(shared_dir, tmp_path):
 
     sure = pd.read_csv(out / "uncertainty.csv")  # every head of both runs, both class variants
     assert len(sure) == 2 * (1 + 3) and set(sure["classes"]) == {"paper", "guarded"}
-    assert sure["bias_p"].between(1 / 1001, 1).all() and sure["scans"].dtype == bool
+    p, too_few = sure["bias_p"], sure["verdict"].str.startswith("too few units")
+    assert (p.between(0, 1) | (p.isna() & too_few)).all() and sure["scans"].dtype == bool
     assert (sure["heads"] == sure["run"].map({"1layer": 1, "3layer": 3})).all()
-    assert runs["bias_p_paper"].notna().all() and runs["scans_paper"].dtype == bool
+    assert runs["verdict_paper"].notna().all() and runs["scans_paper"].dtype == bool
 
     scan = pd.read_csv(out / "scan.csv")
     assert set(scan["classes"]) == {"paper", "guarded"}

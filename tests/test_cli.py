@@ -379,6 +379,40 @@ def test_padded_model_vocabulary_measures_with_tokenizer_statistics(own_run, tmp
     assert "vocabulary mismatch" in capsys.readouterr().err
 
 
+def test_the_notebook_route_and_the_command_line_give_one_answer(own_run, tmp_path, capsys):
+    """The same trajectory and statistics: `scansnap report` and the README's library route
+    (`TokenGroups.from_statistics` + `summarize`) give the same table, verdicts included, and
+    the report says which settings it used."""
+    import pandas as pd
+
+    import scansnap_lens as ss
+
+    root, classes = own_run
+    stats = tmp_path / "stats.safetensors"
+    assert main(["stats", str(root / "corpus.safetensors"), "--out", str(stats),
+                 "--vocab-size", str(classes.vocab_size)]) == 0  # fmt: skip
+    traj_dir = tmp_path / "traj"
+    assert main(["record", "--checkpoints", str(root / "ckpt"), "--tokens",
+                 str(root / "eval.safetensors"), "--out", str(traj_dir)]) == 0  # fmt: skip
+    assert main(["report", str(traj_dir), "--stats", str(stats), "--out",
+                 str(tmp_path / "rep")]) == 0  # fmt: skip
+    capsys.readouterr()
+    cli = pd.read_csv(tmp_path / "rep" / "summary.csv")
+
+    traj = ss.Trajectory.load(traj_dir)  # the README's route
+    loaded = ss.CooccurrenceStats.load(stats)
+    groups = ss.TokenGroups.from_statistics(loaded, queries=traj.plan.queries)
+    mine = ss.summarize(traj, groups, source=loaded).replace("", float("nan"))  # as CSV reads
+    assert list(mine.columns) == list(cli.columns)
+    pd.testing.assert_frame_equal(mine.reset_index(drop=True), cli, check_dtype=False,
+                                  rtol=1e-12)  # fmt: skip
+    saved = json.loads((tmp_path / "rep" / "summary.json").read_text())["settings"]
+    assert saved["classification"] == ss.Classification().to_dict()
+    assert saved["uncertainty"]["correction"] == "holm"
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert ss.Classification().describe() in page
+
+
 def test_a_report_without_token_groups_is_written_and_says_why(own_run, tmp_path, capsys):
     """A filter that leaves no class: the report is still written with what needs no token
     groups (snapping, attention entropy, the theory's fit), and names the threshold to relax."""

@@ -3,16 +3,17 @@ it puts intervals on (`discriminative_bias` and `frequency_bias`), timed in the 
 
     python analyses/benchmarks/bench_uncertainty.py [--layers 6 --heads 8] [--shared ../shared]
 
-The plan is the one `scansnap record` makes by default for a model of that many heads with
-d_vocab 50304: 64 held-out rows of 512 WikiText-2 test tokens (word level), queries in the
-order the training text's statistics (valid.txt, window 512) measure them, as many as the
-64 MB checkpoint budget holds; token groups from those statistics by the paper's definition
-(no binomial guard, as the authors' setting's "paper" classes).  The trajectory's values
-are seeded random walks (their numbers do not change the work), 20 checkpoints as on
-Pythia's schedule.  6 x 8 = 48 heads is Pythia-70m's shape, 12 x 12 = 144 Pythia-160m's.
+The plan is the one `scansnap record --stats` makes by default for a model of that many
+heads with d_vocab 50304 in the 64 MB checkpoint budget: 64 held-out rows of 512 WikiText-2
+test tokens (word level), made for the scan's power with the training text's statistics
+(valid.txt, window 512) and the report's default classification (every query whose
+distinct and common tokens both occur, with a sample of its common tokens; the budget's
+rest to the most frequent other queries, whole).  The trajectory's values are seeded random
+walks (their numbers do not change the work), 20 checkpoints as on Pythia's schedule.
+6 x 8 = 48 heads is Pythia-70m's shape, 12 x 12 = 144 Pythia-160m's.
 
-Prints one JSON line: the plan's sizes, seconds of the point estimates and of
-`scan_uncertainty` (1000 resamples), their ratio, the number of heads.
+Prints one JSON line: the plan's sizes, the queries with both kinds (the test's units),
+seconds of the point estimates and of `scan_uncertainty`, their ratio, the number of heads.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 from scansnap_lens.inputs.text import encode_documents, wikitext_documents, word_level_tokenizer
 from scansnap_lens.measures import discriminative_bias, frequency_bias, scan_uncertainty
 from scansnap_lens.recording.budget import BYTES_PER_VALUE, CHECKPOINT_BUDGET
-from scansnap_lens.recording.plan import measured_queries, plan_recording
+from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.corpus import cooccurrence
 from scansnap_lens.statistics.groups import TokenGroups
@@ -65,7 +66,6 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--resamples", type=int, default=1000)
     p.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[3] / "shared")
     args = p.parse_args()
     data = args.shared / "data" / "wikitext-2"
@@ -78,12 +78,11 @@ def main() -> None:
     start = time.perf_counter()
     stats = cooccurrence(train, D_VOCAB, window=SEQ_LEN)
     num_heads = args.layers * args.heads
-    plan = plan_recording(rows, D_VOCAB, window=SEQ_LEN, priority=measured_queries(stats),
-                          max_slots=CHECKPOINT_BUDGET // (BYTES_PER_VALUE * num_heads))  # fmt: skip
-    # the paper's definition without the binomial guard: many more distinct tokens per class
-    # than the guarded default, so that every class-level figure has work to do
-    groups = TokenGroups.from_statistics(stats, queries=plan.queries.tolist(), guard=False,
-                                         purity=0.9, min_support=2)  # fmt: skip
+    # the plan `scansnap record --stats` makes: for the scan's power, in the checkpoint budget
+    groups = TokenGroups.from_statistics(stats)  # the report's default classification
+    per_head = CHECKPOINT_BUDGET // (BYTES_PER_VALUE * num_heads) - 64**2  # 64-token prompt
+    plan = plan_recording(rows, D_VOCAB, window=SEQ_LEN, groups=groups, max_slots=per_head)
+    groups = TokenGroups.from_statistics(stats, queries=plan.queries.tolist())
     traj = random_trajectory(plan, args.layers, args.heads)
     setup = time.perf_counter() - start
 
@@ -91,13 +90,14 @@ def main() -> None:
     discriminative_bias(traj, groups), frequency_bias(traj, groups)
     point = time.perf_counter() - start
     start = time.perf_counter()
-    table = scan_uncertainty(traj, groups, num_resamples=args.resamples).table
+    table = scan_uncertainty(traj, groups).table
     seconds = time.perf_counter() - start
     assert len(table) == num_heads
     print(json.dumps({
         "heads": num_heads, "layers": args.layers, "checkpoints": CHECKPOINTS,
-        "resamples": args.resamples, "queries": plan.num_queries, "classes": plan.num_classes,
-        "pairs": plan.num_pairs, "triples": plan.num_triples,
+        "queries": plan.num_queries, "classes": plan.num_classes, "pairs": plan.num_pairs,
+        "triples": plan.num_triples, "common_per_query": plan.common_per_query,
+        "queries_with_both_kinds": float(table["auroc_n_eff"].max()),
         "group_classes": len(groups.query), "setup_s": round(setup, 1),
         "point_estimates_s": round(point, 2), "uncertainty_s": round(seconds, 2),
         "uncertainty_over_point_estimates": round(seconds / point, 2),

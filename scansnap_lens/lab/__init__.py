@@ -3,7 +3,9 @@
 - `synthetic`: sequence classes with known distinct and common tokens (Syn-Small,
   Syn-Medium) and a sampler of training rows;
 - `yz`: the Y/Z model of Lemma 1 and its trainer;
-- `experiments`: Figs. 4-6 and 11-12 as library calls.
+- `experiments`: Figs. 4-6 and 11-12 as library calls;
+- `calibration`: trajectories whose truth is known, shaped like real text, that the scan's
+  intervals, p-values and verdict are checked against.
 """
 
 from scansnap_lens._lazy import exports
@@ -14,10 +16,14 @@ _NAMES = {
     "FIG6_NUM_LAST": "experiments",
     "FIG6_RATIO": "experiments",
     "LabTraining": "experiments",
+    "SCENARIOS": "calibration",
+    "Scenario": "calibration",
     "SequenceClasses": "synthetic",
     "YZRun": "yz",
+    "crossed_run": "calibration",
     "distinct_entropy": "experiments",
     "distinct_recall": "experiments",
+    "effect_for_auroc": "calibration",
     "entropy_sweep": "experiments",
     "per_token_attention": "yz",
     "recall_sweep": "experiments",
@@ -31,7 +37,7 @@ _NAMES = {
     "train_yz": "yz",
     "yz_loss": "yz",
 }
-_MODULES = {"experiments", "synthetic", "yz"}
+_MODULES = {"calibration", "experiments", "synthetic", "yz"}
 
 __all__ = sorted(set(_NAMES) | _MODULES)
 __getattr__, __dir__ = exports(__name__, _NAMES, _MODULES)

@@ -14,6 +14,9 @@ common token.  Real text's structure comes from `Scenario`:
   from a shared pool of ``pool`` tokens with Zipf weights (the frequent words are common for
   almost every query), or its own common tokens where ``pool`` is 0,
 - ``token_share``: the token effect's share of the variance,
+- ``distinct_pool``: the distinct tokens drawn from a small shared pool with Zipf weights (on
+  WikiText, " =" is the distinct token of a third of the queries), so that a distinct
+  token's effect too is shared by the queries that hold it,
 - ``distinct_noise``: the distinct tokens' noise standard deviation against 1,
 - ``frequency_slope``: a head that only follows token frequency: dz falls with the log count of
   the pair in the evaluation text (standardised), and the kinds mark rare tokens as distinct
@@ -53,6 +56,7 @@ class Scenario:
     distinct_noise: float = 1.0  # noise sd of distinct tokens against common ones
     frequency_slope: float = 0.0  # a frequency-only head: dz ~ -slope * log count
     query_skew: float = 1.0  # events of the r-th query ~ 1 / r ** skew
+    distinct_pool: int = 0  # distinct tokens shared by queries, Zipf-drawn (0: each its own)
 
     def with_queries(self, queries: int) -> Scenario:
         return replace(self, queries=queries)
@@ -65,6 +69,7 @@ SCENARIOS = {
     "shared_pool_50": Scenario(token_share=0.5),
     "same_few_commons": Scenario(pool=6, commons=6, token_share=0.2),
     "unequal_noise": Scenario(token_share=0.2, distinct_noise=3.0),
+    "shared_distinct": Scenario(token_share=0.2, distinct_pool=30),
     "frequency_only": Scenario(token_share=0.2, frequency_slope=1.0),
 }
 
@@ -98,17 +103,24 @@ def crossed_run(
     # the tokens of each query: own distinct ones, then common ones (shared pool or own)
     pool = max(s.pool, 0)
     num_distinct = 1 + torch.poisson(torch.full((Q,), 0.7), generator=g).long()
+    if s.distinct_pool:
+        num_distinct = num_distinct.clamp_max(s.distinct_pool)
     d_first = pool + torch.cumsum(num_distinct, 0) - num_distinct
+    d_tokens = s.distinct_pool or int(num_distinct.sum())
     own_common = 0 if pool else s.commons
-    c_first = pool + int(num_distinct.sum()) + torch.arange(Q) * own_common
-    query_ids = pool + int(num_distinct.sum()) + Q * own_common + torch.arange(Q)
+    c_first = pool + d_tokens + torch.arange(Q) * own_common
+    query_ids = pool + d_tokens + Q * own_common + torch.arange(Q)
+    d_zipf = 1.0 / torch.arange(1, max(s.distinct_pool, 1) + 1, dtype=torch.float64)
     vocab = int(query_ids[-1]) + 2  # one next token for every query: the last id
     zipf = 1.0 / torch.arange(1, max(pool, 1) + 1, dtype=torch.float64)
     entries_q, entries_t, entries_d, counts = [], [], [], []
     events = 1.0 / torch.arange(1, Q + 1, dtype=torch.float64) ** s.query_skew
     events = torch.round(events / events.min() * 10).long()
     for m in range(Q):  # a few tensors per query to build the design; the values are drawn once
-        d = d_first[m] + torch.arange(int(num_distinct[m]))
+        if s.distinct_pool:
+            d = pool + torch.multinomial(d_zipf, int(num_distinct[m]), generator=g)
+        else:
+            d = d_first[m] + torch.arange(int(num_distinct[m]))
         if pool:
             take = min(s.commons, pool)
             c = torch.multinomial(zipf, take, replacement=False, generator=g)

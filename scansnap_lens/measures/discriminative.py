@@ -203,17 +203,15 @@ class QueryTokens:
         return (rank_sum - nd * (nd + 1) / 2) / (nd * nc)
 
     def bias_estimate(self, values: Tensor) -> Estimate:
-        """The bias of `values` [..., N] (distinct minus common mean per query, averaged with
-        weights N(m)) with its crossed interval's pieces."""
+        """The bias of `values` [..., N] (distinct minus common mean per query, averaged over
+        the queries) with its crossed interval's pieces."""
         d_mean, c_mean = self.kind_means(values)
-        own = torch.where(self.distinct, d_mean[..., self.unit], c_mean[..., self.unit])
-        sign = torch.where(self.distinct, 1.0, -1.0).double() / self._kind_size
-        # d(per-query bias) / d(weight of an entry's token): its deviation from its kind's mean
-        return self._crossed(d_mean - c_mean, sign * (values - own), 1 / self._kind_size,
+        part = (values - c_mean[..., self.unit]) / self._kind_size  # against the query's commons
+        return self._crossed(d_mean - c_mean, part, -part, 1 / self._kind_size,
                              self._kind_coefficient, bounds=(-math.inf, math.inf))  # fmt: skip
 
     def auroc_estimate(self, values: Tensor, ranks: Tensor | None = None) -> Estimate:
-        """The AUROC of `values` [..., N] (per query, averaged with weights N(m)) with its
+        """The AUROC of `values` [..., N] (per query, averaged over the queries) with its
         crossed interval's pieces (DeLong's placement values within each query)."""
         ranks = self.ranks(values) if ranks is None else ranks
         per_query = self.auroc(values, ranks)
@@ -221,13 +219,13 @@ class QueryTokens:
         others_below = ranks - own  # the other kind's tokens below (ties count half)
         nd, nc = self.num_distinct[self.unit].double(), self.num_common[self.unit].double()
         placement = torch.where(self.distinct, others_below / nc, (nd - others_below) / nd)
-        # d(per-query AUROC) / d(weight of an entry's token), DeLong's structural components
-        return self._crossed(per_query, (placement - per_query[..., self.unit]) / self._kind_size,
+        common = placement - per_query[..., self.unit]  # DeLong's component of a common token
+        return self._crossed(per_query, placement / self._kind_size, common / self._kind_size,
                              1 / self._kind_size, self._kind_coefficient)  # fmt: skip
 
     def matched_auroc_estimate(self, values: Tensor) -> Estimate:
         """The AUROC of `values` [..., N] over frequency-matched pairs (`matched_pairs`), per
-        query and averaged with weights N(m); queries without a matched pair are left out."""
+        query and averaged over the queries; queries without a matched pair are left out."""
         d, c = self.matched_pairs
         U = self.query.numel()
         pair_unit = self.unit[d]
@@ -237,39 +235,44 @@ class QueryTokens:
         )
         total = above.new_zeros(*above.shape[:-1], U).index_add_(-1, pair_unit, above)
         per_query = torch.where(pairs > 0, total / pairs.clamp_min(1), math.nan)
-        share = (above - per_query[..., pair_unit]) / pairs[pair_unit]
-        terms = values.new_zeros(values.shape).double()
-        terms = terms.index_add(-1, d, share).index_add(-1, c, share)
+        n = pairs[pair_unit]
+        zeros = values.new_zeros(values.shape).double()
+        distinct_part = zeros.index_add(-1, d, above / n)
+        common_part = zeros.index_add(-1, c, (above - per_query[..., pair_unit]) / n)
         in_pairs = torch.zeros(self.unit.numel(), dtype=torch.float64)
-        in_pairs.index_add_(0, d, torch.ones_like(d, dtype=torch.float64))
-        in_pairs.index_add_(0, c, torch.ones_like(c, dtype=torch.float64))
-        leverage = in_pairs / pairs[self.unit].clamp_min(1)  # the entry's share of its pairs
-        return self._crossed(per_query, terms, leverage, leverage)
+        in_pairs.index_add_(0, d, 1 / n)
+        in_pairs.index_add_(0, c, 1 / n)  # an entry's share of its query's pairs
+        return self._crossed(per_query, distinct_part, common_part, in_pairs, in_pairs)
 
     def _crossed(
         self,
         per_query: Tensor,
-        entry_terms: Tensor,
-        leverage: Tensor,
+        distinct_part: Tensor,
+        common_part: Tensor,
+        share: Tensor,
         coefficient: Tensor,
         bounds=(0.0, 1.0),
     ) -> Estimate:
-        """The mean over queries of `per_query` [..., U] (NaN: left out) and
-        its influences: per query its weighted deviation, per token the sum over its entries
-        of d(per-query figure) / d(token weight) `entry_terms` [..., N], weighted likewise,
-        each entry corrected for its `leverage` [N] in its query's figure (1 / n for a mean
-        over n tokens); `coefficient` [N]: each entry's weight in the figure (for n_eff)."""
+        """The mean over queries of `per_query` [..., U] (NaN: left out) and its influences,
+        from the figure written as a sum over entries [..., N]: a distinct entry's part
+        (`distinct_part`, summing to the query's figure over its distinct tokens; `share` [N]
+        its share of them) less the mean's share of it, a common entry's part (`common_part`,
+        summing to 0 over its query's common tokens).  The influence of a query is the sum of
+        its entries', that of a token the sum over its entries in every query: a distinct
+        token shared by many queries carries their deviations together.  Each is corrected
+        for its leverage; `coefficient` [N]: each entry's weight in the figure (for n_eff)."""
         ok = ~torch.isnan(per_query)
         w = ok.double()  # every query counts once (its events enter through its zbar)
         total = w.sum(-1, keepdim=True)
-        share = w / total.clamp_min(1e-300)
-        value = torch.where(total[..., 0] > 0, (torch.nan_to_num(per_query) * share).sum(-1),
+        weight = w / total.clamp_min(1e-300)
+        value = torch.where(total[..., 0] > 0, (torch.nan_to_num(per_query) * weight).sum(-1),
                             math.nan)  # fmt: skip
-        query_terms = share * torch.nan_to_num(per_query - value[..., None])
-        query_terms = query_terms / (1 - share).clamp_min(1e-12).sqrt()  # leverage (CR2)
-        room = (1 - leverage.double()).clamp_min(0)
-        entry = share[..., self.unit] * torch.nan_to_num(entry_terms.double())
-        entry = torch.where(room > 1e-9, entry / room.sqrt().clamp_min(1e-12), 0.0)
+        query_terms = weight * torch.nan_to_num(per_query - value[..., None])
+        query_terms = query_terms / (1 - weight).clamp_min(1e-12).sqrt()  # leverage (CR2)
+        mine = torch.where(self.distinct, distinct_part - value[..., None] * share, common_part)
+        entry = weight[..., self.unit] * torch.nan_to_num(mine.double())
+        room = 1 - weight[..., self.unit] * share.double()
+        entry = torch.where(room > 1e-9, entry / room.clamp_min(1e-12).sqrt(), 0.0)
         token_terms = entry.new_zeros(*entry.shape[:-1], int(self._tokens.max()) + 1)
         token_terms.index_add_(-1, self._tokens, entry)
         n_eff, dof = (x.expand_as(value) for x in self._n_eff(coefficient))

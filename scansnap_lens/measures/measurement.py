@@ -65,28 +65,48 @@ def segment_ranks(values: Tensor, segment: Tensor, start: Tensor) -> Tensor:
     for r0 in range(0, R, max(1, MAX_ELEMENTS // N)):
         block = v[r0 : r0 + max(1, MAX_ELEMENTS // N)]
         b = block.shape[0]
-        by_value = torch.sort(block, dim=-1, stable=True)
-        by_segment = torch.sort(segment[by_value.indices], dim=-1, stable=True).indices
-        order = by_value.indices.gather(-1, by_segment)  # by (segment, value)
-        sorted_values = by_value.values.gather(-1, by_segment)
+        order, sorted_values = _by_segment_and_value(block, segment, same_segment)
         new_run = torch.ones(b, N, dtype=torch.bool)
         new_run[:, 1:] = (sorted_values[:, 1:] != sorted_values[:, :-1]) | ~same_segment
-        run = torch.cumsum(new_run, -1) - 1 + torch.arange(b)[:, None] * N  # ids unique per row
-        sums = torch.zeros(b * N, dtype=torch.float64).index_add_(
-            0, run.reshape(-1), position.expand(b, N).reshape(-1)
-        )
-        counts = torch.zeros(b * N, dtype=torch.float64).index_add_(
-            0, run.reshape(-1), torch.ones(b * N, dtype=torch.float64)
-        )
-        averaged = (sums / counts.clamp_min(1))[run]
-        out[r0 : r0 + b] = torch.empty_like(averaged).scatter_(-1, order, averaged)
-        nan_segments[r0 : r0 + b].index_put_(
-            (torch.arange(b)[:, None].expand(b, N), segment.expand(b, N)),
-            torch.isnan(block),
-            accumulate=True,
-        )
+        if bool(new_run.all()):  # no ties: the rank is the position
+            averaged = position.expand(b, N)
+        else:
+            run = torch.cumsum(new_run, -1) - 1 + torch.arange(b)[:, None] * N  # unique ids
+            sums = torch.zeros(b * N, dtype=torch.float64).index_add_(
+                0, run.reshape(-1), position.expand(b, N).reshape(-1)
+            )
+            counts = torch.zeros(b * N, dtype=torch.float64).index_add_(
+                0, run.reshape(-1), torch.ones(b * N, dtype=torch.float64)
+            )
+            averaged = (sums / counts.clamp_min(1))[run]
+        out[r0 : r0 + b] = torch.empty_like(block).scatter_(-1, order, averaged)
+        if bool(torch.isnan(block).any()):
+            nan_segments[r0 : r0 + b].index_put_(
+                (torch.arange(b)[:, None].expand(b, N), segment.expand(b, N)),
+                torch.isnan(block),
+                accumulate=True,
+            )
     out = torch.where(nan_segments.gather(-1, segment.expand(R, N)), math.nan, out)
     return out.reshape(shape)
+
+
+def _by_segment_and_value(block: Tensor, segment: Tensor, same_segment: Tensor):
+    """(order, sorted values) [b, N] of each row of `block` by (segment, value): one sort of
+    segment + value scaled into [0, 1/2) per row, checked (where two values of a segment are
+    closer than the scaled key resolves, two stable sorts instead)."""
+    finite = torch.nan_to_num(block, nan=0.0, posinf=0.0, neginf=0.0)
+    lo, hi = finite.min(-1, keepdim=True).values, finite.max(-1, keepdim=True).values
+    scaled = (finite - lo) / (hi - lo).clamp_min(1e-300) * 0.499
+    order = torch.sort(segment.double() + scaled, dim=-1).indices
+    sorted_values = block.gather(-1, order)
+    rising = (sorted_values[:, 1:] >= sorted_values[:, :-1]) | ~same_segment
+    ordered = torch.isfinite(block).all() and bool(rising.all())
+    if not ordered:
+        by_value = torch.sort(block, dim=-1, stable=True)
+        by_segment = torch.sort(segment[by_value.indices], dim=-1, stable=True).indices
+        order = by_value.indices.gather(-1, by_segment)
+        sorted_values = by_value.values.gather(-1, by_segment)
+    return order, sorted_values
 
 
 def _frame(traj: Trajectory, values: dict[str, Tensor]) -> pd.DataFrame:

@@ -12,6 +12,8 @@
 from scansnap_lens._lazy import exports
 
 _NAMES = {
+    "CLASSES_PER_QUERY": "plan",
+    "COMMON_PER_QUERY": "plan",
     "BYTES_PER_VALUE": "budget",
     "CHECKPOINT_BUDGET": "budget",
     "RUN_BUDGET": "budget",
@@ -37,7 +39,6 @@ _NAMES = {
     "select_queries": "plan",
     "size_text": "budget",
     "budget_queries": "plan",
-    "measured_queries": "plan",
     "trainer_callback": "recorder",
 }
 _MODULES = {"budget", "hooks", "plan", "recorder", "storage", "trajectory"}

@@ -34,9 +34,10 @@ if TYPE_CHECKING:
     from scansnap_lens.inputs.tokens import TokenizerLike
 
 __all__ = [
+    "CLASSES_PER_QUERY",
+    "COMMON_PER_QUERY",
     "RecordPlan",
     "budget_queries",
-    "measured_queries",
     "plan_recording",
     "select_queries",
 ]
@@ -61,6 +62,9 @@ class RecordPlan:
         token_strings: decoded strings of the ids the plan mentions, when a tokenizer was given.
         window: W, the most context positions before a query (None: the whole row), as the
             statistics count them (`CooccurrenceStats.window`).
+        common_per_query: where the plan was made for power (`plan_recording` with `groups`),
+            the most common tokens each query keeps, a uniform sample of those it has; None:
+            every context token.
     """
 
     vocab_size: int
@@ -80,6 +84,7 @@ class RecordPlan:
     triple_count: Tensor
     token_strings: dict[int, str] = field(default_factory=dict)
     window: int | None = None
+    common_per_query: int | None = None  # commons sampled per query (None: every one held)
 
     @classmethod
     def from_counts(
@@ -97,6 +102,7 @@ class RecordPlan:
         fingerprint: int = 0,
         token_strings: dict[int, str] | None = None,
         window: int | None = None,
+        common_per_query: int | None = None,
     ) -> RecordPlan:
         """The one constructor of plans: slots from counted classes and their context tokens.
 
@@ -140,6 +146,7 @@ class RecordPlan:
             triple_count=triple_count[kept][at].long(),
             token_strings=dict(token_strings or {}),
             window=window,
+            common_per_query=common_per_query,
         )
 
     def for_queries(self, queries: Tensor) -> tuple[RecordPlan, dict[str, Tensor]]:
@@ -254,6 +261,7 @@ class RecordPlan:
             "fingerprint": str(self.fingerprint),
             "token_strings": {str(k): v for k, v in self.token_strings.items()},
             "window": self.window,
+            "common_per_query": self.common_per_query,
         }
 
     @classmethod
@@ -265,6 +273,7 @@ class RecordPlan:
             fingerprint=int(meta["fingerprint"]),
             token_strings={int(k): v for k, v in meta.get("token_strings", {}).items()},
             window=_window(meta.get("window")),
+            common_per_query=meta.get("common_per_query"),
             **tensors,
         )
 
@@ -336,6 +345,7 @@ def budget_queries(
     max_slots: int,
     priority: Tensor | None = None,
     include_self: bool = False,
+    at_least_one: bool = True,
 ) -> Tensor:
     """The queries, taken in order of `priority` (default: most events first), each while the
     plan still fits `max_slots` values per head (`RecordPlan.num_slots`); a query too large
@@ -371,24 +381,104 @@ def budget_queries(
     for i, size in enumerate(slots.tolist()):  # one pass over the queries, in order
         if size <= left:
             keep[i], left = True, left - size
-    keep[0] |= not keep.any()
+    keep[0] |= at_least_one and not keep.any()
     return torch.sort(query[torch.from_numpy(keep)]).values
 
 
-def measured_queries(stats: CooccurrenceStats) -> Tensor:
-    """The queries the measurements can use, most events first: those with a class that
-    `token_kinds(stats)` (its defaults, as the report's) gives a distinct token."""
-    from scansnap_lens.statistics.kinds import DISTINCT, token_kinds
+COMMON_PER_QUERY = 32  # common tokens a query keeps in a plan made for power (a sample)
+CLASSES_PER_QUERY = 4  # classes (m, n) with distinct tokens whose c_hat a query keeps
 
-    kinds = token_kinds(stats)
-    distinct = kinds.kind == DISTINCT
-    if kinds.scope == "local":
-        wanted = torch.unique(kinds.query[distinct])
-    else:
-        next_tokens = kinds.next_token[distinct]
-        wanted = torch.unique(stats.query[torch.isin(stats.next_token, next_tokens)])
-    query, _ = stats.query_counts()
-    return query[torch.isin(query, wanted)]
+
+def _hash_uniform(keys: Tensor, seed: int) -> Tensor:
+    """[n] a number in [0, 1) for each int64 key, the same whatever other keys there are
+    (splitmix64's finaliser of key + seed; int64 arithmetic wraps).
+
+    >>> a = _hash_uniform(torch.tensor([5, 7, 9]), 0)
+    >>> bool(torch.equal(a[1:], _hash_uniform(torch.tensor([7, 9]), 0))), bool((a < 1).all())
+    (True, True)
+    """
+    x = keys.long() + seed * 0x632BE59BD9B4E019 % (1 << 62)
+    x = (x ^ (x >> 30)) * -4658895280553007687  # 0xBF58476D1CE4E5B9 as int64
+    x = (x ^ ((x >> 27) & ((1 << 37) - 1))) * -7723592293110705685  # 0x94D049BB133111EB
+    x = x ^ ((x >> 31) & ((1 << 33) - 1))
+    return ((x >> 11) & ((1 << 53) - 1)).double() / float(1 << 53)
+
+
+def _power_plan(stats: CooccurrenceStats, groups, max_slots: int | None, common_per_query: int,
+                classes_per_query: int, include_self: bool, seed: int):  # fmt: skip
+    """The triples and kept classes of a plan made for power: the queries whose distinct and
+    common tokens (by `groups`) both occur in the evaluation contexts, most events first, while
+    they fit `max_slots` values per head; each keeps its distinct tokens and a uniform sample
+    of at most `common_per_query` common ones (for zbar and c_hat), and the c_hat of at most
+    `classes_per_query` of its classes with distinct tokens (most events first).  Vectorised
+    over pairs and classes; one pass over the queries for the budget.
+
+    Returns (the chosen query ids, the mask of the triples of `stats` kept, the mask of its
+    classes whose c_hat is kept, the slots left of `max_slots`), or None where no query has
+    both kinds in the evaluation text; a query without both keeps all its triples and
+    classes.  `stats`: canonical (`CooccurrenceStats.canonical`)."""
+    V = stats.vocab_size
+    pair_key = stats.query[stats.triple_class] * V + stats.token  # [P'] per triple
+    keys, at = torch.unique(pair_key, return_inverse=True)  # the evaluation's pairs
+    sizes = torch.tensor([t.numel() for t in groups.distinct], dtype=torch.long)
+    d_keys = (
+        torch.repeat_interleave(groups.query, sizes) * V
+        + torch.cat([*groups.distinct, torch.empty(0, dtype=torch.long)]).long()
+    )
+    c_keys = torch.cat([m * V + t.long() for m, t in groups.common.items()]
+                       or [torch.empty(0, dtype=torch.long)])  # fmt: skip
+    is_d = torch.isin(keys, d_keys)
+    is_c = torch.isin(keys, c_keys) & ~is_d
+    ids = torch.unique(stats.query)
+    q_of = torch.searchsorted(ids, keys // V)
+    n_d = torch.zeros(ids.numel(), dtype=torch.long).index_add_(0, q_of, is_d.long())
+    n_c = torch.zeros(ids.numel(), dtype=torch.long).index_add_(0, q_of, is_c.long())
+    measurable = (n_d > 0) & (n_c > 0)
+    if not bool(measurable.any()):
+        return None
+    # a uniform sample of each query's common tokens: rank them within the query by a seeded
+    # random key and keep the first `common_per_query`
+    shuffle = _hash_uniform(keys, seed)  # a pair's draw does not depend on the other pairs
+    order = torch.argsort(q_of.double() * 2 + (~is_c).double() + shuffle / 2)  # commons first
+    rank = torch.empty_like(order)
+    first = torch.searchsorted(q_of[order], torch.arange(ids.numel()))
+    rank[order] = torch.arange(order.numel()) - first[q_of[order]]
+    kept_pair = measurable[q_of] & (is_d | (is_c & (rank < common_per_query)))
+    # classes: those of the groups with distinct tokens, the most events first per query
+    class_key = stats.query * V + stats.next_token
+    with_distinct = groups.query[sizes > 0] * V + groups.next_token[sizes > 0]
+    c_ids = torch.searchsorted(ids, stats.query)
+    eligible = torch.isin(class_key, with_distinct) & measurable[c_ids]
+    share = stats.events.double() / (2 * stats.events.max().clamp_min(1))
+    c_order = torch.argsort(c_ids.double() * 2 + (~eligible).double() - share)
+    c_rank = torch.empty_like(c_order)
+    c_first = torch.searchsorted(c_ids[c_order], torch.arange(ids.numel()))
+    c_rank[c_order] = torch.arange(c_order.numel()) - c_first[c_ids[c_order]]
+    keep_class = eligible & (c_rank < classes_per_query)
+    kept_triple = kept_pair[at]
+    # the cost of each query per head, as `RecordPlan.num_slots` counts it
+    cost = torch.zeros(ids.numel(), dtype=torch.long)
+    cost.index_add_(0, q_of, kept_pair.long())  # zbar pairs
+    t_class = stats.triple_class
+    cost.index_add_(0, c_ids[t_class], (kept_triple & keep_class[t_class]).long())  # c_hat
+    cost.index_add_(0, c_ids, keep_class.long() * (1 + int(include_self)))  # entropy (+ self)
+    cost += 1 + int(include_self)  # the query's entropy (and its own pair)
+    events = torch.zeros(ids.numel(), dtype=torch.long).index_add_(0, c_ids, stats.events)
+    chosen = torch.zeros(ids.numel(), dtype=torch.bool)
+    left = max_slots if max_slots is not None else None
+    most_first = -events.double() / (events.max().double() + 1) - 2 * measurable.double()
+    for i in torch.argsort(most_first, stable=True).tolist():
+        if not measurable[i]:
+            break  # one pass over the queries, most events first
+        if left is None or int(cost[i]) <= left:
+            chosen[i] = True
+            left = None if left is None else left - int(cost[i])
+    if not bool(chosen.any()):
+        chosen[torch.nonzero(measurable).flatten()[0]] = True
+    # a query without both kinds (one that fills the budget's rest) keeps all it has
+    whole = ~measurable
+    triple_ok = (kept_triple & chosen[c_ids[t_class]]) | whole[c_ids[t_class]]
+    return ids[chosen], triple_ok, (keep_class & chosen[c_ids]) | whole[c_ids], left
 
 
 def _window(value) -> int | None:
@@ -424,6 +514,9 @@ def plan_recording(
     max_slots: int | None = None,
     priority: Tensor | None = None,
     window: int | None = None,
+    groups=None,
+    common_per_query: int = COMMON_PER_QUERY,
+    classes_per_query: int = CLASSES_PER_QUERY,
 ) -> RecordPlan:
     """Build the plan for evaluation `tokens` [N, T] (or a list of such batches).
 
@@ -442,12 +535,32 @@ def plan_recording(
             positions before it (None: every one), as `corpus.cooccurrence` counts them.
         tokenizer: anything with ``decode([id])`` (HF tokenizer, TransformerLens model's
             ``tokenizer``), for readable token strings.
+        groups: `TokenGroups` of the training corpus's statistics: with ``queries=None`` the
+            plan is made for the scan's power (`_power_plan`): the queries whose distinct and
+            common tokens both occur in the evaluation contexts, most events first, while
+            they fit `max_slots`; each keeps its distinct tokens, a uniform sample of at most
+            `common_per_query` common ones, and the c_hat of at most `classes_per_query` of
+            its classes with distinct tokens.  The rest of the budget takes the most frequent
+            other queries whole (their c_hat serves the snap and the figures).  Without such
+            a query: as without groups.
     """
     rows = _rows(tokens)
     if not rows:
         raise ValueError("no evaluation tokens: the plan needs at least one row")
     window = _window(window)
     stats_all = cooccurrence(rows, vocab_size, window=window, exclude_bos=exclude_bos)
+    power = None
+    if groups is not None and queries is None:
+        seed = int(stats_all.fingerprint[:8], 16)
+        power = _power_plan(stats_all.canonical(), groups, max_slots, common_per_query,
+                            classes_per_query, include_self, seed)  # fmt: skip
+        if power is not None:  # the rest of the budget: the most frequent other queries whole
+            queries, left = power[0], power[3]
+            if left is not None and left > 0:
+                others = stats_all.query_counts()[0]
+                others = others[~torch.isin(others, queries)]
+                more = budget_queries(stats_all, left, others, include_self, at_least_one=False)
+                queries = torch.sort(torch.cat([queries, more])).values
     if isinstance(queries, float):
         queries = select_queries(stats_all, queries)
     elif queries is None and max_slots is not None:
@@ -459,6 +572,11 @@ def plan_recording(
     )
     stats = stats.canonical()
     triple_cls, triple_l, triple_c = stats.triple_class, stats.token, stats.count
+    power_classes = None
+    if power is not None:  # the chosen queries' kept tokens and classes (no budget left to fit)
+        _, kept, power_classes, _ = _power_plan(stats, groups, None, common_per_query,
+                                                classes_per_query, include_self, seed)  # fmt: skip
+        triple_cls, triple_l, triple_c = triple_cls[kept], triple_l[kept], triple_c[kept]
     if include_self:  # the query's own position adds one occurrence of m per event of (m, n)
         V = vocab_size
         triple_cls = torch.cat([triple_cls, torch.arange(stats.num_classes)])
@@ -468,6 +586,8 @@ def plan_recording(
         triple_c = torch.zeros(keys.numel(), dtype=torch.long).index_add_(0, inverse, triple_c)
         triple_cls, triple_l = keys // V, keys % V
     keep = stats.events >= min_class_events
+    if power_classes is not None:
+        keep &= power_classes
     if classes is not None:
         wanted = torch.tensor([m * vocab_size + n for m, n in classes], dtype=torch.long)
         keep &= torch.isin(stats.query * vocab_size + stats.next_token, wanted)
@@ -475,6 +595,7 @@ def plan_recording(
         vocab_size, stats.query, stats.next_token, stats.events, triple_cls, triple_l, triple_c,
         keep=keep, exclude_bos=exclude_bos, include_self=include_self,
         fingerprint=int(stats.fingerprint, 16), window=window,
+        common_per_query=None if power is None else common_per_query,
     )  # fmt: skip
     if tokenizer is not None:
         ids = torch.unique(torch.cat([plan.queries, plan.class_next, plan.pair_token]))

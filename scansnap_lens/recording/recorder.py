@@ -30,7 +30,6 @@ from scansnap_lens.recording.budget import (
 from scansnap_lens.recording.hooks import CheckpointRecord, record_checkpoint, watched
 from scansnap_lens.recording.plan import (
     RecordPlan,
-    measured_queries,
     plan_recording,
 )
 from scansnap_lens.recording.storage import (
@@ -41,6 +40,7 @@ from scansnap_lens.recording.storage import (
     remove_trajectory,
 )
 from scansnap_lens.recording.trajectory import Trajectory
+from scansnap_lens.statistics.groups import TokenGroups
 
 if TYPE_CHECKING:
     from scansnap_lens.models.backend import HookedModel
@@ -59,9 +59,11 @@ class Recorder:
     `tokenizer` (for token strings; default the model's) from the first model it records, or,
     resuming a folder, with the folder's vocabulary (and its queries unless given): a plan
     that differs from the folder's is refused.
-    stats: corpus statistics; with ``queries=None`` the queries whose classes they classify
-    with distinct tokens come first (`plan.measured_queries`), else the most frequent; and the
-    recording takes their context window.
+    stats: corpus statistics; with ``queries=None`` the plan is made for the scan's power:
+    the queries whose distinct and common tokens (by the statistics' token kinds, the default
+    `groups.Classification`) both occur in the evaluation text, each with its distinct tokens
+    and a sample of its common ones (`plan.plan_recording` with ``groups``); and the recording
+    takes their context window.
     window: W, the most context positions before a query that the recording aggregates
     (default: the statistics' window, or the whole row without statistics).
     max_checkpoint_bytes, max_run_bytes: the budget.  With ``queries=None`` the plan takes
@@ -231,16 +233,18 @@ class Recorder:
     def _plan_for(self, model, num_heads: int) -> RecordPlan:
         """The plan of the first model: the asked queries, or those that fit the budget."""
         options = self._planning
-        queries, max_slots, priority = options["queries"], None, None
+        queries, max_slots, groups = options["queries"], None, None
         if queries is None:
             budget = self.max_checkpoint_bytes
             if self._expected:
                 budget = min(budget, self.max_run_bytes // self._expected)
             per_head = budget // (BYTES_PER_VALUE * num_heads) - self._prompt_length**2
             max_slots = max(per_head, 1)
-            priority = None if self.stats is None else measured_queries(self.stats)
-            if priority is not None and priority.numel() == 0:
-                priority = None  # nothing classified distinct: the most frequent queries
+            if self.stats is not None:  # plan for the scan's power: see `plan_recording`
+                try:
+                    groups = TokenGroups.from_statistics(self.stats)
+                except ValueError:
+                    groups = None  # nothing classified distinct: the most frequent queries
         elif isinstance(queries, str):  # "all"
             queries = None
         return plan_recording(
@@ -251,7 +255,7 @@ class Recorder:
             window=options["window"],
             tokenizer=options["tokenizer"] or getattr(model, "tokenizer", None),
             max_slots=max_slots,
-            priority=priority,
+            groups=groups,
         )
 
     def _check_budget(self, num_heads: int) -> None:

@@ -6,13 +6,15 @@
 - `kinds`: `TokenKind`, the one vocabulary of token kinds, and `token_kinds`, which decides
   from the statistics which context tokens are distinct and which common (`TokenKinds`);
 - `groups`: `TokenGroups`, the distinct tokens of each class and the common tokens of each
-  query that the measurements compare.
+  query that the measurements compare, and `Classification`, the one set of settings (and
+  defaults) from statistics to groups.
 """
 
 from scansnap_lens._lazy import exports
 
 _NAMES = {
     "COMMON": "kinds",
+    "Classification": "groups",
     "Context": "context",
     "CooccurrenceStats": "corpus",
     "DISTINCT": "kinds",

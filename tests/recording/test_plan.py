@@ -67,3 +67,45 @@ def test_a_budget_takes_the_queries_in_order_while_they_fit():
     chosen = budget_queries(stats, max_slots=size[int(order[0])], priority=rare_first)
     assert 1 < chosen.numel() < order.numel()
     assert int(order[-1]) in chosen.tolist()  # priority, not frequency
+
+
+def test_a_plan_made_for_power_keeps_distinct_tokens_and_samples_common_ones():
+    """Real-text-like evaluation rows: every query whose distinct and common tokens (by the
+    groups) both occur is tracked, with all its distinct tokens and a uniform sample of at
+    most `common_per_query` common ones; the sample is the same whatever else the plan holds,
+    it is saved with the plan, and the budget holds."""
+    from scansnap_lens.recording.plan import RecordPlan, _hash_uniform
+    from scansnap_lens.statistics.corpus import cooccurrence
+    from scansnap_lens.statistics.groups import TokenGroups
+
+    g = torch.Generator().manual_seed(0)
+    V = 60
+    tokens = torch.randint(0, V, (40, 30), generator=g)
+    stats = cooccurrence(tokens, V, window=8)
+    groups = TokenGroups.from_statistics(stats, guard=False, purity=0.6)
+    plan = plan_recording(tokens, V, window=8, groups=groups, max_slots=10**7,
+                          common_per_query=5)  # fmt: skip
+    assert plan.common_per_query == 5
+    held = set(zip(plan.pair_query.tolist(), plan.pair_token.tolist()))
+    everything = plan_recording(tokens, V, window=8)
+    all_pairs = set(zip(everything.pair_query.tolist(), everything.pair_token.tolist()))
+    measured = 0
+    for m in plan.queries.tolist():
+        distinct = set(groups.distinct_of_query(m).tolist())
+        common = set(groups.common.get(m, torch.empty(0)).tolist())
+        mine = {l for q, l in held if q == m}
+        seen = {l for q, l in all_pairs if q == m}
+        if distinct & seen and common & seen:
+            measured += 1
+            assert distinct & seen <= mine  # every distinct token the text holds
+            assert len(mine & common) == min(5, len(common & seen))
+    assert measured >= 10
+    budget = plan.for_queries(plan.queries[:4])[0].num_slots
+    small = plan_recording(tokens, V, window=8, groups=groups, max_slots=budget,
+                           common_per_query=5)  # fmt: skip
+    assert small.num_slots <= budget and small.num_queries >= 4
+    # the sample of a pair does not depend on the other pairs
+    keys = torch.tensor([3, 99, 12345])
+    assert torch.equal(_hash_uniform(keys, 7)[1:], _hash_uniform(keys[1:], 7))
+    again = RecordPlan.from_parts(plan.metadata(), plan.tensors())
+    assert again.same_as(plan) and again.common_per_query == 5

@@ -193,24 +193,40 @@ def test_by_default_the_recorder_tracks_the_queries_that_fit_the_budget(tmp_path
     assert shared.plan.queries.tolist() == expected.tolist()
 
 
-def test_measured_queries_come_first_with_statistics(tmp_path):
-    from scansnap_lens.recording.plan import measured_queries
+def test_with_statistics_the_plan_is_made_for_the_scans_power(tmp_path):
+    """With stats=, the queries whose distinct and common tokens both occur come first (the
+    query 1, whose key token decides the next one), each with its distinct tokens and a sample
+    of its common ones; the budget's rest goes to the most frequent others, whole."""
+    from scansnap_lens.measures.discriminative import QueryTokens
     from scansnap_lens.statistics.corpus import cooccurrence
+    from scansnap_lens.statistics.groups import TokenGroups
 
     gen = torch.Generator().manual_seed(1)
     noise = torch.randint(10, 14, (300, 8), generator=gen)  # frequent, predict nothing
     key = torch.randint(2, 5, (300, 1), generator=gen)  # decides the next token after 1
     tokens = torch.cat([noise[:, :5], key, noise[:, 5:], torch.ones_like(key), 5 + key], 1)
     stats = cooccurrence(tokens, SMALL_V, window=8)
-    wanted = measured_queries(stats)
+    groups = TokenGroups.from_statistics(stats)
     frequent, _ = stats.query_counts()
-    assert 0 < wanted.numel() < frequent.numel() and wanted[0] != frequent[0]
+    assert frequent[0] != 1 and 1 in groups.query.tolist()
     model = attention_only_model(SMALL_V, d_model=16, n_heads=2)
-    budget = 4 * 2 * plan_recording(tokens, SMALL_V, queries=wanted[:1]).num_slots
+    power = plan_recording(tokens, SMALL_V, window=8, groups=groups, max_slots=10**6)
+    budget = 4 * 2 * power.for_queries(torch.tensor([1]))[0].num_slots
     traj = record_trajectory(in_memory({0: model}), tokens, tmp_path / "t", stats=stats,
                              max_checkpoint_bytes=budget, prompt_length=0,
                              progress=False)  # fmt: skip
-    assert traj.plan.queries.tolist() == wanted[:1].tolist()
+    assert traj.plan.queries.tolist() == [1] and traj.plan.common_per_query == 32
+    units = QueryTokens.of(traj, groups)
+    assert units.query.tolist() == [1] and units.num_distinct.item() == 3  # the key tokens
+    roomy = record_trajectory(in_memory({0: model}), tokens, tmp_path / "u", stats=stats,
+                              prompt_length=0, progress=False)  # fmt: skip
+    assert set(frequent.tolist()) <= set(roomy.plan.queries.tolist())  # the others, whole
+    for m in frequent.tolist():
+        if m != 1:
+            assert torch.equal(
+                roomy.plan.for_queries(torch.tensor([m]))[0].pair_token,
+                plan_recording(tokens, SMALL_V, [m], window=8).pair_token,
+            )
 
 
 def test_a_run_over_the_budget_is_refused_before_anything_is_written(tmp_path):

@@ -1,0 +1,132 @@
+"""The scan verdict, its intervals and its power on synthetic trajectories whose truth is known
+and shaped like real text (`lab.calibration`), through the public API (`scan_uncertainty`).
+
+    python analyses/benchmarks/bench_calibration.py [--trajectories 200] [--quick]
+
+Prints JSON lines:
+
+- one per null scenario (nothing depends on the token's kind: clean; a shared pool of common
+  tokens with token effects of 20 % and 50 % of the variance; the same few common tokens for
+  every query; unequal noise; a head that follows frequency only): the family-wise rate of
+  "scans" over the trajectories (48 heads each, 30 queries), which must be at most alpha plus
+  its Monte Carlo margin (two standard errors), and the rate of two-sided AUROC and bias
+  p-values below 0.05 of single heads;
+- one per number of queries (5, 10, 30, 100; shared pool, token effect 20 %, AUROC 0.7): the
+  coverage of the 95 % intervals of bias and AUROC over the heads that got one, which must lie
+  in [0.90, 0.99], and the share refused as too few units;
+- one per effect (AUROC 0.6, 0.7, 0.8) and head count (48, 144): the power, the share of
+  scanning heads (a quarter of all) called "scans", over 100 queries of the shared pool, with
+  the median minimal detectable AUROC.
+
+Seeded: the same command prints the same numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import numpy as np
+import torch
+
+from scansnap_lens.lab.calibration import SCENARIOS, crossed_run
+from scansnap_lens.measures import scan_uncertainty
+from scansnap_lens.measures.resampling import ALPHA
+
+
+def _tables(scenario, reps: int, heads: int, auroc=0.5, seed0: int = 0):
+    layers = max(1, heads // 8) if heads % 8 == 0 else 1
+    per_layer = heads // layers
+    for seed in range(seed0, seed0 + reps):
+        traj, groups, truth = crossed_run(
+            scenario, heads=per_layer, layers=layers, auroc=_grid(auroc, layers, per_layer),
+            seed=seed,
+        )  # fmt: skip
+        yield scan_uncertainty(traj, groups).table, truth
+
+
+def _grid(auroc, layers: int, heads: int):
+    if isinstance(auroc, float):
+        return auroc
+    return torch.as_tensor(auroc, dtype=torch.float64).reshape(layers, heads)
+
+
+def null_rates(reps: int, heads: int, queries: int) -> None:
+    margin = 2 * math.sqrt(ALPHA * (1 - ALPHA) / reps)
+    for name, scenario in SCENARIOS.items():
+        start = time.perf_counter()
+        family, auroc_p, bias_p = [], [], []
+        for table, _ in _tables(scenario.with_queries(queries), reps, heads):
+            family.append(bool(table["scans"].any()))
+            auroc_p.append(table["auroc_p"].to_numpy())
+            bias_p.append(table["bias_p"].to_numpy())
+        rate = float(np.mean(family))
+        a, b = np.concatenate(auroc_p), np.concatenate(bias_p)
+        print(json.dumps({
+            "null": name, "trajectories": reps, "heads": heads, "queries": queries,
+            "familywise_scans": round(rate, 4), "alpha": ALPHA, "margin": round(margin, 4),
+            "within": rate <= ALPHA + margin,
+            "auroc_p_below_0.05": round(float(np.nanmean(a <= 0.05)), 4),
+            "bias_p_below_0.05": round(float(np.nanmean(b <= 0.05)), 4),
+            "s": round(time.perf_counter() - start, 1),
+        }), flush=True)  # fmt: skip
+
+
+def coverage(reps: int, heads: int = 8, target: float = 0.7) -> None:
+    for queries in (5, 10, 30, 100):
+        start = time.perf_counter()
+        hits = {"bias": [], "auroc": []}
+        refused = []
+        scenario = SCENARIOS["shared_pool_20"].with_queries(queries)
+        for table, truth in _tables(scenario, reps, heads, auroc=target):
+            given = table["auroc_lo"].notna().to_numpy()
+            refused.append(1 - given.mean())
+            for figure in hits:
+                t = truth[figure].reshape(-1).numpy()
+                inside = (table[f"{figure}_lo"] <= t) & (t <= table[f"{figure}_hi"])
+                hits[figure] += list(inside.to_numpy()[given])
+        cover = {k: (round(float(np.mean(v)), 4) if v else None) for k, v in hits.items()}
+        print(json.dumps({
+            "coverage_queries": queries, "trajectories": reps, "heads": heads, "auroc": target,
+            "bias_coverage": cover["bias"], "auroc_coverage": cover["auroc"],
+            "refused_too_few_units": round(float(np.mean(refused)), 4),
+            "within": all(c is None or 0.90 <= c <= 0.99 for c in cover.values()),
+            "s": round(time.perf_counter() - start, 1),
+        }), flush=True)  # fmt: skip
+
+
+def power(reps: int, queries: int) -> None:
+    for heads in (48, 144):
+        for target in (0.6, 0.7, 0.8):
+            start = time.perf_counter()
+            effect = np.full(heads, 0.5)
+            effect[: heads // 4] = target
+            found, mde = [], []
+            scenario = SCENARIOS["shared_pool_20"].with_queries(queries)
+            for table, _ in _tables(scenario, reps, heads, auroc=effect, seed0=10_000):
+                found.append(table["scans"].to_numpy()[: heads // 4].mean())
+                mde.append(table["auroc_mde"].median())
+            print(json.dumps({
+                "power_auroc": target, "heads": heads, "queries": queries,
+                "trajectories": reps, "power": round(float(np.mean(found)), 4),
+                "median_mde_auroc": round(float(np.median(mde)), 4),
+                "s": round(time.perf_counter() - start, 1),
+            }), flush=True)  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--trajectories", type=int, default=200)
+    p.add_argument("--quick", action="store_true", help="40 trajectories, to try it out")
+    args = p.parse_args()
+    reps = 40 if args.quick else args.trajectories
+    torch.set_num_threads(1)  # many small problems: threads only contend
+    null_rates(reps, heads=48, queries=30)
+    coverage(reps)
+    power(max(reps // 4, 10), queries=100)
+
+
+if __name__ == "__main__":
+    main()
