@@ -1,14 +1,16 @@
-"""One atomic writer for every file a result is saved in (safetensors with a format tag, text,
-bytes), and the reader of tagged safetensors files."""
+"""One safe writer for every file the package writes (safetensors with a format tag, text,
+bytes): a unique temporary, no link followed, an atomic rename; its folders and lock files
+likewise; and the reader of tagged safetensors files."""
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 from torch import Tensor
 
 
@@ -31,6 +33,43 @@ def check_writable(path: str | Path) -> None:
     os.unlink(probe)
 
 
+def refuse_link(path: str | Path) -> None:
+    """ValueError naming `path` where it, or the folder it is in, is a symbolic link: a
+    folder from someone else (a shared folder, an unpacked archive) could hold links at the
+    names a writer opens, and writing through one overwrites whatever it points to."""
+    path = Path(path)
+    for p in (path, path.parent):
+        if p.is_symlink():
+            raise ValueError(
+                f"{p} is a symbolic link: scansnap_lens does not write through links (it could"
+                f" point anywhere); remove it, or write into a real folder"
+            )
+
+
+def make_folder(path: str | Path) -> Path:
+    """The folder `path` (and its parents), refused where it is a symbolic link."""
+    path = Path(path)
+    refuse_link(path)
+    path.mkdir(parents=True, exist_ok=True)
+    refuse_link(path)  # made between the check and the mkdir
+    return path
+
+
+def open_lock(path: str | Path):
+    """A lock file opened for reading and writing, made if missing, never through a link
+    (O_NOFOLLOW): the open file object."""
+    path = Path(path)
+    refuse_link(path)
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            refuse_link(path)  # names the link
+        raise OSError(f"cannot open the lock {path}: {err.strerror or err}") from None
+    return os.fdopen(fd, "r+")
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -47,50 +86,49 @@ def _umask() -> int:
     return mask
 
 
-def _commit(tmp: Path, path: Path) -> None:
-    """Make `tmp` durable, rename it onto `path`, and make the rename durable.  The file gets
-    the permissions of a plain ``open`` (0644 under the usual umask): some writers create
-    their temporary files 0600, which would keep results from the rest of a team."""
-    os.chmod(tmp, 0o666 & ~_umask())
-    _fsync(tmp)
-    os.replace(tmp, path)
-    _fsync(path.parent)
-
-
-def write_tensors(path: str | Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> Path:
-    """Write to a temporary name, sync, then rename: readers never see half a file, and a
-    crash or power loss leaves the old file or the new one."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-        _commit(tmp, path)
-    except SafetensorError as err:  # safetensors reports a failed write (full, read-only) so
-        tmp.unlink(missing_ok=True)
-        raise OSError(f"cannot write {path}: {err}") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    with open(path, "wb") as handle:
-        handle.write(data)
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def write_bytes(path: str | Path, data: bytes) -> Path:
-    """`write_tensors` for bytes (pages, figures, CSV, JSON).  A failed write (a full disk)
-    leaves the old file as it was and no temporary file behind."""
+    """The one writer of the package: `data` into a new temporary file of a unique name in
+    the target's folder (``mkstemp``: O_CREAT | O_EXCL, so no link planted at a name can be
+    followed), synced, then renamed onto `path` (the rename replaces a name, never writes
+    through it) and the rename synced.  Readers never see half a file; a crash, a full disk
+    or power loss leaves the old file or the new one, and no temporary file behind (but
+    for a kill).  The file gets the permissions of a plain ``open`` (0644 under the usual
+    umask).  ValueError where `path` or its folder is a symbolic link."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    refuse_link(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"cannot write {path}: it is a folder")
     try:
-        _write_file(tmp, data)
-        _commit(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise OSError(f"cannot write {path}: {err.strerror or err}") from None
+    try:
+        try:
+            _write_all(fd, data)
+            os.fchmod(fd, 0o666 & ~_umask())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException as err:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and not isinstance(err, IsADirectoryError):
+            raise OSError(f"cannot write {path}: {err.strerror or err}") from None
         raise
+    _fsync(path.parent)
     return path
+
+
+def write_tensors(path: str | Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> Path:
+    """A safetensors file through `write_bytes`."""
+    data = save({k: v.contiguous() for k, v in tensors.items()}, metadata=metadata)
+    return write_bytes(path, data)
 
 
 def write_text(path: str | Path, text: str) -> Path:

@@ -71,8 +71,10 @@ def _stats(args: argparse.Namespace) -> int:
         max_vocab=args.max_vocab, vocab_size=args.vocab_size,
     )  # fmt: skip
     if corpus.built_tokenizer:
+        from scansnap_lens._io import write_text
+
         path = Path(args.out).with_suffix(".tokenizer.json")
-        corpus.tokenizer.save(str(path))
+        write_text(path, corpus.tokenizer.to_str())  # never through a link at that name
         print(f"word-level tokenizer ({corpus.vocab_size} words) saved to {path}")
     execute = None
     if args.ray is not None:
@@ -250,8 +252,9 @@ def _theory(args: argparse.Namespace) -> int:
     t = np.unique(np.concatenate([np.logspace(0, np.log10(args.t_max), args.points), [theory.t0]]))
     frame = theory.to_dataframe(t)
     if args.csv:
-        from scansnap_lens._io import write_text
+        from scansnap_lens._io import make_folder, write_text
 
+        make_folder(Path(args.csv).parent)
         write_text(args.csv, frame.to_csv(index=False))
         print(f"B_n(t) curve written to {args.csv}")
     else:

@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from scansnap_lens import measures
-from scansnap_lens._io import check_writable, write_text
+from scansnap_lens._io import check_writable, make_folder, write_text
 from scansnap_lens.measures.catalog import MEASURES, Plot
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.context import require_same
@@ -204,7 +204,7 @@ def write_report(
     for statistics in (groups, source):  # before anything is measured or written
         if statistics is not None:
             require_same(statistics, traj.plan)
-    (out / "figures").mkdir(parents=True, exist_ok=True)
+    make_folder(out / "figures")
     folder = _Folder(out)
     if groups is None:  # said once; each measurement that needs them points here
         folder.not_measured["token groups"] = groups_reason or "none were given"

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from scansnap_lens._io import write_tensors
+from scansnap_lens._io import make_folder, write_tensors
 
 if TYPE_CHECKING:
     import tokenizers
@@ -56,7 +56,7 @@ TOKEN_SUFFIXES = (".safetensors", ".npy", ".pt", ".pth")
 def save_tokens(path: str | Path, tokens: Tensor) -> Path:
     """Write token ids [N, T] as a safetensors file (tensor ``tokens``)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     return write_tensors(path, {"tokens": torch.as_tensor(tokens).long()}, {"format": "tokens"})
 
 

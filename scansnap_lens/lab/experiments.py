@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from scansnap_lens._io import write_text
+from scansnap_lens._io import make_folder, write_text
 from scansnap_lens.lab.synthetic import SequenceClasses, syn_medium
 from scansnap_lens.lab.yz import YZRun, train_yz
 from scansnap_lens.measures import restricted_entropy
@@ -205,7 +205,7 @@ def syn_small_experiment(
     from scansnap_lens.viz import plot_attention_heatmap, plot_loss
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     runs, tables, losses = {}, [], []
     for label, (lr_z, ratio) in settings.items():
         run = train_yz(

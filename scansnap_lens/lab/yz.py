@@ -39,7 +39,7 @@ from einops import rearrange
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from scansnap_lens._io import read_tensors, write_tensors
+from scansnap_lens._io import make_folder, read_tensors, write_tensors
 from scansnap_lens.lab.synthetic import SequenceClasses, syn_small
 from scansnap_lens.statistics.kinds import TokenKind
 
@@ -212,7 +212,7 @@ class YZRun:
     def save(self, path: str | Path) -> Path:
         """Write ``path`` (safetensors, atomically) holding the tensors and the JSON settings."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(path.parent)
         tensors = {
             "steps": self.steps,
             "Z": self.Z,

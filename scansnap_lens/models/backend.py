@@ -375,7 +375,7 @@ def _placeholder_tokenizer(vocab_size: int):
     # The bridge re-creates tokenizers from their saved name later, so keep one on disk.
     if vocab_size not in _PLACEHOLDER_DIRS:
         _PLACEHOLDER_DIRS[vocab_size] = _scratch_dir("scansnap_tok_")
-        fast.save_pretrained(_PLACEHOLDER_DIRS[vocab_size])
+        fast.save_pretrained(_PLACEHOLDER_DIRS[vocab_size])  # into its own mkdtemp folder
     return transformers.AutoTokenizer.from_pretrained(_PLACEHOLDER_DIRS[vocab_size])
 
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from scansnap_lens._io import write_tensors, write_text
+from scansnap_lens._io import make_folder, write_tensors, write_text
 from scansnap_lens.models.backend import (
     HookedModel,
     attention_logit_parameters,
@@ -391,7 +391,7 @@ def train(
     training.update({k: v for k, v in extras.items() if v is not None})
     if out is not None:
         out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
+        make_folder(out)
         write_text(out / "config.json", json.dumps(model_config_json(model), indent=1))
         write_text(out / TRAINING_FILE, json.dumps(training, indent=1))
     pass_training = on_checkpoint is not None and _accepts_training(on_checkpoint)

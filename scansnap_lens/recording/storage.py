@@ -34,7 +34,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from scansnap_lens._io import read_tensors, write_tensors, write_text
+from scansnap_lens._io import (
+    make_folder,
+    open_lock,
+    read_tensors,
+    refuse_link,
+    write_tensors,
+    write_text,
+)
 
 try:
     import fcntl
@@ -133,7 +140,7 @@ class TrajectoryWriter:
                 self._replacing = _read_manifest(self.path)
                 self._suffix = "-" + secrets.token_hex(4)
                 plan_file = f"plan{self._suffix}.safetensors"
-            (self.path / "checkpoints").mkdir(parents=True, exist_ok=True)
+            make_folder(self.path / "checkpoints")
             meta_json = json.dumps(plan.metadata())
             write_tensors(
                 self.path / plan_file,
@@ -233,8 +240,8 @@ def _folder_lock(path: Path, active: bool = True):
     if not active or fcntl is None:  # no flock on this platform: writes stay atomic
         yield
         return
-    path.mkdir(parents=True, exist_ok=True)
-    with open(path / ".lock", "a") as handle:
+    make_folder(path)
+    with open_lock(path / ".lock") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -268,8 +275,8 @@ class RecordingLock:
         if self._key in self._held:
             self._held[self._key][1].add(id(self))
             return
-        self.path.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path / ".recording.lock", "a+")
+        make_folder(self.path)
+        handle = open_lock(self.path / ".recording.lock")
         if fcntl is not None:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -304,6 +311,7 @@ class RecordingLock:
 
 def _read_manifest(path: Path) -> dict:
     file = path / "manifest.json"
+    refuse_link(file)  # the folder's own file: a link there is someone else's doing
     if not file.exists():
         raise FileNotFoundError(f"{path} is not a trajectory folder: {file.name} is missing")
     try:

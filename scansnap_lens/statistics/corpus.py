@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from scansnap_lens._io import read_tensors, write_tensors
+from scansnap_lens._io import make_folder, read_tensors, write_tensors
 from scansnap_lens.statistics._counting import (
     distinct_per_class,
     fill_triples,
@@ -283,7 +283,7 @@ class CooccurrenceStats:
     def save(self, path: str | Path) -> Path:
         """Write a safetensors file with the tensors and JSON metadata."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(path.parent)
         tensors = {
             name: getattr(self, name).contiguous()
             for name in ("query", "next_token", "events", "offsets", "token", "count")

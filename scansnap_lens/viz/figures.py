@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 from matplotlib.figure import Figure
 
-from scansnap_lens._io import write_bytes
+from scansnap_lens._io import make_folder, write_bytes
 from scansnap_lens.measures import Measurement
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
@@ -43,7 +43,7 @@ def _save(fig: Figure, path: str | Path, **kwargs) -> None:
     """PNG through the atomic writer: a full disk never leaves half a figure."""
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=120, format="png", **kwargs)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    make_folder(Path(path).parent)
     write_bytes(path, buffer.getvalue())
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from scansnap_lens._io import write_text
+from scansnap_lens._io import make_folder, write_text
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 from scansnap_lens.statistics.kinds import TokenKind
@@ -87,7 +87,7 @@ class View:
     def save(self, path: str | Path) -> Path:
         """A standalone HTML page of this view (the script inlined: it works offline)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(path.parent)
         body = f"<h2>{html.escape(self.title)}</h2>\n" if self.title else ""
         write_text(path, page(self.title or self.element, body + self.fragment("view-0")))
         return path

@@ -1,0 +1,179 @@
+"""No write through a link: every file the package writes goes through `_io`'s one writer (a
+unique temporary made with O_EXCL, a rename, links refused), and a folder from someone else
+with links planted at the names the commands write cannot make them write anywhere else.
+
+The names are found by listing what each command writes into a clean folder (for the report,
+one of each kind: its many CSVs and figures share one writer each), then a link to a file
+outside is planted at each of them (and at the fixed temporary names the writers used
+to open, NAME.tmp) in a folder holding that command's output, and the command run again:
+it refuses, naming the link or what it read through it (exit 2, no traceback), or succeeds
+without following it; the file outside never changes and nothing appears outside the
+folder."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from scansnap_lens import _io
+from scansnap_lens.cli import main
+from scansnap_lens.inputs.tokens import save_tokens
+from scansnap_lens.lab.synthetic import sequence_sampler, syn_medium
+from scansnap_lens.models.training import attention_only_model, train
+
+PACKAGE = Path(__file__).resolve().parents[1] / "scansnap_lens"
+# the only module that opens files for writing; `testing` builds hub fixtures with the real
+# writers it emulates (save_pretrained, torch.save) into folders the tests make
+WRITERS = {"_io.py", "testing.py"}
+PRIVATE = "# into its own mkdtemp folder"
+WRITING = re.compile(
+    r"open\([^)]*[\"'][wax+][bt+]?[\"']|\.write_(text|bytes)\(|\.mkdir\(|(?<!`)torch\.save\(|"
+    r"np\.save\(|shutil\.(copy|move)|save_pretrained\(|\.savefig\((?!buffer)|\.save\(str\("
+)
+
+
+def test_every_writer_of_the_package_is_the_one_safe_writer():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name in WRITERS:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if line.rstrip().endswith(PRIVATE):  # into a folder it made itself (mkdtemp)
+                continue
+            if WRITING.search(line) and not line.lstrip().startswith(("#", ">>>", "...")):
+                found.append(f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}")
+    assert not found, "writes that bypass scansnap_lens._io:\n" + "\n".join(found)
+
+
+def test_the_writer_refuses_links_and_leaves_no_temporary(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("mine")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "a.json").symlink_to(outside)
+    with pytest.raises(ValueError, match=r"a\.json is a symbolic link"):
+        _io.write_text(folder / "a.json", "{}")
+    (folder / "linked").symlink_to(tmp_path)
+    with pytest.raises(ValueError, match="linked is a symbolic link"):
+        _io.write_text(folder / "linked" / "b.json", "{}")
+    with pytest.raises(ValueError, match="symbolic link"):
+        _io.make_folder(folder / "linked")
+    (folder / "lock").symlink_to(outside)
+    with pytest.raises(ValueError, match="lock is a symbolic link"):
+        _io.open_lock(folder / "lock")
+    (folder / "c.json.tmp").symlink_to(outside)  # the old fixed temporary name: not opened
+    _io.write_text(folder / "c.json", "{}")
+    assert outside.read_text() == "mine" and (folder / "c.json").read_text() == "{}"
+    assert sorted(p.name for p in folder.iterdir()) == ["a.json", "c.json", "c.json.tmp",
+                                                        "linked", "lock"]  # fmt: skip
+    with pytest.raises(IsADirectoryError, match="it is a folder"):
+        _io.write_text(folder, "x")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A user's run: checkpoints, a training corpus and evaluation tokens."""
+    root = tmp_path_factory.mktemp("links")
+    classes = syn_medium(1)
+    sample = sequence_sampler(classes, seq_len=16)
+    model = attention_only_model(classes.vocab_size, d_model=16, n_ctx=24, seed=0)
+    train(model, sample, num_steps=10, lr_y=0.1, lr_z=3.0, batch_size=16, save_steps=[0, 10],
+          out=root / "ckpt", loss_on="last", progress=False)  # fmt: skip
+    save_tokens(root / "corpus.safetensors", sample(64, torch.Generator().manual_seed(1)))
+    save_tokens(root / "eval.safetensors", sample(8, torch.Generator().manual_seed(2)))
+    (root / "text.txt").write_text("one two three four five six seven eight nine ten\n" * 20)
+    from scansnap_lens.inputs.text import word_level_tokenizer
+
+    words = word_level_tokenizer(["one two three four five six seven eight nine ten"])
+    (root / "tokenizer.json").write_text(words.to_str())
+    return root, classes.vocab_size
+
+
+def _commands(root: Path, vocab: int, out: Path) -> dict[str, list[str]]:
+    return {
+        "stats": ["stats", str(root / "corpus.safetensors"), "--vocab-size", str(vocab),
+                  "--out", str(out / "stats.safetensors")],
+        "tokens": ["tokens", str(root / "text.txt"), "--out", str(out / "eval.safetensors"),
+                   "--seq-len", "8", "--tokenizer", str(root / "tokenizer.json")],
+        "theory": ["theory", "--K", "2", "--M", "33", "--lr-y", "0.1", "--lr-z", "3",
+                   "--csv", str(out / "theory.csv")],
+        "record": ["record", "--checkpoints", str(root / "ckpt"), "--tokens",
+                   str(root / "eval.safetensors"), "--out", str(out / "traj"),
+                   "--prompt-length", "8"],
+        "report": ["report", str(root / "traj"), "--stats", str(root / "stats.safetensors"),
+                   "--out", str(out / "report")],
+    }  # fmt: skip
+
+
+def _files(folder: Path) -> set[Path]:
+    return {p.relative_to(folder) for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["stats", "tokens", "theory", "record", "report"])
+def test_no_command_writes_through_a_link_planted_at_any_name_it_writes(
+    run, command, tmp_path, capsys
+):
+    root, vocab = run
+    for needed in ("record", "stats"):  # the report reads a trajectory and statistics
+        if not (root / ("traj" if needed == "record" else "stats.safetensors")).exists():
+            assert main(_commands(root, vocab, root)[needed]) == 0
+    clean = tmp_path / "clean"
+    assert main(_commands(root, vocab, clean)[command]) == 0
+    names = sorted(_files(clean))
+    assert names, "the command wrote nothing"
+    if command == "report":  # its many files share a few writers: one name of each kind
+        names = sorted({n.suffix: n for n in reversed(names)}.values())
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim"
+    folders = sorted({p.relative_to(clean) for p in clean.rglob("*") if p.is_dir()})
+    planted = [*names, *(n.with_name(n.name + ".tmp") for n in names), *folders]
+    for i, name in enumerate(planted):
+        folder = tmp_path / f"planted{i}"
+        shutil.copytree(clean, folder, symlinks=True)  # a folder with the command's output
+        victim.write_text("untouched")
+        target = folder / name
+        if target.is_dir():  # a folder the command writes into: a link to one outside
+            shutil.rmtree(target)
+            target.symlink_to(outside, target_is_directory=True)
+        else:
+            target.unlink(missing_ok=True)
+            target.symlink_to(victim)
+        again = [_commands(root, vocab, folder)[command]]
+        if command == "record":  # resuming, and replacing the folder's trajectory
+            again.append(again[0] + ["--overwrite"])
+        for argv in again:
+            capsys.readouterr()
+            code = main(argv)
+            err = capsys.readouterr().err
+            assert code in (0, 2), (name, code, err)
+            if code == 2:  # refused, naming the link (or what it read through it)
+                assert f"scansnap {command}: error: " in err and "Traceback" not in err, err
+            assert victim.read_text() == "untouched", name
+            assert sorted(p.name for p in outside.iterdir()) == ["victim"], name
+
+
+def test_the_librarys_saves_refuse_a_planted_link(tmp_path):
+    """`Trajectory.save`, `CooccurrenceStats.save` and `save_tokens` go through the one writer."""
+    from scansnap_lens.lab.calibration import Scenario, crossed_run
+    from scansnap_lens.statistics.corpus import cooccurrence
+
+    outside = tmp_path / "outside"
+    outside.write_text("mine")
+    traj, _, _ = crossed_run(Scenario(queries=3), heads=1)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "manifest.json").symlink_to(outside)
+    rows = torch.tensor([[1, 2, 3, 4]])
+    (tmp_path / "s.safetensors").symlink_to(outside)
+    (tmp_path / "k.safetensors").symlink_to(outside)
+    for save in (lambda: traj.save(tmp_path / "t"),
+                 lambda: cooccurrence(rows, 5).save(tmp_path / "s.safetensors"),
+                 lambda: save_tokens(tmp_path / "k.safetensors", rows)):  # fmt: skip
+        with pytest.raises(ValueError, match="is a symbolic link"):
+            save()
+    assert outside.read_text() == "mine"
