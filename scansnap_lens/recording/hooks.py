@@ -122,7 +122,8 @@ class _Batch:
     q_pos: Tensor  # [J] flat index (b * T + T_query) of each pair's query position
     k_pos: Tensor  # [J] flat index (b * T + t) of each pair's key position
     event: Tensor  # [J] event of each pair
-    pair_slot: Tensor  # [J] zbar slot
+    pair_slot: Tensor  # [J] zbar slot ([J''] of `zbar_pairs` where the plan samples pairs)
+    zbar_pairs: Tensor | None  # [J''] the pairs the plan holds (None: every pair)
     c_hat_pairs: Tensor  # [J'] the pairs whose class is tracked
     triple_slot: Tensor  # [J'] their c_hat slot
     all_tracked: bool  # every pair's class is tracked (c_hat_pairs is everything)
@@ -204,23 +205,31 @@ class _HookAggregator:
         b, tq = b_e[event], t_e[event]
         key_l = x[b, t]
         pair_slot = self.pair_lookup(qslot_e[event], key_l)
+        zbar_pairs = None
         if bool((pair_slot < 0).any()):
-            raise ValueError(
-                "the evaluation tokens hold (query, token) pairs the plan does not know:"
-                " build the plan from the same tokens you record on"
-            )
+            if self.plan.common_per_query is None:  # a whole plan knows every pair
+                raise ValueError(
+                    "the evaluation tokens hold (query, token) pairs the plan does not know:"
+                    " build the plan from the same tokens you record on"
+                )
+            zbar_pairs = torch.nonzero(pair_slot >= 0, as_tuple=True)[0]  # a sampled plan
+            pair_slot = pair_slot[zbar_pairs]
         base = (b * self.n_heads * T + tq) * T + t
         flat = base[:, None] + (self.heads * T * T)[None, :]
         cls_p = event_class[event]
         c_hat_pairs = torch.nonzero(cls_p >= 0, as_tuple=True)[0]
-        all_tracked = c_hat_pairs.numel() == cls_p.numel()
         triple_slot = self.triple_lookup(cls_p[c_hat_pairs], key_l[c_hat_pairs])
+        if self.plan.common_per_query is not None:  # tokens a class does not keep
+            kept = triple_slot >= 0
+            c_hat_pairs, triple_slot = c_hat_pairs[kept], triple_slot[kept]
+        all_tracked = c_hat_pairs.numel() == cls_p.numel()
         return _Batch(
             flat=flat,
             q_pos=b * T + tq,
             k_pos=b * T + t,
             event=event,
             pair_slot=pair_slot,
+            zbar_pairs=zbar_pairs,
             c_hat_pairs=c_hat_pairs,
             triple_slot=triple_slot,
             all_tracked=all_tracked,
@@ -234,8 +243,10 @@ class _HookAggregator:
         def hook(scores: Tensor, hook=None):
             if self.scores_from_qk[layer]:
                 return None
-            vals = scores.reshape(-1)[self.batch.flat].float()  # [J, H]
-            self.sums.add("zbar", i, self.batch.pair_slot, vals)
+            bt = self.batch
+            flat = bt.flat if bt.zbar_pairs is None else bt.flat[bt.zbar_pairs]
+            vals = scores.reshape(-1)[flat].float()  # [J, H]
+            self.sums.add("zbar", i, bt.pair_slot, vals)
             return None
 
         return hook
@@ -282,7 +293,10 @@ class _HookAggregator:
         bt = self.batch
         q = acts["q"].reshape(-1, self.n_heads, acts["q"].shape[-1])[:, self.heads]  # [B*T, H, d]
         k = acts["k"].reshape(-1, self.n_heads, acts["k"].shape[-1])[:, self.heads]
-        vals = (q[bt.q_pos].float() * k[bt.k_pos].float()).sum(-1)  # [J, H]
+        q_pos, k_pos = bt.q_pos, bt.k_pos
+        if bt.zbar_pairs is not None:
+            q_pos, k_pos = q_pos[bt.zbar_pairs], k_pos[bt.zbar_pairs]
+        vals = (q[q_pos].float() * k[k_pos].float()).sum(-1)  # [J, H]
         vals = vals / _attn_scale(self.model, layer)
         self.sums.add("zbar", i, bt.pair_slot, vals)
 

@@ -260,3 +260,32 @@ def test_the_recording_takes_the_statistics_window(tmp_path):
     assert Trajectory.load(tmp_path / "t").plan.window == 5  # kept in the plan file
     with pytest.raises(ValueError, match="differs from the statistics' window"):
         Recorder(tmp_path / "u", tokens, stats=stats, window=7)
+
+
+def test_a_sampled_plan_records_what_the_whole_plan_records_on_its_slots(tmp_path):
+    """A plan made for power keeps some pairs, triples and classes of each query: each value it
+    records is the whole plan's value of that slot (zbar, c_hat, the entropies: the
+    attention is renormalised over the whole context, not over the kept tokens)."""
+    from scansnap_lens.statistics.corpus import cooccurrence
+    from scansnap_lens.statistics.groups import TokenGroups
+
+    tokens = _zipf_tokens(2, rows=6, length=24)
+    stats = cooccurrence(tokens, SMALL_V, window=6)
+    groups = TokenGroups.from_statistics(stats, guard=False, purity=0.5)
+    sampled = plan_recording(tokens, SMALL_V, window=6, groups=groups, max_slots=10**6,
+                             common_per_query=2, classes_per_query=1)  # fmt: skip
+    whole = plan_recording(tokens, SMALL_V, window=6, queries=sampled.queries)
+    assert sampled.num_pairs < whole.num_pairs and sampled.num_triples < whole.num_triples
+    model = {0: attention_only_model(SMALL_V, d_model=16, n_heads=2, seed=3)}
+    a = record_trajectory(in_memory(model), tokens, tmp_path / "a", plan=sampled, progress=False)
+    b = record_trajectory(in_memory(model), tokens, tmp_path / "b", plan=whole, progress=False)
+    pair = whole.pair_slot(sampled.pair_query, sampled.pair_token)
+    assert (pair >= 0).all()
+    torch.testing.assert_close(a.zbar[:], b.zbar[..., pair])
+    cls = torch.tensor([whole.class_slot(int(m), int(n))
+                        for m, n in zip(sampled.class_query, sampled.class_next)])  # fmt: skip
+    kept = [sampled.triple_token[sampled.triple_class == c] for c in range(sampled.num_classes)]
+    triple = torch.cat([whole.triple_slot(int(cls[c]), t) for c, t in enumerate(kept)])
+    torch.testing.assert_close(a.c_hat[:], b.c_hat[..., triple])
+    torch.testing.assert_close(a.entropy[:], b.entropy[..., cls])
+    torch.testing.assert_close(a.query_entropy[:], b.query_entropy[:])
