@@ -223,9 +223,10 @@ def theory_fit(
     training: dict | None = None,
     loss_positions: int | None = None,
     classes=None,
-    progress: bool = False,
+    progress: bool = True,
 ) -> Measurement:
-    """Score every head against attention predicted from corpus statistics alone.
+    """Score every head against attention predicted from corpus statistics alone (the
+    population dynamics show their progress where they take over two seconds).
 
     The population dynamics (`population.predict`) run on `source` (the training corpus's
     `CooccurrenceStats`, or the lab's `SequenceClasses`) for the trajectory's tracked

@@ -141,3 +141,33 @@ def test_prediction_on_a_plan():
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         predict(Population.from_classes(syn_small()), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "optimizer, momentum, rates",
+    [("sgd", 0.0, (1.0, 1.0)), ("sgd", 0.9, (0.1, 0.1)), ("adam", 0.0, (0.01, 0.01))],
+    ids=["sgd", "momentum", "adam"],
+)
+def test_merged_steps_follow_the_step_by_step_model(optimizer, momentum, rates):
+    """Past `EXACT_STEPS`, runs of steps merge into one where the logits move slowly: the
+    attention at every checkpoint is the step-by-step model's within 1e-4 over 3000 steps."""
+    pop = Population.from_classes(syn_medium(1))
+    steps = [0, 10, 300, 1000, 3000]
+    exact = predict(pop, *rates, steps, optimizer=optimizer, momentum=momentum, exact=True)
+    merged = predict(pop, *rates, steps, optimizer=optimizer, momentum=momentum)
+    assert merged.Z.abs().max() > 0.3  # the logits did move
+    torch.testing.assert_close(merged.attention(), exact.attention(), rtol=0, atol=1e-4)
+
+
+def test_the_work_grows_with_the_log_of_the_last_step(monkeypatch):
+    """A checkpoint at step 10^12 (tests/data/trajectory_v1 has one; Pythia's last is
+    143,000) takes a few thousand gradients, not 10^12: no hang."""
+    from scansnap_lens.theory import population
+
+    calls = []
+    loss = population._loss
+    monkeypatch.setattr(population, "_loss", lambda *a: calls.append(1) or loss(*a))
+    pop = Population.from_classes(syn_medium(1))
+    run = predict(pop, 0.1, 3.0, [0, 10, 143_000, 10**12])
+    assert len(run.steps) == 4 and len(calls) < 5000, len(calls)
+    assert torch.isfinite(run.Z).all()
