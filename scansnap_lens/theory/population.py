@@ -307,8 +307,8 @@ def predict(
     than `MOVE` / 4 and halving where it moves one by more than `MOVE`, and every checkpoint
     step hit exactly.  The dynamics slow down after the snap (the logits grow like log t), so
     the work grows with the log of the last step, not with the step: a checkpoint at step
-    10^12 takes about 3,300 gradients (seconds), not 10^12.  ``exact=True``: every step one by one (the reference the
-    merged steps are tested against).
+    10^12 takes about 3,300 gradients (seconds), not 10^12.  ``exact=True``: every step one by
+    one (the reference the merged steps are tested against).
 
     Cost per gradient: O(T x O) for T triples and O output rows (sparse), not K x C x O."""
     steps_t = torch.as_tensor(steps, dtype=torch.long).flatten()
