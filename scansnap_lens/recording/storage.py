@@ -133,6 +133,13 @@ class TrajectoryWriter:
                     f" ({manifest.get('prompt')} against {prompt_ids}): record into another"
                     " folder, or replace it (overwrite=True, --overwrite)"
                 )
+            again = incomplete(self.path, manifest)
+            if again:  # recorded anew: a truncated copy is no checkpoint
+                steps = {step for step, _ in again}
+                manifest["checkpoints"] = [c for c in manifest["checkpoints"]
+                                           if c["step"] not in steps]  # fmt: skip
+                for step, why in again:
+                    print(f"{self.path}: checkpoint {step} is {why}: recording it again")
             self.manifest = manifest
         else:
             plan_file = "plan.safetensors"
@@ -486,6 +493,35 @@ StepStack.__abs__ = lambda self: self.full().abs()
 StepStack.__hash__ = object.__hash__
 
 
+def _short(file: Path, header: dict, start: int) -> str:
+    """"truncated (N of M bytes; a partial copy?)" where `file` ends before its header's last
+    tensor does, else ""."""
+    ends = [info["data_offsets"][1] for info in header.values() if isinstance(info, dict)
+            and isinstance(info.get("data_offsets"), list)]  # fmt: skip
+    need, have = start + max(ends, default=0), file.stat().st_size
+    return f"truncated ({have:,} of {need:,} bytes; a partial copy?)" if have < need else ""
+
+
+def incomplete(path: Path, manifest: dict) -> list[tuple[int, str]]:
+    """(step, why) of the checkpoints the manifest lists whose file is missing, truncated or
+    unreadable: what a resumed recording records again."""
+    out = []
+    for item in manifest["checkpoints"]:
+        file = path / item["file"]
+        if not file.is_file():
+            out.append((item["step"], "missing"))
+            continue
+        try:
+            header, start = _header(file)
+        except ValueError as err:
+            out.append((item["step"], str(err)))
+            continue
+        short = _short(file, header, start)
+        if short:
+            out.append((item["step"], short))
+    return out
+
+
 def read_steps(path: Path, manifest: dict, plan: RecordPlan) -> dict[str, StepStack | None]:
     """The checkpoint tensors of a trajectory folder, memory-mapped: {name: StepStack} for
     zbar, c_hat, entropy, query_entropy and prompt_pattern (None where not every checkpoint
@@ -501,6 +537,12 @@ def read_steps(path: Path, manifest: dict, plan: RecordPlan) -> dict[str, StepSt
         if not file.is_file():
             raise FileNotFoundError(f"no trajectory file at {file}")
         header, start = _header(file)
+        short = _short(file, header, start)
+        if short:
+            raise ValueError(
+                f"{file} is {short}: copy it again, or run the recording's command again (it"
+                " resumes and records that checkpoint anew)"
+            )
         for name in (*_FIELDS, "prompt_pattern"):
             key = FILE_KEYS.get(name, name)
             if key not in header:

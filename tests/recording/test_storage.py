@@ -100,6 +100,26 @@ def test_steps_of_thirteen_digits_and_more_record_resume_and_load(tmp_path):
         Trajectory.load(tmp_path / "t")
 
 
+def test_a_truncated_checkpoint_is_named_and_a_resumed_recording_records_it_again(tmp_path, capsys):
+    """A partial copy of a checkpoint file: loading names the file and the way out (was:
+    "mmap length is greater than file size"), and running the recording again records that
+    checkpoint anew, giving what the whole recording gave."""
+    V = 12
+    tokens = torch.randint(0, V, (3, 10), generator=torch.Generator().manual_seed(0))
+    plan = plan_recording(tokens, V)
+    models = in_memory({s: attention_only_model(V, d_model=8, n_ctx=16, seed=s) for s in (0, 5)})
+    whole = Recorder(tmp_path / "t", tokens, plan, progress=False).record(models)
+    zbar, c_hat = whole.zbar.full().clone(), whole.c_hat.full().clone()  # before the cut
+    file = tmp_path / "t" / "checkpoints" / "step_000000000005.safetensors"
+    file.write_bytes(file.read_bytes()[:-100])
+    with pytest.raises(ValueError, match=r"step_000000000005.safetensors is truncated .*again"):
+        Trajectory.load(tmp_path / "t")
+    again = Recorder(tmp_path / "t", tokens, plan, progress=False).record(models)
+    assert "checkpoint 5 is truncated" in capsys.readouterr().out
+    assert torch.equal(again.zbar.full(), zbar)
+    assert torch.equal(Trajectory.load(tmp_path / "t").c_hat.full(), c_hat)
+
+
 def test_a_folder_written_by_this_version_loads_with_its_values(tmp_path):
     """tests/data/trajectory_v1 was written by `tests/data/make_trajectory_v1.py` with this
     version; a change of the disk format (names, layout, metadata) that strands users'
