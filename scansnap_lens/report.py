@@ -139,8 +139,8 @@ class _Folder:
         path = self.out / "figures" / f"{name}.png"
         try:
             make(path)
-        except ValueError as err:
-            self.not_measured[f"figure {name}"] = str(err)
+        except (ValueError, KeyError) as err:  # a missing column: the figure is left out
+            self.not_measured[f"figure {name}"] = str(err).strip("'")
             return
         self.files[f"figure_{name}"] = path
         self.figures.append(_figure_tag(path, caption))
@@ -512,7 +512,7 @@ def _theory_figure(traj: Trajectory, summary: pd.DataFrame, path: Path, training
 
     theories = {(t.lr_y, t.lr_z): t for t in measures.theory_of(traj, training) if t is not None}
     theories = list(theories.values())  # one curve per distinct pair of rates
-    snap = float(summary["snap_step"].iloc[0])
+    snap = float(summary["snap_step"].iloc[0]) if "snap_step" in summary else math.nan
     measured = [snap] if len(theories) == 1 and math.isfinite(snap) else []
     last = max(float(traj.steps[-1]), max(t.t0 for t in theories)) * 2
     t = np.logspace(0, math.log10(max(last, 10.0)), 200)

@@ -413,6 +413,38 @@ def test_the_notebook_route_and_the_command_line_give_one_answer(own_run, tmp_pa
     assert ss.Classification().describe() in page
 
 
+def test_a_report_of_one_checkpoint_is_written(own_run, tmp_path, capsys):
+    """A natural first try: one checkpoint, the rates given.  The report is written and says
+    that the snap needs two checkpoints (was: "error: snap_step" and no report.html)."""
+    root, classes = own_run
+    traj_dir = tmp_path / "traj"
+    assert (
+        main(
+            [
+                "record",
+                "--checkpoints",
+                str(root / "ckpt"),
+                "--tokens",
+                str(root / "eval.safetensors"),
+                "--out",
+                str(traj_dir),
+                "--steps",
+                "0,",
+            ]
+        )
+        == 0
+    )
+    stats = tmp_path / "stats.safetensors"
+    assert main(["stats", str(root / "corpus.safetensors"), "--out", str(stats),
+                 "--vocab-size", str(classes.vocab_size)]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["report", str(traj_dir), "--stats", str(stats), "--out", str(tmp_path / "r"),
+                 "--lr-y", "0.1", "--lr-z", "3"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "not measured: snapping: snapping needs at least two checkpoints" in printed
+    assert (tmp_path / "r" / "report.html").is_file()
+
+
 def test_a_report_without_token_groups_is_written_and_says_why(own_run, tmp_path, capsys):
     """A filter that leaves no class: the report is still written with what needs no token
     groups (snapping, attention entropy, the theory's fit), and names the threshold to relax."""

@@ -42,7 +42,10 @@ def select_steps(available: Iterable[int], steps: Steps = None) -> list[int]:
         raise ValueError(f"steps must be 'all', 'log:N', an int or a list, got {steps!r}")
     if isinstance(steps, int):
         if steps < 1:
-            raise ValueError(f"every k-th checkpoint needs k >= 1, got {steps}")
+            raise ValueError(
+                f"every k-th checkpoint needs k >= 1, got {steps}; for the checkpoint at step"
+                f" {steps} give a list ([{steps}], or '{steps},' on the command line)"
+            )
         if steps >= len(available) > 1:
             raise ValueError(
                 f"every {steps}-th checkpoint leaves only the first of {len(available)}; for"

@@ -494,7 +494,7 @@ StepStack.__hash__ = object.__hash__
 
 
 def _short(file: Path, header: dict, start: int) -> str:
-    """"truncated (N of M bytes; a partial copy?)" where `file` ends before its header's last
+    """ "truncated (N of M bytes; a partial copy?)" where `file` ends before its header's last
     tensor does, else ""."""
     ends = [info["data_offsets"][1] for info in header.values() if isinstance(info, dict)
             and isinstance(info.get("data_offsets"), list)]  # fmt: skip
