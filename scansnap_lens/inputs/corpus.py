@@ -96,7 +96,8 @@ class Corpus:
             if len(indexed) != len(paths):
                 raise ValueError("give indexed datasets (.bin/.idx) on their own")
             prefixes = list(dict.fromkeys(p.with_suffix("") for p in indexed))  # a.bin, a.idx
-            return cls("indexed", prefixes, vocab_size=vocab_size)
+            size, name = _named_tokenizer(tokenizer, vocab_size, 0)
+            return cls("indexed", prefixes, vocab_size=size or None, tokenizer_name=name)
         files = [p for p in paths if str(p).endswith(TOKEN_SUFFIXES)]
         if files and len(files) != len(paths):
             raise ValueError("give either text files or token files, not both")
@@ -105,7 +106,8 @@ class Corpus:
 
             rows = [r.numpy() for f in files for r in read_tokens(f)]
             top = max((int(r.max()) for r in rows if r.size), default=-1)
-            return cls("tokens", files, vocab_size=vocab_size or top + 1, rows=rows)
+            size, name = _named_tokenizer(tokenizer, vocab_size, top + 1)
+            return cls("tokens", files, vocab_size=size, rows=rows, tokenizer_name=name)
         from scansnap_lens.inputs.text import read_documents, word_level_tokenizer
         from scansnap_lens.inputs.tokens import encode
 
@@ -175,6 +177,16 @@ def _read_indexed(prefix: str, start: int, stop: int):
     from scansnap_lens.inputs.indexed import IndexedTokens
 
     return IndexedTokens(prefix).batches(start, stop)
+
+
+def _named_tokenizer(tokenizer, vocab_size: int | None, ids: int) -> tuple[int, str | None]:
+    """Token ids need no tokenizer to be counted; one given names the statistics' tokenizer
+    (for decoding in reports) and sets the vocabulary size where none was given: (the size,
+    at least `ids`, and the tokenizer's name or None)."""
+    if tokenizer is None:
+        return vocab_size or ids, None
+    size = codec(load_tokenizer(tokenizer)).vocab_size  # a bad file is named here
+    return vocab_size or max(size, ids), str(tokenizer)
 
 
 def _read_dataset(spec: str, split: str, column: str, text_column, tokenizer, num_shards: int,

@@ -138,7 +138,19 @@ def load_tokenizer(spec: str | Path):
     if path.is_file():
         from tokenizers import Tokenizer
 
-        return Tokenizer.from_file(str(path))
+        try:
+            return Tokenizer.from_file(str(path))
+        except Exception as err:  # tokenizers raises its own Exception type for any bad file
+            hint = (
+                "; for a Hugging Face tokenizer folder give the folder"
+                if path.name == "tokenizer_config.json"
+                else ""
+            )
+            raise ValueError(
+                f"{path} is not a tokenizer.json file of the tokenizers library ({err}){hint}:"
+                " give a tokenizer.json (tokenizer.save, scansnap stats writes one), a"
+                " tokenizer folder or a Hugging Face tokenizer name (--tokenizer)"
+            ) from None
     if not path.is_dir() and _names_a_file(str(spec)):  # asking the hub would only wait
         raise FileNotFoundError(f"tokenizer file {spec} does not exist")
     from transformers import AutoTokenizer

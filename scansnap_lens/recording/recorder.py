@@ -112,6 +112,8 @@ class Recorder:
                             ("max_run_bytes", max_run_bytes)):  # fmt: skip
             if not value > 0:
                 raise ValueError(f"{name} must be positive, got {value}")
+        for name, values in (("layers", layers), ("heads", heads)):
+            _check_indices(name, values)
         if isinstance(queries, str) and queries != "all":
             raise ValueError(f"queries must be None, 'all', a share, or token ids, not {queries!r}")
         self.max_checkpoint_bytes = int(max_checkpoint_bytes)
@@ -374,6 +376,7 @@ class Recorder:
         for checkpoint in tqdm(todo, desc="checkpoints", unit="ckpt", disable=not self.progress):
             try:
                 model = checkpoint.load()
+                self._check_architecture(checkpoint, model)
             except CheckpointError as err:
                 if on_error == "raise":
                     raise
@@ -386,6 +389,20 @@ class Recorder:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
 
+    def _check_architecture(self, checkpoint, model) -> None:
+        """CheckpointError naming the checkpoint where it lacks a layer or head the recording
+        watches (a run whose architecture changed): skipped under on_error="skip"."""
+        if self.layers is None or self.heads is None:
+            return  # the first model decides
+        n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+        if max(self.layers) >= n_layers or max(self.heads) >= n_heads:
+            raise CheckpointError(
+                f"{checkpoint.source}: checkpoint {checkpoint.step} has {n_layers} layers of"
+                f" {n_heads} heads, but the recording watches layers {self.layers} and heads"
+                f" {self.heads} (as its first checkpoint had them): another architecture"
+                " (--on-error skip passes it over)"
+            )
+
     def _end(self) -> None:
         if self._skips:  # none could be read, so no writer took them
             raise CheckpointError(
@@ -395,6 +412,18 @@ class Recorder:
 
     def trajectory(self) -> Trajectory:
         return Trajectory.load(self.out)
+
+
+def _check_indices(name: str, values) -> None:
+    """ValueError naming `values` unless they are distinct non-negative integers (or None)."""
+    if values is None:
+        return
+    values = list(values)
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values):
+        raise ValueError(f"{name} must be non-negative integers, got {values} (--{name})")
+    if len(set(values)) < len(values):
+        twice = sorted({v for v in values if values.count(v) > 1})
+        raise ValueError(f"{name} {values} name {twice} more than once: give each once (--{name})")
 
 
 def recordable(model: HookedModel | torch.nn.Module) -> HookedModel:

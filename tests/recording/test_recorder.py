@@ -9,7 +9,7 @@ from _runs import V, train_run
 
 from scansnap_lens.lab.synthetic import syn_small
 from scansnap_lens.models import checkpoints
-from scansnap_lens.models.checkpoints import in_memory
+from scansnap_lens.models.checkpoints import CheckpointError, in_memory
 from scansnap_lens.models.training import attention_only_model
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder, record_trajectory
@@ -289,3 +289,25 @@ def test_a_sampled_plan_records_what_the_whole_plan_records_on_its_slots(tmp_pat
     torch.testing.assert_close(a.c_hat[:], b.c_hat[..., triple])
     torch.testing.assert_close(a.entropy[:], b.entropy[..., cls])
     torch.testing.assert_close(a.query_entropy[:], b.query_entropy[:])
+
+
+def test_layers_or_heads_named_twice_are_refused_before_anything_is_written(tmp_path):
+    tokens = _zipf_tokens()
+    for name, values in (("layers", [0, 0]), ("heads", [1, 1])):
+        with pytest.raises(ValueError, match=rf"{name} \[\d, \d\] name \[\d\] more than once"):
+            Recorder(tmp_path / name, tokens, **{name: values})
+        assert not (tmp_path / name).exists()
+
+
+def test_a_checkpoint_of_another_architecture_is_named_and_can_be_skipped(tmp_path):
+    """A run whose architecture changes at one checkpoint: that checkpoint is named (the user
+    passed no --layers), and on_error="skip" passes it over."""
+    tokens = _zipf_tokens()
+    models = {0: attention_only_model(SMALL_V, d_model=16, n_layers=2, seed=0),
+              5: attention_only_model(SMALL_V, d_model=16, n_layers=1, seed=1),
+              9: attention_only_model(SMALL_V, d_model=16, n_layers=2, seed=2)}  # fmt: skip
+    with pytest.raises(CheckpointError, match="checkpoint 5 has 1 layers .* another"):
+        record_trajectory(in_memory(models), tokens, tmp_path / "a", progress=False)
+    traj = record_trajectory(in_memory(models), tokens, tmp_path / "b", progress=False,
+                             on_error="skip")  # fmt: skip
+    assert traj.steps.tolist() == [0, 9] and [s["step"] for s in traj.skipped] == [5]
