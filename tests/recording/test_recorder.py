@@ -306,7 +306,7 @@ def test_a_checkpoint_of_another_architecture_is_named_and_can_be_skipped(tmp_pa
     models = {0: attention_only_model(SMALL_V, d_model=16, n_layers=2, seed=0),
               5: attention_only_model(SMALL_V, d_model=16, n_layers=1, seed=1),
               9: attention_only_model(SMALL_V, d_model=16, n_layers=2, seed=2)}  # fmt: skip
-    with pytest.raises(CheckpointError, match="checkpoint 5 has 1 layers .* another"):
+    with pytest.raises(CheckpointError, match=r"checkpoint 5 has 1 layers .* another"):
         record_trajectory(in_memory(models), tokens, tmp_path / "a", progress=False)
     traj = record_trajectory(in_memory(models), tokens, tmp_path / "b", progress=False,
                              on_error="skip")  # fmt: skip
