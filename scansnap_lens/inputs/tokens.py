@@ -16,6 +16,7 @@ torch.Size([3, 4])
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +87,13 @@ def read_tokens(path: str | Path) -> Tensor:
             tensors = {"tokens": torch.from_numpy(array)}
         else:
             tensors = {"tokens": torch.load(path, map_location="cpu", weights_only=True)}
-    except Exception as err:  # corrupt, truncated, or pickled objects (never unpickled)
+    except pickle.UnpicklingError:
+        raise ValueError(
+            f"{path} holds pickled Python objects beyond a tensor of ids, which are not loaded"
+            " (unpickling runs the file's code): save the ids with save_tokens (safetensors)"
+            " or numpy.save"
+        ) from None
+    except Exception as err:  # corrupt or truncated
         raise ValueError(f"{path} is not a readable token file ({err})") from None
     if "tokens" in tensors:
         tokens = tensors["tokens"]

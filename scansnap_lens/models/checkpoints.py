@@ -18,6 +18,7 @@ k-th, "log:N" or a list), the same that training saves checkpoints with.
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -156,9 +157,15 @@ def _config_fields(config) -> dict:
 
 
 def _nanogpt_step(file: Path) -> int | None:
-    """`iter_num` of a nanoGPT checkpoint dict, or None when the file is something else."""
+    """`iter_num` of a nanoGPT checkpoint dict, or None when the file is something else.
+    CheckpointError where a file named like nanoGPT's (``ckpt.pt``) holds pickled objects
+    beyond tensors: it is refused by name, not passed over in silence."""
     try:
         obj = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:
+        if file.name.startswith("ckpt"):
+            raise CheckpointError(formats.pickle_refusal(file)) from None
+        return None
     except Exception:  # not a plain-tensor torch file: not a nanoGPT dict we can peek into
         return None
     if formats.is_nanogpt(obj) and "iter_num" in obj:

@@ -47,7 +47,6 @@ __all__ = [
 ]
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
-TRUST_HINT = "trust_pickle=True, --trust-pickle"
 
 
 class CheckpointError(RuntimeError):
@@ -55,6 +54,15 @@ class CheckpointError(RuntimeError):
 
 
 # ------------------------------------------------------------------ files
+def pickle_refusal(path: str | Path) -> str:
+    """What a pickled file's refusal says: what was refused and why, and the safe way."""
+    return (
+        f"{path}: holds pickled Python objects beyond tensors, which are not loaded (unpickling"
+        " runs the file's code); save the model's state_dict as safetensors"
+        " (safetensors.torch.save_file) or as a dict of plain tensors"
+    )
+
+
 def load_file_object(path: str | Path, trust_pickle: bool = False) -> Any:
     """The object in a weights file: a dict of tensors (safetensors, or torch with
     ``weights_only=True``), or anything at all when `trust_pickle`."""
@@ -70,12 +78,8 @@ def load_file_object(path: str | Path, trust_pickle: bool = False) -> Any:
             ) from None
     try:
         return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
-    except pickle.UnpicklingError as err:
-        raise CheckpointError(
-            f"{path}: carries a pickled payload beyond plain tensors, refused"
-            f" (pass {TRUST_HINT} only for files you trust)"
-            f" [{str(err).splitlines()[0]}]"
-        ) from None
+    except pickle.UnpicklingError:
+        raise CheckpointError(pickle_refusal(path)) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
         raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({err})") from None
     except (AttributeError, ModuleNotFoundError) as err:  # a trusted pickle of a missing class
