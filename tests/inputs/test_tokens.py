@@ -28,7 +28,7 @@ class Payload:
 def test_bad_token_files_are_refused(tmp_path):
     # a pickled object is never unpickled (weights_only=True)
     torch.save(Payload(), tmp_path / "object.pt")
-    with pytest.raises(ValueError, match="pickled Python objects.*not loaded") as refused:
+    with pytest.raises(ValueError, match=r"pickled Python objects.*not loaded") as refused:
         read_tokens(tmp_path / "object.pt")
     assert "weights_only" not in str(refused.value)  # what was refused, no advice to allow it
     np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)

@@ -261,7 +261,7 @@ def test_pickled_models_need_trust_and_then_work(tmp_path):
     evil = tmp_path / "evil"
     evil.mkdir()
     torch.save({"model": Payload(marker)}, evil / "model_1.pt")
-    with pytest.raises(CheckpointError, match="pickled Python objects.*not loaded") as refused:
+    with pytest.raises(CheckpointError, match=r"pickled Python objects.*not loaded") as refused:
         checkpoints.folder(evil).checkpoints[0].load()
     assert "weights_only=False" not in str(refused.value)  # no advice to turn it off
     assert not marker.exists()  # refused before anything ran
