@@ -86,3 +86,11 @@ def test_pythia_labels_through_the_bridge(fake_hub, tmp_path):
         2000, last.zbar[0], last.c_hat[0], last.entropy[0], last.query_entropy[0]
     )
     assert_matches(rec, plan, ref, range(2), range(4))
+
+
+def test_a_nanogpt_checkpoint_that_weights_only_refuses_is_named(tmp_path):
+    """A ckpt.pt holding pickled objects beyond tensors is refused by name (was: passed over,
+    then "no checkpoint files in ...")."""
+    torch.save({"model": {}, "iter_num": 5, "config": object()}, tmp_path / "ckpt.pt")
+    with pytest.raises(CheckpointError, match=r"ckpt\.pt: holds pickled Python objects"):
+        checkpoints.folder(tmp_path)
