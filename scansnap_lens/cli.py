@@ -100,6 +100,9 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ record
+SEQ_LEN = 64  # the rows record --text cuts, by default
+
+
 def _eval_tokens(args: argparse.Namespace):
     from scansnap_lens.inputs.text import text_rows
     from scansnap_lens.inputs.tokens import load_tokenizer, read_tokens
@@ -107,13 +110,19 @@ def _eval_tokens(args: argparse.Namespace):
     if bool(args.tokens) == bool(args.text):
         raise ValueError("give the evaluation tokens with either --tokens FILE or --text FILE")
     if args.tokens:
+        if args.seq_len is not None:
+            raise ValueError(
+                "--seq-len sets the row length of --text; a token file holds its rows already"
+                " (cut them when you write it: scansnap tokens --seq-len)"
+            )
         tokens = read_tokens(args.tokens)
         return tokens[: args.max_rows] if args.max_rows else tokens
     spec = args.tokenizer or args.model
     if not spec:
         raise ValueError("--text needs --tokenizer (a tokenizer.json or a hub name)")
     tokenizer = load_tokenizer(spec)
-    return text_rows(args.text, tokenizer, args.seq_len, args.documents, args.max_rows)
+    seq_len = SEQ_LEN if args.seq_len is None else args.seq_len
+    return text_rows(args.text, tokenizer, seq_len, args.documents, args.max_rows)
 
 
 # ------------------------------------------------------------------ tokens
@@ -476,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
         " paragraph (blank lines; default), wikitext (articles), line, or document (the file)",
     )  # fmt: skip
     record.add_argument(
-        "--seq-len", type=_count(2, 1 << 20), default=64, help="row length for --text"
+        "--seq-len", type=_count(2, 1 << 20), help=f"row length for --text (default {SEQ_LEN})"
     )
     record.add_argument("--max-rows", type=_count(1), help="use only the first rows")
     record.add_argument("--out", type=Path, required=True, help="trajectory folder")

@@ -200,6 +200,11 @@ def _negative_step(root, tmp):
     return _record_args(root, tmp, checkpoints=tmp / "neg")
 
 
+def _not_a_tokenizer(root, tmp):
+    return ["tokens", str(root / "eval.safetensors"), "--tokenizer", str(root / "eval.safetensors"),
+            "--out", str(tmp / "t.safetensors")]  # fmt: skip
+
+
 def _missing_tokenizer_file(root, tmp):
     (tmp / "eval.txt").write_text("a b c d e f g h\n")
     args = ["record", "--checkpoints", str(root / "ckpt"), "--text", str(tmp / "eval.txt")]
@@ -224,6 +229,13 @@ BAD_INPUTS = [  # (what is wrong, the arguments (made from the run and a scratch
     ("unreadable tokens", _garbage_tokens, "not a readable token file"),
     ("a step not saved", lambda r, t: _record_args(r, t, "--steps", "0,15"),
      "steps [15] are not available"),
+    ("--seq-len with a token file", lambda r, t: _record_args(r, t, "--seq-len", "16"),
+     "--seq-len sets the row length of --text"),
+    ("--steps 0", lambda r, t: _record_args(r, t, "--steps", "0"),
+     "for the checkpoint at step 0 give a list"),
+    ("a file that is not a tokenizer", _not_a_tokenizer, "is not a tokenizer.json file"),
+    ("layers named twice", lambda r, t: _record_args(r, t, "--layers", "0,0"),
+     "name [0] more than once"),
     ("empty text", _empty_text, "holds no text"),
     ("statistics of another vocabulary", _stats_of_another_vocabulary, "vocabulary mismatch"),
     ("no trajectory", lambda r, t: ["report", str(t / "nothing"), "--stats", str(t / "s")],

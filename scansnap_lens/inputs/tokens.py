@@ -56,6 +56,14 @@ TOKEN_SUFFIXES = (".safetensors", ".npy", ".pt", ".pth")
 
 def save_tokens(path: str | Path, tokens: Tensor) -> Path:
     """Write token ids [N, T] as a safetensors file (tensor ``tokens``)."""
+    if not isinstance(path, str | Path):
+        raise TypeError(
+            f"save_tokens(path, tokens): path must be a file name, got {type(path).__name__}"
+            " (the arguments swapped?)"
+        )
+    tokens = torch.as_tensor(tokens)
+    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise ValueError(f"tokens must be integer ids, got {tokens.dtype} values")
     path = Path(path)
     make_folder(path.parent)
     return write_tensors(path, {"tokens": torch.as_tensor(tokens).long()}, {"format": "tokens"})

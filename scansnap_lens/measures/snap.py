@@ -59,6 +59,16 @@ def snap_step(
     >>> snap_step(steps, torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))[2]
     ['not yet snapped']
     """
+    steps, moves = torch.as_tensor(steps), torch.as_tensor(moves)
+    if steps.ndim != 1 or steps.numel() < 2:
+        raise ValueError(
+            f"steps must be [S] with S >= 2 checkpoints, got shape {tuple(steps.shape)}"
+        )
+    if moves.ndim < 1 or moves.shape[-1] != steps.numel() - 1:
+        raise ValueError(
+            f"moves must be [..., S - 1] = [..., {steps.numel() - 1}] (one per interval between"
+            f" the {steps.numel()} steps), got shape {tuple(moves.shape)}"
+        )
     t = steps.double()
     rate = moves.double() / torch.diff(t).clamp_min(1e-300)
     # Each interval's mean rate is placed at the logarithmic mean of its ends (in 1 + t): for a

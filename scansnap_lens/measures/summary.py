@@ -16,6 +16,17 @@ from scansnap_lens.statistics.groups import TokenGroups
 __all__ = ["measure_all", "summarize"]
 
 
+def _check_inputs(traj, groups) -> None:
+    """TypeError naming the argument where it is not what the measurements take."""
+    if not isinstance(traj, Trajectory):
+        raise TypeError(f"traj must be a Trajectory (Trajectory.load), got {type(traj).__name__}")
+    if groups is not None and not isinstance(groups, TokenGroups):
+        raise TypeError(
+            "groups must be TokenGroups (TokenGroups.from_statistics(stats)) or None, got"
+            f" {type(groups).__name__}"
+        )
+
+
 def measure_all(
     traj: Trajectory,
     groups: TokenGroups | None = None,
@@ -34,6 +45,7 @@ def measure_all(
     loss_positions: see `catalog.MeasureInputs`.  Nothing raises because one measurement cannot be
     made: `summarize` and `report.write_report` share these results.
     """
+    _check_inputs(traj, groups)
     inputs = MeasureInputs(traj, groups, source, training, loss_positions)
     if groups_reason:
         inputs.groups_reason = groups_reason
@@ -67,6 +79,7 @@ def summarize(
     measured here.  source, training: see `catalog.MeasureInputs` (without `source` there is no
     `theory_fit`).
     """
+    _check_inputs(traj, groups)
     if results is None:
         results, _ = measure_all(traj, groups, source=source, training=training)
     out = pd.MultiIndex.from_product([traj.layers, traj.heads], names=["layer", "head"])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -214,7 +215,12 @@ def trainer_step(path: Path) -> int | None:
         return None
     try:
         return int(json.loads(state.read_text())["global_step"])
-    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
+    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as err:
+        warnings.warn(
+            f"{state} is not readable ({type(err).__name__}: {err}): the step is taken from"
+            " the folder's name, unchecked",
+            stacklevel=2,
+        )
         return None
 
 

@@ -613,9 +613,13 @@ def _rows(tokens) -> list:
     if isinstance(tokens, Tensor):
         if tokens.ndim != 2:
             raise ValueError(f"evaluation tokens must be [batch, seq], got {tuple(tokens.shape)}")
+        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise ValueError(f"evaluation tokens must be integer ids, got {tokens.dtype} values")
         return list(tokens)
     rows = []
     for batch in tokens:
         batch = torch.as_tensor(batch)
+        if batch.dtype.is_floating_point or batch.dtype == torch.bool:
+            raise ValueError(f"evaluation tokens must be integer ids, got {batch.dtype} values")
         rows.extend(batch if batch.ndim == 2 else [batch])
     return rows

@@ -510,6 +510,16 @@ def cooccurrence(
     """
     if window is not None and window < 1:
         raise ValueError(f"window W must be >= 1 (or None for the whole row), got {window}")
+    if vocab_size is not None and (
+        isinstance(vocab_size, bool)
+        or not isinstance(vocab_size, int | np.integer)
+        or vocab_size < 1
+    ):
+        raise ValueError(f"vocab_size must be a positive integer (or None), got {vocab_size!r}")
+    if isinstance(tokens, Tensor | np.ndarray) and (
+        tokens.dtype.is_floating_point if isinstance(tokens, Tensor) else tokens.dtype.kind == "f"
+    ):
+        raise ValueError(f"tokens must be integer ids, got {tokens.dtype} values")
     num_proc = num_proc or numba.config.NUMBA_NUM_THREADS
     if isinstance(tokens, Tensor) and tokens.ndim == 2:
         need = 3 + int(exclude_bos)

@@ -13,7 +13,7 @@ import transformers
 from _nanogpt import GPT
 from _reference import assert_matches, brute_force
 
-from scansnap_lens.models import checkpoints
+from scansnap_lens.models import checkpoints, formats
 from scansnap_lens.models.backend import default_backend, make_config
 from scansnap_lens.models.checkpoints import CheckpointError
 from scansnap_lens.models.training import attention_only_model, initial_weights
@@ -357,3 +357,9 @@ def test_trainer_folders_with_pytorch_model_bin_load_weights_only(tmp_path):
     with pytest.raises(CheckpointError, match="cannot load the Hugging Face model"):
         checkpoints.folder(folder).checkpoints[0].load()
     assert not marker.exists()  # loaded with weights_only: the payload never ran
+
+
+def test_a_corrupt_trainer_state_is_said_not_ignored(tmp_path):
+    (tmp_path / "trainer_state.json").write_text('{"global_step": ')
+    with pytest.warns(UserWarning, match=r"trainer_state\.json is not readable.*unchecked"):
+        assert formats.trainer_step(tmp_path) is None

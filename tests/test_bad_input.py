@@ -1,0 +1,41 @@
+"""Library calls refuse bad arguments at the door, naming the argument, instead of failing in
+numpy, torch or pathlib internals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import scansnap_lens as ss
+from scansnap_lens.lab.calibration import Scenario, crossed_run
+
+
+@pytest.fixture(scope="module")
+def traj():
+    return crossed_run(Scenario(queries=3), heads=1)[0]
+
+
+ROWS = torch.tensor([[1, 2, 3, 4], [2, 3, 1, 4]])
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda t: ss.cooccurrence(ROWS, -1), ValueError, "vocab_size must be a positive"),
+        (lambda t: ss.cooccurrence(ROWS.float(), 5), ValueError, "integer ids"),
+        (lambda t: ss.measures.snap_step(torch.tensor([0, 1, 2]), torch.ones(5)), ValueError,
+         r"moves must be \[\.\.\., S - 1\]"),
+        (lambda t: ss.measures.snap_step(torch.tensor([]), torch.ones(0)), ValueError,
+         "S >= 2"),
+        (lambda t: ss.TokenGroups.from_statistics(None), TypeError, "needs CooccurrenceStats"),
+        (lambda t: ss.summarize(t, "groups"), TypeError, "groups must be TokenGroups"),
+        (lambda t: ss.summarize("traj"), TypeError, "traj must be a Trajectory"),
+        (lambda t: ss.save_tokens(ROWS, "out.safetensors"), TypeError, "arguments swapped"),
+        (lambda t: ss.plan_recording(ROWS.float(), 5), ValueError, "integer ids"),
+    ],
+    ids=["negative-vocab", "float-tokens", "snap-mismatch", "snap-empty", "groups-none",
+         "groups-str", "traj-str", "save-swapped", "plan-floats"],
+)  # fmt: skip
+def test_bad_arguments_are_refused_at_the_door(traj, call, error, match):
+    with pytest.raises(error, match=match):
+        call(traj)
