@@ -101,6 +101,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ record
 SEQ_LEN = 64  # the rows record --text cuts, by default
+MAX_ROWS = 64  # and how many: rows x checkpoints drive a recording's time
 
 
 def _eval_tokens(args: argparse.Namespace):
@@ -122,7 +123,8 @@ def _eval_tokens(args: argparse.Namespace):
         raise ValueError("--text needs --tokenizer (a tokenizer.json or a hub name)")
     tokenizer = load_tokenizer(spec)
     seq_len = SEQ_LEN if args.seq_len is None else args.seq_len
-    return text_rows(args.text, tokenizer, seq_len, args.documents, args.max_rows)
+    rows = MAX_ROWS if args.max_rows is None else args.max_rows
+    return text_rows(args.text, tokenizer, seq_len, args.documents, rows)
 
 
 # ------------------------------------------------------------------ tokens
@@ -487,7 +489,11 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument(
         "--seq-len", type=_count(2, 1 << 20), help=f"row length for --text (default {SEQ_LEN})"
     )
-    record.add_argument("--max-rows", type=_count(1), help="use only the first rows")
+    record.add_argument(
+        "--max-rows", type=_count(1),
+        help=f"use only the first rows (default: {MAX_ROWS} of --text, every row of --tokens);"
+        " rows x checkpoints drive the recording's time, which it estimates after one batch",
+    )  # fmt: skip
     record.add_argument("--out", type=Path, required=True, help="trajectory folder")
     record.add_argument(
         "--queries",

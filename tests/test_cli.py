@@ -326,7 +326,7 @@ def _trainer_step_mismatch(root, tmp):
 
 
 CHECKPOINT_ERRORS = [  # (folder maker, extra flags, what the message must say)
-    (_pickled_model_folder, [], "--trust-pickle"),
+    (_pickled_model_folder, [], "holds pickled Python objects beyond tensors, which are not"),
     (_weights_without_config, [], "config.json beside the checkpoints"),
     (_trainer_step_mismatch, [], "says step 3, its trainer_state.json says 2"),
 ]

@@ -12,6 +12,7 @@
 from scansnap_lens._lazy import exports
 
 _NAMES = {
+    "duration": "budget",
     "CLASSES_PER_QUERY": "plan",
     "COMMON_PER_QUERY": "plan",
     "BYTES_PER_VALUE": "budget",

@@ -7,11 +7,13 @@ share per checkpoint); a run over the run budget is refused before anything is w
 
 >>> size_text(CHECKPOINT_BUDGET), size_text(RUN_BUDGET), size_text(760_123_456)
 ('64 MB', '2 GB', '760 MB')
+>>> duration(0.42), duration(95), duration(3 * 3600 + 1200)
+('0.42 s', '1.6 min', '3.3 h')
 """
 
 from __future__ import annotations
 
-__all__ = ["BYTES_PER_VALUE", "CHECKPOINT_BUDGET", "RUN_BUDGET", "size_text"]
+__all__ = ["BYTES_PER_VALUE", "CHECKPOINT_BUDGET", "RUN_BUDGET", "duration", "size_text"]
 
 CHECKPOINT_BUDGET = 64 * 10**6  # bytes of one checkpoint's file, by default
 RUN_BUDGET = 2 * 10**9  # bytes of a whole recording, by default
@@ -25,3 +27,12 @@ def size_text(num_bytes: float) -> str:
             return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.3g} {unit}"
         num_bytes /= 1000
     return f"{num_bytes:.3g} TB"
+
+
+def duration(seconds: float) -> str:
+    """Seconds as a person reads them: '12 s', '4.5 min', '3.3 h'."""
+    if seconds < 60:
+        return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.2g} min"
+    return f"{seconds / 3600:.2g} h"

@@ -21,6 +21,7 @@ HookedTransformer and the dtype's minimum on TransformerBridge.  Where a bridge 
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -469,12 +470,14 @@ def record_checkpoint(
     device: str | torch.device | None = None,
     progress: bool = True,
     prompt: Tensor | None = None,
+    on_batch=None,
 ) -> CheckpointRecord:
     """Run the evaluation tokens through `model` and aggregate its attention per `plan`.
 
     tokens: [N, T] ids (or an iterable of [B, T] batches) -- the tokens the plan was built on.
     layers, heads: what to watch (default: all).  Returns means as float32.
     prompt: [T'] ids of an example whose full attention weights are kept as well.
+    on_batch: called after each batch with (batches done, batches in all or None, seconds).
     """
     vocab = model_vocab_size(model)
     if plan.vocab_size != vocab:
@@ -499,20 +502,26 @@ def record_checkpoint(
     model.eval()
     fingerprint = 0
     total = math.ceil(tokens.shape[0] / batch_size) if isinstance(tokens, Tensor) else None
+    start = time.perf_counter()
     try:
-        for x in tqdm(
-            _batches(tokens, batch_size),
-            total=total,
-            desc=f"record step {step}",
-            unit="batch",
-            disable=not progress,
-            leave=False,
+        for done, x in enumerate(
+            tqdm(
+                _batches(tokens, batch_size),
+                total=total,
+                desc=f"record step {step}",
+                unit="batch",
+                disable=not progress,
+                leave=False,
+            ),
+            1,
         ):
             check_tokens(x, vocab)
             fingerprint = (fingerprint + _fingerprint(list(x.cpu().numpy().astype(np.int64)))) & (
                 (1 << 64) - 1
             )
             aggregator.run(x.to(device))
+            if on_batch is not None:
+                on_batch(done, total, time.perf_counter() - start)
     finally:
         model.train(was_training)
     if fingerprint != plan.fingerprint:

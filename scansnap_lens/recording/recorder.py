@@ -25,6 +25,7 @@ from scansnap_lens.recording.budget import (
     BYTES_PER_VALUE,
     CHECKPOINT_BUDGET,
     RUN_BUDGET,
+    duration,
     size_text,
 )
 from scansnap_lens.recording.hooks import CheckpointRecord, record_checkpoint, watched
@@ -121,6 +122,7 @@ class Recorder:
         self.stats = stats
         self._expected: int | None = None  # checkpoints of the run, where `record` knows them
         self._said: tuple[int | None] | None = None  # (run size) the plan's line was said for
+        self._estimated = False  # the run's cost said, after its first batch
         if self.out.exists() and not self.out.is_dir():
             raise ValueError(f"{self.out} is a file, not a folder for the trajectory")
         check_writable(self.out)  # before any checkpoint is loaded
@@ -278,6 +280,28 @@ class Recorder:
                 " --heads), select fewer checkpoints (steps=, --steps), or raise the budget"
             )
 
+    def _estimate(self, done: int, total: int | None, seconds: float) -> None:
+        """After the first batch of the run: what the whole run will cost, before it goes on."""
+        if done != 1 or total is None:
+            return
+        self._estimated = True
+        rows, length = int(self.tokens.shape[0]), int(self.tokens.shape[1])
+        per_checkpoint = seconds * total
+        left = (self._expected or 0) - len(self.done)
+        heads = len(self.layers) * len(self.heads)
+        disk = self.plan.checkpoint_bytes(1, heads, self._prompt_length)
+        run = (
+            f", {duration(per_checkpoint * left)} and {size_text(disk * left)} for the {left}"
+            " checkpoints to record"
+            if left > 0 else ""
+        )  # fmt: skip
+        tqdm.write(
+            f"estimate: {rows} rows of {length} tokens, {total} batches per checkpoint; the"
+            f" first took {duration(seconds)}: about {duration(per_checkpoint)} per checkpoint"
+            f"{run} (loading aside).  Rows and checkpoints drive the cost: fewer with"
+            " --max-rows and --steps (fewer evaluation rows, steps=)."
+        )
+
     def close(self) -> None:
         """Release the folder's recording lock (a later call records and takes it again)."""
         self.lock.release()
@@ -337,6 +361,7 @@ class Recorder:
             device=self.device,
             progress=self.progress,
             prompt=self.prompt,
+            on_batch=None if self._estimated or not self.progress else self._estimate,
         )
         writer.write(record)
         return record
