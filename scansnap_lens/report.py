@@ -242,6 +242,7 @@ def write_report(
     payload = {
         "title": title,
         "settings": settings,
+        "theory_limits": measures.theory_limits(traj, training),
         "steps": traj.steps.tolist(),
         "step_unit": traj.step_unit,
         "layers": traj.layers,
@@ -253,7 +254,8 @@ def write_report(
         "files": {k: str(v.relative_to(out)) for k, v in folder.files.items()},
     }
     write_text(folder.files["summary_json"], json.dumps(payload, indent=1))
-    body = _page(traj, groups, title, summary, ranking, results, folder, view_html, settings)
+    body = _page(traj, groups, title, summary, ranking, results, folder, view_html, settings,
+                 training)  # fmt: skip
     write_text(folder.files["report"], body)
     return Report(folder.files["report"], summary, folder.files, folder.not_measured)
 
@@ -374,7 +376,16 @@ def _views(traj, groups, folder: _Folder, layer: int, head: int, strings) -> str
 
 
 def _page(
-    traj, groups, title, summary, ranking, results, folder: _Folder, view_html, settings
+    traj,
+    groups,
+    title,
+    summary,
+    ranking,
+    results,
+    folder: _Folder,
+    view_html,
+    settings,
+    training=None,
 ) -> str:
     from scansnap_lens.viz import views as cv
 
@@ -405,8 +416,9 @@ def _page(
             " theory's fit and the attention entropy; the figure <i>heads</i> maps them.</p>",
             table_html(with_intervals(table, shown)),
         ]
-    if {"growth_bounds", "theory_fit"} & set(results):
-        body.append(_theory_section(summary, results))
+    limits = measures.theory_limits(traj, training)
+    if {"growth_bounds", "theory_fit"} & set(results) or limits:
+        body.append(_theory_section(summary, results, limits))
     body += ["<h2>How to read it</h2>", how_to_read(), "<h2>Figures</h2>", *folder.figures]
     if view_html:
         body += ["<h2>circuitsvis views</h2>", view_html]
@@ -429,8 +441,9 @@ def _spread(values: pd.Series) -> str:
     )
 
 
-def _theory_section(summary: pd.DataFrame, checks: dict) -> str:
-    """The theory against the measurement, per head, with the numbers said in words."""
+def _theory_section(summary: pd.DataFrame, checks: dict, limits: list[str]) -> str:
+    """The theory against the measurement, per head, with the numbers said in words, and
+    what the theory can and cannot say of this training (`rates.theory_limits`)."""
     table = summary[[c for c in THEORY_COLUMNS if c in summary]]
     said = []
     if "growth_bounds" in checks:
@@ -453,7 +466,7 @@ def _theory_section(summary: pd.DataFrame, checks: dict) -> str:
                 f" {number(summary['rank_agreement'].median())}, logit-change correlation"
                 f" {number(summary['dz_corr'].median())} (medians over heads)."
             )
-    text = "".join(f"<p>{html.escape(x)}</p>" for x in said)
+    text = "".join(f"<p>{html.escape(x)}</p>" for x in [*limits, *said])
     return "<h2>Theory against measurement</h2>" + text + table_html(table)
 
 

@@ -89,6 +89,7 @@ _NAMES = {
     "summarize": "summary",
     "theory_fit": "fit",
     "theory_of": "rates",
+    "theory_limits": "rates",
     "training_of": "rates",
 }
 _MODULES = {

@@ -14,7 +14,14 @@ from scansnap_lens.models.training import Rates
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.theory.transition import PhaseTransition
 
-__all__ = ["effective_rate", "known_rates", "predicted_snap", "theory_of", "training_of"]
+__all__ = [
+    "effective_rate",
+    "known_rates",
+    "predicted_snap",
+    "theory_limits",
+    "theory_of",
+    "training_of",
+]
 
 
 def effective_rate(lr: float, optimizer: str = "sgd", momentum: float = 0.0) -> float | None:
@@ -105,3 +112,33 @@ def predicted_snap(traj: Trajectory, training: dict | None = None) -> list[float
     effective rates (`known_rates`); NaN for a head trained with Adam."""
     theories = theory_of(traj, training)
     return None if theories is None else [math.nan if t is None else t.t0 for t in theories]
+
+
+def theory_limits(traj: Trajectory, training: dict | None = None) -> list[str]:
+    """What the theory can and cannot say of this training, in sentences for the report: the
+    theory is gradient flow at constant rates eta_Y, eta_Z from a zero start."""
+    settings = training_of(traj, training) if training is not None or traj.meta else None
+    if not settings:
+        return ["The training's rates are not known: no predicted snap and no population"
+                " dynamics (give them: report --lr-y, --lr-z, --optimizer)."]  # fmt: skip
+    said = []
+    if any(s["optimizer"] == "adam" for s in settings):
+        said.append(
+            "Adam normalises its steps, so no plain-SGD rate corresponds to them: the theory's"
+            " t0 (predicted_snap) is not defined; the population dynamics run with Adam itself"
+            " (population_snap, rank_agreement, dz_corr)."
+        )
+    schedule = traj.meta.get("lr_schedule") if training is None else None
+    rates = [r for _, r in schedule] if isinstance(schedule, list) else []
+    if (rates and max(rates) > 1.05 * min(rates)) or (
+        isinstance(schedule, str) and not schedule.startswith("constant")
+    ):
+        said.append(
+            "The training changed its rate (warmup and decay); the theory and the population"
+            " dynamics take one constant rate, the peak: their times are those of a"
+            " constant-rate run, an order of magnitude to compare with, not this run's steps."
+        )
+    source = str(traj.meta.get("training_from", ""))
+    if "assumed" in source:
+        said.append(f"How it was trained comes from {source}.")
+    return said

@@ -291,10 +291,14 @@ def folder(
 
 
 def _training_meta(path: Path) -> dict:
-    """The rates, optimizer and momentum that `train` wrote beside its checkpoints, if any."""
+    """The rates, optimizer and momentum that `train` wrote beside its checkpoints, or what a
+    Trainer's ``trainer_state.json`` files say (`formats.trainer_training`), if any."""
     file = path / "training.json"
     if not file.is_file():
-        return {}
+        states = [path / "trainer_state.json"] if formats.is_hf_folder(path) else sorted(
+            path.glob("checkpoint-*/trainer_state.json")
+        )  # fmt: skip
+        return formats.trainer_training([s for s in states if s.is_file()])
     try:
         data = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:

@@ -224,6 +224,57 @@ def trainer_step(path: Path) -> int | None:
         return None
 
 
+def trainer_training(states: list[Path]) -> dict:
+    """What the Trainer's ``trainer_state.json`` files (of its checkpoints) say of how the
+    model was trained, as the trajectory's meta takes it: the peak learning rate as ``lr_y``
+    and ``lr_z`` (the Trainer has one rate for all parameters), ``lr_schedule`` ([step, rate]
+    of its log, the warmup and decay), and the optimizer, AdamW (``adam``): the Trainer's
+    default, which the file does not name (``training_from`` says so).  {} where no file has a
+    logged rate."""
+    rates: dict[int, float] = {}
+    for state in states:
+        try:
+            log = json.loads(state.read_text()).get("log_history", [])
+        except (OSError, ValueError, AttributeError):
+            continue  # trainer_step has said so
+        for entry in log if isinstance(log, list) else []:
+            if isinstance(entry, dict) and isinstance(entry.get("learning_rate"), int | float):
+                rates[int(entry.get("step", 0))] = float(entry["learning_rate"])
+    if not rates:
+        return {}
+    steps = sorted(rates)
+    keep = steps[:: max(1, len(steps) // 64)] + steps[-1:]  # the shape of it, not every log
+    peak = max(rates.values())
+    return {
+        "lr_y": peak,
+        "lr_z": peak,
+        "optimizer": "adam",
+        "momentum": 0.0,
+        "lr_schedule": [[s, rates[s]] for s in dict.fromkeys(keep)],
+        "training_from": "trainer_state.json: the peak of its logged learning rate; the"
+        " optimizer assumed AdamW, the Trainer's default (the file does not name it)",
+    }
+
+
+def training_arguments(args) -> dict:
+    """The trajectory's meta from a ``transformers.TrainingArguments`` (what a callback sees):
+    the rate, optimizer (``adam`` for the AdamW family, ``sgd``), schedule and weight decay."""
+    optim = str(getattr(args, "optim", "adamw_torch")).lower().split(".")[-1]
+    optimizer = "sgd" if "sgd" in optim else "adam"
+    lr = float(getattr(args, "learning_rate", 0.0))
+    warmup = getattr(args, "warmup_steps", 0) or getattr(args, "warmup_ratio", 0.0)
+    return {
+        "lr_y": lr,
+        "lr_z": lr,
+        "optimizer": optimizer,
+        "momentum": 0.0,
+        "lr_schedule": f"{getattr(args, 'lr_scheduler_type', 'linear')}".split(".")[-1].lower()
+        + f", warmup {warmup}",
+        "weight_decay": float(getattr(args, "weight_decay", 0.0)),
+        "training_from": f"the Trainer's arguments (optim {optim})",
+    }
+
+
 # ------------------------------------------------------------------ nanoGPT
 def is_nanogpt(obj) -> bool:
     return isinstance(obj, dict) and isinstance(obj.get("model_args"), dict) and "model" in obj

@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Recorder", "record_trajectory", "trainer_callback"]
 
+# the meta a Trainer's trainer_state.json gives (`formats.trainer_training`)
+TRAINER_KEYS = {"lr_y", "lr_z", "optimizer", "momentum", "lr_schedule", "training_from"}
+
 
 class Recorder:
     """Records checkpoints into ``out``; steps already recorded there are skipped.
@@ -195,10 +198,17 @@ class Recorder:
     def _check_same_run(self, meta: dict) -> None:
         """Refuse to add to a folder that holds another run: a value of `meta` it has differs."""
         saved = _read_manifest(self.out)["meta"] if (self.out / "manifest.json").exists() else {}
+        # a Trainer's trainer_state.json grows while it trains: what it said when the
+        # recording began stays (the checkpoint folder, `source`, still tells runs apart)
+        growing = TRAINER_KEYS if str(meta.get("training_from", "")).startswith(
+            "trainer_state.json"
+        ) else set()  # fmt: skip
         differ = {
             k: (saved[k], v)
             for k, v in meta.items()
-            if k in saved and json.loads(json.dumps(saved[k])) != json.loads(json.dumps(v))
+            if k in saved
+            and k not in growing
+            and json.loads(json.dumps(saved[k])) != json.loads(json.dumps(v))
         }
         if differ:
             what = "; ".join(f"{k} {old!r} there, {new!r} here" for k, (old, new) in differ.items())
@@ -459,7 +469,9 @@ def recordable(model: HookedModel | torch.nn.Module) -> HookedModel:
 def trainer_callback(recorder: Recorder, steps=None):
     """A ``transformers.TrainerCallback`` that records at the start and at every save, and,
     with `steps` (optimizer steps, e.g. Pythia's 0, 1, 2, 4, ..., 512, 1000, ...), at each of
-    them whether or not the Trainer saves there (no weights are written for those).
+    them whether or not the Trainer saves there (no weights are written for those).  The
+    Trainer's rate, optimizer and schedule go into the trajectory's meta (what the recorder's
+    `meta` already says stays).
 
     >>> # trainer = transformers.Trainer(..., callbacks=[trainer_callback(recorder)])
     """
@@ -469,6 +481,10 @@ def trainer_callback(recorder: Recorder, steps=None):
 
     class ScanSnapCallback(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
+            from scansnap_lens.models.formats import training_arguments
+
+            for key, value in training_arguments(args).items():  # what you set stays
+                recorder.meta.setdefault(key, value)
             if model is not None and state.global_step == 0:
                 recorder.on_checkpoint(0, model)
 

@@ -363,3 +363,29 @@ def test_a_corrupt_trainer_state_is_said_not_ignored(tmp_path):
     (tmp_path / "trainer_state.json").write_text('{"global_step": ')
     with pytest.warns(UserWarning, match=r"trainer_state\.json is not readable.*unchecked"):
         assert formats.trainer_step(tmp_path) is None
+
+
+def test_a_trainer_run_keeps_its_training_in_the_trajectory(tmp_path):
+    """The Trainer's rate, schedule and optimizer reach the trajectory's meta, from the
+    checkpoints' trainer_state.json and from the callback's arguments, and the report says
+    what the theory can say of AdamW with a decaying rate."""
+    from scansnap_lens.measures import theory_limits
+    from scansnap_lens.recording.recorder import trainer_callback
+
+    trainer_run("gpt2", tmp_path / "run")
+    source = checkpoints.folder(tmp_path / "run")
+    meta = source.meta
+    assert meta["optimizer"] == "adam" and meta["lr_y"] == meta["lr_z"] <= 1e-2
+    rates = [r for _, r in meta["lr_schedule"]]
+    assert rates == sorted(rates, reverse=True) and rates[0] > rates[-1]  # linear decay
+    assert "assumed AdamW" in meta["training_from"]
+    traj = Recorder(tmp_path / "traj", EVAL, plan_recording(EVAL, V), progress=False).record(source)
+    assert traj.meta["lr_schedule"] == meta["lr_schedule"]
+    said = " ".join(theory_limits(traj))
+    assert "t0 (predicted_snap) is not defined" in said and "warmup and decay" in said
+
+    recorder = Recorder(tmp_path / "cb", EVAL, plan_recording(EVAL, V), progress=False)
+    trainer_run("gpt2", tmp_path / "run2", callbacks=[trainer_callback(recorder)])
+    recorded = recorder.trajectory().meta
+    assert recorded["lr_y"] == 1e-2 and recorded["optimizer"] == "adam"
+    assert recorded["lr_schedule"].startswith("linear")
