@@ -100,3 +100,18 @@ def test_each_stage_lists_every_public_name_of_its_modules(stage):
         assert getattr(package, name) is getattr(
             importlib.import_module(f"scansnap_lens.{stage}.{module}"), name
         )
+
+
+def test_the_objects_a_notebook_holds_have_short_reprs():
+    """A cell ending in a trajectory, plan, statistics, kinds or groups shows its sizes, not
+    millions of characters of tensors (repr(TokenGroups) was 4.9 million on real text)."""
+    import torch
+
+    import scansnap_lens as ss
+    from scansnap_lens.lab.calibration import Scenario, crossed_run
+
+    traj, groups, _ = crossed_run(Scenario(queries=40, pool=400, commons=200), heads=8)
+    stats = ss.cooccurrence(torch.randint(0, 500, (64, 64), generator=torch.Generator()), 500)
+    for thing in (traj, traj.plan, groups, stats, ss.token_kinds(stats)):
+        text = repr(thing)
+        assert len(text) < 300 and type(thing).__name__ in text, text

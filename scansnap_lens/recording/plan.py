@@ -200,6 +200,10 @@ class RecordPlan:
         per_head = self.num_slots + prompt_length**2
         return BYTES_PER_VALUE * layers * heads * per_head
 
+    def __repr__(self) -> str:
+        sampled = "" if self.common_per_query is None else f", {self.common_per_query} commons"
+        return f"RecordPlan({self.describe()}, V={self.vocab_size}, window={self.window}{sampled})"
+
     def describe(self) -> str:
         """One line: what the plan tracks."""
         return (

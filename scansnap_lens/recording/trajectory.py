@@ -61,6 +61,14 @@ class Trajectory:
     def num_steps(self) -> int:
         return self.steps.numel()
 
+    def __repr__(self) -> str:
+        steps = self.steps.tolist()
+        span = f"{steps[0]} to {steps[-1]}" if steps else "none"
+        return (
+            f"Trajectory({len(steps)} checkpoints ({self.step_unit} {span}), layers"
+            f" {self.layers}, heads {self.heads}, {self.plan.describe()})"
+        )
+
     @classmethod
     def from_records(
         cls, plan: RecordPlan, records: list[CheckpointRecord], layers, heads, **kwargs

@@ -210,6 +210,13 @@ class CooccurrenceStats:
         order = torch.from_numpy(np.lexsort((self.token.numpy(), self.triple_class.numpy())))
         return replace(self, token=self.token[order], count=self.count[order], _index=None)
 
+    def __repr__(self) -> str:
+        return (
+            f"CooccurrenceStats({int(self.events.sum()):,} events, {self.num_classes:,} classes"
+            f" (m, n), {self.num_triples:,} co-occurrences, V={self.vocab_size},"
+            f" window={self.window or None}, tokenizer={self.tokenizer!r})"
+        )
+
     # ----------------------------------------------------------------- algebra
     def _check_compatible(self, other: CooccurrenceStats) -> None:
         if not isinstance(other, CooccurrenceStats):

@@ -98,6 +98,13 @@ class TokenKinds:
     def __len__(self) -> int:
         return int(self.token.numel())
 
+    def __repr__(self) -> str:
+        counts = torch.bincount(self.kind, minlength=3).tolist()
+        return (
+            f"TokenKinds({len(self):,} pairs ({self.scope}): {counts[DISTINCT]:,} distinct,"
+            f" {counts[COMMON]:,} common, {counts[UNDETERMINED]:,} undetermined; {self.params})"
+        )
+
     def _select(self, query: int | None) -> Tensor:
         if self.scope == "global" or query is None:
             return torch.ones(len(self), dtype=torch.bool)
