@@ -17,7 +17,9 @@ import argparse
 import math
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -634,16 +636,14 @@ class _Interrupts:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import signal
-    import threading
-
-    own = threading.current_thread() is threading.main_thread() and (
-        signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    )
-    if own:
-        _Interrupts.seen = False
-        signal.signal(signal.SIGINT, _Interrupts.handler)
-    try:
+    own = False
+    try:  # from the first line: Ctrl-C at any moment of the command is an interrupt
+        own = threading.current_thread() is threading.main_thread() and (
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        )
+        if own:
+            _Interrupts.seen = False
+            signal.signal(signal.SIGINT, _Interrupts.handler)
         return _main(argv)
     except KeyboardInterrupt:  # before a command ran (while the libraries load)
         print("scansnap: interrupted", file=sys.stderr)
