@@ -381,7 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
         " classes, recorded at log-spaced checkpoints, token kinds from the training corpus,"
         " measurements and a self-contained HTML report.",
     )
-    demo.add_argument("--out", type=Path, default=Path("demo_out"), help="output folder")
+    demo.add_argument(
+        "--out", type=Path, default=Path("demo_out"), help="output folder (default: %(default)s)"
+    )
     demo.add_argument(
         "--data",
         choices=["syn-medium", "syn-small"],
@@ -395,7 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--overwrite", action="store_true", help="replace a demo of other settings in --out"
     )
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--seed", type=int, default=0, help="seed of the model and data (default: %(default)s)"
+    )
     demo.set_defaults(func=_demo)
 
     stats = sub.add_parser(
@@ -417,12 +421,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="count in Ray tasks: a local instance, or the cluster at ADDRESS (pip install"
         " 'scansnap-lens[ray]')",
     )  # fmt: skip
-    stats.add_argument("--shards", type=_count(1, 100_000), default=8, help="Ray tasks")
+    stats.add_argument(
+        "--shards", type=_count(1, 100_000), default=8, help="Ray tasks (default: %(default)s)"
+    )
     stats.add_argument(
         "--dataset", help="a datasets dataset: a name, or a folder from save_to_disk"
     )
     stats.add_argument("--split", default="train", help="dataset split (default train)")
-    stats.add_argument("--column", default="input_ids", help="dataset column of token ids")
+    stats.add_argument(
+        "--column", default="input_ids", help="dataset column of token ids (default: %(default)s)"
+    )
     stats.add_argument("--text-column", help="dataset column of text (needs --tokenizer)")
     stats.add_argument("--tokenizer", help="tokenizer.json or a Hugging Face tokenizer name")
     stats.add_argument("--max-vocab", type=int, help="size of the word-level tokenizer built")
@@ -440,7 +448,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep position 0 out of context (a BOS token; record with the same flag)",
     )  # fmt: skip
     stats.add_argument("--queries", type=_ints, help="count only these query ids (a,b,c)")
-    stats.add_argument("--min-count", type=_count(1), default=1, help="prune rarer co-occurrences")
+    stats.add_argument(
+        "--min-count",
+        type=_count(1),
+        default=1,
+        help="prune rarer co-occurrences (default: %(default)s)",
+    )
     stats.set_defaults(func=_stats)
 
     tokens = sub.add_parser(
@@ -452,7 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     tokens.add_argument("text", type=Path, help="a text file")
     tokens.add_argument("--tokenizer", required=True, help="tokenizer.json or a hub name")
     tokens.add_argument("--out", type=Path, required=True, help="token file (.safetensors)")
-    tokens.add_argument("--seq-len", type=_count(2, 1 << 20), default=64, help="row length")
+    tokens.add_argument(
+        "--seq-len", type=_count(2, 1 << 20), default=64, help="row length (default: %(default)s)"
+    )
     tokens.add_argument("--max-rows", type=_count(1), help="keep only the first rows")
     tokens.add_argument(
         "--documents", choices=DOCUMENT_SPLITS, default="paragraph",
@@ -469,7 +484,13 @@ def build_parser() -> argparse.ArgumentParser:
         " config.json) or TransformerLens checkpoint labels (--model, e.g."
         " EleutherAI/pythia-14m). Run the same command again to resume.",
     )
-    record.add_argument("--checkpoints", type=Path, help="folder of checkpoints")
+    record.add_argument(
+        "--checkpoints", type=Path,
+        help="folder of checkpoints, recognised from its layout: a Hugging Face Trainer's"
+        " output (checkpoint-N/ folders with trainer_state.json, whose rates and schedule the"
+        " trajectory keeps), TransformerLens state dicts (step_N.safetensors, model_N.pt)"
+        " with a config.json, or nanoGPT's ckpt.pt",
+    )  # fmt: skip
     record.add_argument("--model", help="a TransformerLens model name with checkpoint labels")
     record.add_argument(
         "--backend",
@@ -478,7 +499,10 @@ def build_parser() -> argparse.ArgumentParser:
         " on 3.x, bridge on 4.x",
     )
     record.add_argument(
-        "--steps", type=_steps, default="all", help="all, every k-th (k), log:N, or a,b,c"
+        "--steps",
+        type=_steps,
+        default="all",
+        help="all, every k-th (k), log:N, or a,b,c (a single step: 'a,') (default: %(default)s)",
     )
     record.add_argument("--tokens", type=Path, help="evaluation token file [rows, positions]")
     record.add_argument("--text", type=Path, help="evaluation text file (with --tokenizer)")
@@ -530,12 +554,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep position 0 out of context (as scansnap stats --exclude-bos: the two must agree)",
     )  # fmt: skip
     record.add_argument("--include-bos", action="store_true", help=argparse.SUPPRESS)  # former
-    record.add_argument("--batch-size", type=_count(1, 1 << 20), default=8)
     record.add_argument(
-        "--prompt-length", type=_count(0, 1 << 16), default=64, help="example prompt kept"
+        "--batch-size",
+        type=_count(1, 1 << 20),
+        default=8,
+        help="rows per forward pass (default: %(default)s)",
+    )
+    record.add_argument(
+        "--prompt-length",
+        type=_count(0, 1 << 16),
+        default=64,
+        help="tokens of the example prompt whose whole attention is kept (0: none) (default: %(default)s)",
     )
     record.add_argument("--device", type=_device, help="cpu, cuda, ...")
-    record.add_argument("--on-error", choices=["raise", "skip"], default="raise")
+    record.add_argument(
+        "--on-error",
+        choices=["raise", "skip"],
+        default="raise",
+        help="at an unreadable checkpoint: stop, or note it and go on (default: %(default)s)",
+    )
     record.add_argument(
         "--trust-pickle", action="store_true", help="allow pickled .pt files (trusted only)"
     )
@@ -592,7 +629,12 @@ def build_parser() -> argparse.ArgumentParser:
         " default: what the trajectory recorded)",
     )
     report.add_argument("--lr-z", type=_positive_float, help="the training's rate of W_Q, W_K")
-    report.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    report.add_argument(
+        "--optimizer",
+        choices=["sgd", "adam"],
+        default="sgd",
+        help="the training's optimizer, with --lr-y and --lr-z (default: %(default)s)",
+    )
     report.add_argument("--momentum", type=_fraction, default=0.0, help="SGD momentum in [0, 1)")
     report.set_defaults(func=_report)
 
@@ -602,10 +644,23 @@ def build_parser() -> argparse.ArgumentParser:
     theory.add_argument("--lr-y", type=_positive_float, required=True, help="decoder rate eta_Y")
     theory.add_argument("--lr-z", type=_positive_float, required=True, help="attention rate eta_Z")
     theory.add_argument(
-        "--rho0", type=_positive_float, default=1.0, help="normalisation constant rho_0"
+        "--rho0",
+        type=_positive_float,
+        default=1.0,
+        help="normalisation constant rho_0 (default: %(default)s)",
     )
-    theory.add_argument("--t-max", type=_positive_float, default=1e5, help="last time of the curve")
-    theory.add_argument("--points", type=_count(2, 100_000), default=25, help="points of the curve")
+    theory.add_argument(
+        "--t-max",
+        type=_positive_float,
+        default=1e5,
+        help="last time of the curve (default: %(default)s)",
+    )
+    theory.add_argument(
+        "--points",
+        type=_count(2, 100_000),
+        default=25,
+        help="points of the curve (default: %(default)s)",
+    )
     theory.add_argument("--csv", type=Path, help="write the curve to this CSV instead")
     theory.set_defaults(func=_theory)
     return parser

@@ -269,6 +269,23 @@ def test_demo_refuses_unknown_data():
         run_demo(data="syn-large")
 
 
+def test_every_option_has_help_and_shows_its_default():
+    import argparse
+
+    from scansnap_lens.cli import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    for name, command in commands.items():
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            said = action.help or ""
+            assert said, (name, action.option_strings)
+            if action.default not in (None, False, argparse.SUPPRESS):
+                assert "default" in said, (name, action.option_strings, said)
+    assert "checkpoint-N/" in commands["record"].format_help()  # the Trainer's layout
+
+
 def test_every_command_has_help(capsys):
     for command in ("demo", "stats", "tokens", "record", "report", "theory"):
         with pytest.raises(SystemExit) as done:
