@@ -342,13 +342,15 @@ def _model_figures(traj, groups, summary, results, folder, layer, head, training
         )  # fmt: skip
 
 
-def _shown_classes(traj: Trajectory, groups: TokenGroups | None) -> list[int]:
-    """The most frequent classes that the recording tracks (the statistics hold more)."""
+def _shown_classes(traj: Trajectory, groups: TokenGroups | None, most: int | None = 4) -> list:
+    """The most frequent classes that the recording tracks (the statistics hold more): at most
+    `most` of them (None: all)."""
     if groups is None:
         return []
     keys = groups.query * traj.plan.vocab_size + groups.next_token
     tracked = torch.isin(keys, traj.plan.class_keys).numpy()
-    return [int(k) for k in np.argsort(-groups.events.numpy(), kind="stable") if tracked[k]][:4]
+    order = [int(k) for k in np.argsort(-groups.events.numpy(), kind="stable") if tracked[k]]
+    return order if most is None else order[:most]
 
 
 def _views(traj, groups, folder: _Folder, layer: int, head: int, strings) -> str:
@@ -493,12 +495,19 @@ def _overview(traj: Trajectory, groups: TokenGroups | None, settings: dict) -> s
     items = {
         "checkpoints": f"{len(steps)} ({traj.step_unit} {steps[0]} to {steps[-1]})",
         "layers / heads": f"{traj.layers} / {traj.heads}",
-        "tracked": f"{plan.num_queries} queries, {plan.num_classes} classes (m, n)",
+        "recorded": f"{plan.num_queries} queries (their logits zbar); {plan.num_classes} of"
+        " their classes (m, n) with their attention per token (c_hat)",
         "token groups": "none (see Not measured)"
         if groups is None
-        else f"{groups.num_classes} classes with distinct tokens ({groups.source})",
+        else f"{groups.num_classes} classes of the {groups.source} statistics have distinct"
+        f" tokens; {len(_shown_classes(traj, groups, most=None))} of them are recorded",
         "skipped checkpoints": str(len(traj.skipped)),
     }
+    if steps[0] > 0:  # a Trainer run saved without step 0, say: dz starts from there
+        items["first checkpoint"] = (
+            f"{traj.step_unit} {steps[0]}, not an untrained model: every change (dz) and the"
+            " baselines are measured from it"
+        )
     if settings["classification"] is not None:
         from scansnap_lens.statistics.groups import Classification
 

@@ -290,3 +290,18 @@ def test_the_report_measures_each_quantity_once(demo_out, tmp_path, monkeypatch)
     table = pd.read_csv(tmp_path / "r" / "discriminative_bias.csv")
     last = table[table["step"] == table["step"].max()].reset_index(drop=True)
     assert np.allclose(summary["bias"], last["bias"]) and report.summary is not None
+
+
+def test_the_query_view_picks_a_query_that_shows_the_scan():
+    """Of the prompt's queries, the one whose context holds distinct and common tokens of its
+    class (the last such query has only common ones: nothing to see)."""
+    from types import SimpleNamespace
+
+    prompt = torch.tensor([1, 3, 9, 7, 3, 9, 8, 0])  # query 9 at 2 (next 7) and 5 (next 8)
+    groups = TokenGroups(
+        query=torch.tensor([9, 9]), next_token=torch.tensor([7, 8]), events=torch.tensor([1, 1]),
+        distinct=[torch.tensor([1]), torch.tensor([5])],
+        distinct_p=[torch.ones(1, dtype=torch.float64)] * 2, common={9: torch.tensor([3])},
+    )  # fmt: skip
+    traj = SimpleNamespace(prompt=prompt, prompt_pattern=torch.zeros(1, 1, 1, 8, 8))
+    assert default_position(traj, groups) == 2

@@ -129,25 +129,36 @@ def plot_attention_heatmap(
 
 def plot_logit_change(bias: Measurement, title: str = "", path: str | Path | None = None) -> Figure:
     """The scan: mean logit change dz of distinct (solid, blue) and common (dashed, red) tokens
-    over steps, a line of each per layer and head (a `discriminative_bias` result)."""
+    over steps (a `discriminative_bias` result); with several heads one small panel per head,
+    layers down and heads across, on one y scale, so that every head can be told apart."""
     table = bias.table
-    fig = Figure(figsize=(6, 3.6))
-    ax = fig.subplots()
-    groups = table.groupby(["layer", "head"])
-    width = 1.5 if groups.ngroups == 1 else 0.8
-    for i, ((layer, head), part) in enumerate(groups):
-        name = "" if groups.ngroups == 1 else f" (layer {layer}, head {head})"
-        labelled = i < 3  # the legend names the first heads only
+    layers, heads = sorted(table["layer"].unique()), sorted(table["head"].unique())
+    single = len(layers) * len(heads) == 1
+    size = (6, 3.6) if single else (min(1.7 * len(heads) + 0.8, 22), min(1.3 * len(layers) + 1, 22))
+    fig = Figure(figsize=size)
+    axes = np.atleast_2d(fig.subplots(len(layers), len(heads), sharex=True, sharey=True,
+                                      squeeze=False))  # fmt: skip
+    for (layer, head), part in table.groupby(["layer", "head"]):
+        ax = axes[layers.index(layer), heads.index(head)]
+        width = 1.5 if single else 0.9
         ax.plot(part["step"] + 1, part["dz_distinct"], color=palette.DISTINCT, lw=width,
-                label=f"distinct{name}" if labelled else None)  # fmt: skip
+                label="distinct")  # fmt: skip
         ax.plot(part["step"] + 1, part["dz_common"], color=palette.COMMON, ls="--", lw=width,
-                label=f"common{name}" if labelled else None)  # fmt: skip
-    ax.axhline(0, color="grey", lw=0.5)
-    ax.set_xscale("log")
-    ax.set_xlabel("step + 1")
-    ax.set_ylabel(r"$\Delta \bar z$ since the first checkpoint")
-    ax.set_title(title or "logit change: distinct (solid) vs common (dashed)")
-    ax.legend(fontsize=6)
+                label="common")  # fmt: skip
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_xscale("log")
+        if not single:
+            ax.set_title(f"L{layer} H{head}", fontsize=7, pad=2)
+            ax.tick_params(labelsize=6)
+    if single:
+        axes[0, 0].set_xlabel("step + 1")
+        axes[0, 0].set_ylabel(r"$\Delta \bar z$ since the first checkpoint")
+        axes[0, 0].legend(fontsize=7)
+    else:
+        fig.supxlabel("step + 1", fontsize=8)
+        fig.supylabel(r"$\Delta \bar z$ since the first checkpoint", fontsize=8)
+        axes[0, 0].legend(fontsize=6)
+    fig.suptitle(title or "logit change: distinct (solid) vs common (dashed)", fontsize=9)
     return _finish(fig, path)
 
 

@@ -213,8 +213,8 @@ def _class_codes(prompt: Tensor, position: int, groups: TokenGroups) -> Tensor:
     common = groups.common.get(m, torch.empty(0, dtype=torch.long))
     codes[torch.isin(prompt[: position + 1], common)] = COMMON_CODE
     distinct = torch.empty(0, dtype=torch.long)
-    for k in range(groups.num_classes):
-        if int(groups.query[k]) == m and int(groups.next_token[k]) == n:
+    for k in groups._classes_of_query.get(m, ()):  # the query's classes, not every class
+        if int(groups.next_token[k]) == n:
             distinct = groups.distinct[k]
     codes[torch.isin(prompt[: position + 1], distinct)] = DISTINCT_CODE
     codes[position] = OTHER_CODE  # the query itself
@@ -222,11 +222,23 @@ def _class_codes(prompt: Tensor, position: int, groups: TokenGroups) -> Tensor:
 
 
 def default_position(traj: Trajectory, groups: TokenGroups) -> int:
-    """The last prompt position whose (token, next token) is a class of `groups`, else the last
-    position holding one of its queries."""
+    """The prompt position that shows the scan best: of those whose (token, next token) is a
+    class of `groups`, the one whose context holds the most distinct tokens of the class and
+    at least one common token (the last on a tie; one with nothing to compare would show
+    nothing), else the last such position, else the last holding one of its queries."""
     prompt = _prompt(traj)
     keys = set(zip(groups.query.tolist(), groups.next_token.tolist()))
     pairs = list(zip(prompt[:-1].tolist(), prompt[1:].tolist()))
+    candidates = [p for p in range(len(pairs)) if pairs[p] in keys]
+    shown = []
+    for p in candidates:
+        codes = _class_codes(prompt, p, groups)
+        if bool((codes == COMMON_CODE).any()):
+            shown.append((int((codes == DISTINCT_CODE).sum()), p))
+    if shown and max(shown)[0] > 0:
+        return max(shown)[1]
+    if candidates:
+        return candidates[-1]
     for p in range(len(pairs) - 1, -1, -1):
         if pairs[p] in keys:
             return p
