@@ -564,7 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompt-length",
         type=_count(0, 1 << 16),
         default=64,
-        help="tokens of the example prompt whose whole attention is kept (0: none) (default: %(default)s)",
+        help="tokens of the example prompt whose whole attention is kept (0: none)"
+        " (default: %(default)s)",
     )
     record.add_argument("--device", type=_device, help="cpu, cuda, ...")
     record.add_argument(
