@@ -724,7 +724,9 @@ def test_a_second_recording_process_fails_at_once(own_run, tmp_path, capsys):
         manifest = (tmp_path / "t" / "manifest.json").read_bytes()
         start = time.monotonic()
         assert main(args) == 2
-        assert time.monotonic() - start < 10  # at once, not after waiting
+        # at once, not after waiting for the holder (which sleeps 120 s); the bound leaves room
+        # for a machine loaded many times over
+        assert time.monotonic() - start < 60
         err = capsys.readouterr().err
         assert f"being recorded by another process (pid {holder.pid})" in err
         assert (tmp_path / "t" / "manifest.json").read_bytes() == manifest
