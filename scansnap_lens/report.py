@@ -412,8 +412,10 @@ def _page(
         shown = [c for c in table.columns if not c.endswith(("_lo", "_hi")) and c != "snap_step"]
         body += [
             "<h2>Head atlas</h2>",
-            "<p>Every layer and head: the scan verdict, bias with its interval, AUROC's"
-            " permutation p-value, the frequency bias (spearman) with its interval, p-value"
+            "<p>Every layer and head: the verdict (and why a head does not scan, or what it"
+            " could have seen), bias and AUROC with their intervals, AUROC's p-value, effective"
+            " units and minimal detectable effect, the frequency-matched AUROC and how token"
+            " frequency was ruled out, the frequency bias (spearman) with its interval, p-value"
             " and the number of classes it averages, the snap step (or why there is none), the"
             " theory's fit and the attention entropy; the figure <i>heads</i> maps them.</p>",
             table_html(with_intervals(table, shown)),

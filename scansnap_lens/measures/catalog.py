@@ -242,13 +242,20 @@ MEASURES: tuple[Measure, ...] = (
         lambda x: scan_uncertainty(x.traj, x.groups),
         summary=UNCERTAINTY_COLUMNS,
         explains="<b>Uncertainty</b> (at the last checkpoint): <b>_lo</b>, <b>_hi</b> are 95 %"
-        " bootstrap intervals, over queries for bias, AUROC and attention entropy, over classes"
-        " for spearman, entropy and snap_step (empty where a figure averages one unit);"
-        " <b>bias_p</b>, <b>auroc_p</b>: permutation p-values with the token kinds shuffled"
-        " within each query, <b>spearman_p</b> with P(l|m, n) shuffled within each class;"
-        " <b>_baseline</b>: bias and AUROC of the logit levels at the first checkpoint (the"
-        " untrained head).  <b>scans</b>: bias &gt; 0 and AUROC above its null at p &lt; 0.05"
-        " divided by the number of heads (Bonferroni).",
+        " intervals (Student t over <b>_n_eff</b> - 1 degrees of freedom); bias, AUROC and the"
+        " matched AUROC resample queries and context tokens as crossed units (a frequent word"
+        " is a common token of almost every query), spearman, entropy and snap_step the"
+        " classes; none below 5 effective units (<i>too few units</i>).  <b>_p</b>: two-sided"
+        " p-values (spearman: against P(l|m, n) shuffled within each class).  <b>_baseline</b>:"
+        " bias and AUROC of the logit levels at the first checkpoint (the untrained head)."
+        "  <b>matched_auroc</b>: each distinct token against the common tokens of its query"
+        " about as frequent; <b>frequency_auroc</b>: how well the counts alone separate the"
+        " kinds.  <b>verdict</b>: <i>scans</i> where bias &gt; 0 and AUROC &gt; 0.5 are"
+        " significant after Holm's correction over the heads and token frequency is ruled out"
+        " (<b>frequency_control</b>); else why not: <i>no scan (could have seen AUROC &gt;="
+        " auroc_mde)</i>, <i>too few units</i>, <i>cannot tell from frequency</i> or <i>not"
+        " beyond frequency</i>.  The intervals cover other queries and tokens of this text for"
+        " this trained model, not another training run.",
     ),
 )
 
