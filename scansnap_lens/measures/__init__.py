@@ -64,6 +64,7 @@ _NAMES = {
     "DistinctAttention": "entropy",
     "snap_step_interval": "snap",
     "segment_ranks": "measurement",
+    "segment_starts": "measurement",
     "NOT_YET_SNAPPED": "snap",
     "NO_SCAN": "snap",
     "SINGLE_DISTINCT": "entropy",

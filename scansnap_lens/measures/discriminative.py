@@ -27,6 +27,7 @@ from scansnap_lens.measures.measurement import (
     _frame,
     _weighted_nanmean,
     segment_ranks,
+    segment_starts,
 )
 from scansnap_lens.measures.resampling import Estimate, crossed, kish
 from scansnap_lens.recording.trajectory import Trajectory
@@ -85,8 +86,7 @@ class QueryTokens:
         order = torch.sort(unit * 2 + kind, stable=True).indices  # by query, distinct first
         unit, token, kind, slot = unit[order], token[order], kind[order], slot[order]
         ids = ids[both]
-        start = torch.zeros(ids.numel() + 1, dtype=torch.long)
-        start[1:] = torch.cumsum(torch.bincount(unit, minlength=ids.numel()), 0)
+        start = segment_starts(unit, ids.numel())
         with_class, at = torch.unique(groups.query, return_inverse=True)  # every id has a class
         events = torch.zeros(with_class.numel(), dtype=torch.float64).index_add_(
             0, at, groups.events.double()
@@ -109,9 +109,7 @@ class QueryTokens:
     def _kind_segments(self) -> tuple[Tensor, Tensor]:
         """(segment [N], start [2U + 1]): each query's distinct tokens, then its common ones."""
         segment = self.unit * 2 + (~self.distinct).long()
-        start = torch.zeros(2 * self.query.numel() + 1, dtype=torch.long)
-        start[1:] = torch.cumsum(torch.bincount(segment, minlength=2 * self.query.numel()), 0)
-        return segment, start
+        return segment, segment_starts(segment, 2 * self.query.numel())
 
     @cached_property
     def _tokens(self) -> Tensor:

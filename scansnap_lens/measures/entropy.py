@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from scansnap_lens.measures.measurement import Measurement, _frame
+from scansnap_lens.measures.measurement import Measurement, _frame, segment_starts
 from scansnap_lens.measures.resampling import Estimate, mean_over_units
 from scansnap_lens.recording.hooks import check_tokens, model_vocab_size, run_until
 from scansnap_lens.recording.plan import _find
@@ -83,9 +83,7 @@ class DistinctAttention:
         slot = _find(plan.triple_keys, c[ks][unit] * plan.vocab_size + tokens)
         held = slot >= 0
         unit, slot = unit[held], slot[held]
-        start = torch.zeros(ks.numel() + 1, dtype=torch.long)
-        start[1:] = torch.cumsum(torch.bincount(unit, minlength=ks.numel()), 0)
-        return cls(ks, sizes[ks], unit, slot, start)
+        return cls(ks, sizes[ks], unit, slot, segment_starts(unit, ks.numel()))
 
     @property
     def held(self) -> Tensor:

@@ -22,6 +22,7 @@ from scansnap_lens.measures.measurement import (
     _tracked,
     _weighted_nanmean,
     segment_ranks,
+    segment_starts,
 )
 from scansnap_lens.measures.resampling import Estimate, mean_over_units, normal_p
 from scansnap_lens.recording.trajectory import Trajectory
@@ -70,10 +71,8 @@ class ClassTokens:
         entry = keep[unit]
         unit, slot, p = new[unit[entry]], slot[entry], p[entry]
         ks = ks[keep]
-        start = torch.zeros(ks.numel() + 1, dtype=torch.long)
-        start[1:] = torch.cumsum(torch.bincount(unit, minlength=ks.numel()), 0)
         return cls(groups.query[ks], groups.next_token[ks], groups.events[ks].double(), unit,
-                   slot, p, start)  # fmt: skip
+                   slot, p, segment_starts(unit, ks.numel()))  # fmt: skip
 
     @property
     def num_classes(self) -> int:

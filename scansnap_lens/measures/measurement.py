@@ -16,7 +16,7 @@ from torch import Tensor
 
 from scansnap_lens.recording.trajectory import Trajectory
 
-__all__ = ["INDEX", "Measurement", "segment_ranks"]
+__all__ = ["INDEX", "Measurement", "segment_ranks", "segment_starts"]
 
 
 def _z(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:
@@ -39,6 +39,18 @@ def _tracked(traj: Trajectory, groups) -> list[int]:
 
     keys = groups.query * traj.plan.vocab_size + groups.next_token
     return (_find(traj.plan.class_keys, keys) >= 0).nonzero().flatten().tolist()
+
+
+def segment_starts(segment: Tensor, num: int) -> Tensor:
+    """[num + 1] where each of `num` segments begins in the ascending ids `segment` [N] (and
+    the end): the layout every per-query and per-class figure is summed over.
+
+    >>> segment_starts(torch.tensor([0, 0, 2]), 3).tolist()
+    [0, 2, 2, 3]
+    """
+    start = torch.zeros(num + 1, dtype=torch.long)
+    start[1:] = torch.cumsum(torch.bincount(segment, minlength=num), 0)
+    return start
 
 
 MAX_ELEMENTS = 1 << 22  # segment_ranks works on row blocks of at most this many values
