@@ -267,7 +267,8 @@ class PopulationRun:
 
 
 def _loss(Y: Tensor, Z: Tensor, pop: Population, q: Tensor, target: Tensor, log_mult: Tensor):
-    """sum_k weight_k CE(Y f_k + log multiplicity, target_k), f_k = c_k / ||c_k|| (Lemma 2)."""
+    """sum_k weight_k CE(Y f_k + log multiplicity, target_k), f_k = c_k / ||c_k|| (Lemma 2),
+    and the attention c [T] of every triple."""
     K, C = pop.num_classes, pop.tokens.numel()
     logits = Z[q[pop.triple_class], pop.triple_column] + pop.triple_p.log()  # [T]
     c = _segment_softmax(logits, pop.triple_class, K)
@@ -277,11 +278,11 @@ def _loss(Y: Tensor, Z: Tensor, pop: Population, q: Tensor, target: Tensor, log_
         torch.stack([pop.triple_class, pop.triple_column]), f, (K, C), check_invariants=False
     )
     out = torch.sparse.mm(F_, Y.T) + log_mult  # [K, O]
-    return (F.cross_entropy(out, target, reduction="none") * pop.weight).sum()
+    return (F.cross_entropy(out, target, reduction="none") * pop.weight).sum(), c.detach()
 
 
 EXACT_STEPS = 256  # optimizer steps taken one by one before steps are merged
-MOVE = 0.01  # the largest change of a logit (Y or Z) one merged step may make
+ERROR = 2e-5  # the largest error of the attention (a probability) one merged step may make
 
 
 def predict(
@@ -302,13 +303,14 @@ def predict(
     (decoder Y) and `lr_z` (attention Z), keeping Z at `steps` (checkpoint steps, ascending).
 
     The first `EXACT_STEPS` optimizer steps are taken one by one; after them, runs of h steps
-    are merged into one (the gradient held for h steps: SGD's momentum summed in closed form,
-    Adam's moments decayed h times), h doubling while a merged step moves no logit by more
-    than `MOVE` / 4 and halving where it moves one by more than `MOVE`, and every checkpoint
-    step hit exactly.  The dynamics slow down after the snap (the logits grow like log t), so
-    the work grows with the log of the last step, not with the step: a checkpoint at step
-    10^12 takes about 3,300 gradients (seconds), not 10^12.  ``exact=True``: every step one by
-    one (the reference the merged steps are tested against).
+    are merged into one (the update held for h steps: SGD's momentum summed in closed form,
+    Adam's moments decayed h times, its update taken at the span's middle).  A merged step's
+    error is about h times how much the attention's rate of change changed over it (explicit
+    Euler's local error, on what the fit compares): h doubles while that stays under a quarter
+    of `ERROR` and halves past it; every checkpoint step is hit exactly.  The attention moves
+    ever more slowly after the snap, so the work grows with the log of the last step, not with
+    the step: a checkpoint at step 10^12 takes a few hundred gradients.  ``exact=True``: every
+    step one by one (the reference the merged steps are tested against).
 
     Cost per gradient: O(T x O) for T triples and O output rows (sparse), not K x C x O."""
     steps_t = torch.as_tensor(steps, dtype=torch.long).flatten()
@@ -336,32 +338,37 @@ def predict(
     wanted = steps_t.tolist()
     snaps, losses = [], []
     step, h, at = 0, 1, 0  # the optimizer step reached, steps per update, next checkpoint
+    last = None  # (attention, its rate of change per step, the steps since the one before)
     bar = tqdm(total=wanted[-1], desc="population dynamics", unit="step", disable=not progress,
                delay=2)  # fmt: skip
     while True:
-        loss = _loss(Y, Z, pop, q, target, log_mult)
+        loss, attention = _loss(Y, Z, pop, q, target, log_mult)
         if step == wanted[at]:
             snaps.append(Z.detach().clone())
             losses.append(float(loss.detach()))
             at += 1
             if at == len(wanted):
                 break
+        if not exact and step >= EXACT_STEPS and last is not None and last[1] is not None:
+            # the last merged step held its update fixed: its error is about its length times
+            # how much the attention's rate of change changed over it (Euler's local error)
+            rate = (attention - last[0]) / last[2]
+            error = last[2] * float((rate - last[1]).abs().max())
+            h = 2 * h if error < ERROR / 4 else max(1, h // 2) if error > ERROR else h
         gy, gz = torch.autograd.grad(loss, (Y, Z))
         gy = gy / mult[:, None]  # the rest row stands for `rest` rows, each with its own share
         n = 1 if exact or step < EXACT_STEPS else min(h, wanted[at] - step)
-        moved = 0.0
         with torch.no_grad():
-            for p, g, rate, (m1, m2) in zip((Y, Z), (gy, gz), rates, state):
+            for p, g, rate_, (m1, m2) in zip((Y, Z), (gy, gz), rates, state):
                 if optimizer == "sgd":
                     change = _sgd_steps(m1, g, momentum, n)
                 else:
                     change = _adam_steps(m1, m2, g, betas, eps, step, n)
-                p.sub_(rate * change)
-                moved = max(moved, float((rate * change).abs().max()))
+                p.sub_(rate_ * change)
+        previous_rate = None if last is None else (attention - last[0]) / last[2]
+        last = (attention, previous_rate, n)
         step += n
         bar.update(n)
-        if not exact and step >= EXACT_STEPS:
-            h = 2 * h if moved < MOVE / 4 else max(1, h // 2) if moved > MOVE else h
     bar.close()
     training = {"lr_y": lr_y, "lr_z": lr_z, "optimizer": optimizer, "momentum": momentum}
     Z_snaps = torch.stack(snaps).double()
@@ -384,13 +391,21 @@ def _sgd_steps(m: Tensor, g: Tensor, beta: float, n: int) -> Tensor:
 
 
 def _adam_steps(m1, m2, g, betas, eps, step: int, n: int) -> Tensor:
-    """`n` Adam steps from optimizer step `step` with the gradient `g` held: the moments decay
-    n times, and the update is n times that of the last step (the merged steps come where
-    the moments have settled); `m1`, `m2` are updated in place."""
-    b1, b2 = betas[0] ** n, betas[1] ** n
-    m1.mul_(b1).add_(g, alpha=1 - b1)
-    m2.mul_(b2).addcmul_(g, g, value=1 - b2)
-    t = step + n
-    m_hat = m1 / (1 - betas[0] ** t)
-    v_hat = m2 / (1 - betas[1] ** t)
-    return n * m_hat / (v_hat.sqrt() + eps)
+    """The sum of the updates of `n` Adam steps from optimizer step `step` with the gradient
+    `g` held: the moments decay n times (`m1`, `m2` updated in place), and the sum is n times
+    the update at the span's middle (the midpoint rule: the moments still drift, v with a
+    memory of a thousand steps)."""
+    b1, b2 = betas[0], betas[1]
+    if n == 1:
+        m1.mul_(b1).add_(g, alpha=1 - b1)
+        m2.mul_(b2).addcmul_(g, g, value=1 - b2)
+        t = step + 1
+        return (m1 / (1 - b1**t)) / ((m2 / (1 - b2**t)).sqrt() + eps)
+    half = n / 2
+    m_mid = m1 * b1**half + g * (1 - b1**half)
+    v_mid = m2 * b2**half + g * g * (1 - b2**half)
+    t = step + half
+    change = n * (m_mid / (1 - b1**t)) / ((v_mid / (1 - b2**t)).sqrt() + eps)
+    m1.mul_(b1**n).add_(g, alpha=1 - b1**n)
+    m2.mul_(b2**n).addcmul_(g, g, value=1 - b2**n)
+    return change

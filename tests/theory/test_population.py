@@ -149,14 +149,15 @@ def test_bad_arguments(kwargs, match):
     ids=["sgd", "momentum", "adam"],
 )
 def test_merged_steps_follow_the_step_by_step_model(optimizer, momentum, rates):
-    """Past `EXACT_STEPS`, runs of steps merge into one where the logits move slowly: the
-    attention at every checkpoint is the step-by-step model's within 1e-4 over 3000 steps."""
+    """Past `EXACT_STEPS`, runs of steps merge into one where the attention moves slowly: at
+    every checkpoint it is the step-by-step model's within 3e-4 (a probability) over 3000
+    steps, at a tenth of the gradients."""
     pop = Population.from_classes(syn_medium(1))
     steps = [0, 10, 300, 1000, 3000]
     exact = predict(pop, *rates, steps, optimizer=optimizer, momentum=momentum, exact=True)
     merged = predict(pop, *rates, steps, optimizer=optimizer, momentum=momentum)
     assert merged.Z.abs().max() > 0.3  # the logits did move
-    torch.testing.assert_close(merged.attention(), exact.attention(), rtol=0, atol=1e-4)
+    torch.testing.assert_close(merged.attention(), exact.attention(), rtol=0, atol=3e-4)
 
 
 def test_the_work_grows_with_the_log_of_the_last_step(monkeypatch):
