@@ -194,7 +194,11 @@ def _verdicts(
         if not n_eff[h] >= MIN_UNITS:
             verdict = f"{VERDICTS['too_few']} (n_eff = {n_eff[h]:.3g} < {MIN_UNITS:g})"
         elif not (bias[h] > 0 and auroc[h] > 0.5 and p_bias[h] < alpha and p_auroc[h] < alpha):
-            seen = f"could have seen AUROC >= {mde[h]:.3g}" if mde[h] < 1 else "no power"
+            seen = (
+                f"could have seen AUROC >= {mde[h]:.3g}"
+                if mde[h] < 1
+                else "no power: not even an AUROC of 1 was within reach"
+            )
             verdict = f"{VERDICTS['no_scan']} ({seen})"
         elif matched[h] > 0.5 and p_matched[h] < alpha:
             verdict, control = VERDICTS["scans"], "matched AUROC"
