@@ -305,3 +305,22 @@ def test_the_query_view_picks_a_query_that_shows_the_scan():
     )  # fmt: skip
     traj = SimpleNamespace(prompt=prompt, prompt_pattern=torch.zeros(1, 1, 1, 8, 8))
     assert default_position(traj, groups) == 2
+
+
+def test_a_report_to_step_ten_to_the_twelve_does_not_hang(tmp_path):
+    """tests/data/trajectory_v1 has a checkpoint at step 10^12: its report, with the theory's
+    population dynamics, is written (it ran for ever, one optimizer step at a time)."""
+    import importlib.util
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data"
+    spec = importlib.util.spec_from_file_location("make_v1", data / "make_trajectory_v1.py")
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    from scansnap_lens.statistics.corpus import cooccurrence
+
+    traj = Trajectory.load(data / "trajectory_v1")
+    stats = cooccurrence(make.tokens(), traj.plan.vocab_size, window=4)
+    report = write_report(traj, None, tmp_path / "r", source=stats, views=False)
+    assert "theory_fit" not in report.not_measured
+    assert report.summary["rank_agreement"].notna().all()
