@@ -34,7 +34,8 @@ def test_bad_token_files_are_refused(tmp_path):
     np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(ValueError, match="not a readable token file"):
         read_tokens(tmp_path / "objects.npy")
-    save_tokens(tmp_path / "f.safetensors", torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="integer ids"):  # not cast in silence
+        save_tokens(tmp_path / "f.safetensors", torch.zeros(2, 3))
     torch.save(torch.zeros(2, 3), tmp_path / "float.pt")
     with pytest.raises(ValueError, match="not integer token ids"):
         read_tokens(tmp_path / "float.pt")
@@ -48,7 +49,9 @@ def test_bad_token_files_are_refused(tmp_path):
         read_tokens(tmp_path / "missing.pt")
     with pytest.raises(ValueError, match="token files end in"):
         read_tokens(
-            save_tokens(tmp_path / "x.safetensors", torch.ones(1, 3)).rename(tmp_path / "x.txt")
+            save_tokens(tmp_path / "x.safetensors", torch.ones(1, 3, dtype=torch.long)).rename(
+                tmp_path / "x.txt"
+            )
         )
 
 
