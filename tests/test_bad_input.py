@@ -22,7 +22,7 @@ ROWS = torch.tensor([[1, 2, 3, 4], [2, 3, 1, 4]])
     "call, error, match",
     [
         (lambda t: ss.cooccurrence(ROWS, -1), ValueError, "vocab_size must be a positive"),
-        (lambda t: ss.cooccurrence(ROWS.float(), 5), ValueError, "integer ids"),
+        (lambda t: ss.cooccurrence(ROWS.float(), 5), ValueError, "must be integers"),
         (lambda t: ss.measures.snap_step(torch.tensor([0, 1, 2]), torch.ones(5)), ValueError,
          r"moves must be \[\.\.\., S - 1\]"),
         (lambda t: ss.measures.snap_step(torch.tensor([]), torch.ones(0)), ValueError,

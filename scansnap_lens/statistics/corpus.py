@@ -523,10 +523,6 @@ def cooccurrence(
         or vocab_size < 1
     ):
         raise ValueError(f"vocab_size must be a positive integer (or None), got {vocab_size!r}")
-    if isinstance(tokens, Tensor | np.ndarray) and (
-        tokens.dtype.is_floating_point if isinstance(tokens, Tensor) else tokens.dtype.kind == "f"
-    ):
-        raise ValueError(f"tokens must be integer ids, got {tokens.dtype} values")
     num_proc = num_proc or numba.config.NUMBA_NUM_THREADS
     if isinstance(tokens, Tensor) and tokens.ndim == 2:
         need = 3 + int(exclude_bos)
