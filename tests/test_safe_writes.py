@@ -132,7 +132,9 @@ def test_no_command_writes_through_a_link_planted_at_any_name_it_writes(
     outside.mkdir()
     victim = outside / "victim"
     folders = sorted({p.relative_to(clean) for p in clean.rglob("*") if p.is_dir()})
-    planted = [*names, *(n.with_name(n.name + ".tmp") for n in names), *folders]
+    # the fixed temporary names no writer opens now (report: its one writer is checked above)
+    old = [] if command == "report" else [n.with_name(n.name + ".tmp") for n in names]
+    planted = [*names, *old, *folders]
     for i, name in enumerate(planted):
         folder = tmp_path / f"planted{i}"
         shutil.copytree(clean, folder, symlinks=True)  # a folder with the command's output
