@@ -532,7 +532,7 @@ def record_checkpoint(
     sums = aggregator.sums.total
 
     def mean(name: str, count: Tensor) -> Tensor:
-        total = sums[name]  # [L, slot, H]
+        total = sums[name].cpu()  # [L, slot, H]; the division on the host, in float64
         avg = total.double() / count.double()[None, :, None].clamp_min(1)
         return avg.transpose(1, 2).float().cpu().contiguous()  # [L, H, slot]
 

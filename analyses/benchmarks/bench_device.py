@@ -1,0 +1,114 @@
+"""The recorder against the TransformerLens forward on one device (a GPU where there is one),
+at Pythia-70m's and -160m's shapes.
+
+    python analyses/benchmarks/bench_device.py [--device cuda] [--quick]
+
+A GPT-NeoX of Pythia's shape (rotary on a quarter of each head, parallel residual, untied,
+d_vocab 50304) with random weights (the cost does not depend on them), bridged as the recorder
+bridges a Hugging Face checkpoint; evaluation rows of Zipf-distributed token ids (64 x 512 for
+70m, 16 x 2048 for 160m); the plan `scansnap record` makes by default without statistics for
+that many heads (the most frequent queries that fit 64 MB per checkpoint).  Timed on the
+device, synchronised, the best of `--rounds` taking turns: the forward without hooks stopped
+after the last layer (`run_until`), and `record_checkpoint` (hooks, gathers, sums, the copy of
+the sums back to the host).  Prints one JSON line per shape with both times and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+SHAPES = {  # hidden, layers, heads, intermediate; rows, row length
+    "70m": (512, 6, 8, 2048, 64, 512),
+    "160m": (768, 12, 12, 3072, 16, 2048),
+}
+D_VOCAB = 50304
+
+
+def model_of(shape: str, device: str, quick: bool):
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    from scansnap_lens.models.backend import hf_bridge
+
+    hidden, layers, heads, inter, _, _ = SHAPES[shape]
+    if quick:
+        hidden, layers, inter = hidden // 8, 2, inter // 8
+    torch.manual_seed(0)
+    cfg = GPTNeoXConfig(
+        vocab_size=D_VOCAB, hidden_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, intermediate_size=inter, rotary_pct=0.25,
+        max_position_embeddings=2048, use_parallel_residual=True, tie_word_embeddings=False,
+    )  # fmt: skip
+    hf = GPTNeoXForCausalLM(cfg).eval()
+    return hf_bridge(hf).to(device).eval()  # a placeholder tokenizer: ids only
+
+
+def tokens_of(rows: int, length: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    weights = 1.0 / torch.arange(1, D_VOCAB + 1, dtype=torch.float64)
+    return torch.multinomial(weights, rows * length, replacement=True, generator=g).reshape(
+        rows, length
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--quick", action="store_true", help="small models and rows, to try it out")
+    args = p.parse_args()
+
+    from scansnap_lens.recording.budget import BYTES_PER_VALUE, CHECKPOINT_BUDGET
+    from scansnap_lens.recording.hooks import record_checkpoint, run_until
+    from scansnap_lens.recording.plan import plan_recording
+
+    def sync():
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    for shape, (_, layers, heads, _, rows, length) in SHAPES.items():
+        if args.quick:
+            rows, length, layers = 4, 128, 2
+        model = model_of(shape, args.device, args.quick)
+        tokens = tokens_of(rows, length)
+        max_slots = CHECKPOINT_BUDGET // (BYTES_PER_VALUE * layers * heads) - 64**2
+        plan = plan_recording(tokens, D_VOCAB, max_slots=max_slots)
+        batches = tokens.split(args.batch_size)
+        last = int(model.cfg.n_layers) - 1
+
+        @torch.no_grad()
+        def forward():
+            for x in batches:
+                run_until(model, x.to(args.device), last, [])
+            sync()
+
+        def record():
+            record_checkpoint(model, tokens, plan, batch_size=args.batch_size,
+                              device=args.device, progress=False)  # fmt: skip
+            sync()
+
+        forward(), record()  # warm: the first passes allocate and compile
+        times = {"forward": [], "record": []}
+        for _ in range(args.rounds):
+            for name, fn in (("forward", forward), ("record", record)):
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+        best = {name: min(t) for name, t in times.items()}
+        print(json.dumps({
+            "shape": shape, "device": str(torch.cuda.get_device_name(0))
+            if args.device.startswith("cuda") else "cpu",
+            "rows": rows, "seq_len": length, "heads": layers * heads,
+            "plan": {"queries": plan.num_queries, "pairs": plan.num_pairs,
+                     "triples": plan.num_triples},
+            "forward_s": round(best["forward"], 4), "record_s": round(best["record"], 4),
+            "record_over_forward": round(best["record"] / best["forward"], 3),
+        }), flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
