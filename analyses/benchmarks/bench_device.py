@@ -62,52 +62,57 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="small models and rows, to try it out")
     args = p.parse_args()
 
+    for shape in SHAPES:
+        print(json.dumps(time_shape(shape, args)), flush=True)
+
+
+def time_shape(shape: str, args) -> dict:
+    """The best times of the forward and of `record_checkpoint` at one shape."""
     from scansnap_lens.recording.budget import BYTES_PER_VALUE, CHECKPOINT_BUDGET
     from scansnap_lens.recording.hooks import record_checkpoint, run_until
     from scansnap_lens.recording.plan import plan_recording
+
+    _, layers, heads, _, rows, length = SHAPES[shape]
+    if args.quick:
+        rows, length, layers = 4, 128, 2
+    model = model_of(shape, args.device, args.quick)
+    tokens = tokens_of(rows, length)
+    max_slots = CHECKPOINT_BUDGET // (BYTES_PER_VALUE * layers * heads) - 64**2
+    plan = plan_recording(tokens, D_VOCAB, max_slots=max_slots)
+    batches = tokens.split(args.batch_size)
+    last = int(model.cfg.n_layers) - 1
 
     def sync():
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    for shape, (_, layers, heads, _, rows, length) in SHAPES.items():
-        if args.quick:
-            rows, length, layers = 4, 128, 2
-        model = model_of(shape, args.device, args.quick)
-        tokens = tokens_of(rows, length)
-        max_slots = CHECKPOINT_BUDGET // (BYTES_PER_VALUE * layers * heads) - 64**2
-        plan = plan_recording(tokens, D_VOCAB, max_slots=max_slots)
-        batches = tokens.split(args.batch_size)
-        last = int(model.cfg.n_layers) - 1
+    @torch.no_grad()
+    def forward():
+        for x in batches:
+            run_until(model, x.to(args.device), last, [])
+        sync()
 
-        @torch.no_grad()
-        def forward():
-            for x in batches:
-                run_until(model, x.to(args.device), last, [])
-            sync()
+    def record():
+        record_checkpoint(model, tokens, plan, batch_size=args.batch_size,
+                          device=args.device, progress=False)  # fmt: skip
+        sync()
 
-        def record():
-            record_checkpoint(model, tokens, plan, batch_size=args.batch_size,
-                              device=args.device, progress=False)  # fmt: skip
-            sync()
-
-        forward(), record()  # warm: the first passes allocate and compile
-        times = {"forward": [], "record": []}
-        for _ in range(args.rounds):
-            for name, fn in (("forward", forward), ("record", record)):
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
-        best = {name: min(t) for name, t in times.items()}
-        print(json.dumps({
-            "shape": shape, "device": str(torch.cuda.get_device_name(0))
-            if args.device.startswith("cuda") else "cpu",
-            "rows": rows, "seq_len": length, "heads": layers * heads,
-            "plan": {"queries": plan.num_queries, "pairs": plan.num_pairs,
-                     "triples": plan.num_triples},
-            "forward_s": round(best["forward"], 4), "record_s": round(best["record"], 4),
-            "record_over_forward": round(best["record"] / best["forward"], 3),
-        }), flush=True)  # fmt: skip
+    forward(), record()  # warm: the first passes allocate and compile
+    times = {"forward": [], "record": []}
+    for _ in range(args.rounds):
+        for name, fn in (("forward", forward), ("record", record)):
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    best = {name: min(t) for name, t in times.items()}
+    device = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
+    return {
+        "shape": shape, "device": device, "rows": rows, "seq_len": length,
+        "heads": layers * heads, "plan": {"queries": plan.num_queries, "pairs": plan.num_pairs,
+                                          "triples": plan.num_triples},
+        "forward_s": round(best["forward"], 4), "record_s": round(best["record"], 4),
+        "record_over_forward": round(best["record"] / best["forward"], 3),
+    }  # fmt: skip
 
 
 if __name__ == "__main__":
