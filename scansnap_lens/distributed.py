@@ -158,10 +158,12 @@ def _record_task(checkpoint, job: dict, tokens, device) -> tuple:
         device=device,
         progress=False,
         prompt=job["prompt"],
+        aggregates=job["aggregates"],
+        state=job["state"],
     )
     writer = TrajectoryWriter(
         job["out"], job["plan"], job["layers"], job["heads"], job["step_unit"],
-        prompt=job["prompt"],
+        prompt=job["prompt"], aggregates=job["entries"],
     )  # fmt: skip
     writer.write(record)
     return ("recorded", checkpoint.step)
@@ -206,7 +208,8 @@ def _fan_out(ray, recorder, todo: list, on_error: str, max_retries: int) -> None
     device = "cuda" if gpus else recorder.device
     job = {"out": str(recorder.out.resolve()), "plan": recorder.plan, "layers": recorder.layers,
            "heads": recorder.heads, "step_unit": recorder.step_unit, "prompt": recorder.prompt,
-           "batch_size": recorder.batch_size}  # fmt: skip
+           "batch_size": recorder.batch_size, "aggregates": recorder.aggregates,
+           "entries": recorder.entries, "state": recorder.state}  # fmt: skip
     job_ref, tokens_ref = ray.put(job), ray.put(recorder.tokens)
     task = ray.remote(_record_task).options(num_gpus=gpus, max_retries=max_retries)
     steps = {task.remote(c, job_ref, tokens_ref, device): c.step for c in todo}

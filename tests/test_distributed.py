@@ -134,7 +134,8 @@ def own_checkpoints(tmp_path_factory):
 
 def assert_same_trajectory(a, b) -> None:
     assert a.steps.tolist() == b.steps.tolist() and a.meta == b.meta
-    for name in ("zbar", "c_hat", "entropy", "query_entropy", "prompt_pattern"):
+    assert list(a.values) == list(b.values) and a.rows == b.rows
+    for name in (*a.values, "prompt_pattern"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
 
 

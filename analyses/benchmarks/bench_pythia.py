@@ -15,8 +15,10 @@ default options), ``scansnap report``.  In this process, on the last checkpoint'
 the recorder loads it: the TransformerLens forward pass without hooks, stopped after the
 last layer (`run_until`), the plain Hugging Face forward of the same rows (the GPT-NeoX body,
 no unembedding), and one `record_checkpoint` of the default plan, on the same rows and
-threads.  Prints one JSON line: per stage the seconds and peak RSS, the bytes per checkpoint,
-and the recorder's ratio to both forward passes.
+threads; and the `Recorder`'s whole per-checkpoint call (recorded and written, the load
+aside) after its first checkpoint.  Prints one JSON line: per stage the seconds and peak RSS,
+the bytes per checkpoint, and the recorder's ratios to both forward passes in wall and CPU
+time.
 """
 
 from __future__ import annotations
@@ -132,27 +134,33 @@ def run_stage(name: str, argv: list[str], log: Path) -> dict:
     return {"s": round(seconds, 1), "peak_mb": int(peak[-1].split("=")[1])}
 
 
-def best_of(functions: dict, rounds: int = 3) -> dict[str, float]:
-    """The least seconds of each function over `rounds`, the functions taking turns so that a
-    slow spell of the machine falls on all of them alike."""
-    times: dict[str, list[float]] = {name: [] for name in functions}
+def best_of(functions: dict, rounds: int = 3) -> dict[str, dict[str, float]]:
+    """The least wall and CPU seconds (this process's, all threads) of each function over
+    `rounds`, the functions taking turns so that a slow spell of the machine falls on all of
+    them alike."""
+    times: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": []} for n in functions}
     for _ in range(rounds):
         for name, fn in functions.items():
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: min(t) for name, t in times.items()}
+            times[name]["cpu"].append(time.process_time() - cpu)
+            times[name]["wall"].append(time.perf_counter() - wall)
+    return {name: {k: min(v) for k, v in t.items()} for name, t in times.items()}
 
 
 @torch.no_grad()
 def forward_baselines(checkpoint: Path, tokens: torch.Tensor, batch_size: int, plan,
-                      rounds: int = 3) -> dict:  # fmt: skip
-    """The TransformerLens forward without hooks (stopped after the last layer), the plain
-    Hugging Face forward (the GPT-NeoX body), and `record_checkpoint`, on the same rows."""
+                      work: Path, rounds: int = 3) -> dict:  # fmt: skip
+    """On the same rows: the TransformerLens forward without hooks (stopped after the last
+    layer), the plain Hugging Face forward (the GPT-NeoX body), `record_checkpoint` on its own
+    (it decides anew what a run decides once: the probe of the scores hook, the rows of the
+    induction score), and the `Recorder`'s whole per-checkpoint call (`on_checkpoint`: record
+    and write the file, its load aside) once its first checkpoint has decided those."""
     from transformers import GPTNeoXForCausalLM
 
     from scansnap_lens.models import checkpoints
     from scansnap_lens.recording.hooks import _HookAggregator, record_checkpoint, run_until
+    from scansnap_lens.recording.recorder import Recorder
 
     model = checkpoints.folder(checkpoint.parent, steps=[int(checkpoint.name.split("-")[1])])
     model = next(iter(model)).load().eval()
@@ -175,10 +183,23 @@ def forward_baselines(checkpoint: Path, tokens: torch.Tensor, batch_size: int, p
     def record():
         record_checkpoint(model, tokens, plan, batch_size=batch_size, progress=False)
 
+    recorder = Recorder(work / "timed", tokens, plan, batch_size=batch_size, progress=False,
+                        overwrite=True)  # fmt: skip
+    steps = iter(range(1, 10**6))
+    recorder.on_checkpoint(0, model)  # the run's first checkpoint decides once
+
+    def per_checkpoint():
+        recorder.on_checkpoint(next(steps), model)
+
     tl_forward()  # warm: the first pass allocates
-    times = best_of({"tl_forward_s": tl_forward, "hf_forward_s": hf_forward,
-                     "record_checkpoint_s": record}, rounds)  # fmt: skip
-    return {name: round(t, 2) for name, t in times.items()}
+    times = best_of({"tl_forward": tl_forward, "hf_forward": hf_forward,
+                     "record_checkpoint": record, "per_checkpoint_call": per_checkpoint},
+                    rounds)  # fmt: skip
+    recorder.close()
+    out = {}
+    for name, t in times.items():
+        out[f"{name}_s"], out[f"{name}_cpu_s"] = round(t["wall"], 2), round(t["cpu"], 2)
+    return out
 
 
 def main() -> None:
@@ -237,11 +258,13 @@ def main() -> None:
     docs = read_documents(wiki / "test.txt", "wikitext")
     tokens = rows_of(encode(load_tokenizer(str(tokenizer)), docs), args.seq_len)[: args.rows]
     last = max(runs.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-    timing = forward_baselines(last, tokens, args.batch_size, plan, args.rounds)
+    timing = forward_baselines(last, tokens, args.batch_size, plan, work, args.rounds)
     result.update(timing)
-    for name in ("tl", "hf"):
-        ratio = timing["record_checkpoint_s"] / timing[f"{name}_forward_s"]
-        result[f"record_over_{name}_forward"] = round(ratio, 2)
+    for what in ("record_checkpoint", "per_checkpoint_call"):
+        for name in ("tl", "hf"):
+            for clock in ("", "_cpu"):
+                ratio = timing[f"{what}{clock}_s"] / timing[f"{name}_forward{clock}_s"]
+                result[f"{what}_over_{name}_forward{clock}"] = round(ratio, 2)
     result["peak_mb_here"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     result["work"] = str(work)
     print(json.dumps(result))

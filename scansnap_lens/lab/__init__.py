@@ -24,6 +24,7 @@ _NAMES = {
     "distinct_entropy": "experiments",
     "distinct_recall": "experiments",
     "effect_for_auroc": "calibration",
+    "head_type_run": "calibration",
     "entropy_sweep": "experiments",
     "per_token_attention": "yz",
     "recall_sweep": "experiments",

@@ -42,7 +42,7 @@ from scansnap_lens.recording.plan import RecordPlan
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
-__all__ = ["SCENARIOS", "Scenario", "crossed_run", "effect_for_auroc"]
+__all__ = ["SCENARIOS", "Scenario", "crossed_run", "effect_for_auroc", "head_type_run"]
 
 
 @dataclass(frozen=True)
@@ -186,3 +186,42 @@ def crossed_run(
                          source="synthetic")  # fmt: skip
     truth = {"auroc": target.clone(), "bias": effect}
     return traj, groups, truth
+
+
+def head_type_run(
+    rows: int = 32,
+    heads: int = 2,
+    rise: tuple[float, ...] = (0.6, 0.0),
+    formed: float = 40.0,
+    steps: int = 11,
+    spacing: float = 10.0,
+    seed: int = 0,
+    name: str = "induction",
+) -> Trajectory:
+    """A trajectory whose head-type scores have a known truth: per row r and head h,
+
+        score[s, r, h] = base[r, h] + rise[h] * sigmoid((step_s - formed) / (spacing / 2))
+                         + noise[s, r, h]
+
+    with skewed row effects (base: Beta(1, 9), mean 0.1) and noise of sd 0.03 (clipped into
+    [0, 1]): head h rises by rise[h] at step `formed` (0: never).  Steps 0, spacing, ...;
+    one layer.  The plan is empty (one query): only the rows aggregate `name` is held."""
+    g = torch.Generator().manual_seed(seed)
+    H = len(rise)
+    if heads != H:
+        raise ValueError(f"heads {heads} and rise {rise} differ in length")
+    t = torch.arange(steps, dtype=torch.float64) * spacing
+    step = torch.sigmoid((t - formed) / (spacing / 2))  # [S]
+    base = 1 - torch.rand(rows, H, generator=g, dtype=torch.float64) ** (1 / 9)  # Beta(1, 9)
+    noise = torch.randn(steps, rows, H, generator=g, dtype=torch.float64) * 0.03
+    lift = torch.tensor(rise, dtype=torch.float64)
+    score = (base[None] + lift[None, None] * step[:, None, None] + noise).clamp(0, 1)
+    plan = RecordPlan.from_counts(
+        2, torch.tensor([0]), torch.tensor([1]), torch.tensor([1]), torch.tensor([0]),
+        torch.tensor([0]), torch.tensor([1]),
+    )  # fmt: skip
+    values = score.permute(0, 2, 1)[:, None].float()  # [S, 1, H, R]
+    return Trajectory(
+        plan, t.long(), [0], list(range(H)), meta={"source": "lab.calibration"},
+        **{name: values},
+    )  # fmt: skip

@@ -136,8 +136,9 @@ class YZRun:
     def to_trajectory(self):
         """The Z snapshots as a `Trajectory`: one layer, one "head" per run.
 
-        zbar[m, l] = Z[m, l] exactly, c_hat = Eq. 5's c[l|n]; the attention entropy over positions
-        is not defined for the population model and is NaN.  Steps are the snapshot steps.
+        zbar[m, l] = Z[m, l] exactly, c_hat = Eq. 5's c[l|n]; nothing else (the attention over
+        positions, behind the entropies and the head types, is not the population model's).
+        Steps are the snapshot steps.
         """
         from scansnap_lens.recording.plan import RecordPlan
         from scansnap_lens.recording.trajectory import Trajectory
@@ -151,11 +152,10 @@ class YZRun:
             M, classes.query, classes.next_token, ones, k_idx, l_idx, counts,
             token_strings=dict(enumerate(classes.token_labels())),
         )  # fmt: skip
-        S, R = self.Z.shape[:2]
+        R = self.Z.shape[1]
         zbar = self.Z[..., plan.pair_query, plan.pair_token]  # [S, R, Pz]
         order = torch.argsort(classes.query * M + classes.next_token)  # the plan's class order
         c_hat = self.attention()[:, :, order][:, :, plan.triple_class, plan.triple_token]
-        nan = torch.full((S, 1, R, classes.num_classes), math.nan)
         return Trajectory(
             plan,
             self.steps.clone(),
@@ -163,8 +163,6 @@ class YZRun:
             heads=list(range(R)),
             zbar=zbar[:, None].float(),
             c_hat=c_hat[:, None].float(),
-            entropy=nan,
-            query_entropy=torch.full((S, 1, R, plan.num_queries), math.nan),
             meta={
                 "source": "yz",
                 "lr_z": self.lr_z.tolist(),

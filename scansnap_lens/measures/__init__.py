@@ -1,6 +1,7 @@
 """Measurements of scan and snap (docs/glossary.md), one module per quantity of the paper.
 
-Every function takes a `Trajectory` (zbar and c_hat over checkpoints, per layer and head) and,
+Every function takes a `Trajectory` (the recorded aggregates over checkpoints, per layer and
+head) and,
 where the quantity compares token kinds, `TokenGroups` (distinct tokens of each class with
 P(l|m, n), common tokens of each query), and returns a `Measurement`: a table with
 ``to_dataframe()`` and its values as ``[step, layer, head]`` tensors (``tensor``).
@@ -23,7 +24,10 @@ P(l|m, n), common tokens of each query), and returns a `Measurement`: a table wi
 - `catalog`: `MEASURES`, the table of measurements (function, needs, summary columns,
   figures, explanation) that `measure_all`, `summarize` and the report iterate over;
 - `summary`: `measure_all` (each measurement once) and `summarize` (one row per head);
-- `heads`: `rank_heads`, `head_grid`, `atlas` (every head's verdict, snap, fit, entropy);
+- `heads`: `rank_heads`, `head_grid`, `atlas` (every head's verdict, snap beside the head
+  types, fit, entropy);
+- `head_types`: `head_type`, the field's head types over training (previous-token,
+  first-token, induction): scores with intervals over rows, and `formation_step`;
 - `uncertainty`: `scan_uncertainty`, every head's intervals, p-values, the untrained baseline
   and its verdict (`scans`), each figure from its own module and `resampling`.
 """
@@ -76,6 +80,10 @@ _NAMES = {
     "growth_bounds": "fit",
     "growth_factor": "growth",
     "head_grid": "heads",
+    "head_type": "head_types",
+    "head_type_scores": "head_types",
+    "formation_step": "head_types",
+    "HEAD_TYPES": "head_types",
     "known_rates": "rates",
     "measure_all": "summary",
     "position_entropy": "entropy",
@@ -101,6 +109,7 @@ _MODULES = {
     "frequency",
     "growth",
     "heads",
+    "head_types",
     "measurement",
     "rates",
     "resampling",

@@ -6,7 +6,8 @@ iterate over `MEASURES`; adding a measurement is one module plus one entry here.
 
 >>> [m.name for m in MEASURES]  # in the summary's column order
 ['snapping', 'discriminative_bias', 'frequency_bias', 'sparsity', 'attention_entropy', \
-'growth_factor', 'growth_bounds', 'theory_fit', 'uncertainty']
+'growth_factor', 'growth_bounds', 'theory_fit', 'uncertainty', 'previous_token', \
+'first_token', 'induction']
 >>> by_name("growth_bounds").summary  # the columns it gives the one-row-per-head summary
 ('bound_ratio', 'inside')
 """
@@ -21,6 +22,7 @@ from scansnap_lens.measures.entropy import attention_entropy, sparsity
 from scansnap_lens.measures.fit import growth_bounds, theory_fit
 from scansnap_lens.measures.frequency import frequency_bias
 from scansnap_lens.measures.growth import growth_factor
+from scansnap_lens.measures.head_types import head_type
 from scansnap_lens.measures.measurement import Measurement
 from scansnap_lens.measures.snap import snapping
 from scansnap_lens.measures.uncertainty import UNCERTAINTY_COLUMNS, scan_uncertainty
@@ -256,6 +258,54 @@ MEASURES: tuple[Measure, ...] = (
         " auroc_mde)</i>, <i>too few units</i>, <i>cannot tell from frequency</i> or <i>not"
         " beyond frequency</i>.  The intervals cover other queries and tokens of this text for"
         " this trained model, not another training run.",
+    ),
+)
+
+
+def _head_type(name: str, title: str, caption: str, explains: str) -> Measure:
+    """The entry of one head type (`head_types.head_type`): its score with the interval over
+    rows, and its formation step, beside the snap step."""
+    columns = ("", "_lo", "_hi", "_rise_p", "_step", "_step_lo", "_step_hi", "_reason")
+    plot = Plot(name, caption + "; dotted: snap_step", "over_steps", name, title, snaps=True)
+    return Measure(
+        name,
+        lambda x: head_type(x.traj, name),
+        needs_groups=False,
+        summary=tuple(name + c for c in columns),
+        plots=(plot,),
+        explains=explains
+        + f"  <b>{name}_step</b>: when it formed, the step by which the score has covered half"
+        " its rise from the first checkpoint to its highest (interval: rows resampled), shown"
+        " only where the rise to the last checkpoint is significant (Holm over the heads),"
+        f' else <b>{name}_reason</b> says why ("no rise"); compare it with <b>snap_step</b>.',
+    )
+
+
+MEASURES += (
+    _head_type(
+        "previous_token",
+        "previous-token score",
+        "Previous-token heads: attention on the previous position, A[q, q-1], a line per head",
+        "<b>previous_token</b>: the attention weight of a position on the one before it,"
+        " averaged over positions and then over evaluation rows (the rows are the units of"
+        " its 95&nbsp;% interval <b>_lo</b>, <b>_hi</b>); near 1 is a previous-token head.",
+    ),
+    _head_type(
+        "first_token",
+        "first-token (sink) score",
+        "Attention sinks: attention on position 0, a line per head",
+        "<b>first_token</b>: the attention weight on position 0 (the sink a head parks its"
+        " attention on when it has nothing to do), averaged as previous_token.",
+    ),
+    _head_type(
+        "induction",
+        "induction score",
+        "Induction heads: attention on the token after an earlier occurrence of the current"
+        " one, a line per head",
+        "<b>induction</b>: the attention weight of a position on the position after the most"
+        " recent earlier occurrence of its own token (the induction head's target, as in"
+        " Olsson et al. 2022), averaged as previous_token; on repeated random tokens where the"
+        " evaluation text has too few repeats (the trajectory says which rows it read).",
     ),
 )
 

@@ -23,12 +23,17 @@ from torch import Tensor
 
 __all__ = ["atlas", "head_grid", "rank_heads"]
 
-# the atlas's columns: verdict, scan with its interval, snap, theory fit, entropy
+# the atlas's columns: verdict, scan with its interval, snap beside the head types' scores
+# and formation steps, theory fit, entropy
 ATLAS = ["layer", "head", "scans", "verdict", "bias", "bias_lo", "bias_hi", "auroc",
          "auroc_lo", "auroc_hi", "auroc_p", "auroc_n_eff", "auroc_mde", "matched_auroc",
          "matched_auroc_lo", "matched_auroc_hi", "frequency_control", "spearman",
          "spearman_lo", "spearman_hi", "spearman_p", "spearman_classes", "snap_step",
-         "snap_step_lo", "snap_step_hi", "rank_agreement", "dz_corr",
+         "snap_step_lo", "snap_step_hi", "induction", "induction_lo", "induction_hi",
+         "induction_step", "induction_step_lo", "induction_step_hi", "previous_token",
+         "previous_token_lo", "previous_token_hi", "previous_token_step",
+         "previous_token_step_lo", "previous_token_step_hi", "first_token", "first_token_lo",
+         "first_token_hi", "first_token_step", "rank_agreement", "dz_corr",
          "attention_entropy"]  # fmt: skip
 
 
@@ -62,8 +67,10 @@ def atlas(summary: pd.DataFrame) -> pd.DataFrame:
     AUROC's p-value, effective units and minimal detectable effect, the frequency-matched
     AUROC and how frequency was ruled out, the frequency bias with its interval, p-value and
     number of classes, the snap step with its interval (``snap`` says "not yet snapped" or
-    "no scan" where there is none), the theory's fit and the attention entropy; the columns
-    the summary lacks are left out.
+    "no scan" where there is none) beside the head types' scores and formation steps
+    (induction, previous_token, first_token: does the snap coincide with the head becoming
+    one?), the theory's fit and the attention entropy; the columns the summary lacks are
+    left out.
 
     >>> summary = pd.DataFrame({"layer": [0, 0], "head": [0, 1], "scans": [True, False],
     ...                         "bias": [2.0, 0.1], "snap_step": [120.0, float("nan")],

@@ -138,7 +138,8 @@ def scan_uncertainty(
         estimates["entropy"] = distinct_entropy_estimate(traj, groups)
     except ValueError:
         pass
-    estimates["attention_entropy"] = attention_entropy_estimate(traj)
+    if traj.holds("query_entropy"):  # the lab's trajectories have no attention over positions
+        estimates["attention_entropy"] = attention_entropy_estimate(traj)
 
     for name, est in estimates.items():
         out[f"{name}_lo"], out[f"{name}_hi"] = est.interval(level)

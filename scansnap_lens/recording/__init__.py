@@ -2,11 +2,13 @@
 
 - `budget`: what a recording may write (`CHECKPOINT_BUDGET`, `RUN_BUDGET`);
 - `plan`: `RecordPlan`, what a recording tracks (queries, classes (m, n), sparse slots);
-- `hooks`: the two hooks per layer that aggregate attention logits and weights
+- `aggregates`: what a checkpoint records, one table (`AGGREGATES`: zbar, c_hat, the
+  entropies, the head types previous_token, first_token, induction; `Aggregate` for your own);
+- `hooks`: the two hooks per layer that add each batch's attention into the aggregates
   (`record_checkpoint`, `run_until`);
 - `recorder`: `Recorder`, a model's checkpoints into a resumable trajectory folder;
 - `storage`: the trajectory folder on disk (format, tensor names, writer, locks, lazy reader);
-- `trajectory`: `Trajectory`, the recorded zbar and c_hat over checkpoints, saved and loaded.
+- `trajectory`: `Trajectory`, the recorded aggregates over checkpoints, saved and loaded.
 """
 
 from scansnap_lens._lazy import exports
@@ -18,14 +20,31 @@ _NAMES = {
     "BYTES_PER_VALUE": "budget",
     "CHECKPOINT_BUDGET": "budget",
     "RUN_BUDGET": "budget",
-    "CheckpointRecord": "hooks",
+    "CheckpointRecord": "aggregates",
+    "Aggregate": "aggregates",
+    "AGGREGATES": "aggregates",
+    "RunState": "hooks",
+    "DEFAULT": "aggregates",
+    "HEAD_TYPES": "aggregates",
+    "NotRecorded": "trajectory",
+    "count_rows": "hooks",
+    "row_sources": "hooks",
+    "manifest_aggregates": "storage",
+    "resolve": "aggregates",
+    "earlier_copies": "aggregates",
+    "first_token_positions": "aggregates",
+    "induction_positions": "aggregates",
+    "previous_token_positions": "aggregates",
+    "repeated_random_rows": "aggregates",
+    "Gathered": "aggregates",
+    "AXES": "aggregates",
+    "by_name": "aggregates",
     "RecordPlan": "plan",
     "Recorder": "recorder",
     "RecordingLock": "storage",
     "StepStack": "storage",
     "Trajectory": "trajectory",
     "TrajectoryWriter": "storage",
-    "FILE_KEYS": "storage",
     "FORMAT": "storage",
     "read_steps": "storage",
     "checkpoint_name": "storage",
@@ -42,7 +61,7 @@ _NAMES = {
     "budget_queries": "plan",
     "trainer_callback": "recorder",
 }
-_MODULES = {"budget", "hooks", "plan", "recorder", "storage", "trajectory"}
+_MODULES = {"aggregates", "budget", "hooks", "plan", "recorder", "storage", "trajectory"}
 
 __all__ = sorted(set(_NAMES) | _MODULES)
 __getattr__, __dir__ = exports(__name__, _NAMES, _MODULES)

@@ -1,21 +1,18 @@
-"""Record attention aggregates of a TransformerLens model with two hooks per layer.
+"""Record a checkpoint's attention aggregates with two hooks per layer.
 
 For every watched layer the recorder hooks ``blocks.{L}.attn.hook_attn_scores`` (scores S) and
-``blocks.{L}.attn.hook_pattern`` (weights A), gathers only the (query, context) position pairs
-its `RecordPlan` tracks, and adds them into sparse sums on the fly:
-
-    zbar[m, l]    = mean of S[T, t] over x_T = m, x_t = l, t in context(T)
-    c_hat[l|m, n]  = mean over events (m, n) of sum_{t: x_t = l} Ahat[T, t]
-    entropy[m, n] = mean over events (m, n) of the entropy of Ahat[T, :]
-
-with Ahat the weights renormalised over the context.  No activation cache is built and the
-forward pass stops after the last watched layer, so memory does not grow with the text.
+``blocks.{L}.attn.hook_pattern`` (weights A) and adds, on the fly, what each aggregate of the
+table `aggregates.AGGREGATES` gathers into its sums: the plan aggregates read the (query,
+context) position pairs the `RecordPlan` tracks (one gather per hook for all of them), the
+position aggregates the positions they list.  No activation cache is built and the forward
+pass stops after the last watched layer, so memory does not grow with the text.
 
 Context positions come from the causal structure (T - W <= t < T with the plan's window W,
 or every t < T without one; minus BOS, plus T if ``include_self``), never from testing scores
 for -inf: masked scores are -inf on
 HookedTransformer and the dtype's minimum on TransformerBridge.  Where a bridge fires
-``hook_attn_scores`` with the softmax pattern, scores are rebuilt from ``hook_q``/``hook_k``.
+``hook_attn_scores`` with the softmax pattern, scores are rebuilt from ``hook_q``/``hook_k``
+(whether it does is probed once per run, `RunState`).
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ import math
 import time
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,6 +29,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from scansnap_lens.recording.aggregates import Aggregate, CheckpointRecord, Gathered, resolve
 from scansnap_lens.recording.plan import RecordPlan
 from scansnap_lens.statistics.corpus import _fingerprint
 
@@ -40,30 +38,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CheckpointRecord",
+    "RunState",
+    "count_rows",
     "model_vocab_size",
     "prompt_attention",
     "record_checkpoint",
+    "row_sources",
     "watched",
 ]
-
-
-@dataclass
-class CheckpointRecord:
-    """Aggregates of one checkpoint; L = watched layers, H = watched heads.
-
-    zbar: [L, H, Pz] mean score of each pair slot (m, l).
-    c_hat: [L, H, Pc] per-token attention of each triple slot (m, n, l).
-    entropy: [L, H, K] mean entropy (nats) of the renormalised context attention per class.
-    query_entropy: [L, H, Q] the same per tracked query, over all its events.
-    prompt_pattern: [L, H, T, T] attention weights of one example prompt, or None.
-    """
-
-    step: int
-    zbar: Tensor
-    c_hat: Tensor
-    entropy: Tensor
-    query_entropy: Tensor
-    prompt_pattern: Tensor | None = None
 
 
 def model_vocab_size(model: HookedModel) -> int:
@@ -117,7 +99,7 @@ class _Lookup:
 
 @dataclass
 class _Batch:
-    """Index tensors of the tracked position pairs of one batch (P pairs, E events)."""
+    """Index tensors of the tracked position pairs of one batch (J pairs, E events)."""
 
     flat: Tensor  # [J, H] flat index into a [B, n_heads, T, T] tensor
     q_pos: Tensor  # [J] flat index (b * T + T_query) of each pair's query position
@@ -130,28 +112,33 @@ class _Batch:
     all_tracked: bool  # every pair's class is tracked (c_hat_pairs is everything)
     event_query: Tensor  # [E] query slot of each event
     event_class: Tensor  # [E] class slot, -1 when the class is not tracked
+    tracked: Tensor  # [E] the events whose class is tracked
     num_events: int
+
+
+@dataclass
+class _Positions:
+    """A position aggregate's reads in one batch: n (row, query, key) positions."""
+
+    flat: Tensor  # [n, H] flat index into a [B, n_heads, T, T] tensor
+    slot: Tensor  # [n] the row of each read, among all rows of the pass
 
 
 class _Sums:
     """Sums laid out [layer, slot, head], so that index_add_ adds contiguous head rows.
 
-    Each layer of a batch adds into one float32 buffer per quantity, which is then added to
+    Each layer of a batch adds into one float32 buffer per aggregate, which is then added to
     the totals: a two-level sum, so rounding grows with the number of batches, not of
     positions, and the scatter stays in cheap float32.
     """
 
-    NAMES = ("zbar", "c_hat", "entropy", "query_entropy")
-
-    def __init__(self, plan: RecordPlan, n_layers: int, n_heads: int, device):
-        sizes = (plan.num_pairs, plan.num_triples, plan.num_classes, plan.num_queries)
+    def __init__(self, sizes: dict[str, int], n_layers: int, n_heads: int, device):
         self.total = {
             k: torch.zeros(n_layers, n, n_heads, dtype=torch.float32, device=device)
-            for k, n in zip(self.NAMES, sizes)
+            for k, n in sizes.items()
         }
         self.buffer = {
-            k: torch.zeros(n, n_heads, dtype=torch.float32, device=device)
-            for k, n in zip(self.NAMES, sizes)
+            k: torch.zeros(n, n_heads, dtype=torch.float32, device=device) for k, n in sizes.items()
         }
 
     def add(self, name: str, layer: int, slot: Tensor, values: Tensor) -> None:
@@ -162,15 +149,36 @@ class _Sums:
 
 
 class _HookAggregator:
-    """The hooks of one checkpoint's recording: each batch's attention scores and weights
-    summed into the plan's slots (`recorder.Recorder` is the public, resumable recorder)."""
+    """The hooks of one pass over rows: each batch's attention scores and weights summed into
+    the slots of the aggregates (`aggregates.AGGREGATES`) it records
+    (`recorder.Recorder` is the public, resumable recorder).
 
-    def __init__(self, model, plan: RecordPlan, layers, heads, device):
+    plan aggregates read the plan's tracked pairs (none: the pass reads positions only);
+    rows: the rows of the pass (the slots of its position aggregates).
+    """
+
+    def __init__(self, model, plan: RecordPlan, layers, heads, device,
+                 aggregates: Sequence[Aggregate], rows: int, scores_from_qk=None):  # fmt: skip
         self.model, self.plan = model, plan
         self.layers, self.heads = list(layers), torch.as_tensor(list(heads), device=device)
         self.n_heads = int(model.cfg.n_heads)
         self.device = device
-        self.sums = _Sums(plan, len(self.layers), len(self.heads), device)
+        self.on_plan = [a for a in aggregates if a.axis != "rows"]
+        self.on_rows = [a for a in aggregates if a.axis == "rows"]
+        self.read_scores = [a for a in self.on_plan if a.reads == "scores"]
+        self.read_weights = [a for a in self.on_plan if a.reads == "weights"]
+        sizes = {a.name: a.slots(plan, rows) for a in aggregates}
+        self.sums = _Sums(sizes, len(self.layers), len(self.heads), device)
+        self.row_counts = {a.name: torch.zeros(rows, dtype=torch.long) for a in self.on_rows}
+        self.rows_done = 0
+        self.batch: _Batch | None = None
+        self.positions: dict[str, _Positions] = {}
+        # per layer, whether hook_attn_scores carries the pattern (`probe`); shared by the
+        # checkpoints of one run, which have one architecture
+        self.scores_from_qk: dict[int, bool] = {} if scores_from_qk is None else scores_from_qk
+        self.qk: dict[int, dict[str, Tensor]] = {}
+        if not self.on_plan:
+            return
         V = plan.vocab_size
         self.query_slot = torch.full((V,), -1, dtype=torch.long, device=device)
         self.query_slot[plan.queries.to(device)] = torch.arange(plan.num_queries, device=device)
@@ -179,9 +187,6 @@ class _HookAggregator:
         self.pair_lookup = _Lookup(qs[plan.pair_query], plan.pair_token, Q, V, device)
         self.class_lookup = _Lookup(qs[plan.class_query], plan.class_next, Q, V, device)
         self.triple_lookup = _Lookup(plan.triple_class, plan.triple_token, C, V, device)
-        self.batch: _Batch | None = None
-        self.scores_from_qk: dict[int, bool] = {}
-        self.qk: dict[int, dict[str, Tensor]] = {}
 
     # -- indices ---------------------------------------------------------------------
     def index(self, x: Tensor) -> _Batch:
@@ -236,8 +241,33 @@ class _HookAggregator:
             all_tracked=all_tracked,
             event_query=qslot[b_e, t_e],
             event_class=event_class,
+            tracked=event_class >= 0,
             num_events=E,
         )
+
+    def index_positions(self, x: Tensor) -> dict[str, _Positions]:
+        """Each position aggregate's reads in batch `x`, and its count of query positions
+        per row added to `row_counts`."""
+        B, T = x.shape
+        out = {}
+        for agg in self.on_rows:
+            row, q, k = (t.to(self.device).long() for t in agg.positions(x))
+            if row.numel() and (
+                int(row.min()) < 0 or int(row.max()) >= B
+                or int(torch.minimum(q, k).min()) < 0 or int(torch.maximum(q, k).max()) >= T
+            ):  # fmt: skip
+                raise ValueError(
+                    f"aggregate {agg.name}: positions(x) lists positions outside the batch"
+                    f" [{B}, {T}]"
+                )
+            base = (row * self.n_heads * T + q) * T + k
+            flat = base[:, None] + (self.heads * T * T)[None, :]
+            queries = torch.unique(row * T + q) // T  # each query position counts once
+            self.row_counts[agg.name].index_add_(
+                0, (queries + self.rows_done).cpu(), torch.ones(queries.numel(), dtype=torch.long)
+            )
+            out[agg.name] = _Positions(flat, row + self.rows_done)
+        return out
 
     # -- hooks -------------------------------------------------------------------------
     def scores_hook(self, i: int, layer: int):
@@ -246,8 +276,7 @@ class _HookAggregator:
                 return None
             bt = self.batch
             flat = bt.flat if bt.zbar_pairs is None else bt.flat[bt.zbar_pairs]
-            vals = scores.reshape(-1)[flat].float()  # [J, H]
-            self.sums.add("zbar", i, bt.pair_slot, vals)
+            self._add(i, self.read_scores, Gathered(bt, scores=scores.reshape(-1)[flat].float()))
             return None
 
         return hook
@@ -261,28 +290,36 @@ class _HookAggregator:
 
     def pattern_hook(self, i: int, layer: int):
         def hook(pattern: Tensor, hook=None):
-            bt = self.batch
-            if self.scores_from_qk.get(layer):
-                self._scores_from_qk(i, layer)
             if pattern.shape[1] != self.n_heads:
                 raise RuntimeError(
                     f"layer {layer}: hook_pattern has {pattern.shape[1]} heads,"
                     f" the config says {self.n_heads}"
                 )
-            a = pattern.reshape(-1)[bt.flat].float()  # [J, H]
+            flat_pattern = pattern.reshape(-1)
+            for name, reads in self.positions.items():
+                self.sums.add(name, i, reads.slot, flat_pattern[reads.flat].float())
+            if not self.on_plan:
+                return None
+            bt = self.batch
+            if self.read_scores and self.scores_from_qk.get(layer):
+                self._scores_from_qk(i, layer)
+            if not self.read_weights:
+                return None
+            a = flat_pattern[bt.flat].float()  # [J, H]
             den = torch.zeros(bt.num_events, a.shape[1], dtype=a.dtype, device=a.device)
             den.index_add_(0, bt.event, a)
             # An event whose context weights all underflow to 0 contributes zeros.
             ahat = a.div_(den.clamp_min_(1e-30)[bt.event])
-            sums = self.sums
-            sums.add("c_hat", i, bt.triple_slot, ahat if bt.all_tracked else ahat[bt.c_hat_pairs])
             ent = den.zero_().index_add_(0, bt.event, torch.special.xlogy(ahat, ahat).neg_())
-            sums.add("query_entropy", i, bt.event_query, ent)
-            tracked = bt.event_class >= 0
-            sums.add("entropy", i, bt.event_class[tracked], ent[tracked])
+            self._add(i, self.read_weights, Gathered(bt, weights=ahat, entropy=ent))
             return None
 
         return hook
+
+    def _add(self, i: int, aggregates: list[Aggregate], gathered: Gathered) -> None:
+        for agg in aggregates:
+            slot, values = agg.gather(gathered)
+            self.sums.add(agg.name, i, slot, values)
 
     def _scores_from_qk(self, i: int, layer: int) -> None:
         acts = self.qk.pop(layer, {})
@@ -299,21 +336,23 @@ class _HookAggregator:
             q_pos, k_pos = q_pos[bt.zbar_pairs], k_pos[bt.zbar_pairs]
         vals = (q[q_pos].float() * k[k_pos].float()).sum(-1)  # [J, H]
         vals = vals / _attn_scale(self.model, layer)
-        self.sums.add("zbar", i, bt.pair_slot, vals)
+        self._add(i, self.read_scores, Gathered(bt, scores=vals))
 
     def hooks(self) -> list[tuple[str, object]]:
         hooks = []
         for i, layer in enumerate(self.layers):
-            hooks.append((f"blocks.{layer}.attn.hook_attn_scores", self.scores_hook(i, layer)))
-            if self.scores_from_qk.get(layer):
-                q_name, k_name = _qk_hook_names(self.model, layer)
-                hooks.append((q_name, self.qk_hook(layer, "q")))
-                hooks.append((k_name, self.qk_hook(layer, "k")))
+            if self.read_scores:
+                hooks.append((f"blocks.{layer}.attn.hook_attn_scores", self.scores_hook(i, layer)))
+                if self.scores_from_qk.get(layer):
+                    q_name, k_name = _qk_hook_names(self.model, layer)
+                    hooks.append((q_name, self.qk_hook(layer, "q")))
+                    hooks.append((k_name, self.qk_hook(layer, "k")))
             hooks.append((f"blocks.{layer}.attn.hook_pattern", self.pattern_hook(i, layer)))
         return hooks
 
     def probe(self, x: Tensor) -> None:
-        """Find out, per layer, whether hook_attn_scores carries scores or the pattern."""
+        """Find out, per layer, whether hook_attn_scores carries scores or the pattern (once
+        per run: the checkpoints of a run share their architecture)."""
 
         def probe_hook(layer):
             def hook(scores: Tensor, hook=None):
@@ -334,6 +373,8 @@ class _HookAggregator:
 
     def pairs_per_row(self, x: Tensor) -> Tensor:
         """[B] the tracked position pairs of each row (what `index` would gather)."""
+        if not self.on_plan:
+            return torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
         T = x.shape[1]
         first, own, W = int(self.plan.exclude_bos), int(self.plan.include_self), self.plan.window
         pos = torch.arange(T, device=x.device)
@@ -343,7 +384,7 @@ class _HookAggregator:
         return (is_event * n_ctx).sum(1)
 
     def run(self, x: Tensor) -> None:
-        if len(self.scores_from_qk) < len(self.layers):
+        if self.read_scores and len(self.scores_from_qk) < len(self.layers):
             self.probe(x[:1])
         pairs = torch.cumsum(self.pairs_per_row(x), 0).cpu()
         per_row = 4 * self.n_heads * x.shape[1] ** 2  # bytes of one row's float32 attention
@@ -354,11 +395,29 @@ class _HookAggregator:
             stop = int(torch.searchsorted(pairs, before + self.MAX_PAIRS, right=True))
             stop = min(max(stop, start + 1), start + most_rows)
             part = x[start:stop]
-            self.batch = self.index(part)
+            self.batch = self.index(part) if self.on_plan else None
+            self.positions = self.index_positions(part)
             run_until(self.model, part, max(self.layers), self.hooks())
-            self.batch = None
+            self.batch, self.positions = None, {}
             self.qk.clear()
+            self.rows_done += part.shape[0]
             start = stop
+
+    def means(self) -> dict[str, Tensor]:
+        """{name: [L, H, slots]} float32 on the host: each slot's sum over its count (the
+        plan's for plan aggregates, each row's query positions for position aggregates; NaN
+        for a row with none)."""
+        out = {}
+        for agg in [*self.on_plan, *self.on_rows]:
+            total = self.sums.total[agg.name].cpu().double()  # the division on the host
+            if agg.axis == "rows":
+                count = self.row_counts[agg.name].double()
+                avg = torch.where(count[None, :, None] > 0, total / count.clamp_min(1)[None, :,
+                                  None], math.nan)  # fmt: skip
+            else:
+                avg = total / agg.count(self.plan).double()[None, :, None].clamp_min(1)
+            out[agg.name] = avg.transpose(1, 2).float().contiguous()  # [L, H, slot]
+        return out
 
 
 class _Enough(Exception):
@@ -458,6 +517,60 @@ def watched(model, layers=None, heads=None) -> tuple[list[int], list[int]]:
     return layers, heads
 
 
+@dataclass
+class RunState:
+    """What the checkpoints of one run share, decided at its first checkpoint and kept: per
+    layer whether ``hook_attn_scores`` carries the pattern (the probe), each position
+    aggregate's rows (the evaluation rows, or its own: `Aggregate.own_rows`).  A `Recorder`
+    keeps one; `record_checkpoint` without one decides anew."""
+
+    scores_from_qk: dict[int, bool] = field(default_factory=dict)
+    rows: dict[str, tuple[Tensor | None, str]] = field(default_factory=dict)
+
+
+def row_sources(
+    aggregates: Sequence[Aggregate], tokens, vocab_size: int, state: RunState | None = None
+) -> dict[str, tuple[Tensor | None, str]]:
+    """{name: (own rows [R, T'] or None for the evaluation rows, words)} of the position
+    aggregates, kept in `state`."""
+    state = RunState() if state is None else state
+    missing = [a for a in aggregates if a.axis == "rows" and a.name not in state.rows]
+    if missing:
+        rows = tokens if isinstance(tokens, Tensor) else torch.cat(list(_batches(tokens, 1 << 30)))
+        for agg in missing:
+            own = None if agg.own_rows is None else agg.own_rows(rows.cpu(), vocab_size)
+            state.rows[agg.name] = (None, "evaluation rows") if own is None else own
+    return {a.name: state.rows[a.name] for a in aggregates if a.axis == "rows"}
+
+
+def count_rows(tokens) -> int:
+    """N, the evaluation rows of `tokens` ([N, T] or [B, T] batches)."""
+    if isinstance(tokens, Tensor):
+        return int(tokens.shape[0])
+    return sum(int(torch.as_tensor(b).reshape(-1, torch.as_tensor(b).shape[-1]).shape[0])
+               for b in tokens)  # fmt: skip
+
+
+def _warn_broken(model, step: int) -> None:
+    """Warn where the weights hold NaN or inf (a diverged run: its attention is what it is,
+    but the user should know); one fused norm over all weights, the names only then."""
+    params = [p.detach() for p in model.parameters() if p.numel()]
+    if not params:
+        return
+    norms = torch._foreach_norm(params, math.inf)
+    if bool(torch.isfinite(torch.stack([n.float() for n in norms])).all()):
+        return
+    broken = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if broken:
+        warnings.warn(
+            f"checkpoint at step {step}: {len(broken)} weight tensors hold NaN or inf"
+            f" ({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}); its attention"
+            " is recorded as the model computes it",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
 @torch.no_grad()
 def record_checkpoint(
     model: HookedModel,
@@ -471,13 +584,17 @@ def record_checkpoint(
     progress: bool = True,
     prompt: Tensor | None = None,
     on_batch=None,
+    aggregates: Sequence[Aggregate | str] | None = None,
+    state: RunState | None = None,
 ) -> CheckpointRecord:
-    """Run the evaluation tokens through `model` and aggregate its attention per `plan`.
+    """Run the evaluation tokens through `model` and record its attention's aggregates.
 
     tokens: [N, T] ids (or an iterable of [B, T] batches) -- the tokens the plan was built on.
-    layers, heads: what to watch (default: all).  Returns means as float32.
+    layers, heads: what to watch (default: all).  Returns means as float32, [L, H, slots]
+    per aggregate (`aggregates.AGGREGATES`; default `aggregates.DEFAULT`).
     prompt: [T'] ids of an example whose full attention weights are kept as well.
     on_batch: called after each batch with (batches done, batches in all or None, seconds).
+    state: what a run's checkpoints share (`RunState`), decided once and kept in it.
     """
     vocab = model_vocab_size(model)
     if plan.vocab_size != vocab:
@@ -485,63 +602,59 @@ def record_checkpoint(
             f"vocabulary mismatch: the plan was built for {plan.vocab_size} tokens and the"
             f" model has d_vocab = {vocab}"
         )
-    broken = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
-    if broken:  # a diverged run: its attention is what it is, but the user should know
-        warnings.warn(
-            f"checkpoint at step {step}: {len(broken)} weight tensors hold NaN or inf"
-            f" ({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}); its attention"
-            " is recorded as the model computes it",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+    aggregates = resolve(aggregates)
+    unusable = [a.name for a in aggregates if not a.recordable]
+    if unusable:
+        raise ValueError(f"aggregates {unusable} were read from a folder: pass their definitions")
+    _warn_broken(model, step)
     layers, heads = watched(model, layers, heads)
     if device is None:
         device = next(model.parameters()).device
-    aggregator = _HookAggregator(model, plan, layers, heads, device)
+    state = RunState() if state is None else state
+    batches = list(_batches(tokens, batch_size))
+    sources = row_sources(aggregates, batches, vocab, state)
+    own = [a for a in aggregates if a.axis == "rows" and sources[a.name][0] is not None]
+    main = [a for a in aggregates if a not in own]
+    rows = sum(x.shape[0] for x in batches)
+    aggregator = _HookAggregator(model, plan, layers, heads, device, main, rows,
+                                 state.scores_from_qk)  # fmt: skip
     was_training = model.training
     model.eval()
     fingerprint = 0
-    total = math.ceil(tokens.shape[0] / batch_size) if isinstance(tokens, Tensor) else None
     start = time.perf_counter()
+    values = {}
     try:
         for done, x in enumerate(
-            tqdm(
-                _batches(tokens, batch_size),
-                total=total,
-                desc=f"record step {step}",
-                unit="batch",
-                disable=not progress,
-                leave=False,
-            ),
+            tqdm(batches, desc=f"record step {step}", unit="batch", disable=not progress,
+                 leave=False),
             1,
-        ):
+        ):  # fmt: skip
             check_tokens(x, vocab)
             fingerprint = (fingerprint + _fingerprint(list(x.cpu().numpy().astype(np.int64)))) & (
                 (1 << 64) - 1
             )
             aggregator.run(x.to(device))
             if on_batch is not None:
-                on_batch(done, total, time.perf_counter() - start)
+                on_batch(done, len(batches), time.perf_counter() - start)
+        if fingerprint != plan.fingerprint:
+            raise ValueError(
+                "these evaluation tokens are not the ones the plan was built from"
+                " (fingerprints differ): build the plan with plan_recording(tokens, ...)"
+            )
+        values.update(aggregator.means())
+        for agg in own:  # an aggregate that reads rows of its own: one pass over them
+            own_rows = sources[agg.name][0]
+            check_tokens(own_rows, vocab)
+            extra = _HookAggregator(model, plan, layers, heads, device, [agg],
+                                    own_rows.shape[0])  # fmt: skip
+            for x in own_rows.split(batch_size):
+                extra.run(x.to(device))
+            values.update(extra.means())
     finally:
         model.train(was_training)
-    if fingerprint != plan.fingerprint:
-        raise ValueError(
-            "these evaluation tokens are not the ones the plan was built from"
-            " (fingerprints differ): build the plan with plan_recording(tokens, ...)"
-        )
-    sums = aggregator.sums.total
-
-    def mean(name: str, count: Tensor) -> Tensor:
-        total = sums[name].cpu()  # [L, slot, H]; the division on the host, in float64
-        avg = total.double() / count.double()[None, :, None].clamp_min(1)
-        return avg.transpose(1, 2).float().cpu().contiguous()  # [L, H, slot]
-
     return CheckpointRecord(
         step=int(step),
-        zbar=mean("zbar", plan.pair_count),
-        c_hat=mean("c_hat", plan.class_events[plan.triple_class]),
-        entropy=mean("entropy", plan.class_events),
-        query_entropy=mean("query_entropy", plan.query_events),
+        values={a.name: values[a.name] for a in aggregates},
         prompt_pattern=None if prompt is None else prompt_attention(model, prompt, layers, heads),
     )
 

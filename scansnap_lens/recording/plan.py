@@ -26,7 +26,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from scansnap_lens.recording.budget import BYTES_PER_VALUE
 from scansnap_lens.statistics.context import Context
 from scansnap_lens.statistics.corpus import CooccurrenceStats, cooccurrence
 
@@ -150,8 +149,8 @@ class RecordPlan:
         )
 
     def for_queries(self, queries: Tensor) -> tuple[RecordPlan, dict[str, Tensor]]:
-        """The plan restricted to `queries`, and per recorded tensor the mask of its slots
-        kept (``zbar``, ``c_hat``, ``entropy``, ``query_entropy``)."""
+        """The plan restricted to `queries`, and per plan axis (`aggregates.AXES`: pairs,
+        triples, classes, queries) the mask of its slots kept."""
         q = torch.isin(self.queries, queries)
         c = torch.isin(self.class_query, queries)
         z = torch.isin(self.pair_query, queries)
@@ -171,7 +170,7 @@ class RecordPlan:
             triple_token=self.triple_token[t],
             triple_count=self.triple_count[t],
         )
-        return sub, {"zbar": z, "c_hat": t, "entropy": c, "query_entropy": q}
+        return sub, {"pairs": z, "triples": t, "classes": c, "queries": q}
 
     @property
     def num_queries(self) -> int:
@@ -191,14 +190,9 @@ class RecordPlan:
 
     @property
     def num_slots(self) -> int:
-        """Values recorded per head: zbar pairs, c_hat triples, classes and queries."""
+        """Values the plan's axes take per head (one per zbar pair, c_hat triple, class and
+        query), what its queries cost; the rows aggregates add a fixed number of rows."""
         return self.num_pairs + self.num_triples + self.num_classes + self.num_queries
-
-    def checkpoint_bytes(self, layers: int, heads: int, prompt_length: int = 0) -> int:
-        """Bytes of one checkpoint's tensors for `layers` x `heads` watched heads (and an
-        example prompt of `prompt_length` tokens, whose [T, T] weights are kept)."""
-        per_head = self.num_slots + prompt_length**2
-        return BYTES_PER_VALUE * layers * heads * per_head
 
     def __repr__(self) -> str:
         sampled = "" if self.common_per_query is None else f", {self.common_per_query} commons"

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from scansnap_lens._io import check_writable
 from scansnap_lens.models.backend import hf_bridge, is_hf_model
 from scansnap_lens.models.checkpoints import CheckpointError, CheckpointSource
+from scansnap_lens.recording.aggregates import Aggregate, CheckpointRecord, resolve
 from scansnap_lens.recording.budget import (
     BYTES_PER_VALUE,
     CHECKPOINT_BUDGET,
@@ -28,7 +29,13 @@ from scansnap_lens.recording.budget import (
     duration,
     size_text,
 )
-from scansnap_lens.recording.hooks import CheckpointRecord, record_checkpoint, watched
+from scansnap_lens.recording.hooks import (
+    RunState,
+    count_rows,
+    record_checkpoint,
+    row_sources,
+    watched,
+)
 from scansnap_lens.recording.plan import (
     RecordPlan,
     plan_recording,
@@ -38,6 +45,7 @@ from scansnap_lens.recording.storage import (
     TrajectoryWriter,
     _read_manifest,
     _read_plan,
+    manifest_aggregates,
     remove_trajectory,
 )
 from scansnap_lens.recording.trajectory import Trajectory
@@ -79,6 +87,9 @@ class Recorder:
     prompt: [T'] ids whose full attention weights are kept at every checkpoint (for attention
     maps and circuitsvis views); by default the first ``prompt_length`` tokens of the first
     evaluation sequence (``prompt_length=0``: none).
+    aggregates: what each checkpoint records (`aggregates.AGGREGATES` entries, by object or
+    name; a notebook's own `aggregates.Aggregate` among them); default `aggregates.DEFAULT`
+    for a new folder, and what the folder records for one that resumes.
     overwrite: replace a trajectory of another run in ``out``.  Without it, a folder whose
     run differs (plan, layers, heads, prompt, or a value of ``meta`` such as the rates or the
     checkpoint source) is refused with what differs; the same run resumes.
@@ -110,8 +121,15 @@ class Recorder:
         window: int | None = None,
         max_checkpoint_bytes: int = CHECKPOINT_BUDGET,
         max_run_bytes: int = RUN_BUDGET,
+        aggregates=None,
     ):
         self.out = Path(out)
+        if tokens is not None and not isinstance(tokens, Tensor):
+            tokens = [torch.as_tensor(b) for b in tokens]  # read at every checkpoint
+        self.aggregates = resolve(aggregates)
+        self._aggregates_given = aggregates is not None
+        self.state = RunState()  # what the run's checkpoints share, decided at the first
+        self.entries: list[dict] | None = None  # the manifest's aggregate entries
         for name, value in (("max_checkpoint_bytes", max_checkpoint_bytes),
                             ("max_run_bytes", max_run_bytes)):  # fmt: skip
             if not value > 0:
@@ -188,6 +206,8 @@ class Recorder:
         if (self.out / "manifest.json").exists():
             # Resuming: check the folder against this plan now, before any model is loaded.
             manifest = _read_manifest(self.out)
+            if not self._aggregates_given:  # record what the folder records
+                self.aggregates = _folder_aggregates(self.out, manifest)
             self.layers = manifest["layers"] if layers is None else layers
             self.heads = manifest["heads"] if heads is None else heads
             if default_prompt:  # keep the prompt already recorded
@@ -227,14 +247,17 @@ class Recorder:
                 layers, heads = watched(model, self.layers, self.heads)
             else:
                 layers, heads = list(self.layers), list(self.heads)
+            vocab = int(model.cfg.d_vocab) if model is not None else self.plan.vocab_size
+            self.entries = self._entries(vocab)
             if self.plan is None:  # planned from the first model: its vocabulary, its tokenizer
                 self.plan = self._plan_for(model, len(layers) * len(heads))
             self._check_budget(len(layers) * len(heads))
             self.layers, self.heads = layers, heads
             self.lock.acquire()
             self._writer = TrajectoryWriter(
-                self.out, self.plan, layers, heads, self.step_unit, self.meta, prompt=self.prompt
-            )
+                self.out, self.plan, layers, heads, self.step_unit, self.meta, prompt=self.prompt,
+                aggregates=self.entries,
+            )  # fmt: skip
         for skip in self._skips:
             self._writer.skip(*skip)
         self._skips = []
@@ -243,6 +266,29 @@ class Recorder:
     @property
     def _prompt_length(self) -> int:
         return 0 if self.prompt is None else int(self.prompt.numel())
+
+    def _entries(self, vocab_size: int) -> list[dict]:
+        """The manifest entries of the aggregates; a rows aggregate's rows decided (once)."""
+        sources = row_sources(self.aggregates, self.tokens, vocab_size, self.state)
+        rows = count_rows(self.tokens)
+        out = []
+        for agg in self.aggregates:
+            own, words = sources.get(agg.name, (None, ""))
+            out.append(agg.entry(rows if own is None else own.shape[0], words))
+        return out
+
+    def _fixed_slots(self) -> int:
+        """Values per head that do not depend on the plan's queries: the rows aggregates'."""
+        return sum(e.get("slots", 0) for e in self.entries if e["axis"] == "rows")
+
+    def _checkpoint_bytes(self, num_heads: int) -> int:
+        """Bytes of one checkpoint's tensors: every aggregate's slots and the prompt's
+        weights, per watched head."""
+        slots = sum(
+            e["slots"] if e["axis"] == "rows" else Aggregate.from_entry(e).slots(self.plan)
+            for e in self.entries
+        )
+        return BYTES_PER_VALUE * num_heads * (slots + self._prompt_length**2)
 
     def _plan_for(self, model, num_heads: int) -> RecordPlan:
         """The plan of the first model: the asked queries, or those that fit the budget."""
@@ -253,7 +299,7 @@ class Recorder:
             if self._expected:
                 budget = min(budget, self.max_run_bytes // self._expected)
             per_head = budget // (BYTES_PER_VALUE * num_heads) - self._prompt_length**2
-            max_slots = max(per_head, 1)
+            max_slots = max(per_head - self._fixed_slots(), 1)
             if self.stats is not None:  # plan for the scan's power: see `plan_recording`
                 try:
                     groups = TokenGroups.from_statistics(self.stats)
@@ -274,7 +320,7 @@ class Recorder:
 
     def _check_budget(self, num_heads: int) -> None:
         """Say the plan's size; refuse a run that would write more than `max_run_bytes`."""
-        per = self.plan.checkpoint_bytes(1, num_heads, self._prompt_length)
+        per = self._checkpoint_bytes(num_heads)
         runs = self._expected
         total = "" if not runs else f", {size_text(per * runs)} for {runs} checkpoints"
         if self.progress and self._said != (runs,):
@@ -295,11 +341,12 @@ class Recorder:
         if done != 1 or total is None:
             return
         self._estimated = True
-        rows, length = int(self.tokens.shape[0]), int(self.tokens.shape[1])
+        first = self.tokens if isinstance(self.tokens, Tensor) else self.tokens[0]
+        rows, length = count_rows(self.tokens), int(first.shape[-1])
         per_checkpoint = seconds * total
         left = (self._expected or 0) - len(self.done)
         heads = len(self.layers) * len(self.heads)
-        disk = self.plan.checkpoint_bytes(1, heads, self._prompt_length)
+        disk = self._checkpoint_bytes(heads)
         run = (
             f", {duration(per_checkpoint * left)} and {size_text(disk * left)} for the {left}"
             " checkpoints to record"
@@ -372,6 +419,8 @@ class Recorder:
             progress=self.progress,
             prompt=self.prompt,
             on_batch=None if self._estimated or not self.progress else self._estimate,
+            aggregates=self.aggregates,
+            state=self.state,
         )
         writer.write(record)
         return record
@@ -447,6 +496,20 @@ class Recorder:
 
     def trajectory(self) -> Trajectory:
         return Trajectory.load(self.out)
+
+
+def _folder_aggregates(out: Path, manifest: dict) -> tuple[Aggregate, ...]:
+    """The aggregates a folder records, to resume it; ValueError naming a notebook's own
+    aggregate whose definition must be passed again."""
+    found = [Aggregate.from_entry(e) for e in manifest_aggregates(manifest)]
+    own = [a.name for a in found if not a.recordable]
+    if own:
+        raise ValueError(
+            f"{out} records the aggregates {own} of your own: pass their definitions"
+            " (Recorder(..., aggregates=[...]) with every aggregate the folder records) to"
+            " resume it"
+        )
+    return tuple(found)
 
 
 def _check_indices(name: str, values) -> None:

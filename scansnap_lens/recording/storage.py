@@ -4,8 +4,12 @@ lazy reader.
     manifest.json                            steps done, skipped checkpoints, layers, heads,
                                              step unit, meta, the example prompt, the plan file
     plan.safetensors                         the RecordPlan (tracked queries, classes, slots)
-    checkpoints/step_000001000.safetensors   zbar, c_hat (as "chat"), entropy, query_entropy
-                                             (and prompt_pattern where a prompt is recorded)
+    checkpoints/step_000001000.safetensors   one tensor per recorded aggregate, under its key
+                                             (`aggregates.AGGREGATES`; c_hat as "chat"), and
+                                             prompt_pattern where a prompt is recorded
+
+The manifest lists the recorded aggregates (name, key, axis; for a rows aggregate its rows);
+a folder written before the list existed holds the four plan aggregates (`aggregates.V1`).
 
 Every file is written to a temporary name, synced and renamed, so an interrupted recording
 leaves only whole files, and `TrajectoryWriter` resumes by skipping the steps already done.
@@ -47,42 +51,46 @@ try:
     import fcntl
 except ImportError:  # Windows
     fcntl = None
-from scansnap_lens.recording.hooks import CheckpointRecord
+from scansnap_lens.recording.aggregates import V1, Aggregate, CheckpointRecord
 from scansnap_lens.recording.plan import RecordPlan
 
 __all__ = [
-    "FILE_KEYS",
     "FORMAT",
     "RecordingLock",
     "StepStack",
     "TrajectoryWriter",
     "checkpoint_name",
+    "manifest_aggregates",
     "read_steps",
     "record_tensors",
     "remove_trajectory",
 ]
 
 FORMAT = "scansnap_lens.Trajectory/1"
-# The record's tensors and their names in checkpoint files.  c_hat keeps the name "chat" that
-# files have held since the first version, so that every folder ever written loads and resumes.
-FILE_KEYS = {
-    "zbar": "zbar",
-    "c_hat": "chat",
-    "entropy": "entropy",
-    "query_entropy": "query_entropy",
-}
-_FIELDS = tuple(FILE_KEYS)
 _OWN_FILE = re.compile(r"checkpoints/step_(\d{12,})(-[0-9a-f]{8})?\.safetensors")
 _OWN_PLAN = re.compile(r"plan(-[0-9a-f]{8})?\.safetensors")
 MAX_STEP = 2**63 - 1  # steps are stored as int64
 
 
-def record_tensors(record: CheckpointRecord) -> dict[str, Tensor]:
-    """A checkpoint's tensors under their names in its file (`FILE_KEYS`)."""
-    out = {key: getattr(record, name) for name, key in FILE_KEYS.items()}
+def record_tensors(record: CheckpointRecord, entries: list[dict]) -> dict[str, Tensor]:
+    """A checkpoint's tensors under their keys in its file: those of the manifest's
+    aggregate `entries` (ValueError naming what the record lacks or adds)."""
+    names = [e["name"] for e in entries]
+    if set(record.values) != set(names):
+        raise ValueError(
+            f"checkpoint {record.step} holds the aggregates {sorted(record.values)}, the"
+            f" trajectory records {sorted(names)}"
+        )
+    out = {e["key"]: record.values[e["name"]] for e in entries}
     if record.prompt_pattern is not None:
         out["prompt_pattern"] = record.prompt_pattern
     return out
+
+
+def manifest_aggregates(manifest: dict) -> list[dict]:
+    """The aggregate entries of a manifest (`Aggregate.entry`); the four plan aggregates for
+    a folder written before the list existed."""
+    return manifest.get("aggregates") or [a.entry() for a in V1]
 
 
 def checkpoint_name(step: int, suffix: str = "") -> str:
@@ -104,9 +112,13 @@ class TrajectoryWriter:
         meta: dict | None = None,
         resume: bool = True,
         prompt: Tensor | None = None,
+        aggregates: list[dict] | None = None,
     ):
+        """aggregates: the manifest entries of what each checkpoint records
+        (`Aggregate.entry`; default the four plan aggregates, `aggregates.V1`)."""
         self.path = Path(path)
         self.plan = plan
+        entries = [a.entry() for a in V1] if aggregates is None else list(aggregates)
         prompt_ids = None if prompt is None else [int(t) for t in torch.as_tensor(prompt)]
         manifest_path = self.path / "manifest.json"
         self._replacing: dict | None = None  # the manifest a `save` replaces, until `finish`
@@ -132,6 +144,13 @@ class TrajectoryWriter:
                     f"{self.path} was recorded with another example prompt"
                     f" ({manifest.get('prompt')} against {prompt_ids}): record into another"
                     " folder, or replace it (overwrite=True, --overwrite)"
+                )
+            saved_entries = manifest_aggregates(manifest)
+            if _names(saved_entries) != _names(entries):
+                raise ValueError(
+                    f"{self.path} records the aggregates {_names(saved_entries)}, not"
+                    f" {_names(entries)}: record those to resume (aggregates=), record into"
+                    " another folder, or replace it (overwrite=True, --overwrite)"
                 )
             again = incomplete(self.path, manifest)
             if again:  # recorded anew: a truncated copy is no checkpoint
@@ -162,6 +181,7 @@ class TrajectoryWriter:
                 "meta": meta or {},
                 "prompt": prompt_ids,
                 "plan": plan_file,
+                "aggregates": entries,
                 "checkpoints": [],
                 "skipped": [],
             }
@@ -175,9 +195,8 @@ class TrajectoryWriter:
         if not 0 <= int(record.step) <= MAX_STEP:
             raise ValueError(f"step {record.step} does not fit a trajectory (0 to 2^63 - 1)")
         name = checkpoint_name(record.step, self._suffix)
-        write_tensors(
-            self.path / name, record_tensors(record), {"format": FORMAT, "step": str(record.step)}
-        )
+        tensors = record_tensors(record, manifest_aggregates(self.manifest))
+        write_tensors(self.path / name, tensors, {"format": FORMAT, "step": str(record.step)})
         self._update(record.step, {"step": int(record.step), "file": name}, None)
 
     def skip(self, step: int, source: str, error: str) -> None:
@@ -232,6 +251,10 @@ def remove_trajectory(path: str | Path) -> None:
         (path / manifest.get("plan", "plan.safetensors")).unlink(missing_ok=True)
         for entry in manifest["checkpoints"]:
             (path / entry["file"]).unlink(missing_ok=True)
+
+
+def _names(entries: list[dict]) -> list[str]:
+    return [f"{e['name']} ({e['axis']})" for e in entries]
 
 
 def _merged(theirs: list[dict], ours: list[dict]) -> list[dict]:
@@ -335,7 +358,34 @@ def _read_manifest(path: Path) -> dict:
             what = "lacks" if key not in manifest else f"has no {kind.__name__} as"
             raise ValueError(f"{file}: the manifest {what} '{key}' (hand-edited?)")
     _check_entries(file, manifest)
+    _check_aggregates(file, manifest)
     return manifest
+
+
+def _check_aggregates(file: Path, manifest: dict) -> None:
+    """The manifest's aggregate entries name distinct aggregates and keys, each readable."""
+    entries = manifest.get("aggregates")
+    if entries is None:
+        return
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{file}: 'aggregates' must be a non-empty list (hand-edited?)")
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise ValueError(f"{file}: an aggregate entry is not an object ({entry!r})")
+        try:
+            Aggregate.from_entry(entry)
+        except ValueError as err:
+            raise ValueError(f"{file}: {err}") from None
+        if entry.get("axis") == "rows" and not (
+            isinstance(entry.get("slots"), int) and entry["slots"] >= 0
+        ):
+            raise ValueError(f"{file}: aggregate {entry['name']} has no row count ('slots')")
+        if entry.get("key") == "prompt_pattern":
+            raise ValueError(f"{file}: aggregate {entry['name']} takes the prompt's key")
+    for what in ("name", "key"):
+        seen = [e.get(what) for e in entries]
+        if len(set(seen)) < len(seen):
+            raise ValueError(f"{file}: two aggregates share a {what} (hand-edited?)")
 
 
 def _check_entries(file: Path, manifest: dict) -> None:
@@ -524,14 +574,15 @@ def incomplete(path: Path, manifest: dict) -> list[tuple[int, str]]:
 
 def read_steps(path: Path, manifest: dict, plan: RecordPlan) -> dict[str, StepStack | None]:
     """The checkpoint tensors of a trajectory folder, memory-mapped: {name: StepStack} for
-    zbar, c_hat, entropy, query_entropy and prompt_pattern (None where not every checkpoint
-    holds one).  Every file's shapes are checked against the manifest and the plan first (from
-    the headers alone), so a hand-edited manifest or another run's file is named, not indexed
-    past."""
+    each aggregate the manifest lists (`manifest_aggregates`), and prompt_pattern (None where
+    not every checkpoint holds one).  Every file's shapes are checked against the manifest
+    and the plan first (from the headers alone), so a hand-edited manifest or another run's
+    file is named, not indexed past."""
     L, H = len(manifest["layers"]), len(manifest["heads"])
-    slots = {"zbar": plan.num_pairs, "c_hat": plan.num_triples, "entropy": plan.num_classes,
-             "query_entropy": plan.num_queries}  # fmt: skip
-    arrays: dict[str, list] = {name: [] for name in (*_FIELDS, "prompt_pattern")}
+    entries = manifest_aggregates(manifest)
+    slots = {e["name"]: Aggregate.from_entry(e).slots(plan, e.get("slots")) for e in entries}
+    keys = {e["name"]: e["key"] for e in entries}
+    arrays: dict[str, list] = {name: [] for name in (*keys, "prompt_pattern")}
     for item in manifest["checkpoints"]:
         file = path / item["file"]
         if not file.is_file():
@@ -543,8 +594,8 @@ def read_steps(path: Path, manifest: dict, plan: RecordPlan) -> dict[str, StepSt
                 f"{file} is {short}: copy it again, or run the recording's command again (it"
                 " resumes and records that checkpoint anew)"
             )
-        for name in (*_FIELDS, "prompt_pattern"):
-            key = FILE_KEYS.get(name, name)
+        for name in arrays:
+            key = keys.get(name, name)
             if key not in header:
                 if name == "prompt_pattern":
                     continue
@@ -566,7 +617,7 @@ def read_steps(path: Path, manifest: dict, plan: RecordPlan) -> dict[str, StepSt
                 arrays[name].append(np.zeros(shape, dtype))
             else:
                 arrays[name].append(np.memmap(file, dtype, "r", start + lo, shape))
-    out: dict[str, StepStack | None] = {name: StepStack(arrays[name]) for name in _FIELDS}
+    out: dict[str, StepStack | None] = {name: StepStack(arrays[name]) for name in keys}
     patterns = arrays["prompt_pattern"]
     full = len(patterns) == len(manifest["checkpoints"]) and patterns
     out["prompt_pattern"] = StepStack(patterns) if full else None

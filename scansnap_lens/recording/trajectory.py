@@ -9,53 +9,114 @@ memory.  One built in memory (`from_records`, the lab) holds tensors.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import torch
 from torch import Tensor
 
-from scansnap_lens.recording.hooks import CheckpointRecord
+from scansnap_lens.recording.aggregates import AGGREGATES, Aggregate, CheckpointRecord, by_name
 from scansnap_lens.recording.plan import RecordPlan
 from scansnap_lens.recording.storage import (
-    _FIELDS,
     StepStack,
     TrajectoryWriter,
     _read_manifest,
     _read_plan,
+    manifest_aggregates,
     read_steps,
 )
 
-__all__ = ["Trajectory"]
+__all__ = ["NotRecorded", "Trajectory"]
+
+_KNOWN = {a.name for a in AGGREGATES}
 
 
-@dataclass
+class NotRecorded(AttributeError, ValueError):
+    """An aggregate the trajectory does not hold (recorded before it existed, or not asked
+    for); a ValueError too, so that a measurement that needs it says why it cannot be made."""
+
+
 class Trajectory:
-    """Aggregates of S checkpoints, L layers and H heads (`recording.hooks` defines each).
+    """Aggregates of S checkpoints, L layers and H heads: each a [S, L, H, slots] tensor (or
+    `storage.StepStack`) under its name (`aggregates.AGGREGATES` says what each one is):
 
-    steps: [S] ascending, in ``step_unit`` ("steps" or "tokens").
     zbar: [S, L, H, Pz] mean attention logit of each pair (m, l); c_hat: [S, L, H, Pc] the
     paper's c-hat, the attention of class (m, n) on token l; entropy: [S, L, H, K];
-    query_entropy: [S, L, H, Q].
+    query_entropy: [S, L, H, Q]; previous_token, first_token, induction: [S, L, H, N] per
+    evaluation row (or the aggregate's own rows).
+
+    steps: [S] ascending, in ``step_unit`` ("steps" or "tokens").
+    values: {name: tensor} of the aggregates held, each also an attribute (``traj.zbar``);
+    aggregates: {name: `Aggregate`} of those, with ``rows`` {name: words} saying which rows a
+    rows aggregate read.
     skipped: checkpoints that could not be read: dicts with step, source and error.
     prompt: [T] ids of an example prompt, and prompt_pattern [S, L, H, T, T] its attention
     weights at every checkpoint (None where no prompt was recorded).
     """
 
-    plan: RecordPlan
-    steps: Tensor
-    layers: list[int]
-    heads: list[int]
-    zbar: Tensor | StepStack
-    c_hat: Tensor | StepStack
-    entropy: Tensor | StepStack
-    query_entropy: Tensor | StepStack
-    step_unit: str = "steps"
-    skipped: list[dict] = field(default_factory=list)
-    meta: dict = field(default_factory=dict)
-    prompt: Tensor | None = None
-    prompt_pattern: Tensor | StepStack | None = None
+    def __init__(
+        self,
+        plan: RecordPlan,
+        steps: Tensor,
+        layers: list[int],
+        heads: list[int],
+        step_unit: str = "steps",
+        skipped: list[dict] | None = None,
+        meta: dict | None = None,
+        prompt: Tensor | None = None,
+        prompt_pattern: Tensor | StepStack | None = None,
+        aggregates: dict[str, Aggregate] | None = None,
+        rows: dict[str, str] | None = None,
+        **values: Tensor | StepStack,
+    ):
+        self.plan, self.steps = plan, steps
+        self.layers, self.heads = list(layers), list(heads)
+        self.step_unit = step_unit
+        self.skipped = [] if skipped is None else skipped
+        self.meta = {} if meta is None else meta
+        self.prompt, self.prompt_pattern = prompt, prompt_pattern
+        aggregates = dict(aggregates or {})
+        for name in values:
+            if name not in aggregates:
+                aggregates[name] = by_name(name)  # KeyError for an unknown name
+        self.values = dict(values)
+        self.aggregates = {name: aggregates[name] for name in values}
+        self.rows = {n: (rows or {}).get(n, "evaluation rows") for n, a in
+                     self.aggregates.items() if a.axis == "rows"}  # fmt: skip
+
+    def __getattr__(self, name: str):
+        values = self.__dict__.get("values")
+        if values is not None and name in values:
+            return values[name]
+        if values is not None and name in _KNOWN:
+            raise NotRecorded(
+                f"this trajectory holds no {name} (it holds {', '.join(values)}): record it"
+                " (recorded by default since it exists; older folders lack it)"
+            )
+        raise AttributeError(name)
+
+    def __getstate__(self) -> dict:
+        return self.__dict__
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def replace(self, **changes) -> Trajectory:
+        """A copy with some fields or aggregates changed (``traj.replace(zbar=...)``)."""
+        fields = {
+            "plan": self.plan, "steps": self.steps, "layers": self.layers, "heads": self.heads,
+            "step_unit": self.step_unit, "skipped": self.skipped, "meta": self.meta,
+            "prompt": self.prompt, "prompt_pattern": self.prompt_pattern,
+            "aggregates": self.aggregates, "rows": self.rows,
+        }  # fmt: skip
+        values = dict(self.values)
+        for key, value in changes.items():
+            (fields if key in fields else values)[key] = value
+        return Trajectory(**fields, **values)
+
+    def holds(self, name: str) -> bool:
+        """Whether the trajectory holds aggregate `name`."""
+        return name in self.values
 
     @property
     def num_steps(self) -> int:
@@ -76,7 +137,10 @@ class Trajectory:
         if not records:
             raise ValueError("a trajectory needs at least one recorded checkpoint")
         records = sorted(records, key=lambda r: r.step)
-        stacked = {k: torch.stack([getattr(r, k) for r in records]) for k in _FIELDS}
+        names = list(records[0].values)
+        if any(list(r.values) != names for r in records):
+            raise ValueError("the records hold different aggregates")
+        stacked = {k: torch.stack([r.values[k] for r in records]) for k in names}
         steps = torch.tensor([r.step for r in records], dtype=torch.long)
         patterns = [r.prompt_pattern for r in records]
         if kwargs.get("prompt") is not None and all(p is not None for p in patterns):
@@ -128,22 +192,21 @@ class Trajectory:
         def cut(x: Tensor) -> Tensor:
             return x[s][:, lay][:, :, hd]
 
-        out = {k: cut(getattr(self, k)) for k in _FIELDS}
+        out = {k: cut(v) for k, v in self.values.items()}
         plan = self.plan
         if queries is not None:
             plan, keep = plan.for_queries(torch.as_tensor(list(queries)))
-            out = {k: v[..., keep[k]] for k, v in out.items()}
-        return Trajectory(
-            plan,
-            self.steps[s],
-            [self.layers[i] for i in lay],
-            [self.heads[i] for i in hd],
-            **out,
-            step_unit=self.step_unit,
+            out = {k: v if self.aggregates[k].axis not in keep else
+                   v[..., keep[self.aggregates[k].axis]] for k, v in out.items()}  # fmt: skip
+        return self.replace(
+            plan=plan,
+            steps=self.steps[s],
+            layers=[self.layers[i] for i in lay],
+            heads=[self.heads[i] for i in hd],
             skipped=list(self.skipped),
             meta=dict(self.meta),
-            prompt=self.prompt,
             prompt_pattern=None if self.prompt_pattern is None else cut(self.prompt_pattern),
+            **out,
         )
 
     # -- tables ----------------------------------------------------------------------
@@ -203,10 +266,12 @@ class Trajectory:
             self.meta,
             resume=False,
             prompt=self.prompt,
+            aggregates=self.entries(),
         )
         for i, step in enumerate(self.steps.tolist()):
             pattern = None if self.prompt_pattern is None else self.prompt_pattern[i]
-            writer.write(CheckpointRecord(step, *(getattr(self, k)[i] for k in _FIELDS), pattern))
+            values = {k: torch.as_tensor(v[i]) for k, v in self.values.items()}
+            writer.write(CheckpointRecord(step, values, pattern))
         for item in self.skipped:
             writer.skip(item["step"], item["source"], item["error"])
         writer.finish()
@@ -223,6 +288,7 @@ class Trajectory:
         stacks = read_steps(path, manifest, plan)
         pattern = stacks.pop("prompt_pattern")
         prompt = _prompt_tensor(manifest.get("prompt"))
+        entries = manifest_aggregates(manifest)
         return cls(
             plan,
             torch.tensor([c["step"] for c in manifest["checkpoints"]], dtype=torch.long),
@@ -234,7 +300,16 @@ class Trajectory:
             meta=manifest["meta"],
             prompt=prompt if pattern is not None else None,
             prompt_pattern=pattern,
+            aggregates={e["name"]: Aggregate.from_entry(e) for e in entries},
+            rows={e["name"]: e["rows"] for e in entries if "rows" in e},
         )
+
+    def entries(self) -> list[dict]:
+        """The manifest entries of the aggregates held (`Aggregate.entry`)."""
+        return [
+            agg.entry(self.values[name].shape[-1], self.rows.get(name))
+            for name, agg in self.aggregates.items()
+        ]
 
 
 def _prompt_tensor(ids: list[int] | None) -> Tensor | None:

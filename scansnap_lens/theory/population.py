@@ -228,7 +228,6 @@ class PopulationRun:
         from scansnap_lens.recording.trajectory import Trajectory
 
         pop = self.population
-        S = self.steps.numel()
         q_pos = torch.searchsorted(pop.queries, plan.pair_query).clamp_max(pop.queries.numel() - 1)
         t_pos = torch.searchsorted(pop.tokens, plan.pair_token).clamp_max(pop.tokens.numel() - 1)
         held = (pop.queries[q_pos] == plan.pair_query) & (pop.tokens[t_pos] == plan.pair_token)
@@ -252,7 +251,6 @@ class PopulationRun:
             found, self.attention_triples()[:, t], torch.zeros((), dtype=zbar.dtype)
         )
         c_hat[:, ~k_held[plan.triple_class]] = math.nan
-        nan = torch.full((S, 1, 1, plan.num_classes), math.nan)
         return Trajectory(
             plan,
             self.steps.clone(),
@@ -260,8 +258,6 @@ class PopulationRun:
             heads=[0],
             zbar=zbar[:, None, None].float(),
             c_hat=c_hat[:, None, None].float(),
-            entropy=nan,
-            query_entropy=torch.full((S, 1, 1, plan.num_queries), math.nan),
             meta={"source": "population prediction", **self.training},
         )
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -48,7 +46,7 @@ def test_discriminative_bias_equals_a_loop_over_queries(tmp_path):
     models = {0: tiny_model(seed=0), 5: tiny_model(seed=1), 9: tiny_model(seed=2)}
     traj = record_trajectory(in_memory(models), tokens, tmp_path / "t", plan=plan,
                              progress=False)  # fmt: skip
-    traj = dataclasses.replace(traj, zbar=torch.round(traj.zbar.full() * 4) / 4)
+    traj = traj.replace(zbar=torch.round(traj.zbar.full() * 4) / 4)
     query, next_token, events, distinct, distinct_p, common = [], [], [], [], [], {}
     for m in plan.queries.tolist():
         pool = torch.cat([plan.pair_token[plan.pair_query == m], torch.tensor([V - 2, V - 1])])

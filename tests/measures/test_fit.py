@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -72,7 +71,7 @@ def test_sampled_lab_fits_closely():
 def test_a_head_against_the_theory_scores_badly(lab):
     """The same trajectory with every logit change and attention order reversed: -1."""
     classes, groups, traj = lab
-    reversed_ = replace(traj, zbar=2 * traj.zbar[:1] - traj.zbar, c_hat=-traj.c_hat)
+    reversed_ = traj.replace(zbar=2 * traj.zbar[:1] - traj.zbar, c_hat=-traj.c_hat)
     final = measures.theory_fit(reversed_, classes, groups).final()
     assert final["dz_corr"].tolist() == pytest.approx([-1.0, -1.0], abs=1e-5)
     assert final["rank_agreement"].tolist() == pytest.approx([-1.0, -1.0], abs=1e-12)
@@ -109,10 +108,10 @@ def test_growth_bounds_use_theorem_4_with_data_rho0(lab):
 
 def test_adam_has_no_bound_and_missing_rates_are_named(lab):
     classes, groups, traj = lab
-    adam = replace(traj, meta={**traj.meta, "optimizer": "adam"})
+    adam = traj.replace(meta={**traj.meta, "optimizer": "adam"})
     with pytest.raises(ValueError, match=r"plain-SGD rates.*Adam"):  # not a column of NaN
         measures.growth_bounds(adam, groups, classes)
-    bare = replace(traj, meta={"source": "yz"})
+    bare = traj.replace(meta={"source": "yz"})
     with pytest.raises(ValueError, match="does not say how the model was trained"):
         measures.theory_fit(bare, classes, groups)
     fit = measures.theory_fit(bare, classes, groups, training={"lr_y": 2.0, "lr_z": 0.5})

@@ -11,7 +11,7 @@ from _runs import V, native
 from scansnap_lens.lab.synthetic import syn_small
 from scansnap_lens.models import checkpoints
 from scansnap_lens.models.checkpoints import CheckpointError, load_state_dict
-from scansnap_lens.recording.hooks import CheckpointRecord
+from scansnap_lens.recording.aggregates import CheckpointRecord
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder
 from scansnap_lens.recording.trajectory import Trajectory
@@ -82,9 +82,7 @@ def test_pythia_labels_through_the_bridge(fake_hub, tmp_path):
     model = source.checkpoints[-1].load()
     ref = brute_force(model, tokens, queries=set(plan.queries.tolist()))
     last = traj.select(steps=[2000])
-    rec = CheckpointRecord(
-        2000, last.zbar[0], last.c_hat[0], last.entropy[0], last.query_entropy[0]
-    )
+    rec = CheckpointRecord(2000, {k: torch.as_tensor(v[0]) for k, v in last.values.items()})
     assert_matches(rec, plan, ref, range(2), range(4))
 
 

@@ -17,7 +17,7 @@ from scansnap_lens.models import checkpoints, formats
 from scansnap_lens.models.backend import default_backend, make_config
 from scansnap_lens.models.checkpoints import CheckpointError
 from scansnap_lens.models.training import attention_only_model, initial_weights
-from scansnap_lens.recording.hooks import CheckpointRecord
+from scansnap_lens.recording.aggregates import CheckpointRecord
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder, trainer_callback
 
@@ -93,9 +93,7 @@ def check_against_brute_force(traj, source, step):
     model = next(c for c in source.checkpoints if c.step == step).load()
     ref = brute_force(model, EVAL, in_place=True)
     last = traj.select(steps=[step])
-    rec = CheckpointRecord(
-        step, last.zbar[0], last.c_hat[0], last.entropy[0], last.query_entropy[0]
-    )
+    rec = CheckpointRecord(step, {k: torch.as_tensor(v[0]) for k, v in last.values.items()})
     assert_matches(rec, plan, ref, range(2), range(model.cfg.n_heads))
 
 

@@ -60,7 +60,6 @@ def test_a_budget_takes_the_queries_in_order_while_they_fit():
         assert chosen.tolist() == sorted(want), budget
         plan = plan_recording(rows, 30, max_slots=budget)
         assert plan.num_slots == sum(size[q] for q in want)
-        assert plan.checkpoint_bytes(2, 3) == 4 * 6 * plan.num_slots
     half = sum(size.values()) // 2  # the query's own position is counted as at most one slot
     assert plan_recording(rows, 30, max_slots=half, include_self=True).num_slots <= half
     rare_first = torch.cat([torch.tensor([99]), order.flip(0)])  # 99 is never a query

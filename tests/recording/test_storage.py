@@ -4,8 +4,6 @@ and never loads all of zbar or c_hat to do so."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pandas as pd
 import pytest
 import torch
@@ -23,8 +21,6 @@ from scansnap_lens.report import write_report
 from scansnap_lens.statistics.corpus import cooccurrence
 from scansnap_lens.statistics.groups import TokenGroups
 
-FIELDS = ("zbar", "c_hat", "entropy", "query_entropy")
-
 
 def _demo_groups():
     """The demo's own groups (its training corpus's statistics)."""
@@ -37,7 +33,7 @@ def _demo_groups():
 def test_indexing_a_loaded_trajectory_reads_what_it_selects(demo_out):
     out, _ = demo_out
     lazy = Trajectory.load(out / "trajectory")
-    assert all(isinstance(getattr(lazy, k), StepStack) for k in FIELDS)
+    assert all(isinstance(v, StepStack) for v in lazy.values.values())
     c_hat = lazy.c_hat.full()
     S, L, H, P = c_hat.shape
     assert lazy.c_hat.shape == (S, L, H, P) and S == 15
@@ -58,8 +54,8 @@ def test_measurements_and_the_report_of_a_loaded_trajectory_load_no_whole_stack(
     out, _ = demo_out
     groups, stats = _demo_groups()
     lazy = Trajectory.load(out / "trajectory")
-    eager = replace(lazy, **{k: getattr(lazy, k).full() for k in FIELDS},
-                    prompt_pattern=lazy.prompt_pattern.full())  # fmt: skip
+    eager = lazy.replace(**{k: v.full() for k, v in lazy.values.items()},
+                         prompt_pattern=lazy.prompt_pattern.full())  # fmt: skip
     want, _ = measure_all(eager, groups)
 
     def whole(self):
@@ -141,6 +137,7 @@ def test_a_folder_written_by_this_version_loads_with_its_values(tmp_path):
                             queries=[1, 2, 3], window=4, prompt_length=6,
                             progress=False)  # fmt: skip
     assert saved.plan.same_as(now.plan)
-    for name in (*FIELDS, "prompt_pattern"):  # float32 sums of a handful of terms
+    assert list(saved.values) == ["zbar", "c_hat", "entropy", "query_entropy"]
+    for name in (*saved.values, "prompt_pattern"):  # float32 sums of a handful of terms
         torch.testing.assert_close(getattr(saved, name).full(), getattr(now, name).full(),
                                    rtol=1e-5, atol=1e-6)  # fmt: skip

@@ -118,21 +118,22 @@ def test_writers_on_one_folder_lose_no_step(trajectories, tmp_path):
     """Two recorders (threads here, processes alike: the lock is the folder's) interleave."""
     import threading
 
-    from scansnap_lens.recording.hooks import CheckpointRecord
+    from scansnap_lens.recording.aggregates import CheckpointRecord
     from scansnap_lens.recording.storage import TrajectoryWriter
 
     a, _ = trajectories
+    entries = a.entries()
     writers = [
-        TrajectoryWriter(tmp_path / "t", a.plan, a.layers, a.heads, prompt=a.prompt)
+        TrajectoryWriter(
+            tmp_path / "t", a.plan, a.layers, a.heads, prompt=a.prompt, aggregates=entries
+        )
         for _ in range(2)
     ]
-    record = CheckpointRecord(0, a.zbar[0], a.c_hat[0], a.entropy[0], a.query_entropy[0])
+    values = {k: torch.as_tensor(v[0]) for k, v in a.values.items()}
 
     def write(writer, steps):
         for step in steps:
-            record.step = step
-            writer.write(CheckpointRecord(step, record.zbar, record.c_hat, record.entropy,
-                                          record.query_entropy))  # fmt: skip
+            writer.write(CheckpointRecord(step, values))
 
     threads = [
         threading.Thread(target=write, args=(w, range(i, 40, 2))) for i, w in enumerate(writers)
@@ -236,7 +237,7 @@ def test_trajectory_logits_and_attention_of_given_tokens():
 
 
 def test_c_hat_is_chat_in_files(trajectories, tmp_path):
-    """Files name c_hat ``chat`` (`storage.FILE_KEYS`, the one place of the disk spellings),
+    """Files name c_hat ``chat`` (its `aggregates.AGGREGATES` entry: the one place of the key),
     so every folder written loads and resumes."""
     from safetensors import safe_open
 

@@ -1,0 +1,151 @@
+"""The field's head types over training: previous-token, first-token (sink) and induction
+scores of every head, each with its interval over the evaluation rows, and when it formed.
+
+Shape letters (docs/shapes.md): S checkpoints, L layers, H heads, N rows.
+
+A head's score at a checkpoint is the mean over rows of each row's recorded mean
+(`recording.aggregates`: previous_token, first_token, induction), every row counting once
+(a row without a position to read is left out).  Per head (one `head_type` measurement per
+type, columns prefixed by its name, ``induction`` here):
+
+- ``induction``, ``induction_lo``, ``induction_hi``: the score per checkpoint and its 95 %
+  interval with the rows as units (`resampling.mean_over_units`; none below
+  `resampling.MIN_UNITS` rows: "too few units");
+- ``induction_rise``, ``induction_rise_p``: the rise from the first checkpoint to the last,
+  paired per row, and its two-sided p-value, Holm-corrected over the heads;
+- ``induction_step``: its formation step, the step by which the score has covered half its
+  rise from the first checkpoint to its highest (`formation_step`: a fraction crossing on the
+  log-step axis, as `snap.snap_step` finds its), with ``induction_step_lo`` and
+  ``induction_step_hi`` its percentile interval over rows resampled with replacement; NaN
+  where the rise is not significant (``induction_reason``: "no rise", "too few units",
+  "one checkpoint").
+
+The intervals cover other rows of the same text for this trained model, not another run.
+
+>>> import torch
+>>> from scansnap_lens.lab.calibration import head_type_run
+>>> traj = head_type_run(rows=32, heads=2, rise=(0.6, 0.0), seed=0)  # head 0 forms at 40
+>>> m = head_type(traj, "induction")
+>>> final = m.final()
+>>> [round(v, 2) for v in final["induction"]], final["induction_reason"].tolist()
+([0.7, 0.09], ['', 'no rise'])
+>>> final[["induction_step", "induction_step_lo", "induction_step_hi"]].round(1).values[0].tolist()
+[40.2, 39.6, 40.7]
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from scansnap_lens.measures.measurement import Measurement, _frame
+from scansnap_lens.measures.resampling import (
+    ALPHA,
+    LEVEL,
+    MIN_UNITS,
+    adjust,
+    bootstrap_percentile,
+    mean_over_units,
+)
+from scansnap_lens.recording.aggregates import HEAD_TYPES
+from scansnap_lens.recording.trajectory import Trajectory
+
+__all__ = ["HEAD_TYPES", "formation_step", "head_type", "head_type_scores"]
+
+NO_RISE = "no rise"
+
+
+def head_type_scores(traj: Trajectory, name: str) -> Tensor:
+    """[S, L, H, N] the recorded per-row means of head type `name` (float64; NaN where a row
+    has no position to read); `trajectory.NotRecorded` where the trajectory lacks it."""
+    values = getattr(traj, name)
+    if traj.aggregates[name].axis != "rows":
+        raise ValueError(f"{name} is no per-row aggregate ({traj.aggregates[name].axis})")
+    return torch.as_tensor(values[:]).double()
+
+
+def formation_step(steps: Tensor, score: Tensor, fraction: float = 0.5) -> Tensor:
+    """[...] the step at which `score` [..., S] over `steps` [S] first covers `fraction` of
+    its rise from the first checkpoint to its highest value: a fraction crossing interpolated
+    on log(1 + step), as `snap.snap_step` finds its crossing; NaN where it never rises.  For
+    a phase change (a sigmoid rise) it is the change's midpoint; a score still rising at the
+    end moves it with the run's length.
+
+    >>> steps = torch.tensor([0, 10, 20, 30, 40])
+    >>> round(formation_step(steps, torch.tensor([0.0, 0.05, 0.5, 0.6, 0.6])).item(), 1)
+    14.8
+    """
+    t = steps.double()
+    s = score.double()
+    x = torch.log1p(t - t[0])
+    first, top = s[..., :1], s.amax(-1, keepdim=True)
+    level = first + fraction * (top - first)
+    crossed = (s >= level) & (torch.arange(s.shape[-1]) > 0)
+    i = crossed.double().argmax(-1, keepdim=True)
+    h = (i - 1).clamp_min(0)
+    s_h, s_i = s.gather(-1, h), s.gather(-1, i)
+    share = ((level - s_h) / (s_i - s_h).clamp_min(1e-300)).clamp(0, 1)
+    out = torch.expm1(x[h] + share * (x[i] - x[h])) + t[0]
+    return torch.where(top > first, out, math.nan)[..., 0]
+
+
+def _mean_rows(values: Tensor, counts: Tensor) -> Tensor:
+    """[B, ..., S] the mean of `values` [S, L, H, N] over rows drawn `counts` [B, N] times
+    (rows without a value left out)."""
+    ok = ~torch.isnan(values)
+    v = torch.nan_to_num(values)
+    top = torch.einsum("slhr,br->blhs", v, counts)
+    bottom = torch.einsum("slhr,br->blhs", ok.double(), counts)
+    return torch.where(bottom > 0, top / bottom.clamp_min(1e-300), math.nan)
+
+
+def head_type(traj: Trajectory, name: str, num: int = 200, level: float = LEVEL,
+              generator=None) -> Measurement:  # fmt: skip
+    """The scores of head type `name` (``previous_token``, ``first_token``, ``induction`` or
+    any rows aggregate) per checkpoint and head, with intervals over rows, the rise and the
+    formation step (module docstring); `num` resamples for the step's interval."""
+    values = head_type_scores(traj, name)  # [S, L, H, N]
+    S, L, H, N = values.shape
+    per_step = mean_over_units(values.permute(3, 0, 1, 2), torch.ones(N), bounds=(0.0, 1.0))
+    lo, hi = per_step.interval(level)
+    table = _frame(traj, {name: per_step.value, f"{name}_lo": lo, f"{name}_hi": hi,
+                          f"{name}_n_eff": per_step.n_eff})  # fmt: skip
+    nan = torch.full((L, H), math.nan, dtype=torch.float64)
+    head = {f"{name}_rise": nan.clone(), f"{name}_rise_p": nan.clone(),
+            f"{name}_step": nan.clone(), f"{name}_step_lo": nan.clone(),
+            f"{name}_step_hi": nan.clone()}  # fmt: skip
+    reasons = [["one checkpoint"] * H for _ in range(L)]
+    if S >= 2:
+        rise = mean_over_units((values[-1] - values[0]).permute(2, 0, 1), torch.ones(N))
+        p = adjust(rise.p_value())
+        step = formation_step(traj.steps, per_step.value.permute(1, 2, 0))
+        generator = generator or torch.Generator().manual_seed(0)
+        lo_s, hi_s, _ = bootstrap_percentile(
+            lambda counts: formation_step(traj.steps, _mean_rows(values, counts)), N, num,
+            level, generator,
+        )  # fmt: skip
+        risen = (p < ALPHA) & (rise.value > 0)
+        enough = rise.enough
+        head.update({
+            f"{name}_rise": rise.value, f"{name}_rise_p": p,
+            f"{name}_step": torch.where(risen, step, math.nan),
+            f"{name}_step_lo": torch.where(risen, lo_s, math.nan),
+            f"{name}_step_hi": torch.where(risen, hi_s, math.nan),
+        })  # fmt: skip
+        n_eff = rise.n_eff
+        reasons = [
+            [
+                "" if bool(risen[i, j]) else
+                (NO_RISE if bool(enough[i, j]) else
+                 f"too few units (n_eff = {float(n_eff[i, j]):.3g} < {MIN_UNITS:g})")
+                for j in range(H)
+            ]
+            for i in range(L)
+        ]  # fmt: skip
+    per_head = {k: v[None].expand(S, L, H) for k, v in head.items()}
+    for k, v in per_head.items():
+        table[k] = v.reshape(-1).numpy()
+    table[f"{name}_reason"] = [r for _ in range(S) for row in reasons for r in row]
+    return Measurement(name, table, values=per_step.value)
