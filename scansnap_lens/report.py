@@ -33,8 +33,10 @@ from scansnap_lens.statistics.groups import TokenGroups
 __all__ = ["Report", "write_report"]
 
 HOW_TO_READ_HEADS = (
-    "The heads table ranks every head by AUROC, then bias; the heads figure maps bias, AUROC,"
-    " snap_step, attention_entropy and dz_corr over [layer, head]."
+    "The heads table ranks every head by AUROC, then bias, with its snap_step beside the head"
+    " types' scores and formation steps; the heads figure maps bias, AUROC, snap_step, the"
+    " induction, previous-token and first-token scores, attention_entropy and dz_corr over"
+    " [layer, head]."
 )
 
 
@@ -47,11 +49,13 @@ def how_to_read() -> str:
 # The columns a reader needs first, in the page and on the command line; every column is in
 # summary.csv and explained under "How to read it".
 KEY_COLUMNS = ["layer", "head", "scans", "bias", "auroc", "spearman", "entropy", "distinct_mass",
-               "top_share", "snap_step", "predicted_snap", "population_snap", "rank_agreement",
-               "bound_ratio"]  # fmt: skip
+               "top_share", "snap_step", "induction_step", "previous_token_step",
+               "predicted_snap", "population_snap", "rank_agreement", "bound_ratio"]  # fmt: skip
 HEAD_COLUMNS = ["rank", "layer", "head", "scans", "auroc", "bias", "spearman", "snap_step",
-                "attention_entropy", "dz_corr", "rank_agreement"]  # fmt: skip
-HEAD_GRID = ("bias", "auroc", "snap_step", "attention_entropy", "dz_corr")
+                "induction", "induction_step", "previous_token", "previous_token_step",
+                "first_token", "attention_entropy", "dz_corr", "rank_agreement"]  # fmt: skip
+HEAD_GRID = ("bias", "auroc", "snap_step", "induction", "previous_token", "first_token",
+             "attention_entropy", "dz_corr")  # fmt: skip
 
 
 def number(value: float) -> str:
@@ -297,9 +301,10 @@ def _model_figures(traj, groups, summary, results, folder, layer, head, training
         folder.figure(
             "heads",
             "Head atlas: every head by layer, its scan (bias, AUROC), snap (snap_step; a dash:"
-            " not snapped), attention entropy and theory fit (dz_corr: logit changes against"
-            " the population dynamics); ringed in white: the heads that scan (see the legend"
-            " of the summary)",
+            " not snapped), head types at the last checkpoint (induction, previous-token and"
+            " first-token scores), attention entropy and theory fit (dz_corr: logit changes"
+            " against the population dynamics); ringed in white: the heads that scan (see the"
+            " legend of the summary)",
             lambda p: figures.plot_head_grid(
                 summary, traj.layers, traj.heads, columns=HEAD_GRID, path=p
             ),
@@ -499,6 +504,10 @@ def _overview(traj: Trajectory, groups: TokenGroups | None, settings: dict) -> s
         "layers / heads": f"{traj.layers} / {traj.heads}",
         "recorded": f"{plan.num_queries} queries (their logits zbar); {plan.num_classes} of"
         " their classes (m, n) with their attention per token (c_hat)",
+        "aggregates": "; ".join(
+            name + ("" if name not in traj.rows else f" ({traj.rows[name]})")
+            for name in traj.values
+        ),
         "token groups": "none (see Not measured)"
         if groups is None
         else f"{groups.num_classes} classes of the {groups.source} statistics have distinct"
