@@ -16,7 +16,11 @@ Prints JSON lines:
   in [0.90, 0.99], and the share refused as too few units;
 - one per effect (AUROC 0.6, 0.7, 0.8) and head count (48, 144): the power, the share of
   scanning heads (a quarter of all) called "scans", over 100 queries of the shared pool, with
-  the median minimal detectable AUROC.
+  the median minimal detectable AUROC;
+- one per row-effect scenario of the head types (skewed, very skewed, near one) and number of
+  rows (5, 8, 16, 64): the coverage of the score's and the rise's 95 % intervals, the
+  family-wise rate of "formed" among heads that never rise, and the coverage of the
+  formation step's interval.
 
 Seeded: the same command prints the same numbers.
 """
@@ -31,8 +35,15 @@ import time
 import numpy as np
 import torch
 
-from scansnap_lens.lab.calibration import SCENARIOS, crossed_run
+from scansnap_lens.lab.calibration import (
+    HEAD_TYPE_SCENARIOS,
+    SCENARIOS,
+    crossed_run,
+    head_type_run,
+    head_type_truth,
+)
 from scansnap_lens.measures import scan_uncertainty
+from scansnap_lens.measures.head_types import formation_step, head_type
 from scansnap_lens.measures.resampling import ALPHA
 
 
@@ -116,6 +127,53 @@ def power(reps: int, queries: int) -> None:
             }), flush=True)  # fmt: skip
 
 
+def head_types(reps: int, heads: int = 8) -> None:
+    """Per row-effect scenario and number of rows: the coverage of the head-type score's
+    interval (at the last checkpoint) and of its rise's, over every head that got one; the
+    family-wise rate of a "formed" call among heads that never rise; and the coverage of the
+    formation step's interval among the rising heads called formed, against the population
+    curves (`head_type_truth`)."""
+    rise = tuple([0.3] * (heads // 2) + [0.0] * (heads - heads // 2))
+    for name, scenario in HEAD_TYPE_SCENARIOS.items():
+        truth = head_type_truth(rise, **scenario)  # [S, H]
+        true_step = formation_step(torch.arange(truth.shape[0]) * 10, truth.T)  # [H]
+        for rows in (5, 8, 16, 64):
+            start = time.perf_counter()
+            score_hit, rise_hit, false_formed, step_hit, refused = [], [], [], [], []
+            for seed in range(reps):
+                traj = head_type_run(rows, heads, rise, seed=seed, **scenario)
+                t = head_type(traj, "induction").final()
+                lo, hi = t["induction_lo"].to_numpy(), t["induction_hi"].to_numpy()
+                given = ~np.isnan(lo)
+                refused.append(1 - given.mean())
+                final = truth[-1].numpy()
+                score_hit += list(((lo <= final) & (final <= hi))[given])
+                r_lo, r_hi = t["induction_rise_lo"].to_numpy(), t["induction_rise_hi"].to_numpy()
+                d = (truth[-1] - truth[0]).numpy()
+                rise_hit += list(((r_lo <= d) & (d <= r_hi))[given])
+                formed = t["induction_reason"].to_numpy() == ""
+                null = np.array(rise) == 0
+                false_formed.append(bool(formed[null].any()))
+                s_lo, s_hi = t["induction_step_lo"].to_numpy(), t["induction_step_hi"].to_numpy()
+                ts = true_step.numpy()
+                ok = formed & ~null
+                step_hit += list(((s_lo <= ts) & (ts <= s_hi))[ok])
+            print(json.dumps({
+                "head_types": name, "rows": rows, "trajectories": reps, "heads": heads,
+                "score_coverage": _share(score_hit), "rise_coverage": _share(rise_hit),
+                "familywise_false_formed": round(float(np.mean(false_formed)), 4),
+                "step_coverage": _share(step_hit), "steps_given": len(step_hit),
+                "refused_too_few_units": round(float(np.mean(refused)), 4),
+                "within": all(c is None or 0.90 <= c <= 0.99 for c in
+                              (_share(score_hit), _share(rise_hit), _share(step_hit))),
+                "s": round(time.perf_counter() - start, 1),
+            }), flush=True)  # fmt: skip
+
+
+def _share(hits: list) -> float | None:
+    return round(float(np.mean(hits)), 4) if hits else None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--trajectories", type=int, default=200)
@@ -126,6 +184,7 @@ def main() -> None:
     null_rates(reps, heads=48, queries=30)
     coverage(reps)
     power(max(reps // 4, 10), queries=100)
+    head_types(reps)
 
 
 if __name__ == "__main__":

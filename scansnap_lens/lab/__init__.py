@@ -25,6 +25,8 @@ _NAMES = {
     "distinct_recall": "experiments",
     "effect_for_auroc": "calibration",
     "head_type_run": "calibration",
+    "head_type_truth": "calibration",
+    "HEAD_TYPE_SCENARIOS": "calibration",
     "entropy_sweep": "experiments",
     "per_token_attention": "yz",
     "recall_sweep": "experiments",

@@ -42,7 +42,15 @@ from scansnap_lens.recording.plan import RecordPlan
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
-__all__ = ["SCENARIOS", "Scenario", "crossed_run", "effect_for_auroc", "head_type_run"]
+__all__ = [
+    "HEAD_TYPE_SCENARIOS",
+    "SCENARIOS",
+    "Scenario",
+    "crossed_run",
+    "effect_for_auroc",
+    "head_type_run",
+    "head_type_truth",
+]
 
 
 @dataclass(frozen=True)
@@ -188,6 +196,13 @@ def crossed_run(
     return traj, groups, truth
 
 
+HEAD_TYPE_SCENARIOS = {  # per-row effects of real text: skewed, a few rows far out
+    "skewed": {"base": (1.0, 9.0)},  # mean 0.1, long right tail
+    "very_skewed": {"base": (0.3, 3.0)},  # mean 0.09, most rows near 0, some near 1
+    "near_one": {"base": (9.0, 1.0)},  # a sink: mean 0.9, long left tail
+}
+
+
 def head_type_run(
     rows: int = 32,
     heads: int = 2,
@@ -197,31 +212,50 @@ def head_type_run(
     spacing: float = 10.0,
     seed: int = 0,
     name: str = "induction",
+    base: tuple[float, float] = (1.0, 9.0),
+    noise: float = 0.03,
 ) -> Trajectory:
-    """A trajectory whose head-type scores have a known truth: per row r and head h,
+    """A trajectory whose head-type scores have a known truth (`head_type_truth`): per row r
+    and head h,
 
-        score[s, r, h] = base[r, h] + rise[h] * sigmoid((step_s - formed) / (spacing / 2))
-                         + noise[s, r, h]
+        score[s, r, h] = clip(base[r, h] + rise[h] * sigmoid((step_s - formed) / (spacing / 2))
+                              + noise[s, r, h], 0, 1)
 
-    with skewed row effects (base: Beta(1, 9), mean 0.1) and noise of sd 0.03 (clipped into
-    [0, 1]): head h rises by rise[h] at step `formed` (0: never).  Steps 0, spacing, ...;
-    one layer.  The plan is empty (one query): only the rows aggregate `name` is held."""
-    g = torch.Generator().manual_seed(seed)
+    with row effects base ~ Beta(*base) (skewed; `HEAD_TYPE_SCENARIOS`) and noise of sd
+    `noise`: head h rises by rise[h] at step `formed` (0: never).  Steps 0, spacing, ...; one
+    layer.  The plan is a stub (one query): only the rows aggregate `name` is held."""
+    return _head_type(rows, rise, formed, steps, spacing, seed, name, base, noise, heads)[0]
+
+
+def head_type_truth(rise, formed: float = 40.0, steps: int = 11, spacing: float = 10.0,
+                    base=(1.0, 9.0), noise: float = 0.03, rows: int = 400_000) -> Tensor:
+    """[S, H] the population mean score of `head_type_run` at each step (Monte Carlo over
+    `rows` rows, its error about 1e-4)."""  # fmt: skip
+    return _head_type(rows, rise, formed, steps, spacing, 12345, "x", base, noise)[1]
+
+
+def _head_type(rows, rise, formed, steps, spacing, seed, name, base, noise, heads=None):
+    import numpy as np
+
     H = len(rise)
-    if heads != H:
+    if heads is not None and heads != H:
         raise ValueError(f"heads {heads} and rise {rise} differ in length")
+    rng = np.random.default_rng(seed)
     t = torch.arange(steps, dtype=torch.float64) * spacing
     step = torch.sigmoid((t - formed) / (spacing / 2))  # [S]
-    base = 1 - torch.rand(rows, H, generator=g, dtype=torch.float64) ** (1 / 9)  # Beta(1, 9)
-    noise = torch.randn(steps, rows, H, generator=g, dtype=torch.float64) * 0.03
+    b = torch.from_numpy(rng.beta(base[0], base[1], (rows, H)))
+    e = torch.from_numpy(rng.normal(0.0, noise, (steps, rows, H)))
     lift = torch.tensor(rise, dtype=torch.float64)
-    score = (base[None] + lift[None, None] * step[:, None, None] + noise).clamp(0, 1)
+    score = (b[None] + lift[None, None] * step[:, None, None] + e).clamp(0, 1)  # [S, N, H]
+    if rows > 10_000:
+        return None, score.mean(1)
     plan = RecordPlan.from_counts(
         2, torch.tensor([0]), torch.tensor([1]), torch.tensor([1]), torch.tensor([0]),
         torch.tensor([0]), torch.tensor([1]),
     )  # fmt: skip
-    values = score.permute(0, 2, 1)[:, None].float()  # [S, 1, H, R]
-    return Trajectory(
+    values = score.permute(0, 2, 1)[:, None].float()  # [S, 1, H, N]
+    traj = Trajectory(
         plan, t.long(), [0], list(range(H)), meta={"source": "lab.calibration"},
         **{name: values},
     )  # fmt: skip
+    return traj, None

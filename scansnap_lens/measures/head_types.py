@@ -11,12 +11,14 @@ type, columns prefixed by its name, ``induction`` here):
 - ``induction``, ``induction_lo``, ``induction_hi``: the score per checkpoint and its 95 %
   interval with the rows as units (`resampling.mean_over_units`; none below
   `resampling.MIN_UNITS` rows: "too few units");
-- ``induction_rise``, ``induction_rise_p``: the rise from the first checkpoint to the last,
-  paired per row, and its two-sided p-value, Holm-corrected over the heads;
+- ``induction_rise`` (``_lo``, ``_hi``), ``induction_rise_p``: the rise from the first
+  checkpoint to the last, paired per row, with its interval and its two-sided p-value,
+  Holm-corrected over the heads;
 - ``induction_step``: its formation step, the step by which the score has covered half its
-  rise from the first checkpoint to its highest (`formation_step`: a fraction crossing on the
+  rise from the first checkpoint to the last (`formation_step`: a fraction crossing on the
   log-step axis, as `snap.snap_step` finds its), with ``induction_step_lo`` and
-  ``induction_step_hi`` its percentile interval over rows resampled with replacement; NaN
+  ``induction_step_hi`` its percentile interval over rows resampled with replacement (widened
+  for few rows); NaN
   where the rise is not significant (``induction_reason``: "no rise", "too few units",
   "one checkpoint").
 
@@ -28,9 +30,9 @@ The intervals cover other rows of the same text for this trained model, not anot
 >>> m = head_type(traj, "induction")
 >>> final = m.final()
 >>> [round(v, 2) for v in final["induction"]], final["induction_reason"].tolist()
-([0.7, 0.09], ['', 'no rise'])
+([0.72, 0.11], ['', 'no rise'])
 >>> final[["induction_step", "induction_step_lo", "induction_step_hi"]].round(1).values[0].tolist()
-[40.2, 39.6, 40.7]
+[40.2, 39.5, 40.7]
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from __future__ import annotations
 import math
 
 import torch
+from scipy import stats as scipy_stats
 from torch import Tensor
 
 from scansnap_lens.measures.measurement import Measurement, _frame
@@ -45,8 +48,10 @@ from scansnap_lens.measures.resampling import (
     ALPHA,
     LEVEL,
     MIN_UNITS,
+    Estimate,
     adjust,
     bootstrap_percentile,
+    kish,
     mean_over_units,
 )
 from scansnap_lens.recording.aggregates import HEAD_TYPES
@@ -68,10 +73,10 @@ def head_type_scores(traj: Trajectory, name: str) -> Tensor:
 
 def formation_step(steps: Tensor, score: Tensor, fraction: float = 0.5) -> Tensor:
     """[...] the step at which `score` [..., S] over `steps` [S] first covers `fraction` of
-    its rise from the first checkpoint to its highest value: a fraction crossing interpolated
-    on log(1 + step), as `snap.snap_step` finds its crossing; NaN where it never rises.  For
-    a phase change (a sigmoid rise) it is the change's midpoint; a score still rising at the
-    end moves it with the run's length.
+    its rise from the first checkpoint to the last: a fraction crossing interpolated on
+    log(1 + step), as `snap.snap_step` finds its crossing; NaN where it does not rise.  For a
+    phase change (a sigmoid rise) it is the change's midpoint.  (The last checkpoint, not the
+    highest: a maximum over noisy checkpoints is biased upwards, and its step with it.)
 
     >>> steps = torch.tensor([0, 10, 20, 30, 40])
     >>> round(formation_step(steps, torch.tensor([0.0, 0.05, 0.5, 0.6, 0.6])).item(), 1)
@@ -80,7 +85,7 @@ def formation_step(steps: Tensor, score: Tensor, fraction: float = 0.5) -> Tenso
     t = steps.double()
     s = score.double()
     x = torch.log1p(t - t[0])
-    first, top = s[..., :1], s.amax(-1, keepdim=True)
+    first, top = s[..., :1], s[..., -1:]
     level = first + fraction * (top - first)
     crossed = (s >= level) & (torch.arange(s.shape[-1]) > 0)
     i = crossed.double().argmax(-1, keepdim=True)
@@ -101,6 +106,28 @@ def _mean_rows(values: Tensor, counts: Tensor) -> Tensor:
     return torch.where(bottom > 0, top / bottom.clamp_min(1e-300), math.nan)
 
 
+def _over_rows(values: Tensor) -> Estimate:
+    """The mean over rows of `values` [N, ...] (`resampling.mean_over_units`, each row once)
+    with its degrees of freedom the number of rows that carry its variance (Kish's n_eff of
+    the squared deviations): a score near 1 whose few low rows make all its spread has few,
+    and an interval as wide as that; none where under two rows carry it."""
+    est = mean_over_units(values, torch.ones(values.shape[0]), bounds=(0.0, 1.0))
+    deviation = torch.nan_to_num(values.double() - est.value)
+    est.dof = kish(deviation**2, 0)
+    est.se = torch.where(est.dof >= 2, est.se, math.nan)
+    return est
+
+
+def _logit_interval(est: Estimate, level: float) -> tuple[Tensor, Tensor]:
+    """The interval of a mean in [0, 1] made on the logit scale (delta method) and mapped
+    back: asymmetric, longer towards the middle, as the mean of skewed rows near 0 or 1 needs
+    (a score near 0 whose rare high rows were not drawn)."""
+    m = est.value.clamp(1e-6, 1 - 1e-6)
+    half = est._t((1 + level) / 2) * est.se / (m * (1 - m))
+    lo, hi = torch.sigmoid(torch.logit(m) - half), torch.sigmoid(torch.logit(m) + half)
+    return torch.where(est.enough, lo, math.nan), torch.where(est.enough, hi, math.nan)
+
+
 def head_type(traj: Trajectory, name: str, num: int = 200, level: float = LEVEL,
               generator=None) -> Measurement:  # fmt: skip
     """The scores of head type `name` (``previous_token``, ``first_token``, ``induction`` or
@@ -108,12 +135,13 @@ def head_type(traj: Trajectory, name: str, num: int = 200, level: float = LEVEL,
     formation step (module docstring); `num` resamples for the step's interval."""
     values = head_type_scores(traj, name)  # [S, L, H, N]
     S, L, H, N = values.shape
-    per_step = mean_over_units(values.permute(3, 0, 1, 2), torch.ones(N), bounds=(0.0, 1.0))
-    lo, hi = per_step.interval(level)
+    per_step = _over_rows(values.permute(3, 0, 1, 2))
+    lo, hi = _logit_interval(per_step, level)
     table = _frame(traj, {name: per_step.value, f"{name}_lo": lo, f"{name}_hi": hi,
                           f"{name}_n_eff": per_step.n_eff})  # fmt: skip
     nan = torch.full((L, H), math.nan, dtype=torch.float64)
-    head = {f"{name}_rise": nan.clone(), f"{name}_rise_p": nan.clone(),
+    head = {f"{name}_rise": nan.clone(), f"{name}_rise_lo": nan.clone(),
+            f"{name}_rise_hi": nan.clone(), f"{name}_rise_p": nan.clone(),
             f"{name}_step": nan.clone(), f"{name}_step_lo": nan.clone(),
             f"{name}_step_hi": nan.clone()}  # fmt: skip
     reasons = [["one checkpoint"] * H for _ in range(L)]
@@ -126,10 +154,19 @@ def head_type(traj: Trajectory, name: str, num: int = 200, level: float = LEVEL,
             lambda counts: formation_step(traj.steps, _mean_rows(values, counts)), N, num,
             level, generator,
         )  # fmt: skip
+        # the percentile interval of N resampled rows is too narrow for few rows: widened by
+        # t(N - 1) / z and sqrt(N / (N - 1)) around the estimate (calibrated in
+        # bench_calibration.py)
+        z = float(scipy_stats.norm.ppf((1 + level) / 2))
+        widen = float(scipy_stats.t.ppf((1 + level) / 2, max(N - 1, 1))) / z
+        widen *= math.sqrt(N / max(N - 1, 1))
+        lo_s, hi_s = step - widen * (step - lo_s), step + widen * (hi_s - step)
         risen = (p < ALPHA) & (rise.value > 0)
         enough = rise.enough
+        rise_lo, rise_hi = rise.interval(level)
         head.update({
-            f"{name}_rise": rise.value, f"{name}_rise_p": p,
+            f"{name}_rise": rise.value, f"{name}_rise_lo": rise_lo, f"{name}_rise_hi": rise_hi,
+            f"{name}_rise_p": p,
             f"{name}_step": torch.where(risen, step, math.nan),
             f"{name}_step_lo": torch.where(risen, lo_s, math.nan),
             f"{name}_step_hi": torch.where(risen, hi_s, math.nan),
