@@ -9,8 +9,10 @@ bridges a Hugging Face checkpoint; evaluation rows of Zipf-distributed token ids
 70m, 16 x 2048 for 160m); the plan `scansnap record` makes by default without statistics for
 that many heads (the most frequent queries that fit 64 MB per checkpoint).  Timed on the
 device, synchronised, the best of `--rounds` taking turns: the forward without hooks stopped
-after the last layer (`run_until`), and `record_checkpoint` (hooks, gathers, sums, the copy of
-the sums back to the host).  Prints one JSON line per shape with both times and their ratio.
+after the last layer (`run_until`), and `record_checkpoint` with every default aggregate (the
+scan's and the head types': hooks, gathers, sums, the copy of the sums back to the host),
+after a first checkpoint of the run has decided what a run decides once (`RunState`).  Prints
+one JSON line per shape with both times and their ratio.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def main() -> None:
 def time_shape(shape: str, args) -> dict:
     """The best times of the forward and of `record_checkpoint` at one shape."""
     from scansnap_lens.recording.budget import BYTES_PER_VALUE, CHECKPOINT_BUDGET
-    from scansnap_lens.recording.hooks import record_checkpoint, run_until
+    from scansnap_lens.recording.hooks import RunState, record_checkpoint, run_until
     from scansnap_lens.recording.plan import plan_recording
 
     _, layers, heads, _, rows, length = SHAPES[shape]
@@ -77,7 +79,8 @@ def time_shape(shape: str, args) -> dict:
         rows, length, layers = 4, 128, 2
     model = model_of(shape, args.device, args.quick)
     tokens = tokens_of(rows, length)
-    max_slots = CHECKPOINT_BUDGET // (BYTES_PER_VALUE * layers * heads) - 64**2
+    rows_slots = 3 * rows  # the head types: one value per row each
+    max_slots = CHECKPOINT_BUDGET // (BYTES_PER_VALUE * layers * heads) - 64**2 - rows_slots
     plan = plan_recording(tokens, D_VOCAB, max_slots=max_slots)
     batches = tokens.split(args.batch_size)
     last = int(model.cfg.n_layers) - 1
@@ -92,9 +95,11 @@ def time_shape(shape: str, args) -> dict:
             run_until(model, x.to(args.device), last, [])
         sync()
 
+    state = RunState()  # what a Recorder decides at a run's first checkpoint, kept
+
     def record():
         record_checkpoint(model, tokens, plan, batch_size=args.batch_size,
-                          device=args.device, progress=False)  # fmt: skip
+                          device=args.device, progress=False, state=state)  # fmt: skip
         sync()
 
     forward(), record()  # warm: the first passes allocate and compile

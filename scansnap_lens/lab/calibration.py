@@ -227,8 +227,15 @@ def head_type_run(
     return _head_type(rows, rise, formed, steps, spacing, seed, name, base, noise, heads)[0]
 
 
-def head_type_truth(rise, formed: float = 40.0, steps: int = 11, spacing: float = 10.0,
-                    base=(1.0, 9.0), noise: float = 0.03, rows: int = 400_000) -> Tensor:
+def head_type_truth(
+    rise,
+    formed: float = 40.0,
+    steps: int = 11,
+    spacing: float = 10.0,
+    base=(1.0, 9.0),
+    noise: float = 0.03,
+    rows: int = 400_000,
+) -> Tensor:
     """[S, H] the population mean score of `head_type_run` at each step (Monte Carlo over
     `rows` rows, its error about 1e-4)."""  # fmt: skip
     return _head_type(rows, rise, formed, steps, spacing, 12345, "x", base, noise)[1]

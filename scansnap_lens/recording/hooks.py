@@ -29,7 +29,13 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from scansnap_lens.recording.aggregates import Aggregate, CheckpointRecord, Gathered, resolve
+from scansnap_lens.recording.aggregates import (
+    AGGREGATES,
+    Aggregate,
+    CheckpointRecord,
+    Gathered,
+    resolve,
+)
 from scansnap_lens.recording.plan import RecordPlan
 from scansnap_lens.statistics.corpus import _fingerprint
 
@@ -169,7 +175,9 @@ class _HookAggregator:
         self.read_weights = [a for a in self.on_plan if a.reads == "weights"]
         sizes = {a.name: a.slots(plan, rows) for a in aggregates}
         self.sums = _Sums(sizes, len(self.layers), len(self.heads), device)
-        self.row_counts = {a.name: torch.zeros(rows, dtype=torch.long) for a in self.on_rows}
+        self.row_counts = {
+            a.name: torch.zeros(rows, dtype=torch.long, device=device) for a in self.on_rows
+        }
         self.rows_done = 0
         self.batch: _Batch | None = None
         self.positions: dict[str, _Positions] = {}
@@ -252,7 +260,7 @@ class _HookAggregator:
         out = {}
         for agg in self.on_rows:
             row, q, k = (t.to(self.device).long() for t in agg.positions(x))
-            if row.numel() and (
+            if agg not in AGGREGATES and row.numel() and (  # a user's: checked (one sync)
                 int(row.min()) < 0 or int(row.max()) >= B
                 or int(torch.minimum(q, k).min()) < 0 or int(torch.maximum(q, k).max()) >= T
             ):  # fmt: skip
@@ -263,9 +271,8 @@ class _HookAggregator:
             base = (row * self.n_heads * T + q) * T + k
             flat = base[:, None] + (self.heads * T * T)[None, :]
             queries = torch.unique(row * T + q) // T  # each query position counts once
-            self.row_counts[agg.name].index_add_(
-                0, (queries + self.rows_done).cpu(), torch.ones(queries.numel(), dtype=torch.long)
-            )
+            self.row_counts[agg.name].index_add_(0, queries + self.rows_done,
+                                                 torch.ones_like(queries))  # fmt: skip
             out[agg.name] = _Positions(flat, row + self.rows_done)
         return out
 
@@ -411,7 +418,7 @@ class _HookAggregator:
         for agg in [*self.on_plan, *self.on_rows]:
             total = self.sums.total[agg.name].cpu().double()  # the division on the host
             if agg.axis == "rows":
-                count = self.row_counts[agg.name].double()
+                count = self.row_counts[agg.name].cpu().double()
                 avg = torch.where(count[None, :, None] > 0, total / count.clamp_min(1)[None, :,
                                   None], math.nan)  # fmt: skip
             else:
