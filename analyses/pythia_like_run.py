@@ -183,7 +183,8 @@ def main() -> None:
     (args.out / "run.json").write_text(json.dumps(info, indent=1))
     shown = ("layer", "head", "verdict", "bias", "bias_lo", "bias_hi", "auroc", "auroc_lo",
              "auroc_hi", "auroc_n_eff", "auroc_mde", "matched_auroc", "frequency_control",
-             "snap", "rank_agreement", "attention_entropy")  # fmt: skip
+             "snap", "induction", "induction_step", "previous_token", "previous_token_step",
+             "first_token", "first_token_step", "rank_agreement", "attention_entropy")  # fmt: skip
     cols = [c for c in shown if c in table]
     print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(json.dumps(info))

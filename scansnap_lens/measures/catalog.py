@@ -22,7 +22,7 @@ from scansnap_lens.measures.entropy import attention_entropy, sparsity
 from scansnap_lens.measures.fit import growth_bounds, theory_fit
 from scansnap_lens.measures.frequency import frequency_bias
 from scansnap_lens.measures.growth import growth_factor
-from scansnap_lens.measures.head_types import head_type
+from scansnap_lens.measures.head_types import MIN_RISE, head_type
 from scansnap_lens.measures.measurement import Measurement
 from scansnap_lens.measures.snap import snapping
 from scansnap_lens.measures.uncertainty import UNCERTAINTY_COLUMNS, scan_uncertainty
@@ -275,9 +275,10 @@ def _head_type(name: str, title: str, caption: str, explains: str) -> Measure:
         plots=(plot,),
         explains=explains
         + f"  <b>{name}_step</b>: when it formed, the step by which the score has covered half"
-        " its rise from the first checkpoint to its highest (interval: rows resampled), shown"
-        " only where the rise to the last checkpoint is significant (Holm over the heads),"
-        f' else <b>{name}_reason</b> says why ("no rise"); compare it with <b>snap_step</b>.',
+        " its rise from the first checkpoint to the last (interval: rows resampled), shown"
+        " only where that rise is significant (Holm over the heads) and moved at least"
+        f' {MIN_RISE:g} of the attention, else <b>{name}_reason</b> says why ("no rise",'
+        f' "rise 0.004 below {MIN_RISE:g}"); compare it with <b>snap_step</b>.',
     )
 
 

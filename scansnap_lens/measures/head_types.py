@@ -18,9 +18,10 @@ type, columns prefixed by its name, ``induction`` here):
   rise from the first checkpoint to the last (`formation_step`: a fraction crossing on the
   log-step axis, as `snap.snap_step` finds its), with ``induction_step_lo`` and
   ``induction_step_hi`` its percentile interval over rows resampled with replacement (widened
-  for few rows); NaN
-  where the rise is not significant (``induction_reason``: "no rise", "too few units",
-  "one checkpoint").
+  for few rows); NaN where the head did not become one: its rise is not significant ("no
+  rise"), or it is but moved less than `MIN_RISE` of the attention ("rise 0.004 below 0.1":
+  real, and too small to call the head an induction head), or "too few units", "one
+  checkpoint" (``induction_reason``).
 
 The intervals cover other rows of the same text for this trained model, not another run.
 
@@ -57,9 +58,14 @@ from scansnap_lens.measures.resampling import (
 from scansnap_lens.recording.aggregates import HEAD_TYPES
 from scansnap_lens.recording.trajectory import Trajectory
 
-__all__ = ["HEAD_TYPES", "formation_step", "head_type", "head_type_scores"]
+__all__ = ["HEAD_TYPES", "MIN_RISE", "formation_step", "head_type", "head_type_scores"]
 
 NO_RISE = "no rise"
+MIN_RISE = 0.1  # a head becomes one of a type when a tenth of its attention moves there
+
+
+def _small_rise(value: float) -> str:
+    return f"rise {value:.2g} below {MIN_RISE:g}"
 
 
 def head_type_scores(traj: Trajectory, name: str) -> Tensor:
@@ -113,7 +119,8 @@ def _over_rows(values: Tensor) -> Estimate:
     and an interval as wide as that; none where under two rows carry it."""
     est = mean_over_units(values, torch.ones(values.shape[0]), bounds=(0.0, 1.0))
     deviation = torch.nan_to_num(values.double() - est.value)
-    est.dof = kish(deviation**2, 0)
+    flat = (deviation**2).sum(0) == 0  # every row alike: `_logit_interval`'s rule of three
+    est.dof = torch.where(flat, est.n_eff, kish(deviation**2, 0))
     est.se = torch.where(est.dof >= 2, est.se, math.nan)
     return est
 
@@ -121,10 +128,17 @@ def _over_rows(values: Tensor) -> Estimate:
 def _logit_interval(est: Estimate, level: float) -> tuple[Tensor, Tensor]:
     """The interval of a mean in [0, 1] made on the logit scale (delta method) and mapped
     back: asymmetric, longer towards the middle, as the mean of skewed rows near 0 or 1 needs
-    (a score near 0 whose rare high rows were not drawn)."""
+    (a score near 0 whose rare high rows were not drawn).  Where every row has the same score
+    (a planted head at exactly 1, a head that never looks at position 0) the spread says
+    nothing: the rule of three then bounds the share of unseen rows at the other end by
+    -log(1 - level) / n, the interval reaching as far as they would move the mean."""
     m = est.value.clamp(1e-6, 1 - 1e-6)
     half = est._t((1 + level) / 2) * est.se / (m * (1 - m))
     lo, hi = torch.sigmoid(torch.logit(m) - half), torch.sigmoid(torch.logit(m) + half)
+    share = -math.log(1 - level) / est.n_eff.clamp_min(1)
+    flat = est.se == 0
+    lo = torch.where(flat, est.value * (1 - share), lo)
+    hi = torch.where(flat, est.value + (1 - est.value) * share, hi)
     return torch.where(est.enough, lo, math.nan), torch.where(est.enough, hi, math.nan)
 
 
@@ -161,7 +175,7 @@ def head_type(traj: Trajectory, name: str, num: int = 200, level: float = LEVEL,
         widen = float(scipy_stats.t.ppf((1 + level) / 2, max(N - 1, 1))) / z
         widen *= math.sqrt(N / max(N - 1, 1))
         lo_s, hi_s = step - widen * (step - lo_s), step + widen * (hi_s - step)
-        risen = (p < ALPHA) & (rise.value > 0)
+        risen = (p < ALPHA) & (rise.value >= MIN_RISE)
         enough = rise.enough
         rise_lo, rise_hi = rise.interval(level)
         head.update({
@@ -175,8 +189,10 @@ def head_type(traj: Trajectory, name: str, num: int = 200, level: float = LEVEL,
         reasons = [
             [
                 "" if bool(risen[i, j]) else
-                (NO_RISE if bool(enough[i, j]) else
-                 f"too few units (n_eff = {float(n_eff[i, j]):.3g} < {MIN_UNITS:g})")
+                (f"too few units (n_eff = {float(n_eff[i, j]):.3g} < {MIN_UNITS:g})"
+                 if not bool(enough[i, j]) else
+                 _small_rise(float(rise.value[i, j])) if bool(p[i, j] < ALPHA)
+                 and float(rise.value[i, j]) > 0 else NO_RISE)
                 for j in range(H)
             ]
             for i in range(L)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from scansnap_lens.lab.calibration import HEAD_TYPE_SCENARIOS, head_type_run, head_type_truth
-from scansnap_lens.measures.head_types import formation_step, head_type
+from scansnap_lens.measures.head_types import MIN_RISE, formation_step, head_type
 
 
 def test_formation_step_is_the_half_rise_crossing_on_the_log_axis():
@@ -36,6 +36,30 @@ def test_a_rising_head_forms_where_its_truth_says_and_a_flat_one_does_not():
         assert abs(t["induction_step"][h] - 60.0) < 5
         assert t["induction_lo"][h] <= truth[-1, h] <= t["induction_hi"][h]
     assert t["induction_rise_p"][1] > 0.05 and math.isnan(t["induction_step"][1])
+
+
+def test_a_small_rise_is_real_but_does_not_make_a_head_of_the_type():
+    """A significant rise of 0.04 (the Pythia-like run's induction scores move by 0.005) is
+    reported with its interval, and no formation step: under `MIN_RISE` of the attention."""
+    traj = head_type_run(rows=256, heads=2, rise=(0.04, 0.3), seed=1)
+    t = head_type(traj, "induction").final()
+    assert t["induction_rise_p"][0] < 1e-6 and math.isnan(t["induction_step"][0])
+    assert t["induction_reason"][0].startswith("rise 0.0")
+    assert t["induction_reason"][0].endswith(f"below {MIN_RISE:g}")
+    assert t["induction_reason"][1] == "" and abs(t["induction_step"][1] - 40) < 5
+
+
+@pytest.mark.parametrize("value", [0.0, 1.0])
+def test_rows_all_alike_get_the_rule_of_three_not_a_point(value):
+    """Every row at exactly 1 (a saturated head) or 0 (never there): no spread to estimate
+    from, so the interval reaches -log(0.05) / N towards the other end, not [v, v]."""
+    traj = head_type_run(rows=20, heads=1, rise=(0.0,), seed=0)
+    traj = traj.replace(induction=torch.full_like(traj.induction, value))
+    t = head_type(traj, "induction").final()
+    share = -math.log(0.05) / 20
+    lo, hi = (value * (1 - share), value + (1 - value) * share)
+    assert (t["induction_lo"][0], t["induction_hi"][0]) == pytest.approx((lo, hi))
+    assert t["induction_reason"][0] == "no rise"
 
 
 def test_too_few_rows_give_no_interval_and_say_so():

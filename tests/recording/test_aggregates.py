@@ -174,7 +174,9 @@ def test_a_planted_induction_head_scores_near_one_and_forms_where_it_was_made(tm
     assert traj.rows["induction"] == "evaluation rows"
     ind = head_type(traj, "induction").final().set_index("layer")
     prev = head_type(traj, "previous_token").final().set_index("layer")
-    assert ind.loc[1, "induction"] > 0.99 and ind.loc[1, "induction_lo"] > 0.99
+    score, lo, hi = ind.loc[1, ["induction", "induction_lo", "induction_hi"]]
+    # every row at 1 (float32 softmax saturates): the rule of three over 16 rows, 1 - 3/16
+    assert score > 0.99 and 0.8 < lo <= score <= hi
     assert prev.loc[0, "previous_token"] > 0.99
     assert ind.loc[0, "induction_reason"] == "no rise"  # layer 0 never becomes one
     for table, layer, name in ((ind, 1, "induction"), (prev, 0, "previous_token")):
