@@ -84,6 +84,7 @@ _NAMES = {
     "head_type_scores": "head_types",
     "formation_step": "head_types",
     "HEAD_TYPES": "head_types",
+    "MIN_RISE": "head_types",
     "known_rates": "rates",
     "measure_all": "summary",
     "position_entropy": "entropy",
