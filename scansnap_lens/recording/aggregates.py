@@ -81,13 +81,25 @@ AXES = {
 class Gathered:
     """What one layer of one batch offers a plan aggregate's ``gather``: the tracked position
     pairs (``batch``, `hooks._Batch`), and, [J, H] over those pairs and the watched heads,
-    the ``scores`` (at the pairs the plan holds) or the ``weights`` renormalised over each
-    event's context, with each event's context ``entropy`` [E, H] (nats)."""
+    the ``scores`` (at the pairs the plan holds) or the attention ``pattern`` with each
+    event's ``context`` weight [E, H] (their sum over its context) and context ``entropy``
+    [E, H] (nats) of the weights renormalised over the context: `weights` [J, H], or
+    `weights_at` a subset of the pairs, which costs only that subset."""
 
     batch: object
     scores: Tensor | None = None
-    weights: Tensor | None = None
+    pattern: Tensor | None = None
+    context: Tensor | None = None
     entropy: Tensor | None = None
+
+    @property
+    def weights(self) -> Tensor:
+        """[J, H] the attention weights renormalised over each event's context."""
+        return self.pattern / self.context[self.batch.event]
+
+    def weights_at(self, pairs: Tensor) -> Tensor:
+        """[n, H] `weights` at `pairs` [n] (indices of the batch's pairs)."""
+        return self.pattern[pairs] / self.context[self.batch.event[pairs]]
 
 
 @dataclass(frozen=True)
@@ -328,7 +340,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
         optional=False,
         gather=lambda g: (
             g.batch.triple_slot,
-            g.weights if g.batch.all_tracked else g.weights[g.batch.c_hat_pairs],
+            g.weights if g.batch.all_tracked else g.weights_at(g.batch.c_hat_pairs),
         ),
         count=lambda plan: plan.class_events[plan.triple_class],
     ),

@@ -110,7 +110,9 @@ class _Batch:
     flat: Tensor  # [J, H] flat index into a [B, n_heads, T, T] tensor
     q_pos: Tensor  # [J] flat index (b * T + T_query) of each pair's query position
     k_pos: Tensor  # [J] flat index (b * T + t) of each pair's key position
-    event: Tensor  # [J] event of each pair
+    event: Tensor  # [J] event of each pair (each event's pairs one run, in event order)
+    n_ctx: Tensor  # [E] the pairs of each event
+    zbar_flat: Tensor  # [J'', H] `flat` at the pairs the plan holds (all J: `flat`)
     pair_slot: Tensor  # [J] zbar slot ([J''] of `zbar_pairs` where the plan samples pairs)
     zbar_pairs: Tensor | None  # [J''] the pairs the plan holds (None: every pair)
     c_hat_pairs: Tensor  # [J'] the pairs whose class is tracked
@@ -239,6 +241,8 @@ class _HookAggregator:
         all_tracked = c_hat_pairs.numel() == cls_p.numel()
         return _Batch(
             flat=flat,
+            n_ctx=n_ctx,
+            zbar_flat=flat if zbar_pairs is None else flat[zbar_pairs],
             q_pos=b * T + tq,
             k_pos=b * T + t,
             event=event,
@@ -282,8 +286,8 @@ class _HookAggregator:
             if self.scores_from_qk[layer]:
                 return None
             bt = self.batch
-            flat = bt.flat if bt.zbar_pairs is None else bt.flat[bt.zbar_pairs]
-            self._add(i, self.read_scores, Gathered(bt, scores=scores.reshape(-1)[flat].float()))
+            self._add(i, self.read_scores,
+                      Gathered(bt, scores=scores.reshape(-1)[bt.zbar_flat].float()))  # fmt: skip
             return None
 
         return hook
@@ -310,15 +314,18 @@ class _HookAggregator:
             bt = self.batch
             if self.read_scores and self.scores_from_qk.get(layer):
                 self._scores_from_qk(i, layer)
-            if not self.read_weights:
+            if not self.read_weights or bt.num_events == 0:
                 return None
             a = flat_pattern[bt.flat].float()  # [J, H]
-            den = torch.zeros(bt.num_events, a.shape[1], dtype=a.dtype, device=a.device)
-            den.index_add_(0, bt.event, a)
-            # An event whose context weights all underflow to 0 contributes zeros.
-            ahat = a.div_(den.clamp_min_(1e-30)[bt.event])
-            ent = den.zero_().index_add_(0, bt.event, torch.special.xlogy(ahat, ahat).neg_())
-            self._add(i, self.read_weights, Gathered(bt, weights=ahat, entropy=ent))
+            # each event's pairs are one run (`index`): sums over runs, no scatter
+            den = torch.segment_reduce(a, "sum", lengths=bt.n_ctx, axis=0)  # [E, H]
+            a_log_a = torch.segment_reduce(torch.special.xlogy(a, a), "sum",
+                                           lengths=bt.n_ctx, axis=0)  # fmt: skip
+            # the entropy of a / den is log den - sum(a log a) / den, without dividing all J
+            # pairs; an event whose context weights all underflow to 0 contributes zeros
+            context = den.clamp_min(1e-30)
+            ent = torch.where(den > 0, context.log() - a_log_a / context, 0.0)
+            self._add(i, self.read_weights, Gathered(bt, pattern=a, context=context, entropy=ent))
             return None
 
         return hook

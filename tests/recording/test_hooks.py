@@ -90,6 +90,19 @@ def test_tracked_queries_classes_layers_heads():
         assert rec.c_hat[0, 0, j].item() == pytest.approx(c_hat[key], abs=tol["c_hat"])
 
 
+def test_a_batch_without_a_tracked_query_adds_nothing():
+    """A row holding none of the tracked queries is a batch without events (it has no
+    context runs to sum): the record equals brute force over the other rows."""
+    model = tiny_model()
+    tokens = torch.randint(0, V, (3, 12), generator=torch.Generator().manual_seed(4))
+    queries = [3, 5]
+    tokens[1] = torch.where(torch.isin(tokens[1], torch.tensor(queries)), 0, tokens[1])
+    plan = plan_recording(tokens, V, queries=queries)
+    rec = record_checkpoint(model, tokens, plan, batch_size=1, progress=False)
+    ref = brute_force(model, tokens, False, False, queries=set(queries))
+    assert_matches(rec, plan, ref, range(2), range(3))
+
+
 @requires_hooked  # on 4.x the native bridge is such a model, tested above
 def test_pattern_in_scores_hook_is_detected_and_scores_rebuilt():
     """A HookedTransformer made to show the softmax pattern at hook_attn_scores."""
