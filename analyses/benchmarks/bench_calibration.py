@@ -129,7 +129,8 @@ def power(reps: int, queries: int) -> None:
 
 def head_types(reps: int, heads: int = 8) -> None:
     """Per row-effect scenario and number of rows: the coverage of the head-type score's
-    interval (at the last checkpoint) and of its rise's, over every head that got one; the
+    interval (at the last checkpoint; none below `head_types.MIN_ROWS` rows) and of its
+    rise's, over every head that got one; the
     family-wise rate of a "formed" call among heads that never rise; and the coverage of the
     formation step's interval among the rising heads called formed, against the population
     curves (`head_type_truth`)."""
@@ -150,7 +151,7 @@ def head_types(reps: int, heads: int = 8) -> None:
                 score_hit += list(((lo <= final) & (final <= hi))[given])
                 r_lo, r_hi = t["induction_rise_lo"].to_numpy(), t["induction_rise_hi"].to_numpy()
                 d = (truth[-1] - truth[0]).numpy()
-                rise_hit += list(((r_lo <= d) & (d <= r_hi))[given])
+                rise_hit += list(((r_lo <= d) & (d <= r_hi))[~np.isnan(r_lo)])
                 formed = t["induction_reason"].to_numpy() == ""
                 null = np.array(rise) == 0
                 false_formed.append(bool(formed[null].any()))

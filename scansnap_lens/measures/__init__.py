@@ -85,6 +85,7 @@ _NAMES = {
     "formation_step": "head_types",
     "HEAD_TYPES": "head_types",
     "MIN_RISE": "head_types",
+    "MIN_ROWS": "head_types",
     "known_rates": "rates",
     "measure_all": "summary",
     "position_entropy": "entropy",

@@ -9,8 +9,8 @@ A head's score at a checkpoint is the mean over rows of each row's recorded mean
 type, columns prefixed by its name, ``induction`` here):
 
 - ``induction``, ``induction_lo``, ``induction_hi``: the score per checkpoint and its 95 %
-  interval with the rows as units (`resampling.mean_over_units`; none below
-  `resampling.MIN_UNITS` rows: "too few units");
+  interval with the rows as units (`resampling.mean_over_units`; none below `MIN_ROWS`
+  rows, where skewed rows made it too short);
 - ``induction_rise`` (``_lo``, ``_hi``), ``induction_rise_p``: the rise from the first
   checkpoint to the last, paired per row, with its interval and its two-sided p-value,
   Holm-corrected over the heads;
@@ -58,10 +58,13 @@ from scansnap_lens.measures.resampling import (
 from scansnap_lens.recording.aggregates import HEAD_TYPES
 from scansnap_lens.recording.trajectory import Trajectory
 
-__all__ = ["HEAD_TYPES", "MIN_RISE", "formation_step", "head_type", "head_type_scores"]
+__all__ = ["HEAD_TYPES", "MIN_RISE", "MIN_ROWS", "formation_step", "head_type", "head_type_scores"]
 
 NO_RISE = "no rise"
 MIN_RISE = 0.1  # a head becomes one of a type when a tenth of its attention moves there
+# rows a score's interval needs: below 16, rows skewed as a rare type's are (most near 0, a
+# few near 1) gave 95 % intervals covering 0.87-0.89 (bench_calibration.py); from 16, >= 0.93
+MIN_ROWS = 16
 
 
 def _small_rise(value: float) -> str:
@@ -121,7 +124,7 @@ def _over_rows(values: Tensor) -> Estimate:
     deviation = torch.nan_to_num(values.double() - est.value)
     flat = (deviation**2).sum(0) == 0  # every row alike: `_logit_interval`'s rule of three
     est.dof = torch.where(flat, est.n_eff, kish(deviation**2, 0))
-    est.se = torch.where(est.dof >= 2, est.se, math.nan)
+    est.se = torch.where((est.dof >= 2) & (est.n_eff >= MIN_ROWS), est.se, math.nan)
     return est
 
 

@@ -284,8 +284,8 @@ def earlier_copies(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 REPEATS_PER_ROW = 4  # induction positions a row needs to count as a unit
-ROWS_NEEDED = 5  # such rows an interval needs (`measures.resampling.MIN_UNITS`, tested equal)
-RANDOM_ROWS = 8  # repeated-random-token rows where the evaluation text has too few repeats
+ROWS_NEEDED = 16  # such rows a score's interval needs (`measures.head_types.MIN_ROWS`, tested)
+RANDOM_ROWS = 16  # repeated-random-token rows where the evaluation text has too few repeats
 RANDOM_HALF = 64  # tokens repeated in each (at most half the evaluation rows' length)
 
 

@@ -82,7 +82,7 @@ def brute_force_rows(model, tokens) -> tuple[dict[str, torch.Tensor], float]:
 def test_head_types_and_a_users_aggregate_equal_brute_force(backend):
     model = tiny_model(backend=backend)
     g = torch.Generator().manual_seed(4)
-    tokens = torch.randint(0, V, (6, 20), generator=g)  # V = 13: plenty of repeats
+    tokens = torch.randint(0, V, (16, 20), generator=g)  # V = 13: plenty of repeats
     plan = plan_recording(tokens, V)
     rec = record_checkpoint(model, tokens, plan, batch_size=4, progress=False,
                             aggregates=[*DEFAULT, TWO_BACK])  # fmt: skip
@@ -90,7 +90,7 @@ def test_head_types_and_a_users_aggregate_equal_brute_force(backend):
     want, tol = brute_force_rows(model, tokens)
     for name, ref in want.items():
         got = rec.values[name].double()
-        assert got.shape == (2, 3, 6), name
+        assert got.shape == (2, 3, 16), name
         assert torch.equal(got.isnan(), ref.isnan()), name
         torch.testing.assert_close(got.nan_to_num(), ref.nan_to_num(), atol=tol, rtol=0)
 
@@ -105,14 +105,14 @@ def test_too_few_repeats_reads_repeated_random_rows(backend):
     tokens = torch.stack([torch.randperm(V, generator=g)[:9] for _ in range(6)])
     assert induction_positions(tokens)[0].numel() == 0
     rows, words = repeated_random_rows(tokens, V)
-    assert rows.shape == (8, 1 + 2 * 4) and "repeated random tokens" in words
+    assert rows.shape == (16, 1 + 2 * 4) and "repeated random tokens" in words
     assert torch.equal(rows[:, 1:5], rows[:, 5:])  # four distinct ids, then the same again
-    assert torch.equal(rows[:, 0], tokens[torch.arange(8) % 6, 0])  # each row's own first token
+    assert torch.equal(rows[:, 0], tokens[torch.arange(16) % 6, 0])  # each row's own first token
     again, _ = repeated_random_rows(tokens, V)
     assert torch.equal(rows, again)
     plan = plan_recording(tokens, V)
     rec = record_checkpoint(model, tokens, plan, progress=False)
-    assert rec.induction.shape == (2, 3, 8) and rec.previous_token.shape == (2, 3, 6)
+    assert rec.induction.shape == (2, 3, 16) and rec.previous_token.shape == (2, 3, 6)
     want, tol = brute_force_rows(model, rows)
     torch.testing.assert_close(rec.induction.double(), want["induction"], atol=tol, rtol=0)
 
@@ -294,7 +294,7 @@ def test_the_table_refuses_what_it_cannot_record():
 
 
 def test_the_induction_fallback_needs_the_rows_an_interval_needs():
-    from scansnap_lens.measures.resampling import MIN_UNITS
+    from scansnap_lens.measures.head_types import MIN_ROWS
     from scansnap_lens.recording.aggregates import ROWS_NEEDED
 
-    assert ROWS_NEEDED == MIN_UNITS  # recording may not import measures: one value, tested
+    assert ROWS_NEEDED == MIN_ROWS  # recording may not import measures: one value, tested
