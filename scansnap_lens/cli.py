@@ -199,7 +199,12 @@ def _record(args: argparse.Namespace) -> int:
 
         traj = ray_record(recorder, source, on_error=args.on_error, address=args.ray or None)
     else:
-        traj = recorder.record(source, on_error=args.on_error)
+        traj = recorder.record(
+            source,
+            on_error=args.on_error,
+            on_disk=args.on_disk,
+            keep_checkpoints=args.keep_checkpoints,
+        )
     print(
         f"{traj.num_steps} checkpoints recorded ({traj.num_steps - before} new,"
         f" {len(traj.skipped)} skipped), layers {traj.layers}, heads {traj.heads},"
@@ -574,6 +579,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="raise",
         help="at an unreadable checkpoint: stop, or note it and go on (default: %(default)s)",
     )
+    record.add_argument(
+        "--on-disk", type=_count(1, 1 << 16), default=2,
+        help="--model: hub revisions on disk at once, the one recording included; the next"
+        " downloads while one records, and each revision the sweep downloaded is deleted from"
+        " the hub cache once recorded (never one cached before) (default: %(default)s)",
+    )  # fmt: skip
+    record.add_argument(
+        "--keep-checkpoints", action="store_true",
+        help="--model: keep the revisions the sweep downloads in the hub cache",
+    )  # fmt: skip
     record.add_argument(
         "--trust-pickle", action="store_true", help="allow pickled .pt files (trusted only)"
     )

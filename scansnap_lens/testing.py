@@ -24,10 +24,12 @@ import torch
 BOS = "<|endoftext|>"
 
 __all__ = [
+    "LoopbackHub",
     "bridge_from_hf",
     "fake_hub_model",
     "fake_legacy_tl_model",
     "legacy_buffers",
+    "saved_revisions",
     "tiny_hf_model",
     "word_tokenizer",
 ]
@@ -122,6 +124,26 @@ def fake_hub_model(
     return repo
 
 
+def saved_revisions(
+    root: str | Path,
+    revisions: Sequence[str] = ("step0", "step1000", "step2000"),
+    arch: str = "gpt_neox",
+    **model_kwargs,
+) -> dict[str, Path]:
+    """{revision: folder}: one randomly initialised model per revision (seed = its position),
+    each written by ``save_pretrained`` with its tokenizer, as a hub repository holds them
+    (serve them with `LoopbackHub`)."""
+    vocab_size = model_kwargs.setdefault("vocab_size", 64)
+    tokenizer = word_tokenizer(vocab_size)
+    folders = {}
+    for i, revision in enumerate(revisions):
+        folder = Path(root) / revision
+        tiny_hf_model(arch, seed=i, **model_kwargs).save_pretrained(folder, safe_serialization=True)
+        tokenizer.save_pretrained(folder)
+        folders[revision] = folder
+    return folders
+
+
 def bridge_from_hf(hf_model, name: str = "gpt2", tokenizer_dir: str | Path | None = None):
     """A TransformerBridge around an in-memory Hugging Face model, with a local tokenizer."""
     import transformers
@@ -208,3 +230,302 @@ def fake_legacy_tl_model(
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / "main").write_text(commit)
     return repo
+
+
+# ------------------------------------------------------------------ a hub on the loopback
+def _git_blob_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".ot", ".onnx")
+
+
+class LoopbackHub:
+    """A hub-shaped HTTP server on 127.0.0.1 over folders written by ``save_pretrained``.
+
+    It answers what `huggingface_hub` asks the hub, as the hub answers it: repository info
+    at a revision (``/api/models/{repo}/revision/{rev}``, with sizes and blob ids under
+    ``?blobs=true``), the recursive tree at a commit, and ``/{repo}/resolve/{rev}/{file}``
+    with ``X-Repo-Commit`` and ``ETag`` (the git blob sha1); weight files are LFS files, whose
+    resolve answers 302 to a CDN host (``localhost``, another host name for the same server)
+    with ``X-Linked-Etag`` (sha256) and ``X-Linked-Size``, and the CDN serves byte ranges
+    (a killed download resumes).  Revisions resolve to ``sha1(repo@revision)``, as
+    `fake_hub_model` names them.  Every byte sent goes through one token bucket of
+    `bandwidth` bytes per second (None: unthrottled), so parallel downloads share the link.
+
+    repos: {repo_id: {revision: folder}}.  ``sent`` counts bytes per (repo, revision, file);
+    ``requests`` lists (method, path, Range header, time.time()); `on_chunk(repo, revision,
+    file, sent_so_far, size)` is called after every chunk sent.  Point `huggingface_hub` at
+    it with ``HF_ENDPOINT = hub.endpoint`` (read when huggingface_hub is imported) or `use`
+    (in this process).
+    """
+
+    CHUNK = 1 << 16
+
+    def __init__(self, repos, bandwidth: float | None = None, on_chunk=None):
+        import threading
+
+        self.repos = {
+            repo: {rev: Path(folder) for rev, folder in revisions.items()}
+            for repo, revisions in repos.items()
+        }
+        self.bandwidth = bandwidth
+        self.on_chunk = on_chunk
+        self.sent: dict[tuple[str, str, str], int] = {}
+        self.requests: list[tuple[str, str, str | None, float]] = []  # method, path, Range, time
+        self._lock = threading.Lock()
+        self._next_free = 0.0
+        self._files: dict[str, dict] = {}  # sha256 -> file, for the CDN
+        self._listed: dict[tuple[str, str], list[dict]] = {}
+        self._server = None
+        self._thread = None
+
+    # ---------------------------------------------------------------- what the hub knows
+    @staticmethod
+    def commit_of(repo: str, revision: str) -> str:
+        return hashlib.sha1(f"{repo}@{revision}".encode()).hexdigest()
+
+    def _revision(self, repo: str, revision: str) -> str | None:
+        for name in self.repos.get(repo, {}):
+            if revision in (name, self.commit_of(repo, name)):
+                return name
+        if revision == "main" and self.repos.get(repo):
+            return list(self.repos[repo])[-1]
+        return None
+
+    def _entries(self, repo: str, revision: str) -> list[dict]:
+        if (repo, revision) in self._listed:
+            return self._listed[(repo, revision)]
+        folder = self.repos[repo][revision]
+        entries = []
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            data = path.read_bytes()
+            entry = {
+                "path": path.relative_to(folder).as_posix(),
+                "size": len(data),
+                "oid": _git_blob_sha1(data),
+                "file": path,
+            }
+            if path.name.endswith(LFS_SUFFIXES):
+                sha = hashlib.sha256(data).hexdigest()
+                entry["lfs"] = {"oid": sha, "size": len(data), "pointerSize": 134}
+            entries.append(entry)
+        with self._lock:
+            self._listed[(repo, revision)] = entries
+        return entries
+
+    # ---------------------------------------------------------------- serving
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> LoopbackHub:
+        import http.server
+        import threading
+
+        hub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_HEAD(self):
+                hub._answer(self, body=False)
+
+            def do_GET(self):
+                hub._answer(self, body=True)
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> LoopbackHub:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def use(self):
+        """Point this process's `huggingface_hub` at the server, online (a context manager):
+        what ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE=0`` do when set before it is imported."""
+        import contextlib
+        import os
+
+        from huggingface_hub import constants
+
+        @contextlib.contextmanager
+        def pointed():
+            names = ("ENDPOINT", "HUGGINGFACE_CO_URL_TEMPLATE", "HF_HUB_OFFLINE")
+            saved = {n: getattr(constants, n) for n in names}
+            saved_env = os.environ.get("HF_HUB_OFFLINE")
+            constants.ENDPOINT = self.endpoint
+            constants.HUGGINGFACE_CO_URL_TEMPLATE = (
+                self.endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+            )
+            constants.HF_HUB_OFFLINE = False
+            os.environ["HF_HUB_OFFLINE"] = "0"
+            try:
+                yield self
+            finally:
+                for name, value in saved.items():
+                    setattr(constants, name, value)
+                if saved_env is None:
+                    os.environ.pop("HF_HUB_OFFLINE", None)
+                else:
+                    os.environ["HF_HUB_OFFLINE"] = saved_env
+
+        return pointed()
+
+    def _send(self, handler, status: int, headers: dict, body: bytes = b"") -> None:
+        handler.send_response(status)
+        for key, value in headers.items():
+            handler.send_header(key, str(value))
+        if "Content-Length" not in headers:
+            handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        if body and handler.command == "GET":
+            handler.wfile.write(body)
+
+    def _error(self, handler, code: str, status: int = 404, commit: str | None = None) -> None:
+        headers = {"X-Error-Code": code, "X-Error-Message": code, "Content-Type": "text/plain"}
+        if commit is not None:
+            headers["X-Repo-Commit"] = commit
+        self._send(handler, status, headers, code.encode())
+
+    def _throttle(self, n: int) -> None:
+        import time
+
+        if not self.bandwidth:
+            return
+        with self._lock:
+            start = max(time.monotonic(), self._next_free)
+            self._next_free = start + n / self.bandwidth
+            until = self._next_free
+        delay = until - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+    def _answer(self, handler, body: bool) -> None:
+        import time
+        from urllib.parse import parse_qs, unquote, urlsplit
+
+        url = urlsplit(handler.path)
+        parts = [unquote(p) for p in url.path.strip("/").split("/")]
+        self.requests.append((handler.command, url.path, handler.headers.get("Range"), time.time()))
+        if parts[:2] == ["api", "models"] and len(parts) >= 4:
+            return self._api(handler, parts[2:], parse_qs(url.query))
+        if parts and parts[0] == "cdn" and len(parts) == 2:
+            entry = self._files.get(parts[1])
+            if entry is None:
+                return self._error(handler, "EntryNotFound")
+            return self._file(handler, entry, {}, body)
+        if len(parts) >= 5 and parts[2] == "resolve":
+            repo, revision, file = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
+            name = self._revision(repo, revision)
+            if name is None:
+                code = "RepoNotFound" if repo not in self.repos else "RevisionNotFound"
+                return self._error(handler, code, 404 if code == "RevisionNotFound" else 401)
+            commit = self.commit_of(repo, name)
+            entry = next((e for e in self._entries(repo, name) if e["path"] == file), None)
+            if entry is None:
+                return self._error(handler, "EntryNotFound", commit=commit)
+            entry = {**entry, "repo": repo, "revision": name}
+            if "lfs" in entry:  # the hub sends LFS files from its CDN
+                self._files[entry["lfs"]["oid"]] = entry
+                cdn = f"http://localhost:{self._server.server_address[1]}/cdn/{entry['lfs']['oid']}"
+                return self._send(handler, 302, {
+                    "Location": cdn,
+                    "X-Repo-Commit": commit,
+                    "X-Linked-Etag": f'"{entry["lfs"]["oid"]}"',
+                    "X-Linked-Size": entry["size"],
+                    "ETag": f'"{entry["oid"]}"',
+                })  # fmt: skip
+            return self._file(handler, entry, {"X-Repo-Commit": commit}, body)
+        return self._error(handler, "RepoNotFound", 401)
+
+    def _api(self, handler, parts: list[str], query: dict) -> None:
+        import json as _json
+
+        repo = "/".join(parts[:2])
+        if repo not in self.repos:
+            return self._error(handler, "RepoNotFound", 401)
+        kind = parts[2] if len(parts) > 2 else "revision"
+        revision = "/".join(parts[3:]) if len(parts) > 3 else "main"
+        name = self._revision(repo, revision)
+        if name is None:
+            return self._error(handler, "RevisionNotFound")
+        commit = self.commit_of(repo, name)
+        entries = self._entries(repo, name)
+        if kind == "tree":
+            data = [
+                {"type": "file", "oid": e["oid"], "size": e["size"], "path": e["path"],
+                 **({"lfs": e["lfs"]} if "lfs" in e else {})}
+                for e in entries
+            ]  # fmt: skip
+        elif kind == "revision":
+            blobs = query.get("blobs", ["false"])[0].lower() == "true"
+            siblings = []
+            for e in entries:
+                sibling = {"rfilename": e["path"]}
+                if blobs:
+                    sibling.update(size=e["size"], blobId=e["oid"])
+                    if "lfs" in e:
+                        sibling["lfs"] = {"sha256": e["lfs"]["oid"], "size": e["size"],
+                                          "pointerSize": 134}  # fmt: skip
+                siblings.append(sibling)
+            data = {"id": repo, "modelId": repo, "sha": commit, "private": False,
+                    "disabled": False, "gated": False, "tags": [], "downloads": 0,
+                    "likes": 0, "siblings": siblings}  # fmt: skip
+        else:
+            return self._error(handler, "EntryNotFound")
+        self._send(
+            handler, 200, {"Content-Type": "application/json", "X-Repo-Commit": commit},
+            _json.dumps(data).encode(),
+        )  # fmt: skip
+
+    def _file(self, handler, entry: dict, headers: dict, body: bool) -> None:
+        data = entry["file"].read_bytes()
+        size = len(data)
+        start, status = 0, 200
+        spec = handler.headers.get("Range")
+        if spec and spec.startswith("bytes="):
+            first = spec[len("bytes=") :].split("-")[0]
+            start = int(first) if first else 0
+            if start >= size:
+                return self._send(handler, 416, {"Content-Range": f"bytes */{size}"})
+            status = 206
+            headers = {**headers, "Content-Range": f"bytes {start}-{size - 1}/{size}"}
+        etag = entry["lfs"]["oid"] if "lfs" in entry else entry["oid"]
+        headers = {**headers, "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
+                   "Content-Length": size - start,
+                   "Content-Type": "application/octet-stream"}  # fmt: skip
+        handler.send_response(status)
+        for key, value in headers.items():
+            handler.send_header(key, str(value))
+        handler.end_headers()
+        if not body:
+            return
+        key = (entry.get("repo", ""), entry.get("revision", ""), entry["path"])
+        sent = start
+        while sent < size:
+            chunk = data[sent : sent + self.CHUNK]
+            self._throttle(len(chunk))
+            try:
+                handler.wfile.write(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                return
+            sent += len(chunk)
+            with self._lock:
+                self.sent[key] = self.sent.get(key, 0) + len(chunk)
+            if self.on_chunk is not None:
+                self.on_chunk(key[0], key[1], key[2], sent, size)

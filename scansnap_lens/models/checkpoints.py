@@ -50,9 +50,14 @@ __all__ = [
 
 @dataclass
 class Checkpoint:
+    """One checkpoint: its step, where it comes from, how to load it, and what holds it on
+    disk (a hub revision, a local file or folder), which a sweep fetches ahead and frees."""
+
     step: int
     source: str
     loader: Callable[[], Any]
+    revision: str | None = None  # the hub revision that holds it
+    path: Path | None = None  # the local file or folder that holds it
 
     def load(self):
         return self.loader()
@@ -113,8 +118,14 @@ def pretrained(
 
         return load
 
+    revisions = hub.family(name) in ("pythia", "crfm")
     return CheckpointSource(
-        name, [Checkpoint(s, f"{name}@{s}", loader(s)) for s in chosen], step_unit=unit
+        name,
+        [
+            Checkpoint(s, f"{name}@{s}", loader(s), hub.revision_of(name, s) if revisions else None)
+            for s in chosen
+        ],
+        step_unit=unit,
     )
 
 
@@ -285,7 +296,7 @@ def folder(
     chosen = select_steps(found, steps)
     return CheckpointSource(
         str(path),
-        [Checkpoint(s, str(found[s]), loader(found[s])) for s in chosen],
+        [Checkpoint(s, str(found[s]), loader(found[s]), path=found[s]) for s in chosen],
         meta=_training_meta(path),
     )
 

@@ -33,7 +33,19 @@ import torch
 from scansnap_lens.models import backend as be
 from scansnap_lens.models.formats import CheckpointError
 
-__all__ = ["checkpoint_labels", "label_of_file", "load_labelled", "revision_of"]
+__all__ = [
+    "cache_dir",
+    "cached_commit",
+    "checkpoint_labels",
+    "delete_revision",
+    "fetch_revision",
+    "label_of_file",
+    "load_labelled",
+    "offline",
+    "remove_orphans",
+    "revision_files",
+    "revision_of",
+]
 
 LEGACY_TL = ("NeelNanda/", "ArthurConmy/", "Baidicoot/")
 _FILE = re.compile(r"^checkpoints/.*_(\d+)\.pth$")
@@ -65,7 +77,8 @@ def revision_of(name: str, label: int) -> str:
     raise ValueError(f"{name} keeps its checkpoints in files, not revisions")
 
 
-def _offline() -> bool:
+def offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` is set: nothing is downloaded."""
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
 
 
@@ -76,13 +89,20 @@ def _download_hint(name: str, what: str = "") -> str:
     )
 
 
-def _cached_files(name: str) -> list[str] | None:
-    """Files of the cached snapshot of `name` at ``main`` (or any snapshot), or None."""
+def cache_dir() -> Path:
+    """The hub cache this process reads (``HF_HUB_CACHE`` as it is now)."""
     from huggingface_hub.constants import HF_HUB_CACHE
 
-    repo = Path(os.environ.get("HF_HUB_CACHE", HF_HUB_CACHE)) / (
-        "models--" + name.replace("/", "--")
-    )
+    return Path(os.environ.get("HF_HUB_CACHE", HF_HUB_CACHE))
+
+
+def _repo_folder(name: str) -> Path:
+    return cache_dir() / ("models--" + name.replace("/", "--"))
+
+
+def _cached_files(name: str) -> list[str] | None:
+    """Files of the cached snapshot of `name` at ``main`` (or any snapshot), or None."""
+    repo = _repo_folder(name)
     snapshots = repo / "snapshots"
     if not snapshots.is_dir():
         return None
@@ -98,7 +118,7 @@ def _cached_files(name: str) -> list[str] | None:
 def legacy_files(name: str) -> dict[int, str]:
     """{label: file} of a legacy TransformerLens repository, labels matched exactly."""
     files = None
-    if not _offline():
+    if not offline():
         try:
             from huggingface_hub import HfApi
 
@@ -108,7 +128,7 @@ def legacy_files(name: str) -> dict[int, str]:
     if files is None:
         files = _cached_files(name)
     if files is None:
-        raise CheckpointError(_download_hint(name) if _offline() else f"{name}: cannot list")
+        raise CheckpointError(_download_hint(name) if offline() else f"{name}: cannot list")
     found: dict[int, str] = {}
     for file in files:
         label = label_of_file(file)
@@ -141,7 +161,7 @@ def _hub_file(name: str, file: str, revision: str | None = None) -> str:
     try:
         return hf_hub_download(name, file, revision=revision)
     except Exception as err:  # LocalEntryNotFoundError, connection and HTTP errors
-        if _offline():
+        if offline():
             raise CheckpointError(_download_hint(name, f" ({file})")) from None
         raise CheckpointError(f"{name}: cannot download {file} ({err})") from None
 
@@ -193,7 +213,7 @@ def load_labelled(name: str, label: int, backend: str | None = None, **load_kwar
         try:
             model = HookedTransformer.from_pretrained(name, checkpoint_value=label, **load_kwargs)
         except (OSError, ValueError) as err:
-            hint = f" ({_download_hint(name, '@' + revision)})" if _offline() else ""
+            hint = f" ({_download_hint(name, '@' + revision)})" if offline() else ""
             raise CheckpointError(f"{name} checkpoint {label}: {err}{hint}") from None
         if getattr(model.cfg, "checkpoint_value", label) != label:
             raise CheckpointError(
@@ -201,16 +221,9 @@ def load_labelled(name: str, label: int, backend: str | None = None, **load_kwar
                 f" {model.cfg.checkpoint_value}"
             )
         return model.eval()
-    from huggingface_hub import snapshot_download
-
     from scansnap_lens.models.formats import hf_folder_model
 
-    try:
-        folder = Path(snapshot_download(name, revision=revision))
-    except Exception as err:
-        if _offline():
-            raise CheckpointError(_download_hint(name, "@" + revision)) from None
-        raise CheckpointError(f"{name}@{revision}: cannot download ({err})") from None
+    folder = fetch_revision(name, revision)
     ref = folder.parents[1] / "refs" / revision
     if ref.is_file() and ref.read_text().strip() != folder.name:
         raise CheckpointError(
@@ -218,3 +231,120 @@ def load_labelled(name: str, label: int, backend: str | None = None, **load_kwar
             f" {ref.read_text().strip()}"
         )
     return hf_folder_model(folder).eval()
+
+
+# ------------------------------------------------------------------ revisions on disk
+# Weight formats a recording does not read: other frameworks' files, never downloaded.
+_OTHER_FRAMEWORKS = (".h5", ".msgpack", ".ot", ".onnx", ".tflite", ".mlmodel", ".gguf")
+
+
+def revision_files(name: str, revision: str) -> dict[str, int]:
+    """{file: bytes} of what loading `revision` reads: every file of it but weights in
+    other frameworks' formats, and PyTorch ``.bin`` weights only where it has no
+    safetensors (transformers loads those first), from the hub's listing."""
+    from huggingface_hub import HfApi
+
+    try:
+        info = HfApi().model_info(name, revision=revision, files_metadata=True)
+    except Exception as err:  # connection and HTTP errors
+        raise CheckpointError(f"{name}@{revision}: cannot list its files ({err})") from None
+    sizes = {s.rfilename: int(s.size or 0) for s in info.siblings or []}
+    has_safetensors = any(f.endswith(".safetensors") for f in sizes)
+    return {
+        f: n
+        for f, n in sizes.items()
+        if not f.endswith(_OTHER_FRAMEWORKS)
+        and not (has_safetensors and f.endswith((".bin", ".bin.index.json")))
+    }
+
+
+def cached_commit(name: str, revision: str) -> str | None:
+    """The commit `revision` of `name` resolves to in the cache, where its snapshot is there."""
+    ref = _repo_folder(name) / "refs" / revision
+    if not ref.is_file():
+        return None
+    commit = ref.read_text().strip()
+    return commit if (_repo_folder(name) / "snapshots" / commit).is_dir() else None
+
+
+def fetch_revision(name: str, revision: str, files=None) -> Path:
+    """Download `files` of `revision` (default: `revision_files`) into the hub cache,
+    resuming partial files and skipping those there already; the snapshot folder.  Offline,
+    the cached snapshot."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        if files is None and not offline():
+            files = revision_files(name, revision)
+        patterns = None if files is None else sorted(files)
+        return Path(
+            snapshot_download(
+                name, revision=revision, allow_patterns=patterns, cache_dir=cache_dir()
+            )
+        )
+    except Exception as err:
+        if offline():
+            raise CheckpointError(_download_hint(name, "@" + revision)) from None
+        raise CheckpointError(f"{name}@{revision}: cannot download ({err})") from None
+
+
+# huggingface_hub >= 1.x downloads into ``<etag>.<id>.incomplete``, unique to the process, and
+# never reuses one: a killed download leaves it behind for good.
+_PARTIAL = re.compile(r"^([0-9a-f]{40}|[0-9a-f]{64})\.[0-9a-f]{8}\.incomplete$")
+
+
+def remove_orphans(name: str) -> int:
+    """Delete the partial downloads killed processes left in `name`'s blobs (files no process
+    can resume), where no download holds the file's lock; the bytes freed."""
+    from filelock import FileLock, Timeout
+
+    repo = _repo_folder(name)
+    blobs = repo / "blobs"
+    if not blobs.is_dir():
+        return 0
+    locks = cache_dir() / ".locks" / repo.name
+    freed = 0
+    for path in sorted(blobs.glob("*.incomplete")):
+        match = _PARTIAL.match(path.name)
+        if match is None:  # <etag>.incomplete: older huggingface_hub resumes it
+            continue
+        locks.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(locks / f"{match.group(1)}.lock"), timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:  # a download is writing it
+            continue
+        try:
+            size = path.stat().st_size
+            path.unlink()
+            freed += size
+        except FileNotFoundError:
+            pass
+        finally:
+            lock.release()
+    return freed
+
+
+def delete_revision(name: str, revision: str, ours: set[str]) -> int:
+    """Delete `revision`'s snapshot and the blobs no other snapshot uses from the hub cache;
+    the bytes freed.  Nothing is deleted where another ref than those in `ours` (the
+    revisions a sweep downloaded itself) points at the same commit: Pythia's ``main`` is its
+    last step, and a ``main`` cached before stays whole."""
+    from huggingface_hub import scan_cache_dir
+
+    commit = cached_commit(name, revision)
+    if commit is None:
+        return 0
+    refs = _repo_folder(name) / "refs"
+    sharing = {
+        p.relative_to(refs).as_posix()
+        for p in refs.rglob("*")
+        if p.is_file() and p.read_text().strip() == commit
+    }
+    if sharing - set(ours):
+        return 0
+    strategy = scan_cache_dir(cache_dir()).delete_revisions(commit)
+    strategy.execute()
+    for ref in sharing:  # deleted with the snapshot; a ref left over would point at nothing
+        (refs / ref).unlink(missing_ok=True)
+    return int(strategy.expected_freed_size)

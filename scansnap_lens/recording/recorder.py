@@ -48,6 +48,7 @@ from scansnap_lens.recording.storage import (
     manifest_aggregates,
     remove_trajectory,
 )
+from scansnap_lens.recording.sweep import ON_DISK, Ahead, fetcher_for
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
@@ -425,14 +426,29 @@ class Recorder:
         writer.write(record)
         return record
 
-    def record(self, source: CheckpointSource, on_error: str = "raise") -> Trajectory:
-        """Record every checkpoint of `source` not yet done, one model in memory at a time.
+    def record(
+        self,
+        source: CheckpointSource,
+        on_error: str = "raise",
+        on_disk: int = ON_DISK,
+        keep_checkpoints: bool = False,
+    ) -> Trajectory:
+        """Record every checkpoint of `source` not yet done, one model in memory at a time,
+        the next one fetched in the background meanwhile (`sweep`).
 
         on_error: "raise" stops at an unreadable checkpoint (everything recorded so far stays
         saved); "skip" notes it in the manifest's ``skipped`` list and goes on.
+        on_disk: hub revisions of the sweep on disk at once (the one recording included);
+        each revision it downloaded is deleted from the hub cache once recorded, unless
+        keep_checkpoints.  Revisions cached before the sweep are never deleted.
         """
         try:
-            self._record_sequentially(self._begin(source, on_error), on_error)
+            todo = self._begin(source, on_error)
+            fetcher = fetcher_for(source, on_disk, keep_checkpoints)
+            if fetcher is not None and todo:
+                self.lock.acquire()  # one sweep downloads into a folder at a time
+                fetcher.prepare(todo, self.done, self.out)
+            self._record_sequentially(todo, on_error, fetcher)
             self._end()
         finally:
             self.lock.release()
@@ -456,22 +472,30 @@ class Recorder:
             self._check_budget(len(self.layers) * len(self.heads))
         return todo
 
-    def _record_sequentially(self, todo: list, on_error: str) -> None:
-        for checkpoint in tqdm(todo, desc="checkpoints", unit="ckpt", disable=not self.progress):
-            try:
-                model = checkpoint.load()
-                self._check_architecture(checkpoint, model)
-            except CheckpointError as err:
-                if on_error == "raise":
-                    raise
-                self._skips.append((checkpoint.step, checkpoint.source, str(err)))
-                self._writer_for()
-                continue
-            self.on_checkpoint(checkpoint.step, model)
-            del model
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+    def _record_sequentially(self, todo: list, on_error: str, fetcher=None) -> None:
+        with Ahead(todo, fetcher) as ahead:
+            bar = tqdm(ahead, desc="checkpoints", unit="ckpt", disable=not self.progress)
+            for checkpoint, fetch_error in bar:
+                self._record_one(checkpoint, fetch_error, on_error)
+                ahead.done(checkpoint)  # not on an error: its files stay for the resume
+
+    def _record_one(self, checkpoint, fetch_error, on_error: str) -> None:
+        try:
+            if fetch_error is not None:
+                raise fetch_error
+            model = checkpoint.load()
+            self._check_architecture(checkpoint, model)
+        except CheckpointError as err:
+            if on_error == "raise":
+                raise
+            self._skips.append((checkpoint.step, checkpoint.source, str(err)))
+            self._writer_for()
+            return
+        self.on_checkpoint(checkpoint.step, model)
+        del model
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def _check_architecture(self, checkpoint, model) -> None:
         """CheckpointError naming the checkpoint where it lacks a layer or head the recording
