@@ -224,32 +224,74 @@ def _report(args: argparse.Namespace) -> int:
 
     if (args.lr_y is None) != (args.lr_z is None):
         raise ValueError("--lr-y and --lr-z go together: give both or neither")
-    out = args.out or Path(args.trajectory) / "report"
+    runs = list(args.trajectory)
+    if len(args.stats) not in (1, len(runs)):
+        raise ValueError(
+            f"give one --stats for every run, or one for each of the {len(runs)} runs"
+            f" (got {len(args.stats)})"
+        )
+    if len(runs) > 1 and args.out is None:
+        raise ValueError("several runs need --out, the folder of their comparison")
+    out = args.out or Path(runs[0]) / "report"
     check_writable(out)
-    traj = Trajectory.load(args.trajectory)
-    stats = CooccurrenceStats.load(args.stats)
-    check_vocabulary(stats.vocab_size, traj.plan)
+    trajs = {name: Trajectory.load(path) for name, path in zip(_run_names(runs), runs)}
+    stats_of = [CooccurrenceStats.load(p) for p in args.stats]
     settings = Classification(
         scope=args.scope, min_support=args.min_support, purity=args.purity,
         guard=not args.no_guard, min_distinct=args.min_distinct,
     )  # fmt: skip
-    groups, why = None, None
-    try:  # without token groups the report still measures what needs none, and says why
-        groups = TokenGroups.from_statistics(stats, traj.plan.queries.tolist(), settings)
-    except ValueError as err:
-        why = str(err)
+    groups, why = {}, {}
+    for i, (name, traj) in enumerate(trajs.items()):
+        stats = stats_of[i if len(stats_of) > 1 else 0]
+        check_vocabulary(stats.vocab_size, traj.plan)
+        groups[name] = None
+        try:  # without token groups the report still measures what needs none, and says why
+            groups[name] = TokenGroups.from_statistics(stats, traj.plan.queries.tolist(), settings)
+        except ValueError as err:
+            why[name] = str(err)
     training = None
     if args.lr_y is not None:
         from scansnap_lens.models.training import Rates
 
         training = Rates(args.lr_y, args.lr_z, args.optimizer, args.momentum).to_dict()
+    if len(trajs) > 1:
+        return _report_runs(args, trajs, groups, why, training, out)
+    (name, traj), stats = next(iter(trajs.items())), stats_of[0]
     report = write_report(
-        traj, groups, out, title=args.title, source=stats, training=training, groups_reason=why,
-        classification=settings,
+        traj, groups[name], out, title=args.title, source=stats, training=training,
+        groups_reason=why.get(name), classification=settings,
     )  # fmt: skip
     _print_summary(report.summary)
-    for what, why in report.not_measured.items():
-        print(f"not measured: {what}: {cli_text(why)}")
+    for what, reason in report.not_measured.items():
+        print(f"not measured: {what}: {cli_text(reason)}")
+    print(f"report: {report.path.resolve()}")
+    return 0
+
+
+def _run_names(paths: list[Path]) -> list[str]:
+    """Each run's name: its folder's name, or the folder above where those repeat
+    (seed0/trajectory, seed1/trajectory), or the whole path."""
+    for names in ([Path(p).name for p in paths], [Path(p).resolve().parent.name for p in paths]):
+        if len(set(names)) == len(names):
+            return names
+    return [str(p) for p in paths]
+
+
+def _report_runs(args, trajs, groups, why, training, out) -> int:
+    from scansnap_lens.measures.runs import measure_runs
+    from scansnap_lens.report import number, write_runs_report
+
+    comparison = measure_runs(trajs, groups, training=training)
+    report = write_runs_report(comparison, out, title=args.title)
+    table = comparison.table
+    shown = ["layer", "head", "scans_runs", "bias_mean", "bias_lo", "bias_hi", "bias_within",
+             "auroc_mean", "auroc_lo", "auroc_hi", "auroc_within", "snap_step_mean"]  # fmt: skip
+    print(f"{len(comparison.runs)} runs: {', '.join(comparison.runs)}")
+    print(table[[c for c in shown if c in table]].to_string(index=False, float_format=number))
+    for name, reason in why.items():
+        print(f"not measured in {name}: token groups: {cli_text(reason)}")
+    for what, reason in report.not_measured.items():
+        print(f"not drawn: {what}: {cli_text(reason)}")
     print(f"report: {report.path.resolve()}")
     return 0
 
@@ -604,13 +646,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser(
         "report",
-        help="measure a trajectory against corpus statistics and write an HTML report",
+        help="measure a trajectory (or several runs) against corpus statistics and write an"
+        " HTML report",
         description="Classify context tokens from the statistics, measure scan and snap, and"
-        " write report.html (offline, self-contained), summary.json, CSVs and PNG figures.",
+        " write report.html (offline, self-contained), summary.json, CSVs and PNG figures."
+        " Several trajectories (runs of one recipe: seeds, deduped or not, two rates) are"
+        " compared head by head in runs.html: each run's verdict, and bias, AUROC and snap"
+        " step with an interval over runs beside the within-run one.",
     )
-    report.add_argument("trajectory", type=Path, help="trajectory folder (scansnap record)")
-    report.add_argument("--stats", type=Path, required=True, help="statistics (scansnap stats)")
-    report.add_argument("--out", type=Path, help="report folder (default TRAJECTORY/report)")
+    report.add_argument(
+        "trajectory", type=Path, nargs="+",
+        help="trajectory folder (scansnap record); several: runs of one plan, compared",
+    )  # fmt: skip
+    report.add_argument(
+        "--stats", type=Path, nargs="+", required=True,
+        help="statistics (scansnap stats): one for all runs, or one per run",
+    )  # fmt: skip
+    report.add_argument(
+        "--out", type=Path,
+        help="report folder (default TRAJECTORY/report; several runs need it)",
+    )  # fmt: skip
     report.add_argument("--title", help="the page's title (default: the trajectory's source)")
     from scansnap_lens.statistics.groups import Classification
 

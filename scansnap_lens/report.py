@@ -1,7 +1,9 @@
-"""One self-contained HTML report of a trajectory: summary, figures, circuitsvis views.
+"""One self-contained HTML report of a trajectory: summary, figures, circuitsvis views; and
+one of several runs compared (`write_runs_report`).
 
     report = write_report(traj, groups, "out/report")
     report.path            # out/report/report.html: opens offline in any browser
+    write_runs_report(measures.measure_runs({"seed0": a, "seed1": b}, groups), "out/runs")
 
 Beside ``report.html`` the folder holds ``summary.json`` (the summary rows, the trajectory's
 meta data, what could not be measured and why), one CSV per measurement, and the figures as
@@ -30,7 +32,7 @@ from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.context import require_same
 from scansnap_lens.statistics.groups import TokenGroups
 
-__all__ = ["Report", "write_report"]
+__all__ = ["Report", "write_report", "write_runs_report"]
 
 HOW_TO_READ_HEADS = (
     "The heads table ranks every head by AUROC, then bias, with its snap_step beside the head"
@@ -560,3 +562,85 @@ table.overview th { text-align: left; background: #f4f4f4; }
 figure { margin: 1.5em 0; } figure img { max-width: 100%; }
 figcaption { font-size: 0.9em; color: #444; }
 </style>"""
+
+
+# ------------------------------------------------------------------ several runs
+RUNS_COLUMNS = ["layer", "head", "scans_share", "bias_mean", "bias_within", "auroc_mean",
+                "auroc_within", "snap_step_mean", "snap_step_within", "reason"]  # fmt: skip
+HOW_TO_READ_RUNS = (
+    "Each run is one unit.  A run's own interval (<i>within</i>: the median half-width of the"
+    " runs' intervals) resamples the queries and context tokens of that one trained model; the"
+    " interval over runs (<i>_mean [lo, hi]</i>) is Student's t on the runs' estimates with"
+    " runs - 1 degrees of freedom, for the mean of runs of this recipe (another seed, the"
+    " deduped twin), the snap step's on the log-step axis (a geometric mean).  Where the"
+    " interval over runs is much wider than the within-run one, the runs differ beyond what"
+    " each knows of itself: a figure of one run is that run's, not the recipe's.  scans_share"
+    ' is the share of runs whose verdict is "scans", with its Clopper-Pearson interval;'
+    " each run's verdict is in its column.  Fewer than 2 runs with a value give no interval"
+    " (the reason column says so)."
+)
+
+
+def write_runs_report(comparison, out: str | Path, title: str | None = None) -> Report:
+    """Write several runs' comparison (`measures.measure_runs`) into the folder `out`:
+    ``runs.html`` (the across-run table, each run's verdicts, the figures), the comparison's
+    CSVs (`RunComparison.save`) and the figures as PNG files."""
+    from scansnap_lens.viz.figures import plot_runs, plot_runs_maps
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file: the report needs a folder (give another --out)")
+    check_writable(out)
+    make_folder(out / "figures")
+    folder = _Folder(out)
+    comparison.save(out)
+    for name in ("runs.json", "per_run.csv", "across_runs.csv"):
+        folder.files[name.split(".")[0]] = out / name
+    for column in ("bias", "auroc", "snap_step"):
+        folder.figure(
+            f"runs_{column}",
+            f"{column} of every head in every run (colours, with each run's own interval) and"
+            " the mean over runs with its interval over runs (black)",
+            partial(plot_runs, comparison, column),
+        )
+    folder.figure(
+        "runs_map_bias",
+        "bias over [layer, head], one panel per run on one scale (heads that scan ringed)",
+        partial(plot_runs_maps, comparison, "bias"),
+    )
+    title = title or f"scansnap_lens: {len(comparison.runs)} runs compared"
+    table = comparison.table
+    verdicts = table[["layer", "head", *[c for c in table if c.startswith("verdict_")]]]
+    shown = with_intervals(table, RUNS_COLUMNS)
+    if "scans_share" in table:
+        shown["scans_share"] = [
+            f"{int(k)}/{int(n)} [{number(a)}, {number(b)}]"
+            for k, n, a, b in zip(table["scans_runs"], table["runs"], table["scans_share_lo"],
+                                  table["scans_share_hi"])
+        ]  # fmt: skip
+    body = [
+        f"<h1>{html.escape(title)}</h1>",
+        "<p>Runs: " + ", ".join(html.escape(r) for r in comparison.runs) + "</p>",
+        "<h2>Across runs (one row per layer and head)</h2>",
+        table_html(shown),
+        f"<p>{HOW_TO_READ_RUNS}</p>",
+        "<h2>Each run's verdict</h2>",
+        table_html(verdicts),
+        "<h2>Figures</h2>",
+        *folder.figures,
+    ]
+    if folder.not_measured:
+        body.append("<h2>Not drawn</h2><ul>")
+        body += [
+            f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in folder.not_measured.items()
+        ]
+        body.append("</ul>")
+    folder.files["report"] = out / "runs.html"
+    write_text(
+        folder.files["report"],
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title>\n{_STYLE}\n</head>\n<body>\n"
+        + "\n".join(body)
+        + "\n</body></html>\n",
+    )
+    return Report(folder.files["report"], table, folder.files, folder.not_measured)

@@ -14,8 +14,10 @@ through its own code path, with no network and no mocking.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,6 +31,7 @@ __all__ = [
     "fake_hub_model",
     "fake_legacy_tl_model",
     "legacy_buffers",
+    "pointed_at",
     "saved_revisions",
     "tiny_hf_model",
     "word_tokenizer",
@@ -240,6 +243,29 @@ def _git_blob_sha1(data: bytes) -> str:
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".ot", ".onnx")
 
 
+@contextlib.contextmanager
+def pointed_at(endpoint: str):
+    """This process's `huggingface_hub` online and pointed at `endpoint` while it lasts."""
+    from huggingface_hub import constants
+
+    names = ("ENDPOINT", "HUGGINGFACE_CO_URL_TEMPLATE", "HF_HUB_OFFLINE")
+    saved = {n: getattr(constants, n) for n in names}
+    saved_env = os.environ.get("HF_HUB_OFFLINE")
+    constants.ENDPOINT = endpoint
+    constants.HUGGINGFACE_CO_URL_TEMPLATE = endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    constants.HF_HUB_OFFLINE = False
+    os.environ["HF_HUB_OFFLINE"] = "0"
+    try:
+        yield endpoint
+    finally:
+        for name, value in saved.items():
+            setattr(constants, name, value)
+        if saved_env is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = saved_env
+
+
 class LoopbackHub:
     """A hub-shaped HTTP server on 127.0.0.1 over folders written by ``save_pretrained``.
 
@@ -358,33 +384,7 @@ class LoopbackHub:
     def use(self):
         """Point this process's `huggingface_hub` at the server, online (a context manager):
         what ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE=0`` do when set before it is imported."""
-        import contextlib
-        import os
-
-        from huggingface_hub import constants
-
-        @contextlib.contextmanager
-        def pointed():
-            names = ("ENDPOINT", "HUGGINGFACE_CO_URL_TEMPLATE", "HF_HUB_OFFLINE")
-            saved = {n: getattr(constants, n) for n in names}
-            saved_env = os.environ.get("HF_HUB_OFFLINE")
-            constants.ENDPOINT = self.endpoint
-            constants.HUGGINGFACE_CO_URL_TEMPLATE = (
-                self.endpoint + "/{repo_id}/resolve/{revision}/{filename}"
-            )
-            constants.HF_HUB_OFFLINE = False
-            os.environ["HF_HUB_OFFLINE"] = "0"
-            try:
-                yield self
-            finally:
-                for name, value in saved.items():
-                    setattr(constants, name, value)
-                if saved_env is None:
-                    os.environ.pop("HF_HUB_OFFLINE", None)
-                else:
-                    os.environ["HF_HUB_OFFLINE"] = saved_env
-
-        return pointed()
+        return pointed_at(self.endpoint)
 
     def _send(self, handler, status: int, headers: dict, body: bytes = b"") -> None:
         handler.send_response(status)

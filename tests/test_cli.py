@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 import torch
 
@@ -829,3 +830,51 @@ def test_more_inputs_a_user_gets_wrong(own_run, tmp_path, capsys):
         assert main(args()) == code, what
         out = capsys.readouterr()
         assert message in out.out + out.err and "Traceback" not in out.err, (what, out.err)
+
+
+def test_report_compares_three_seeds_and_refuses_another_plan(own_run, tmp_path, capsys):
+    """`scansnap report A B C`: three seeds of the run, recorded alike, compared head by head;
+    a run recorded with other queries is refused, naming the difference."""
+    root, classes = own_run
+    sample = sequence_sampler(classes, seq_len=24)
+    stats = tmp_path / "stats.safetensors"
+    assert main(["stats", str(root / "corpus.safetensors"), "--out", str(stats),
+                 "--vocab-size", str(classes.vocab_size)]) == 0  # fmt: skip
+    runs = []
+    for seed in range(3):
+        model = attention_only_model(classes.vocab_size, d_model=16, n_ctx=32, seed=seed)
+        train(model, sample, num_steps=40, lr_y=0.1, lr_z=3.0, batch_size=32,
+              save_steps=[0, 10, 20, 40], out=tmp_path / f"seed{seed}" / "ckpt",
+              loss_on="last", progress=False, seed=seed)  # fmt: skip
+        runs.append(tmp_path / f"seed{seed}" / "trajectory")
+        assert main(["record", "--checkpoints", str(tmp_path / f"seed{seed}" / "ckpt"),
+                     "--tokens", str(root / "eval.safetensors"), "--stats", str(stats),
+                     "--out", str(runs[-1])]) == 0  # fmt: skip
+    capsys.readouterr()
+    out = tmp_path / "runs"
+    assert main(["report", *map(str, runs), "--stats", str(stats), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "3 runs: seed0, seed1, seed2" in printed and "report:" in printed
+    table = pd.read_csv(out / "across_runs.csv")
+    per_run = pd.read_csv(out / "per_run.csv")
+    assert len(table) == len(per_run) / 3 and table["runs"].eq(3).all()
+    for run in ("seed0", "seed1", "seed2"):  # each run's verdict, as its own report says it
+        alone = tmp_path / f"{run}_report"
+        assert main(["report", str(tmp_path / run / "trajectory"), "--stats", str(stats),
+                     "--out", str(alone)]) == 0  # fmt: skip
+        rows = json.loads((alone / "summary.json").read_text())["summary"]
+        assert table[f"verdict_{run}"].tolist() == [row["verdict"] for row in rows]
+    for name in ("runs.html", "figures/runs_auroc.png", "figures/runs_map_bias.png"):
+        assert (out / name).stat().st_size > 0
+    # another plan: the same checkpoints recorded with other queries
+    other = tmp_path / "other"
+    record = ["record", "--checkpoints", str(tmp_path / "seed0" / "ckpt"), "--tokens",
+              str(root / "eval.safetensors"), "--queries", "3", "--out", str(other)]  # fmt: skip
+    assert main(record) == 0
+    capsys.readouterr()
+    code = main(["report", str(runs[0]), str(other), "--stats", str(stats), "--out",
+                 str(tmp_path / "refused")])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "runs 'trajectory' and 'other' differ in their tracked queries (" in err
+    assert "Traceback" not in err

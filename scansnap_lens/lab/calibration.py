@@ -97,10 +97,13 @@ def crossed_run(
     layers: int = 1,
     auroc: Tensor | float = 0.5,
     seed: int = 0,
+    values_seed: int | None = None,
 ) -> tuple[Trajectory, TokenGroups, dict[str, Tensor]]:
     """A two-checkpoint trajectory of `layers` x `heads` heads and its token groups, and the
     truth: ``auroc`` and ``bias`` [L, H] (the kind effect), from `auroc` (one value, or one
-    per head [L, H]) under equal noise.  Seeded: the same seed gives the same run."""
+    per head [L, H]) under equal noise.  Seeded: the same seed gives the same run.
+    values_seed: where given, the values are drawn from it and the structure (queries,
+    tokens, plan, groups) from `seed`: runs of one recipe on one evaluation text."""
     g = torch.Generator().manual_seed(seed)
     s = scenario
     Q = s.queries
@@ -158,6 +161,8 @@ def crossed_run(
         q, t, is_d, count = q[keep], t[keep], is_d[keep], count[keep]
 
     # the values: one draw for every head and entry
+    if values_seed is not None:
+        g = torch.Generator().manual_seed(values_seed)
     H = layers * heads
     N = q.numel()
     tau = s.token_share

@@ -26,6 +26,9 @@ P(l|m, n), common tokens of each query), and returns a `Measurement`: a table wi
 - `summary`: `measure_all` (each measurement once) and `summarize` (one row per head);
 - `heads`: `rank_heads`, `head_grid`, `atlas` (every head's verdict, snap beside the head
   types, fit, entropy);
+- `runs`: `measure_runs` / `compare_runs`, several runs of one recipe head by head (verdict per
+  run, bias, AUROC and snap step with an interval over runs beside the within-run one,
+  the share of runs scanning), `RunComparison`;
 - `head_types`: `head_type`, the field's head types over training (previous-token,
   first-token, induction): scores with intervals over rows, and `formation_step`;
 - `uncertainty`: `scan_uncertainty`, every head's intervals, p-values, the untrained baseline
@@ -92,6 +95,10 @@ _NAMES = {
     "predicted_snap": "rates",
     "rank_heads": "heads",
     "restricted_entropy": "entropy",
+    "RunComparison": "runs",
+    "compare_runs": "runs",
+    "measure_runs": "runs",
+    "check_same_runs": "runs",
     "class_movement": "snap",
     "snap_step": "snap",
     "secondary_snap_steps": "snap",
@@ -115,6 +122,7 @@ _MODULES = {
     "measurement",
     "rates",
     "resampling",
+    "runs",
     "snap",
     "summary",
     "uncertainty",

@@ -446,7 +446,8 @@ class Recorder:
             todo = self._begin(source, on_error)
             fetcher = fetcher_for(source, on_disk, keep_checkpoints)
             if fetcher is not None and todo:
-                self.lock.acquire()  # one sweep downloads into a folder at a time
+                if fetcher.writes:  # its bookkeeping: one sweep in a folder at a time
+                    self.lock.acquire()
                 fetcher.prepare(todo, self.done, self.out)
             self._record_sequentially(todo, on_error, fetcher)
             self._end()

@@ -56,6 +56,8 @@ def _free_bytes(path: Path) -> int:
 class HubRevisions:
     """Fetches and deletes the hub revisions of a `CheckpointSource` from `pretrained`."""
 
+    writes = True  # downloads.json in the recording folder
+
     def __init__(self, name: str, on_disk: int = ON_DISK, keep_checkpoints: bool = False):
         if on_disk < 1:
             raise ValueError(f"on_disk must be at least 1 (the revision recording), got {on_disk}")
@@ -170,6 +172,7 @@ class ReadAhead:
     so slow or network storage reads the next checkpoint while this one records."""
 
     on_disk = 2
+    writes = False
 
     def prepare(self, todo, done, folder) -> None:
         pass

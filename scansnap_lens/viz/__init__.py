@@ -3,7 +3,8 @@
 - `figures`: static matplotlib figures (saved as PNG): the scan (logit change of distinct vs
   common tokens), frequency bias and entropy over steps with snap markers, the Fig. 4 heat map
   of per-token attention, attention maps of a prompt (Fig. 7), theory curves (Fig. 3), the
-  growth factor against Theorem 3's bounds, the fit to the population dynamics, the lab.
+  growth factor against Theorem 3's bounds, the fit to the population dynamics, the lab,
+  several runs side by side (`plot_runs`, `plot_runs_maps`).
 - `views`: circuitsvis views (rendered inline in a notebook, saved as offline HTML): the
   prompt's attention across checkpoints, its tokens coloured by kind and by the attention a
   query pays them.
@@ -20,6 +21,8 @@ from scansnap_lens.viz.figures import (
     plot_logit_change,
     plot_loss,
     plot_over_steps,
+    plot_runs,
+    plot_runs_maps,
     plot_theory_fit,
 )
 from scansnap_lens.viz.views import (
@@ -61,6 +64,8 @@ __all__ = [
     "plot_logit_change",
     "plot_loss",
     "plot_over_steps",
+    "plot_runs",
+    "plot_runs_maps",
     "plot_theory_fit",
     "query_attention",
     "token_kinds",

@@ -36,6 +36,8 @@ __all__ = [
     "plot_logit_change",
     "plot_loss",
     "plot_over_steps",
+    "plot_runs",
+    "plot_runs_maps",
 ]
 
 
@@ -366,3 +368,89 @@ def plot_head_grid(
         ax.set_xticks(range(len(heads)), [str(h) for h in heads])
         ax.set_yticks(range(len(layers)), [str(v) for v in layers])
     return _finish(fig, path)
+
+
+def plot_runs(comparison, column: str = "auroc", path: str | Path | None = None) -> Figure:
+    """One summary column of every head in every run side by side (`measures.RunComparison`):
+    each run's value with its within-run interval (a colour per run), and in black the mean
+    over runs with its interval over runs.  Where the black bar is longer than the coloured
+    ones, the runs differ beyond what each one knows of itself."""
+    per_run, table = comparison.per_run, comparison.table
+    if column not in per_run:
+        raise ValueError(f"the runs have no {column!r} to draw")
+    heads = table[["layer", "head"]].itertuples(index=False)
+    labels = [f"{layer}.{head}" for layer, head in heads]
+    x = np.arange(len(labels))
+    runs = comparison.runs
+    width = 0.7 / max(len(runs), 1)
+    fig = Figure(figsize=(max(6.0, 0.45 * len(labels) + 2), 3.6))
+    ax = fig.subplots()
+    colours = [f"C{i % 10}" for i in range(len(runs))]
+    for i, run in enumerate(runs):
+        rows = per_run[per_run["run"] == run].set_index(["layer", "head"])
+        rows = rows.reindex(list(zip(table["layer"], table["head"])))
+        values = rows[column].astype(float).to_numpy()
+        offset = x - 0.35 + width * (i + 0.5)
+        if f"{column}_lo" in rows and f"{column}_hi" in rows:
+            lo = rows[f"{column}_lo"].astype(float).to_numpy()
+            hi = rows[f"{column}_hi"].astype(float).to_numpy()
+            ax.vlines(offset, lo, hi, color=colours[i], alpha=0.6, linewidth=1.5)
+        ax.plot(offset, values, "o", color=colours[i], markersize=4, label=run)
+    if f"{column}_mean" in table:
+        ax.hlines(table[f"{column}_mean"], x - 0.4, x + 0.4, color="black", linewidth=1.5,
+                  label="mean over runs")  # fmt: skip
+        ax.vlines(x + 0.42, table[f"{column}_lo"], table[f"{column}_hi"], color="black",
+                  linewidth=2.5, label="interval over runs")  # fmt: skip
+    if column in ("auroc", "matched_auroc"):
+        ax.axhline(0.5, color="#888888", linewidth=0.8, linestyle="--")
+    elif column == "bias":
+        ax.axhline(0.0, color="#888888", linewidth=0.8, linestyle="--")
+    if column == "snap_step":
+        ax.set_yscale("log")
+    ax.set_xticks(x, labels, rotation=90 if len(labels) > 16 else 0)
+    ax.set_xlabel("layer.head")
+    ax.set_ylabel(column)
+    ax.set_title(f"{column} in {len(runs)} runs: within-run intervals (colours), over runs (black)")
+    ax.legend(fontsize=7, ncol=min(len(runs) + 2, 5), loc="best")
+    return _finish(fig, path)
+
+
+def plot_runs_maps(comparison, column: str = "bias", path: str | Path | None = None) -> Figure:
+    """[layer, head] maps of one column, one panel per run on one colour scale, heads that
+    scan in that run ringed in white: the runs side by side."""
+    from scansnap_lens.measures.heads import head_grid
+
+    per_run = comparison.per_run
+    if column not in per_run:
+        raise ValueError(f"the runs have no {column!r} to map")
+    layers = sorted(int(v) for v in per_run["layer"].unique())
+    heads = sorted(int(v) for v in per_run["head"].unique())
+    grids = [
+        head_grid(per_run[per_run["run"] == run], column, layers, heads).numpy()
+        for run in comparison.runs
+    ]
+    finite = np.concatenate([g[np.isfinite(g)] for g in grids] + [np.zeros(0)])
+    vmin, vmax = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)
+    fig = Figure(figsize=(2.8 * len(grids) + 1.2, 0.5 * len(layers) + 2.2))
+    axes = np.atleast_1d(fig.subplots(1, len(grids)))
+    image = None
+    for ax, run, grid in zip(axes, comparison.runs, grids):
+        image = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis",
+                          vmin=vmin, vmax=vmax)  # fmt: skip
+        ax.set_facecolor("#d0d0d0")
+        rows = per_run[per_run["run"] == run]
+        if "scans" in rows:
+            scans = head_grid(rows.assign(scans=rows["scans"].astype(float)), "scans", layers,
+                              heads).numpy() == 1  # fmt: skip
+            ys, xs = np.nonzero(scans)
+            ax.scatter(xs, ys, s=60, facecolors="none", edgecolors="white", linewidths=1.5)
+        ax.set_title(f"{run}: {column}")
+        ax.set_xlabel("head")
+        if ax is axes[0]:
+            ax.set_ylabel("layer")
+        ax.set_xticks(range(len(heads)), [str(h) for h in heads])
+        ax.set_yticks(range(len(layers)), [str(v) for v in layers])
+    fig.colorbar(image, ax=list(axes), shrink=0.8)
+    if path is not None:
+        _save(fig, path, bbox_inches="tight")
+    return fig

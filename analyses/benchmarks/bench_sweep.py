@@ -1,0 +1,159 @@
+"""A 20-revision sweep of a small GPT-NeoX from a hub on the loopback: download overlapped
+with recording, and the disk the sweep holds.
+
+    python analyses/benchmarks/bench_sweep.py [--revisions 20]     # about 5 minutes on 2 cores
+
+The hub (`testing.LoopbackHub`, in a process of its own) serves revisions written by
+``save_pretrained``; the real `huggingface_hub` client downloads them.  Timed in one run:
+
+- ``record_s``: the sweep with every revision already in the cache (loading and recording);
+- ``download_s``: downloading every revision, one after the other, nothing recorded;
+- ``sweep_s``: the sweep from an empty cache, 2 revisions on disk at most;
+
+at two bandwidths, chosen from ``record_s`` so that downloading takes twice the recording
+(download dominates) and half of it (recording dominates).  ``ratio`` = sweep_s /
+max(download_s, record_s) (1 is perfect overlap; ``sequential`` = (download_s + record_s) /
+max(...) is what the sweep did before); ``peak_disk`` is the most bytes the cache's blobs held
+(sampled every 2 ms) against ``bound`` = 2 revisions.  One JSON line per bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+NAME = "EleutherAI/pythia-70m"  # TransformerLens's labels of Pythia name the revisions
+MODEL = {"d_model": 256, "n_layers": 4, "n_heads": 8, "vocab_size": 4096, "n_ctx": 128}
+
+
+def _serve(repos, bandwidth, pipe) -> None:
+    from scansnap_lens.testing import LoopbackHub
+
+    with LoopbackHub(repos, bandwidth=bandwidth) as hub:
+        pipe.send(hub.endpoint)
+        pipe.recv()  # until told to stop
+
+
+class Server:
+    """The loopback hub in a process of its own (its sending takes no time from the sweep)."""
+
+    def __init__(self, repos, bandwidth):
+        context = multiprocessing.get_context("spawn")
+        self.pipe, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(repos, bandwidth, child), daemon=True)
+        self.process.start()
+        self.endpoint = self.pipe.recv()
+
+    def stop(self) -> None:
+        self.pipe.send("stop")
+        self.process.join(10)
+
+
+class Peak:
+    """The most bytes under a folder's blobs, sampled in a thread."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.peak, self._stop = folder, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            total = 0
+            for blobs in self.folder.glob("models--*/blobs"):
+                for entry in os.scandir(blobs):
+                    try:
+                        total += entry.stat().st_size
+                    except FileNotFoundError:
+                        pass
+            self.peak = max(self.peak, total)
+            time.sleep(0.002)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def _sweep(steps, tokens, out: Path, endpoint: str, on_disk=2, keep=False) -> float:
+    from scansnap_lens.models import checkpoints
+    from scansnap_lens.recording.recorder import Recorder
+    from scansnap_lens.testing import pointed_at
+
+    shutil.rmtree(out, ignore_errors=True)
+    with pointed_at(endpoint):
+        source = checkpoints.pretrained(NAME, steps=steps, backend="bridge")
+        start = time.perf_counter()
+        Recorder(out, tokens, progress=False).record(source, on_disk=on_disk, keep_checkpoints=keep)
+        return time.perf_counter() - start
+
+
+def _download(revisions, endpoint: str) -> float:
+    from scansnap_lens.models import hub
+    from scansnap_lens.testing import pointed_at
+
+    with pointed_at(endpoint):
+        start = time.perf_counter()
+        for revision in revisions:
+            hub.fetch_revision(NAME, revision)
+        return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--revisions", type=int, default=20)
+    parser.add_argument("--rows", type=int, default=16)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench_sweep_"))
+    os.environ["HF_HUB_CACHE"] = str(work / "cache")
+    import torch
+
+    from scansnap_lens.models.hub import checkpoint_labels
+    from scansnap_lens.testing import saved_revisions
+
+    steps = checkpoint_labels(NAME)[0][: args.revisions]
+    revisions = [f"step{s}" for s in steps]
+    folders = saved_revisions(work / "hub", revisions, **MODEL)
+    size = sum(p.stat().st_size for p in folders["step0"].iterdir())
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(1, MODEL["vocab_size"], (args.rows, MODEL["n_ctx"]), generator=generator)
+    repos = {NAME: {r: str(f) for r, f in folders.items()}}
+    try:
+        # recording alone: every revision cached first (unthrottled), the sweep keeps them
+        server = Server(repos, None)
+        _download(revisions, server.endpoint)
+        record_s = _sweep(steps, tokens, work / "out", server.endpoint, keep=True)
+        server.stop()
+        for factor, regime in ((2.0, "download dominates"), (0.5, "recording dominates")):
+            bandwidth = size * len(revisions) / (factor * record_s)
+            shutil.rmtree(work / "cache")
+            server = Server(repos, bandwidth)
+            download_s = _download(revisions, server.endpoint)
+            shutil.rmtree(work / "cache")
+            peak = Peak(work / "cache")
+            sweep_s = _sweep(steps, tokens, work / "out", server.endpoint)
+            peak_disk = peak.stop()
+            server.stop()
+            longer = max(download_s, record_s)
+            print(json.dumps({
+                "bench": "sweep", "regime": regime, "revisions": len(revisions),
+                "revision_mb": round(size / 1e6, 2), "bandwidth_mb_s": round(bandwidth / 1e6, 2),
+                "download_s": round(download_s, 2), "record_s": round(record_s, 2),
+                "sweep_s": round(sweep_s, 2), "ratio": round(sweep_s / longer, 3),
+                "sequential": round((download_s + record_s) / longer, 3),
+                "peak_disk_mb": round(peak_disk / 1e6, 2), "bound_mb": round(2 * size / 1e6, 2),
+                "threads": torch.get_num_threads(),
+            }), flush=True)  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

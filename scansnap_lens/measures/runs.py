@@ -1,0 +1,250 @@
+"""Several runs of one recipe side by side: each head's verdict in every run, and its bias,
+AUROC and snap step across runs, with an interval over runs beside the within-run one.
+
+A within-run interval resamples the queries and context tokens of one trained model: it says
+how well that model's figure is known, not what another seed would give.  Across runs
+(seeds, deduped or not, two learning rates), each run is one unit: the interval over runs is
+Student's t on the runs' estimates with runs - 1 degrees of freedom, for the mean of the
+recipe's runs; the snap step's on the log-step axis, as `snap_step` finds its crossing (a
+geometric mean).  It covers the recipe's mean where the runs' figures scatter near normally
+(``bench_runs`` in ``analyses/benchmarks`` measures its coverage with skewed run effects
+too); one run gives "too few runs".  The share of runs in which a head scans comes with its
+Clopper-Pearson interval.
+
+Shape letters: R runs, L watched layers, H watched heads.
+
+>>> import pandas as pd
+>>> runs = {r: pd.DataFrame({"layer": [0], "head": [0], "bias": [b], "bias_lo": [b - 0.1],
+...                          "bias_hi": [b + 0.1], "scans": [b > 1]})
+...         for r, b in (("a", 0.5), ("b", 1.0), ("c", 1.5))}
+>>> row = compare_runs(runs).table.iloc[0]
+>>> [round(float(row[c]), 3) for c in ("bias_mean", "bias_lo", "bias_hi", "bias_within")]
+[1.0, -0.242, 2.242, 0.1]
+>>> int(row["scans_runs"]), row["reason"]
+(1, '')
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats as scipy_stats
+from torch import Tensor
+
+from scansnap_lens._io import make_folder, write_text
+from scansnap_lens.measures.summary import measure_all, summarize
+from scansnap_lens.recording.trajectory import Trajectory
+from scansnap_lens.statistics.groups import TokenGroups
+
+__all__ = ["RUN_MEASURES", "RunComparison", "check_same_runs", "compare_runs", "measure_runs"]
+
+# the measurements a comparison needs (the theory's fit is left out: minutes per run)
+RUN_MEASURES = ("snapping", "discriminative_bias", "frequency_bias", "uncertainty",
+                "previous_token", "first_token", "induction")  # fmt: skip
+# per run and head, kept in `per_run`
+PER_RUN = ("scans", "verdict", "bias", "bias_lo", "bias_hi", "auroc", "auroc_lo", "auroc_hi",
+           "snap_step", "snap_step_lo", "snap_step_hi", "snap_reason", "induction",
+           "previous_token", "first_token")  # fmt: skip
+ACROSS = ("bias", "auroc", "snap_step")  # figures with an interval over runs
+LOG_SCALE = {"snap_step"}  # averaged on the log-step axis
+RANGE = {"auroc": (0.0, 1.0)}  # an interval over runs stays where the figure can be
+TOO_FEW = "too few runs"
+LEVEL = 0.95
+
+
+def _interval(values: np.ndarray, log: bool) -> tuple[float, float, float, float]:
+    """(mean, sd, lo, hi) of the runs' values: t with n - 1 degrees of freedom; NaN below 2."""
+    values = values[np.isfinite(values)]
+    if log:
+        values = np.log(values[values > 0])
+    n = len(values)
+    if n == 0:
+        return (math.nan,) * 4
+    mean = float(values.mean())
+    if n < 2:
+        return (math.exp(mean) if log else mean), math.nan, math.nan, math.nan
+    sd = float(values.std(ddof=1))
+    half = float(scipy_stats.t.ppf(0.5 + LEVEL / 2, n - 1)) * sd / math.sqrt(n)
+    lo, hi = mean - half, mean + half
+    if log:
+        return math.exp(mean), sd, math.exp(lo), math.exp(hi)
+    return mean, sd, lo, hi
+
+
+def _share_interval(k: int, n: int) -> tuple[float, float]:
+    """Clopper-Pearson interval of a share k / n."""
+    if n == 0:
+        return math.nan, math.nan
+    alpha = 1 - LEVEL
+    lo = 0.0 if k == 0 else float(scipy_stats.beta.ppf(alpha / 2, k, n - k + 1))
+    hi = 1.0 if k == n else float(scipy_stats.beta.ppf(1 - alpha / 2, k + 1, n - k))
+    return lo, hi
+
+
+@dataclass
+class RunComparison:
+    """Runs of one recipe compared head by head.
+
+    runs: the runs' names, in order.  per_run: one row per run, layer and head (its verdict,
+    bias, AUROC and snap step with their within-run intervals, and the head-type scores).
+    table: one row per layer and head: ``runs``, ``scans_runs`` and ``scans_share`` with its
+    interval (``scans_share_lo``/``_hi``), and for bias, AUROC and snap_step the across-run
+    ``_mean``, ``_sd``, interval ``_lo``/``_hi``, ``_n`` (runs with a value) and ``_within``
+    (the median half-width of the runs' own intervals, for the snap step in steps), and
+    ``reason`` where the runs are too few; one ``verdict_<run>`` column per run.
+    """
+
+    runs: list[str]
+    per_run: pd.DataFrame
+    table: pd.DataFrame
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.table
+
+    def tensor(self, column: str) -> Tensor:
+        """[R, L, H] values of a `per_run` column."""
+        frame = self.per_run.sort_values(["run_index", "layer", "head"])
+        layers = sorted(frame["layer"].unique())
+        heads = sorted(frame["head"].unique())
+        values = frame[column].astype(float).to_numpy()
+        return torch.tensor(values, dtype=torch.float64).reshape(
+            len(self.runs), len(layers), len(heads)
+        )
+
+    def save(self, path: str | Path) -> Path:
+        """A folder with ``runs.json``, ``per_run.csv`` and ``across_runs.csv``."""
+        path = Path(path)
+        make_folder(path)
+        write_text(path / "runs.json", json.dumps({"runs": self.runs}, indent=1))
+        write_text(path / "per_run.csv", self.per_run.to_csv(index=False))
+        write_text(path / "across_runs.csv", self.table.to_csv(index=False))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunComparison:
+        path = Path(path)
+        runs = json.loads((path / "runs.json").read_text())["runs"]
+        per_run = pd.read_csv(path / "per_run.csv", keep_default_na=False, na_values=[""])
+        table = pd.read_csv(path / "across_runs.csv", keep_default_na=False, na_values=[""])
+        return cls([str(r) for r in runs], per_run, table)
+
+    def __repr__(self) -> str:
+        scanning = int((self.table["scans_runs"] > 0).sum()) if len(self.table) else 0
+        return (
+            f"RunComparison({len(self.runs)} runs, {len(self.table)} heads,"
+            f" {scanning} scanning in some run)"
+        )
+
+
+def compare_runs(summaries: Mapping[str, pd.DataFrame]) -> RunComparison:
+    """Compare the per-head summaries of several runs (`measures.summarize` of each, keyed by
+    the run's name): see `RunComparison`."""
+    if not summaries:
+        raise ValueError("no runs to compare")
+    runs = [str(r) for r in summaries]
+    frames = []
+    for index, (run, summary) in enumerate(summaries.items()):
+        frame = summary[["layer", "head", *[c for c in PER_RUN if c in summary]]].copy()
+        frame.insert(0, "run", str(run))
+        frame.insert(1, "run_index", index)
+        frames.append(frame)
+    per_run = pd.concat(frames, ignore_index=True)
+    rows = []
+    for (layer, head), group in per_run.groupby(["layer", "head"], sort=True):
+        row = {"layer": int(layer), "head": int(head), "runs": len(group)}
+        if "scans" in group:
+            known = group["scans"].dropna().astype(bool)
+            k, n = int(known.sum()), len(known)
+            row["scans_runs"] = k
+            row["scans_share"] = k / n if n else math.nan
+            row["scans_share_lo"], row["scans_share_hi"] = _share_interval(k, n)
+        for name in ACROSS:
+            if name not in group:
+                continue
+            values = group[name].astype(float).to_numpy()
+            mean, sd, lo, hi = _interval(values, name in LOG_SCALE)
+            if name in RANGE and not math.isnan(lo):
+                lo, hi = max(lo, RANGE[name][0]), min(hi, RANGE[name][1])
+            row[f"{name}_mean"], row[f"{name}_sd"] = mean, sd
+            row[f"{name}_lo"], row[f"{name}_hi"] = lo, hi
+            row[f"{name}_n"] = int(np.isfinite(values).sum())
+            if f"{name}_lo" in group and f"{name}_hi" in group:
+                half = (group[f"{name}_hi"].astype(float) - group[f"{name}_lo"].astype(float)) / 2
+                row[f"{name}_within"] = float(half.median()) if half.notna().any() else math.nan
+        reasons = []
+        for name in ACROSS:
+            n = row.get(f"{name}_n")
+            if n == 0:
+                reasons.append(f"no run has a {name}")
+            elif n == 1:
+                reasons.append(f"{TOO_FEW} for {name} (1 has one)")
+        row["reason"] = "; ".join(reasons)
+        for run, verdict in zip(group["run"], group.get("verdict", [""] * len(group))):
+            row[f"verdict_{run}"] = verdict
+        rows.append(row)
+    return RunComparison(runs, per_run, pd.DataFrame(rows))
+
+
+def check_same_runs(trajs: Mapping[str, Trajectory]) -> None:
+    """ValueError naming the first difference where runs do not share their layers, heads,
+    step unit and plan (queries, pairs, vocabulary, context convention)."""
+    items = list(trajs.items())
+    first_name, first = items[0]
+    for name, traj in items[1:]:
+        plan, base = traj.plan, first.plan
+        checks = [
+            ("layers", first.layers, traj.layers),
+            ("heads", first.heads, traj.heads),
+            ("step unit", first.step_unit, traj.step_unit),
+            ("vocabulary", base.vocab_size, plan.vocab_size),
+            ("window", base.window, plan.window),
+            ("query's own position in context", base.include_self, plan.include_self),
+            ("tracked queries", base.num_queries, plan.num_queries),
+            ("tracked pairs", base.num_pairs, plan.num_pairs),
+            ("tracked classes", base.num_classes, plan.num_classes),
+        ]
+        for what, ours, theirs in checks:
+            if ours != theirs:
+                raise ValueError(
+                    f"runs {first_name!r} and {name!r} differ in their {what} ({ours} and"
+                    f" {theirs}): compare runs recorded with the same plan and heads (the same"
+                    " evaluation tokens, --stats, --queries, --layers and --heads)"
+                )
+        if not torch.equal(base.queries, plan.queries):
+            raise ValueError(
+                f"runs {first_name!r} and {name!r} track different queries: compare runs"
+                " recorded with the same plan (the same evaluation tokens, --stats and --queries)"
+            )
+
+
+def measure_runs(
+    trajs: Mapping[str, Trajectory],
+    groups: TokenGroups | Mapping[str, TokenGroups | None] | None,
+    *,
+    source=None,
+    training: dict | None = None,
+) -> RunComparison:
+    """Measure every run (`RUN_MEASURES`) and compare them.
+
+    trajs: {run name: trajectory}, runs of one architecture and plan (`check_same_runs`).
+    groups: one `TokenGroups` for all runs (one corpus), or one per run (deduped or not).
+    source, training: as `measures.measure_all` takes them (one for all runs).
+    """
+    if len(trajs) < 1:
+        raise ValueError("no runs to compare")
+    check_same_runs(trajs)
+    summaries = {}
+    for name, traj in trajs.items():
+        run_groups = groups.get(name) if isinstance(groups, Mapping) else groups
+        results, _ = measure_all(
+            traj, run_groups, source=source, training=training, names=RUN_MEASURES
+        )
+        summaries[name] = summarize(traj, run_groups, training=training, results=results)
+    return compare_runs(summaries)
