@@ -43,7 +43,14 @@ from scansnap_lens.measures.summary import measure_all, summarize
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
-__all__ = ["RUN_MEASURES", "RunComparison", "check_same_runs", "compare_runs", "measure_runs"]
+__all__ = [
+    "RUN_MEASURES",
+    "RunComparison",
+    "check_same_runs",
+    "compare_runs",
+    "interval_over_runs",
+    "measure_runs",
+]
 
 # the measurements a comparison needs (the theory's fit is left out: minutes per run)
 RUN_MEASURES = ("snapping", "discriminative_bias", "frequency_bias", "uncertainty",
@@ -59,7 +66,7 @@ TOO_FEW = "too few runs"
 LEVEL = 0.95
 
 
-def _interval(values: np.ndarray, log: bool) -> tuple[float, float, float, float]:
+def interval_over_runs(values: np.ndarray, log: bool = False) -> tuple[float, float, float, float]:
     """(mean, sd, lo, hi) of the runs' values: t with n - 1 degrees of freedom; NaN below 2."""
     values = values[np.isfinite(values)]
     if log:
@@ -169,7 +176,7 @@ def compare_runs(summaries: Mapping[str, pd.DataFrame]) -> RunComparison:
             if name not in group:
                 continue
             values = group[name].astype(float).to_numpy()
-            mean, sd, lo, hi = _interval(values, name in LOG_SCALE)
+            mean, sd, lo, hi = interval_over_runs(values, name in LOG_SCALE)
             if name in RANGE and not math.isnan(lo):
                 lo, hi = max(lo, RANGE[name][0]), min(hi, RANGE[name][1])
             row[f"{name}_mean"], row[f"{name}_sd"] = mean, sd
