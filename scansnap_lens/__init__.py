@@ -56,6 +56,8 @@ _NAMES = {
     "tutorial_model": "models.tutorial",
     "summarize": "measures.summary",
     "write_report": "report",
+    "write_runs_report": "report",
+    "measure_runs": "measures.runs",
     "folder": "models.checkpoints",
     "pretrained": "models.checkpoints",
     "load_tokenizer": "inputs.tokens",

@@ -287,6 +287,12 @@ def _report_runs(args, trajs, groups, why, training, out) -> int:
     shown = ["layer", "head", "scans_runs", "bias_mean", "bias_lo", "bias_hi", "bias_within",
              "auroc_mean", "auroc_lo", "auroc_hi", "auroc_within", "snap_step_mean"]  # fmt: skip
     print(f"{len(comparison.runs)} runs: {', '.join(comparison.runs)}")
+    if comparison.layers is not None:
+        layers = comparison.layers
+        print("per layer, mean over runs [interval over runs]:")
+        print(layers[["layer", *[c for c in layers if c.endswith("_mean")]]].to_string(
+            index=False, float_format=number))  # fmt: skip
+    print("per head (matched by index):")
     print(table[[c for c in shown if c in table]].to_string(index=False, float_format=number))
     for name, reason in why.items():
         print(f"not measured in {name}: token groups: {cli_text(reason)}")

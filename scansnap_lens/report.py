@@ -594,8 +594,9 @@ def write_runs_report(comparison, out: str | Path, title: str | None = None) -> 
     make_folder(out / "figures")
     folder = _Folder(out)
     comparison.save(out)
-    for name in ("runs.json", "per_run.csv", "across_runs.csv"):
-        folder.files[name.split(".")[0]] = out / name
+    for name in ("runs.json", "per_run.csv", "across_runs.csv", "across_runs_layers.csv"):
+        if (out / name).is_file():
+            folder.files[name.split(".")[0]] = out / name
     for column in ("bias", "auroc", "snap_step"):
         folder.figure(
             f"runs_{column}",
@@ -618,9 +619,30 @@ def write_runs_report(comparison, out: str | Path, title: str | None = None) -> 
             for k, n, a, b in zip(table["scans_runs"], table["runs"], table["scans_share_lo"],
                                   table["scans_share_hi"])
         ]  # fmt: skip
+    layers = comparison.layers
+    layer_html = []
+    if layers is not None and len(layers):
+        figures = [f[: -len("_mean")] for f in layers.columns if f.endswith("_mean")]
+        layer_html = [
+            "<h2>Across runs, per layer (whichever heads they are)</h2>",
+            table_html(with_intervals(
+                layers.rename(columns={f"{f}_mean": f for f in figures}).assign(
+                    **{f"{f}_lo": layers[f"{f}_lo"] for f in figures},
+                    **{f"{f}_hi": layers[f"{f}_hi"] for f in figures},
+                ),
+                ["layer", "runs", *figures],
+            )),
+            "<p>Heads are matched by index in the table above: the same heads only where the"
+            " runs share their initialisation (a model and its deduped twin, two rates or data"
+            " orders from one start).  Seeds of the initialisation permute the heads; for"
+            " them this table is the comparison: per layer, the heads that scan, the best"
+            " AUROC, the median snap step and the heads that became previous-token, induction"
+            " or first-token heads, each run's in <code>across_runs_layers.csv</code>.</p>",
+        ]  # fmt: skip
     body = [
         f"<h1>{html.escape(title)}</h1>",
         "<p>Runs: " + ", ".join(html.escape(r) for r in comparison.runs) + "</p>",
+        *layer_html,
         "<h2>Across runs (one row per layer and head)</h2>",
         table_html(shown),
         f"<p>{HOW_TO_READ_RUNS}</p>",

@@ -58,9 +58,20 @@ RUN_MEASURES = ("snapping", "discriminative_bias", "frequency_bias", "uncertaint
 # per run and head, kept in `per_run`
 PER_RUN = ("scans", "verdict", "bias", "bias_lo", "bias_hi", "auroc", "auroc_lo", "auroc_hi",
            "snap_step", "snap_step_lo", "snap_step_hi", "snap_reason", "induction",
-           "previous_token", "first_token")  # fmt: skip
+           "induction_step", "previous_token", "previous_token_step", "first_token",
+           "first_token_step")  # fmt: skip
+# per run and layer: what holds whichever head of the layer it is (heads of runs from other
+# initialisations are not the same heads)
+LAYER = {
+    "scanning_heads": ("scans", lambda v: float(v.fillna(False).astype(bool).sum())),
+    "best_auroc": ("auroc", lambda v: float(v.max()) if v.notna().any() else math.nan),
+    "snap_step_median": ("snap_step", lambda v: float(v.median()) if v.notna().any() else math.nan),
+    "previous_token_heads": ("previous_token_step", lambda v: float(v.notna().sum())),
+    "induction_heads": ("induction_step", lambda v: float(v.notna().sum())),
+    "first_token_heads": ("first_token_step", lambda v: float(v.notna().sum())),
+}
 ACROSS = ("bias", "auroc", "snap_step")  # figures with an interval over runs
-LOG_SCALE = {"snap_step"}  # averaged on the log-step axis
+LOG_SCALE = {"snap_step", "snap_step_median"}  # averaged on the log-step axis
 RANGE = {"auroc": (0.0, 1.0)}  # an interval over runs stays where the figure can be
 TOO_FEW = "too few runs"
 LEVEL = 0.95
@@ -106,11 +117,18 @@ class RunComparison:
     ``_mean``, ``_sd``, interval ``_lo``/``_hi``, ``_n`` (runs with a value) and ``_within``
     (the median half-width of the runs' own intervals, for the snap step in steps), and
     ``reason`` where the runs are too few; one ``verdict_<run>`` column per run.
+    layers: one row per layer: per run (``<figure>_<run>``) and over runs (``_mean``, ``_lo``,
+    ``_hi``) the figures that hold whichever head it is: heads that scan, the best AUROC, the
+    median snap step, and the heads that became previous-token, induction and first-token
+    heads (a formation step).  Heads are matched by index in `table`: the same heads where
+    runs share their initialisation (Pythia and its deduped twin, two rates or data orders
+    from one start); for seeds of the initialisation, `layers` is the comparison.
     """
 
     runs: list[str]
     per_run: pd.DataFrame
     table: pd.DataFrame
+    layers: pd.DataFrame | None = None
 
     def to_dataframe(self) -> pd.DataFrame:
         return self.table
@@ -132,6 +150,8 @@ class RunComparison:
         write_text(path / "runs.json", json.dumps({"runs": self.runs}, indent=1))
         write_text(path / "per_run.csv", self.per_run.to_csv(index=False))
         write_text(path / "across_runs.csv", self.table.to_csv(index=False))
+        if self.layers is not None:
+            write_text(path / "across_runs_layers.csv", self.layers.to_csv(index=False))
         return path
 
     @classmethod
@@ -140,7 +160,10 @@ class RunComparison:
         runs = json.loads((path / "runs.json").read_text())["runs"]
         per_run = pd.read_csv(path / "per_run.csv", keep_default_na=False, na_values=[""])
         table = pd.read_csv(path / "across_runs.csv", keep_default_na=False, na_values=[""])
-        return cls([str(r) for r in runs], per_run, table)
+        layers = None
+        if (path / "across_runs_layers.csv").is_file():
+            layers = pd.read_csv(path / "across_runs_layers.csv")
+        return cls([str(r) for r in runs], per_run, table, layers)
 
     def __repr__(self) -> str:
         scanning = int((self.table["scans_runs"] > 0).sum()) if len(self.table) else 0
@@ -196,7 +219,24 @@ def compare_runs(summaries: Mapping[str, pd.DataFrame]) -> RunComparison:
         for run, verdict in zip(group["run"], group.get("verdict", [""] * len(group))):
             row[f"verdict_{run}"] = verdict
         rows.append(row)
-    return RunComparison(runs, per_run, pd.DataFrame(rows))
+    return RunComparison(runs, per_run, pd.DataFrame(rows), _by_layer(per_run, runs))
+
+
+def _by_layer(per_run: pd.DataFrame, runs: list[str]) -> pd.DataFrame:
+    """Per layer: each run's layer figures (`LAYER`) and their interval over runs."""
+    rows = []
+    for layer, group in per_run.groupby("layer", sort=True):
+        row = {"layer": int(layer), "runs": len(runs)}
+        for figure, (column, reduce) in LAYER.items():
+            if column not in group:
+                continue
+            values = np.array([reduce(g[column]) for _, g in group.groupby("run_index")])
+            for run, value in zip(runs, values):
+                row[f"{figure}_{run}"] = value
+            mean, _, lo, hi = interval_over_runs(values, figure in LOG_SCALE)
+            row[f"{figure}_mean"], row[f"{figure}_lo"], row[f"{figure}_hi"] = mean, lo, hi
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def check_same_runs(trajs: Mapping[str, Trajectory]) -> None:

@@ -60,6 +60,12 @@ def test_the_interval_over_runs_shows_a_difference_the_within_run_ones_do_not(th
             per.loc[(f"seed{r}", head), "verdict"] for r in range(3)
         ]
     assert table.loc[1, "scans_runs"] == 3 and table.loc[2, "scans_runs"] == 0
+    # per layer, whichever heads they are: each run's count of scanning heads
+    layer = comparison.layers.iloc[0]
+    for r in range(3):
+        assert layer[f"scanning_heads_seed{r}"] == per.loc[f"seed{r}", "scans"].sum()
+    counts = [layer[f"scanning_heads_seed{r}"] for r in range(3)]
+    assert layer["scanning_heads_mean"] == pytest.approx(np.mean(counts))
     assert comparison.tensor("auroc").shape == (3, 1, 4)
 
 
