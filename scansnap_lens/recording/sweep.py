@@ -23,6 +23,7 @@ refuses to start, with sizes, where the cache's disk cannot hold `on_disk` revis
 from __future__ import annotations
 
 import json
+import os
 import queue
 import shutil
 import threading
@@ -203,6 +204,15 @@ def fetcher_for(source: CheckpointSource, on_disk: int = ON_DISK, keep_checkpoin
     return None
 
 
+def _lower_priority() -> None:
+    """This thread yields the CPU to the recording (Linux: a thread has its own nice value):
+    fetching waits on the network or the disk, recording on the CPU."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):  # not Linux, or not allowed: the same sweep, less overlap
+        pass
+
+
 class Ahead:
     """(checkpoint, error) of `checkpoints` in order, each fetched by `fetcher` in one
     background thread while the caller records the one before; at most ``fetcher.on_disk``
@@ -222,6 +232,7 @@ class Ahead:
             self._thread.start()
 
     def _run(self) -> None:
+        _lower_priority()
         for checkpoint in self.checkpoints:
             while not self._slots.acquire(timeout=0.1):
                 if self._stop.is_set():
