@@ -206,3 +206,69 @@ def test_sigkill_mid_download_resumes_without_re_recording(revisions, cache, tmp
     assert watch.peak <= base + 2 * one, (watch.peak, base, one)
     assert hub.cached_commit(NAME, "step1") == kept.name  # cached before: kept
     assert all(hub.cached_commit(NAME, r) is None for r in REVISIONS if r != "step1")
+
+
+class _Slow:
+    """A fetcher that takes `seconds` per checkpoint and counts what is held at once."""
+
+    writes = False
+
+    def __init__(self, on_disk: int, seconds: float):
+        self.on_disk, self.seconds = on_disk, seconds
+        self.held, self.most, self.started = 0, 0, {}
+        self._lock = threading.Lock()
+
+    def prepare(self, todo, done, folder):
+        pass
+
+    def fetch(self, checkpoint):
+        with self._lock:
+            self.held += 1
+            self.most = max(self.most, self.held)
+        self.started[checkpoint.step] = time.perf_counter()
+        time.sleep(self.seconds)
+
+    def release(self, checkpoint):
+        with self._lock:
+            self.held -= 1
+
+
+@pytest.mark.parametrize("on_disk", [1, 2, 3])
+def test_ahead_fetches_while_recording_and_never_holds_more_than_on_disk(on_disk):
+    from scansnap_lens.models.checkpoints import Checkpoint
+
+    todo = [Checkpoint(s, f"c{s}", lambda: None) for s in range(6)]
+    fetcher = _Slow(on_disk, 0.05)
+    ended = {}
+    start = time.perf_counter()
+    with sweep.Ahead(todo, fetcher) as ahead:
+        for checkpoint, error in ahead:
+            assert error is None
+            time.sleep(0.05)  # recording
+            ended[checkpoint.step] = time.perf_counter()
+            ahead.done(checkpoint)
+    took = time.perf_counter() - start
+    assert fetcher.most <= on_disk
+    if on_disk == 1:  # one after the other: each fetch after the last recording ended
+        assert all(fetcher.started[s + 1] >= ended[s] for s in range(5))
+        assert took >= 12 * 0.05
+    else:  # the next fetched while this one records
+        assert all(fetcher.started[s + 1] < ended[s] for s in range(5))
+
+
+def test_read_ahead_reads_a_folder_checkpoint_and_a_fetch_error_reaches_the_recorder(tmp_path):
+    from scansnap_lens.models.checkpoints import Checkpoint, CheckpointError
+
+    (tmp_path / "checkpoint-1").mkdir()
+    (tmp_path / "checkpoint-1" / "model.safetensors").write_bytes(b"x" * 100)
+    reader = sweep.ReadAhead()
+    reader.fetch(Checkpoint(1, "c", lambda: None, path=tmp_path / "checkpoint-1"))  # reads
+
+    class Failing(_Slow):
+        def fetch(self, checkpoint):
+            raise CheckpointError(f"no such revision {checkpoint.step}")
+
+    todo = [Checkpoint(s, f"c{s}", lambda: None) for s in range(2)]
+    with sweep.Ahead(todo, Failing(2, 0)) as ahead:
+        errors = [str(error) for _, error in ahead]
+    assert errors == ["no such revision 0", "no such revision 1"]
