@@ -96,6 +96,8 @@ _NAMES = {
     "rank_heads": "heads",
     "restricted_entropy": "entropy",
     "RunComparison": "runs",
+    "RUN_MEASURES": "runs",
+    "interval_over_runs": "runs",
     "compare_runs": "runs",
     "measure_runs": "runs",
     "check_same_runs": "runs",

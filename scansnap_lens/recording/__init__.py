@@ -7,6 +7,8 @@
 - `hooks`: the two hooks per layer that add each batch's attention into the aggregates
   (`record_checkpoint`, `run_until`);
 - `recorder`: `Recorder`, a model's checkpoints into a resumable trajectory folder;
+- `sweep`: the next checkpoint fetched while one records (`Ahead`), hub revisions on a bounded
+  disk (`HubRevisions`: at most `ON_DISK` of the sweep's on disk, each deleted once recorded);
 - `storage`: the trajectory folder on disk (format, tensor names, writer, locks, lazy reader);
 - `trajectory`: `Trajectory`, the recorded aggregates over checkpoints, saved and loaded.
 """
@@ -14,6 +16,12 @@
 from scansnap_lens._lazy import exports
 
 _NAMES = {
+    "ON_DISK": "sweep",
+    "Ahead": "sweep",
+    "DiskError": "sweep",
+    "HubRevisions": "sweep",
+    "ReadAhead": "sweep",
+    "fetcher_for": "sweep",
     "duration": "budget",
     "CLASSES_PER_QUERY": "plan",
     "COMMON_PER_QUERY": "plan",
@@ -61,7 +69,7 @@ _NAMES = {
     "budget_queries": "plan",
     "trainer_callback": "recorder",
 }
-_MODULES = {"aggregates", "budget", "hooks", "plan", "recorder", "storage", "trajectory"}
+_MODULES = {"aggregates", "budget", "hooks", "plan", "recorder", "storage", "sweep", "trajectory"}
 
 __all__ = sorted(set(_NAMES) | _MODULES)
 __getattr__, __dir__ = exports(__name__, _NAMES, _MODULES)
