@@ -295,25 +295,32 @@ _PARTIAL = re.compile(r"^([0-9a-f]{40}|[0-9a-f]{64})\.[0-9a-f]{8}\.incomplete$")
 
 def remove_orphans(name: str) -> int:
     """Delete the partial downloads killed processes left in `name`'s blobs (files no process
-    can resume), where no download holds the file's lock; the bytes freed."""
-    from filelock import FileLock, Timeout
+    can resume), where no download holds the file's lock (huggingface_hub's flock on
+    ``.locks/<repo>/<etag>.lock``); the bytes freed.  Only where flock exists (not Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        return 0
+    from scansnap_lens._io import open_lock
 
     repo = _repo_folder(name)
     blobs = repo / "blobs"
+    locks = cache_dir() / ".locks" / repo.name
     if not blobs.is_dir():
         return 0
-    locks = cache_dir() / ".locks" / repo.name
     freed = 0
     for path in sorted(blobs.glob("*.incomplete")):
         match = _PARTIAL.match(path.name)
         if match is None:  # <etag>.incomplete: older huggingface_hub resumes it
             continue
-        locks.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(locks / f"{match.group(1)}.lock"), timeout=0)
-        try:
-            lock.acquire()
-        except Timeout:  # a download is writing it
-            continue
+        handle = None
+        if locks.is_dir():  # no folder: no download of this repository ever took a lock
+            handle = open_lock(locks / f"{match.group(1)}.lock")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # a download is writing it
+                handle.close()
+                continue
         try:
             size = path.stat().st_size
             path.unlink()
@@ -321,7 +328,8 @@ def remove_orphans(name: str) -> int:
         except FileNotFoundError:
             pass
         finally:
-            lock.release()
+            if handle is not None:
+                handle.close()  # closing releases the flock
     return freed
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from scansnap_lens import _io
+from scansnap_lens._io import write_text
 from scansnap_lens.models import hub
 from scansnap_lens.models.checkpoints import Checkpoint, CheckpointError, CheckpointSource
 from scansnap_lens.recording.budget import size_text
@@ -73,7 +73,7 @@ class HubRevisions:
         if self._file is not None:
             data = {"repo": self.name, "cache": str(hub.cache_dir())}
             data["revisions"] = sorted(self.ours)
-            _io.write_text(self._file, json.dumps(data, indent=1))
+            write_text(self._file, json.dumps(data, indent=1))
 
     def _load(self, folder: Path) -> None:
         self._file = folder / DOWNLOADS
