@@ -71,6 +71,7 @@ LAYER = {
     "first_token_heads": ("first_token_step", lambda v: float(v.notna().sum())),
 }
 ACROSS = ("bias", "auroc", "snap_step")  # figures with an interval over runs
+COUNTS = {"scanning_heads", "previous_token_heads", "induction_heads", "first_token_heads"}
 LOG_SCALE = {"snap_step", "snap_step_median"}  # averaged on the log-step axis
 RANGE = {"auroc": (0.0, 1.0)}  # an interval over runs stays where the figure can be
 TOO_FEW = "too few runs"
@@ -234,6 +235,8 @@ def _by_layer(per_run: pd.DataFrame, runs: list[str]) -> pd.DataFrame:
             for run, value in zip(runs, values):
                 row[f"{figure}_{run}"] = value
             mean, _, lo, hi = interval_over_runs(values, figure in LOG_SCALE)
+            if figure in COUNTS and not math.isnan(lo):  # a count of heads is never below 0
+                lo = max(lo, 0.0)
             row[f"{figure}_mean"], row[f"{figure}_lo"], row[f"{figure}_hi"] = mean, lo, hi
         rows.append(row)
     return pd.DataFrame(rows)

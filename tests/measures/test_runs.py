@@ -66,6 +66,7 @@ def test_the_interval_over_runs_shows_a_difference_the_within_run_ones_do_not(th
         assert layer[f"scanning_heads_seed{r}"] == per.loc[f"seed{r}", "scans"].sum()
     counts = [layer[f"scanning_heads_seed{r}"] for r in range(3)]
     assert layer["scanning_heads_mean"] == pytest.approx(np.mean(counts))
+    assert layer["scanning_heads_lo"] >= 0  # a count
     assert comparison.tensor("auroc").shape == (3, 1, 4)
 
 
