@@ -461,6 +461,9 @@ class LoopbackHub:
             return self._error(handler, "RepoNotFound", 401)
         kind = parts[2] if len(parts) > 2 else "revision"
         revision = "/".join(parts[3:]) if len(parts) > 3 else "main"
+        inside = ""  # tree/{rev}/{path}: the entries under a folder of the repository
+        if kind == "tree" and len(parts) > 4:
+            revision, inside = parts[3], "/".join(parts[4:]).strip("/") + "/"
         name = self._revision(repo, revision)
         if name is None:
             return self._error(handler, "RevisionNotFound")
@@ -471,7 +474,10 @@ class LoopbackHub:
                 {"type": "file", "oid": e["oid"], "size": e["size"], "path": e["path"],
                  **({"lfs": e["lfs"]} if "lfs" in e else {})}
                 for e in entries
+                if e["path"].startswith(inside)
             ]  # fmt: skip
+            if inside and not data:  # the hub: no such folder at this revision
+                return self._error(handler, "EntryNotFound", commit=commit)
         elif kind == "revision":
             blobs = query.get("blobs", ["false"])[0].lower() == "true"
             siblings = []

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _backends import requires_hooked
 
 from scansnap_lens.models import checkpoints, hub
 from scansnap_lens.recording import sweep
@@ -272,3 +273,43 @@ def test_read_ahead_reads_a_folder_checkpoint_and_a_fetch_error_reaches_the_reco
     with sweep.Ahead(todo, Failing(2, 0)) as ahead:
         errors = [str(error) for _, error in ahead]
     assert errors == ["no such revision 0", "no such revision 1"]
+
+
+@requires_hooked
+def test_a_hooked_sweep_loads_through_transformer_lens(tmp_path, cache):
+    """TL 3's default for Pythia: the sweep fetches each revision, HookedTransformer's
+    from_pretrained loads it from the cache (with Pythia-14m's own config, so the model has
+    its shapes), and the revision is deleted after; the one ``main`` shares stays."""
+    import transformers
+    from safetensors.torch import save_file
+
+    from scansnap_lens.testing import word_tokenizer
+
+    config = transformers.GPTNeoXConfig(
+        vocab_size=50304, hidden_size=128, num_hidden_layers=6, num_attention_heads=4,
+        intermediate_size=512, max_position_embeddings=2048, rotary_pct=0.25,
+        use_parallel_residual=True, bos_token_id=0, eos_token_id=0, tie_word_embeddings=False,
+    )  # fmt: skip
+    folders = {}
+    for i, revision in enumerate(["step0", "step1"]):
+        torch.manual_seed(i)
+        folders[revision] = tmp_path / "hub" / revision
+        transformers.GPTNeoXForCausalLM(config).save_pretrained(folders[revision])
+        word_tokenizer(64).save_pretrained(folders[revision])
+    save_file({"tokens": _tokens() % 64}, tmp_path / "tokens.safetensors")
+    out = tmp_path / "out"
+    with LoopbackHub({NAME: folders}) as server:
+        env = {**os.environ, "HF_ENDPOINT": server.endpoint, "HF_HUB_OFFLINE": "0",
+               "HF_HUB_CACHE": str(cache)}  # fmt: skip
+        command = [sys.executable, "-m", "scansnap_lens.cli", "record", "--model", NAME,
+                   "--backend", "hooked", "--steps", "0,1", "--tokens",
+                   str(tmp_path / "tokens.safetensors"), "--out", str(out),
+                   "--prompt-length", "0"]  # fmt: skip
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 checkpoints recorded (2 new" in done.stdout
+    traj = Trajectory.load(out)
+    assert traj.steps.tolist() == [0, 1] and traj.layers == list(range(6))
+    assert hub.cached_commit(NAME, "step0") is None  # recorded, then deleted
+    # TransformerLens read its config and tokenizer at `main`, which is step1 here: kept
+    assert hub.cached_commit(NAME, "step1") == hub.cached_commit(NAME, "main") is not None
