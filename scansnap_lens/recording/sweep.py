@@ -32,7 +32,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from scansnap_lens._io import write_text
+from scansnap_lens._io import refuse_link, write_text
 from scansnap_lens.models import hub
 from scansnap_lens.models.checkpoints import Checkpoint, CheckpointError, CheckpointSource
 from scansnap_lens.recording.budget import size_text
@@ -76,13 +76,16 @@ class HubRevisions:
             write_text(self._file, json.dumps(data, indent=1))
 
     def _load(self, folder: Path) -> None:
+        """The revisions an earlier sweep into `folder` downloaded into this same cache: a
+        file naming another repository or cache (a folder from elsewhere) deletes nothing."""
         self._file = folder / DOWNLOADS
+        refuse_link(self._file)  # what it names gets deleted: never read through a link
         if not self._file.is_file():
             return
         try:
             data = json.loads(self._file.read_text())
-            revisions = data["revisions"] if data.get("repo") == self.name else []
-            self.ours = {str(r) for r in revisions}
+            ours = data.get("repo") == self.name and data.get("cache") == str(hub.cache_dir())
+            self.ours = {str(r) for r in data["revisions"]} if ours else set()
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise CheckpointError(
                 f"{self._file}: cannot read which revisions the sweep downloaded ({err}):"

@@ -313,3 +313,28 @@ def test_a_hooked_sweep_loads_through_transformer_lens(tmp_path, cache):
     assert hub.cached_commit(NAME, "step0") is None  # recorded, then deleted
     # TransformerLens read its config and tokenizer at `main`, which is step1 here: kept
     assert hub.cached_commit(NAME, "step1") == hub.cached_commit(NAME, "main") is not None
+
+
+def test_a_downloads_file_from_elsewhere_deletes_nothing(revisions, cache, tmp_path):
+    """A recording folder someone else prepared: its downloads.json names a revision cached
+    here before, for another cache; the sweep keeps it.  A link there is refused."""
+    with LoopbackHub({NAME: revisions}) as server:
+        kept = _precache(server, "step0")
+        out = tmp_path / "theirs"
+        out.mkdir()
+        (out / "downloads.json").write_text(
+            json.dumps({"repo": NAME, "cache": "/elsewhere", "revisions": ["step0"]})
+        )
+        with server.use():
+            source = checkpoints.pretrained(NAME, steps=[0, 1], backend="bridge")
+            traj = Recorder(out, _tokens(), progress=False).record(source)
+        assert traj.steps.tolist() == [0, 1]
+        assert hub.cached_commit(NAME, "step0") == kept.name  # cached before: kept
+        assert hub.cached_commit(NAME, "step1") is None  # the sweep's own: deleted
+        linked = tmp_path / "linked"
+        linked.mkdir()
+        (linked / "downloads.json").symlink_to(out / "downloads.json")
+        with server.use(), pytest.raises(ValueError, match=r"downloads\.json is a symbolic link"):
+            Recorder(linked, _tokens(), progress=False).record(
+                checkpoints.pretrained(NAME, steps=[0, 1], backend="bridge")
+            )
