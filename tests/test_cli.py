@@ -878,3 +878,17 @@ def test_report_compares_three_seeds_and_refuses_another_plan(own_run, tmp_path,
     err = capsys.readouterr().err
     assert "runs 'trajectory' and 'other' differ in their tracked queries (" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--stats", "s1", "s2", "--out", "o"], "give one --stats for every run, or one for each"),
+        (["--stats", "s1"], "several runs need --out, the folder of their comparison"),
+    ],
+)
+def test_report_of_several_runs_says_what_is_missing(tmp_path, capsys, monkeypatch, extra, message):
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "a", "b", "c", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
