@@ -55,6 +55,7 @@ __all__ = [
     "AXES",
     "DEFAULT",
     "HEAD_TYPES",
+    "RESERVED",
     "Aggregate",
     "CheckpointRecord",
     "Gathered",
@@ -68,6 +69,15 @@ __all__ = [
 ]
 
 # the plan's size of each plan axis
+# Names a trajectory or a checkpoint record uses itself: an aggregate of one of these names
+# would shadow it (tests/recording/test_trajectory.py keeps the set complete).
+RESERVED = frozenset({
+    "plan", "steps", "layers", "heads", "step_unit", "skipped", "meta", "prompt",
+    "prompt_pattern", "aggregates", "rows", "values", "step", "num_steps", "replace", "holds",
+    "from_records", "class_slot", "class_attention", "attention", "logits", "select",
+    "to_dataframe", "entropy_dataframe", "save", "load", "entries",
+})  # fmt: skip
+
 AXES = {
     "pairs": "num_pairs",
     "triples": "num_triples",
@@ -136,6 +146,11 @@ class Aggregate:
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
             raise ValueError(f"an aggregate's name must be an identifier, got {self.name!r}")
+        if self.name in RESERVED:
+            raise ValueError(
+                f"an aggregate cannot be called {self.name!r}: a trajectory or record has a"
+                f" field of that name (reserved: {', '.join(sorted(RESERVED))}); choose another"
+            )
         if self.axis not in AXES:
             raise ValueError(f"aggregate {self.name}: axis must be one of {list(AXES)}, got"
                              f" {self.axis!r}")  # fmt: skip

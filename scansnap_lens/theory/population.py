@@ -279,6 +279,10 @@ def _loss(Y: Tensor, Z: Tensor, pop: Population, q: Tensor, target: Tensor, log_
 
 EXACT_STEPS = 256  # optimizer steps taken one by one before steps are merged
 ERROR = 2e-5  # the largest error of the attention (a probability) one merged step may make
+# A merged step is at least 1/RESOLUTION of the steps taken: at most about RESOLUTION x log2
+# gradients from step EXACT_STEPS to any last step, wherever the error keeps h small (a
+# population that never settles: uniform tokens at high rates).
+RESOLUTION = 128
 
 
 def predict(
@@ -303,9 +307,9 @@ def predict(
     Adam's moments decayed h times, its update taken at the span's middle).  A merged step's
     error is about h times how much the attention's rate of change changed over it (explicit
     Euler's local error, on what the fit compares): h doubles while that stays under a quarter
-    of `ERROR` and halves past it; every checkpoint step is hit exactly.  The attention moves
-    ever more slowly after the snap, so the work grows with the log of the last step, not with
-    the step: a checkpoint at step 10^12 takes a few hundred gradients.  ``exact=True``: every
+    of `ERROR` and halves past it, never below 1/`RESOLUTION` of the step reached; every
+    checkpoint step is hit exactly.  The work grows with the log of the last step, not with the
+    step: a checkpoint at step 10^12 takes at most about 5,000 gradients.  ``exact=True``: every
     step one by one (the reference the merged steps are tested against).
 
     Cost per gradient: O(T x O) for T triples and O output rows (sparse), not K x C x O."""
@@ -351,6 +355,7 @@ def predict(
             rate = (attention - last[0]) / last[2]
             error = last[2] * float((rate - last[1]).abs().max())
             h = 2 * h if error < ERROR / 4 else max(1, h // 2) if error > ERROR else h
+            h = max(h, step // RESOLUTION)
         gy, gz = torch.autograd.grad(loss, (Y, Z))
         gy = gy / mult[:, None]  # the rest row stands for `rest` rows, each with its own share
         n = 1 if exact or step < EXACT_STEPS else min(h, wanted[at] - step)

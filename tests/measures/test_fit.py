@@ -139,3 +139,33 @@ def test_growth_bounds_count_next_tokens_not_classes(tmp_path):
     bounds = measures.growth_bounds(traj, groups, stats, training={"lr_y": 1.0, "lr_z": 1.0})
     assert (bounds.detail["K"] == plan.class_next.unique().numel()).all()
     assert bounds.final()["bound_ratio"].notna().all()
+
+
+def test_the_fit_ends_on_a_trajectory_at_step_ten_to_the_twelve(tmp_path, monkeypatch):
+    """A model trained by `train` at rates 0.5 / 1.0 (2 layers x 2 heads, vocabulary 29),
+    recorded at steps 0 and 10^12: uniform tokens never let the population settle, so the
+    merged steps stay short unless bounded (it ran for hours); now a few thousand gradients."""
+    import time
+
+    from scansnap_lens.models.checkpoints import in_memory
+    from scansnap_lens.models.training import attention_only_model, train
+    from scansnap_lens.recording.recorder import record_trajectory
+    from scansnap_lens.statistics.context import Context
+    from scansnap_lens.statistics.corpus import count_corpus
+    from scansnap_lens.theory import population
+
+    rows = torch.randint(0, 29, (128, 16), generator=torch.Generator().manual_seed(0))
+    first = attention_only_model(29, d_model=16, n_heads=2, n_layers=2, n_ctx=16)
+    last = attention_only_model(29, d_model=16, n_heads=2, n_layers=2, n_ctx=16)
+    train(last, rows, 20, lr_y=0.5, lr_z=1.0, save_steps=[], progress=False)
+    models = in_memory({0: first, 10**12: last})
+    traj = record_trajectory(models, rows[:16], tmp_path / "t", progress=False)
+    stats = count_corpus(rows, Context(window=16))
+    calls = []
+    loss = population._loss
+    monkeypatch.setattr(population, "_loss", lambda *a: calls.append(1) or loss(*a))
+    start = time.perf_counter()
+    fit = measures.theory_fit(traj, stats, training={"lr_y": 0.5, "lr_z": 1.0}, progress=False)
+    assert time.perf_counter() - start < 60
+    assert len(calls) < population.EXACT_STEPS + population.RESOLUTION * 42, len(calls)
+    assert fit.table["step"].max() == 10**12

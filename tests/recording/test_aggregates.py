@@ -298,3 +298,31 @@ def test_the_induction_fallback_needs_the_rows_an_interval_needs():
     from scansnap_lens.recording.aggregates import ROWS_NEEDED
 
     assert ROWS_NEEDED == MIN_ROWS  # recording may not import measures: one value, tested
+
+
+@pytest.mark.parametrize("name", ["steps", "plan", "layers", "meta", "values", "step"])
+def test_a_name_a_trajectory_uses_is_refused_when_defined_and_in_a_manifest(name, tmp_path):
+    """An aggregate called like a field of Trajectory or CheckpointRecord would record a whole
+    run that no command can load: refused where it is defined, and where a manifest names it."""
+    import dataclasses
+    import inspect
+
+    from scansnap_lens.recording.aggregates import RESERVED, CheckpointRecord
+
+    fields = set(inspect.signature(Trajectory.__init__).parameters) - {"self", "values"}
+    public = {n for n in dir(Trajectory) if not n.startswith("_")}
+    record = {f.name for f in dataclasses.fields(CheckpointRecord)}
+    assert fields | public | record | {"values"} <= RESERVED
+    with pytest.raises(ValueError, match=f"cannot be called '{name}'"):
+        Aggregate(name, axis="rows", positions=TWO_BACK.positions)
+    tokens = _tokens()
+    folder = tmp_path / "t"
+    with Recorder(folder, tokens, aggregates=[TWO_BACK], progress=False) as recorder:
+        recorder.on_checkpoint(0, tiny_model())
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for entry in manifest["aggregates"]:
+        if entry["name"] == "two_back":
+            entry["name"] = name
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=f"cannot be called '{name}'"):
+        Trajectory.load(folder)
