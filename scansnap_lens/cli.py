@@ -204,6 +204,7 @@ def _record(args: argparse.Namespace) -> int:
             on_error=args.on_error,
             on_disk=args.on_disk,
             keep_checkpoints=args.keep_checkpoints,
+            download_dir=args.download_dir,
         )
     print(
         f"{traj.num_steps} checkpoints recorded ({traj.num_steps - before} new,"
@@ -629,13 +630,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     record.add_argument(
         "--on-disk", type=_count(1, 1 << 16), default=2,
-        help="--model: hub revisions on disk at once, the one recording included; the next"
-        " downloads while one records, and each revision the sweep downloaded is deleted from"
-        " the hub cache once recorded (never one cached before) (default: %(default)s)",
+        help="--model: revisions of the sweep on disk at once, the one recording included; the"
+        " next downloads while one records, into the sweep's own cache (--download-dir), and"
+        " each is deleted from there once recorded; revisions your hub cache holds are read"
+        " from it and never changed (default: %(default)s)",
+    )  # fmt: skip
+    record.add_argument(
+        "--download-dir", type=Path,
+        help="--model: the sweep's own cache, an empty or new folder it marks and deletes in"
+        " (default: OUT/hub-cache)",
     )  # fmt: skip
     record.add_argument(
         "--keep-checkpoints", action="store_true",
-        help="--model: keep the revisions the sweep downloads in the hub cache",
+        help="--model: download into your hub cache (HF_HUB_CACHE) and keep every revision",
     )  # fmt: skip
     record.add_argument(
         "--trust-pickle", action="store_true", help="allow pickled .pt files (trusted only)"

@@ -279,7 +279,8 @@ class LoopbackHub:
     `fake_hub_model` names them.  Every byte sent goes through one token bucket of
     `bandwidth` bytes per second (None: unthrottled), so parallel downloads share the link.
 
-    repos: {repo_id: {revision: folder}}.  ``sent`` counts bytes per (repo, revision, file);
+    repos: {repo_id: {revision: folder}}; mirrors: {repo_id: repo_id} of repositories whose
+    commits have the hashes of another's (``git push --mirror`` keeps them).  ``sent`` counts bytes per (repo, revision, file);
     ``requests`` lists (method, path, Range header, time.time()); `on_chunk(repo, revision,
     file, sent_so_far, size)` is called after every chunk sent.  Point `huggingface_hub` at
     it with ``HF_ENDPOINT = hub.endpoint`` (read when huggingface_hub is imported) or `use`
@@ -288,9 +289,10 @@ class LoopbackHub:
 
     CHUNK = 1 << 16
 
-    def __init__(self, repos, bandwidth: float | None = None, on_chunk=None):
+    def __init__(self, repos, bandwidth: float | None = None, on_chunk=None, mirrors=None):
         import threading
 
+        self.mirrors = dict(mirrors or {})  # {repo: the repo whose commit hashes it has}
         self.repos = {
             repo: {rev: Path(folder) for rev, folder in revisions.items()}
             for repo, revisions in repos.items()
@@ -311,9 +313,13 @@ class LoopbackHub:
     def commit_of(repo: str, revision: str) -> str:
         return hashlib.sha1(f"{repo}@{revision}".encode()).hexdigest()
 
+    def commit(self, repo: str, revision: str) -> str:
+        """The commit `revision` of `repo` resolves to here (a mirror's is its original's)."""
+        return self.commit_of(self.mirrors.get(repo, repo), revision)
+
     def _revision(self, repo: str, revision: str) -> str | None:
         for name in self.repos.get(repo, {}):
-            if revision in (name, self.commit_of(repo, name)):
+            if revision in (name, self.commit(repo, name)):
                 return name
         if revision == "main" and self.repos.get(repo):
             return list(self.repos[repo])[-1]
@@ -435,7 +441,7 @@ class LoopbackHub:
             if name is None:
                 code = "RepoNotFound" if repo not in self.repos else "RevisionNotFound"
                 return self._error(handler, code, 404 if code == "RevisionNotFound" else 401)
-            commit = self.commit_of(repo, name)
+            commit = self.commit(repo, name)
             entry = next((e for e in self._entries(repo, name) if e["path"] == file), None)
             if entry is None:
                 return self._error(handler, "EntryNotFound", commit=commit)
@@ -467,7 +473,7 @@ class LoopbackHub:
         name = self._revision(repo, revision)
         if name is None:
             return self._error(handler, "RevisionNotFound")
-        commit = self.commit_of(repo, name)
+        commit = self.commit(repo, name)
         entries = self._entries(repo, name)
         if kind == "tree":
             data = [

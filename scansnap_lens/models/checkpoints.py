@@ -57,7 +57,7 @@ class Checkpoint:
     source: str
     loader: Callable[[], Any]
     revision: str | None = None  # the hub revision that holds it
-    path: Path | None = None  # the local file or folder that holds it
+    path: Path | None = None  # the local file or folder that holds it (a revision's snapshot)
 
     def load(self):
         return self.loader()
@@ -111,22 +111,20 @@ def pretrained(
     available, unit = hub.checkpoint_labels(name)
     chosen = select_steps(available, steps)
 
-    def loader(step):
-        def load():
-            model = hub.load_labelled(name, step, backend, **load_kwargs)
+    revisions = hub.family(name) in ("pythia", "crfm")
+
+    def checkpoint(step: int) -> Checkpoint:
+        revision = hub.revision_of(name, step) if revisions else None
+        held = Checkpoint(step, f"{name}@{step}", lambda: None, revision)
+
+        def load():  # from the snapshot a sweep put on disk (`path`), or as the hub gives it
+            model = hub.load_labelled(name, step, backend, folder=held.path, **load_kwargs)
             return model if device is None else model.to(device)
 
-        return load
+        held.loader = load
+        return held
 
-    revisions = hub.family(name) in ("pythia", "crfm")
-    return CheckpointSource(
-        name,
-        [
-            Checkpoint(s, f"{name}@{s}", loader(s), hub.revision_of(name, s) if revisions else None)
-            for s in chosen
-        ],
-        step_unit=unit,
-    )
+    return CheckpointSource(name, [checkpoint(s) for s in chosen], step_unit=unit)
 
 
 def checkpoint_labels(name: str) -> tuple[list[int], str]:

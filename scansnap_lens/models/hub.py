@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,17 +35,21 @@ from scansnap_lens.models import backend as be
 from scansnap_lens.models.formats import CheckpointError
 
 __all__ = [
+    "RevisionInfo",
     "cache_dir",
     "cached_commit",
     "checkpoint_labels",
-    "delete_revision",
+    "delete_snapshot",
     "fetch_revision",
     "label_of_file",
     "load_labelled",
     "offline",
     "remove_orphans",
     "revision_files",
+    "revision_info",
     "revision_of",
+    "snapshot_in",
+    "snapshots",
 ]
 
 LEGACY_TL = ("NeelNanda/", "ArthurConmy/", "Baidicoot/")
@@ -96,8 +101,8 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HF_HUB_CACHE", HF_HUB_CACHE))
 
 
-def _repo_folder(name: str) -> Path:
-    return cache_dir() / ("models--" + name.replace("/", "--"))
+def _repo_folder(name: str, cache: Path | None = None) -> Path:
+    return (cache or cache_dir()) / ("models--" + name.replace("/", "--"))
 
 
 def _cached_files(name: str) -> list[str] | None:
@@ -180,9 +185,12 @@ def _legacy_fields(name: str) -> dict:
     return fields
 
 
-def load_labelled(name: str, label: int, backend: str | None = None, **load_kwargs):
+def load_labelled(
+    name: str, label: int, backend: str | None = None, folder: Path | None = None, **load_kwargs
+):
     """The model of checkpoint `label` of `name`, from exactly the revision or file that holds
-    it; a recording sees which (``source``)."""
+    it; a recording sees which (``source``).  folder: the revision's snapshot, already on disk
+    (a sweep's): read from there, nothing downloaded or written to any cache."""
     backend = be.resolve_backend(backend)
     kind = family(name)
     if load_kwargs and (backend != "hooked" or kind == "legacy-tl"):
@@ -192,37 +200,14 @@ def load_labelled(name: str, label: int, backend: str | None = None, **load_kwar
             " Pythia or stanford-crfm)"
         )
     if kind == "legacy-tl":
-        files = legacy_files(name)
-        if label not in files:
-            raise CheckpointError(f"{name}: no checkpoint file has label {label}")
-        file = files[label]
-        if label_of_file(file) != label:  # the exact match TransformerLens 3.9 does not make
-            raise CheckpointError(f"{name}: {file} does not hold label {label}")
-        state = torch.load(_hub_file(name, file), map_location="cpu", weights_only=True)
-        fields = _legacy_fields(name)
-        model = be.build_model(fields, backend)
-        try:
-            be.load_weights(model, state, f"{name}/{file}")
-        except ValueError as err:
-            raise CheckpointError(str(err)) from None
-        return model.eval()
+        return _load_legacy(name, label, backend)
     revision = revision_of(name, label)
     if backend == "hooked":
-        from transformer_lens import HookedTransformer
-
-        try:
-            model = HookedTransformer.from_pretrained(name, checkpoint_value=label, **load_kwargs)
-        except (OSError, ValueError) as err:
-            hint = f" ({_download_hint(name, '@' + revision)})" if offline() else ""
-            raise CheckpointError(f"{name} checkpoint {label}: {err}{hint}") from None
-        if getattr(model.cfg, "checkpoint_value", label) != label:
-            raise CheckpointError(
-                f"{name}: asked for checkpoint {label}, TransformerLens loaded"
-                f" {model.cfg.checkpoint_value}"
-            )
-        return model.eval()
+        return _load_hooked(name, label, folder, **load_kwargs)
     from scansnap_lens.models.formats import hf_folder_model
 
+    if folder is not None:
+        return hf_folder_model(folder).eval()
     folder = fetch_revision(name, revision)
     ref = folder.parents[1] / "refs" / revision
     if ref.is_file() and ref.read_text().strip() != folder.name:
@@ -233,44 +218,140 @@ def load_labelled(name: str, label: int, backend: str | None = None, **load_kwar
     return hf_folder_model(folder).eval()
 
 
+def _load_legacy(name: str, label: int, backend: str):
+    files = legacy_files(name)
+    if label not in files:
+        raise CheckpointError(f"{name}: no checkpoint file has label {label}")
+    file = files[label]
+    if label_of_file(file) != label:  # the exact match TransformerLens 3.9 does not make
+        raise CheckpointError(f"{name}: {file} does not hold label {label}")
+    state = torch.load(_hub_file(name, file), map_location="cpu", weights_only=True)
+    fields = _legacy_fields(name)
+    model = be.build_model(fields, backend)
+    try:
+        be.load_weights(model, state, f"{name}/{file}")
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
+    return model.eval()
+
+
+def _load_hooked(name: str, label: int, folder: Path | None, **load_kwargs):
+    """HookedTransformer.from_pretrained at `label`.  With `folder` (a snapshot in a cache),
+    the Hugging Face model and tokenizer load from there, and TransformerLens reads that
+    revision's config from the same cache, files only: it writes to no cache."""
+    from transformer_lens import HookedTransformer
+
+    revision = revision_of(name, label)
+    try:
+        if folder is None:
+            model = HookedTransformer.from_pretrained(name, checkpoint_value=label, **load_kwargs)
+        else:
+            import transformers
+
+            hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), weights_only=True)
+            tokenizer = None
+            if any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+                tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+            model = HookedTransformer.from_pretrained(
+                name, hf_model=hf, tokenizer=tokenizer, revision=folder.name,
+                cache_dir=str(folder.parents[2]), local_files_only=True, **load_kwargs,
+            )  # fmt: skip
+            model.cfg.checkpoint_value, model.cfg.from_checkpoint = label, True
+    except (OSError, ValueError, RuntimeError) as err:
+        hint = f" ({_download_hint(name, '@' + revision)})" if offline() and folder is None else ""
+        raise CheckpointError(f"{name} checkpoint {label}: {err}{hint}") from None
+    if getattr(model.cfg, "checkpoint_value", label) != label:
+        raise CheckpointError(
+            f"{name}: asked for checkpoint {label}, TransformerLens loaded"
+            f" {model.cfg.checkpoint_value}"
+        )
+    return model.eval()
+
+
 # ------------------------------------------------------------------ revisions on disk
 # Weight formats a recording does not read: other frameworks' files, never downloaded.
 _OTHER_FRAMEWORKS = (".h5", ".msgpack", ".ot", ".onnx", ".tflite", ".mlmodel", ".gguf")
+WEIGHTS = (".safetensors", ".bin", ".pt", ".pth")  # files whose content is the weights
 
 
-def revision_files(name: str, revision: str) -> dict[str, int]:
-    """{file: bytes} of what loading `revision` reads: every file of it but weights in
-    other frameworks' formats, and PyTorch ``.bin`` weights only where it has no
-    safetensors (transformers loads those first), from the hub's listing."""
+@dataclass(frozen=True)
+class RevisionInfo:
+    """What the hub lists of one revision: the commit it resolves to, and of each file that
+    loading reads (`revision_files`) its bytes and content id (the LFS sha256 of a weights
+    file, else the git blob id)."""
+
+    commit: str
+    files: dict[str, int]
+    ids: dict[str, str]
+
+    def weights_id(self) -> tuple[str, ...]:
+        """The content ids of its weights files: equal where two revisions serve the same
+        weights, whatever their names."""
+        return tuple(self.ids[f] for f in sorted(self.files) if f.endswith(WEIGHTS))
+
+
+def revision_info(name: str, revision: str) -> RevisionInfo:
+    """The commit, files, sizes and content ids of `revision`, from the hub's listing."""
     from huggingface_hub import HfApi
 
     try:
         info = HfApi().model_info(name, revision=revision, files_metadata=True)
     except Exception as err:  # connection and HTTP errors
         raise CheckpointError(f"{name}@{revision}: cannot list its files ({err})") from None
-    sizes = {s.rfilename: int(s.size or 0) for s in info.siblings or []}
-    has_safetensors = any(f.endswith(".safetensors") for f in sizes)
-    return {
-        f: n
-        for f, n in sizes.items()
+    siblings = {s.rfilename: s for s in info.siblings or []}
+    has_safetensors = any(f.endswith(".safetensors") for f in siblings)
+    read = [
+        f
+        for f in siblings
         if not f.endswith(_OTHER_FRAMEWORKS)
         and not (has_safetensors and f.endswith((".bin", ".bin.index.json")))
-    }
+    ]
+    ids = {}
+    for f in read:
+        lfs = siblings[f].lfs
+        sha = getattr(lfs, "sha256", None) if lfs is not None else None
+        ids[f] = str(sha or siblings[f].blob_id or "")
+    return RevisionInfo(str(info.sha), {f: int(siblings[f].size or 0) for f in read}, ids)
 
 
-def cached_commit(name: str, revision: str) -> str | None:
-    """The commit `revision` of `name` resolves to in the cache, where its snapshot is there."""
-    ref = _repo_folder(name) / "refs" / revision
+def revision_files(name: str, revision: str) -> dict[str, int]:
+    """{file: bytes} of what loading `revision` reads: every file of it but weights in
+    other frameworks' formats, and PyTorch ``.bin`` weights only where it has no
+    safetensors (transformers loads those first), from the hub's listing."""
+    return revision_info(name, revision).files
+
+
+def cached_commit(name: str, revision: str, cache: Path | None = None) -> str | None:
+    """The commit `revision` of `name` resolves to in `cache` (default: the hub cache), where
+    its snapshot is there."""
+    repo = _repo_folder(name, cache)
+    ref = repo / "refs" / revision
     if not ref.is_file():
         return None
     commit = ref.read_text().strip()
-    return commit if (_repo_folder(name) / "snapshots" / commit).is_dir() else None
+    return commit if (repo / "snapshots" / commit).is_dir() else None
 
 
-def fetch_revision(name: str, revision: str, files=None) -> Path:
-    """Download `files` of `revision` (default: `revision_files`) into the hub cache,
-    resuming partial files and skipping those there already; the snapshot folder.  Offline,
-    the cached snapshot."""
+def snapshot_in(
+    cache: Path, name: str, revision: str, commit: str | None = None, files=None
+) -> Path | None:
+    """The snapshot folder of `name` at `revision` in `cache`, found by its ref or by its
+    `commit` (a revision pinned by hash has no ref), holding every one of `files`; or None.
+    Reads only."""
+    repo = _repo_folder(name, cache)
+    for found in (commit, cached_commit(name, revision, cache)):
+        if found is None or not re.fullmatch(r"[0-9a-f]{40}", found):
+            continue
+        folder = repo / "snapshots" / found
+        if folder.is_dir() and all((folder / f).is_file() for f in files or ()):
+            return folder
+    return None
+
+
+def fetch_revision(name: str, revision: str, files=None, cache: Path | None = None) -> Path:
+    """Download `files` of `revision` (default: `revision_files`) into `cache` (default: the
+    hub cache), skipping those there already; the snapshot folder.  Offline, the cached
+    snapshot."""
     from huggingface_hub import snapshot_download
 
     try:
@@ -279,7 +360,7 @@ def fetch_revision(name: str, revision: str, files=None) -> Path:
         patterns = None if files is None else sorted(files)
         return Path(
             snapshot_download(
-                name, revision=revision, allow_patterns=patterns, cache_dir=cache_dir()
+                name, revision=revision, allow_patterns=patterns, cache_dir=cache or cache_dir()
             )
         )
     except Exception as err:
@@ -288,12 +369,58 @@ def fetch_revision(name: str, revision: str, files=None) -> Path:
         raise CheckpointError(f"{name}@{revision}: cannot download ({err})") from None
 
 
+def snapshots(cache: Path, name: str) -> dict[str, str]:
+    """{ref: commit} of the snapshots of `name` in `cache` that a ref names."""
+    refs = _repo_folder(name, cache) / "refs"
+    if not refs.is_dir():
+        return {}
+    found = (p for p in refs.rglob("*") if p.is_file())
+    return {p.relative_to(refs).as_posix(): p.read_text().strip() for p in found}
+
+
+def delete_snapshot(cache: Path, name: str, revision: str) -> int:
+    """Delete `revision` of `name` from `cache`: its snapshot, the refs naming its commit,
+    and the blobs no other snapshot of `name` in `cache` uses; the bytes freed.  Only inside
+    ``cache/models--{name}``: another repository's snapshot of the same commit (a mirror)
+    is never touched.  Only for a cache the caller owns (the sweep's)."""
+    import shutil
+
+    repo = _repo_folder(name, cache)
+    commit = (repo / "refs" / revision).read_text().strip() if (
+        repo / "refs" / revision
+    ).is_file() else None  # fmt: skip
+    if commit is None or not re.fullmatch(r"[0-9a-f]{40}", commit):
+        return 0
+    folder = repo / "snapshots" / commit
+
+    def blobs_of(snapshot: Path) -> set[Path]:
+        return {
+            (p.parent / os.readlink(p)).resolve() for p in snapshot.rglob("*") if p.is_symlink()
+        }
+
+    used = set()
+    for other in (repo / "snapshots").iterdir() if (repo / "snapshots").is_dir() else ():
+        if other.name != commit:
+            used |= blobs_of(other)
+    freed = 0
+    blobs = (repo / "blobs").resolve()
+    for blob in blobs_of(folder) - used if folder.is_dir() else ():
+        if blob.parent == blobs and blob.is_file():
+            freed += blob.stat().st_size
+            blob.unlink()
+    shutil.rmtree(folder, ignore_errors=True)
+    for ref, named in snapshots(cache, name).items():
+        if named == commit:
+            (repo / "refs" / ref).unlink(missing_ok=True)
+    return freed
+
+
 # huggingface_hub >= 1.x downloads into ``<etag>.<id>.incomplete``, unique to the process, and
 # never reuses one: a killed download leaves it behind for good.
 _PARTIAL = re.compile(r"^([0-9a-f]{40}|[0-9a-f]{64})\.[0-9a-f]{8}\.incomplete$")
 
 
-def remove_orphans(name: str) -> int:
+def remove_orphans(name: str, cache: Path | None = None) -> int:
     """Delete the partial downloads killed processes left in `name`'s blobs (files no process
     can resume), where no download holds the file's lock (huggingface_hub's flock on
     ``.locks/<repo>/<etag>.lock``); the bytes freed.  Only where flock exists (not Windows)."""
@@ -303,9 +430,9 @@ def remove_orphans(name: str) -> int:
         return 0
     from scansnap_lens._io import open_lock
 
-    repo = _repo_folder(name)
+    repo = _repo_folder(name, cache)
     blobs = repo / "blobs"
-    locks = cache_dir() / ".locks" / repo.name
+    locks = (cache or cache_dir()) / ".locks" / repo.name
     if not blobs.is_dir():
         return 0
     freed = 0
@@ -331,28 +458,3 @@ def remove_orphans(name: str) -> int:
             if handle is not None:
                 handle.close()  # closing releases the flock
     return freed
-
-
-def delete_revision(name: str, revision: str, ours: set[str]) -> int:
-    """Delete `revision`'s snapshot and the blobs no other snapshot uses from the hub cache;
-    the bytes freed.  Nothing is deleted where another ref than those in `ours` (the
-    revisions a sweep downloaded itself) points at the same commit: Pythia's ``main`` is its
-    last step, and a ``main`` cached before stays whole."""
-    from huggingface_hub import scan_cache_dir
-
-    commit = cached_commit(name, revision)
-    if commit is None:
-        return 0
-    refs = _repo_folder(name) / "refs"
-    sharing = {
-        p.relative_to(refs).as_posix()
-        for p in refs.rglob("*")
-        if p.is_file() and p.read_text().strip() == commit
-    }
-    if sharing - set(ours):
-        return 0
-    strategy = scan_cache_dir(cache_dir()).delete_revisions(commit)
-    strategy.execute()
-    for ref in sharing:  # deleted with the snapshot; a ref left over would point at nothing
-        (refs / ref).unlink(missing_ok=True)
-    return int(strategy.expected_freed_size)

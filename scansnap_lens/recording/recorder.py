@@ -432,26 +432,32 @@ class Recorder:
         on_error: str = "raise",
         on_disk: int = ON_DISK,
         keep_checkpoints: bool = False,
+        download_dir: str | Path | None = None,
     ) -> Trajectory:
         """Record every checkpoint of `source` not yet done, one model in memory at a time,
         the next one fetched in the background meanwhile (`sweep`).
 
         on_error: "raise" stops at an unreadable checkpoint (everything recorded so far stays
         saved); "skip" notes it in the manifest's ``skipped`` list and goes on.
-        on_disk: hub revisions of the sweep on disk at once (the one recording included);
-        each revision it downloaded is deleted from the hub cache once recorded, unless
-        keep_checkpoints.  Revisions cached before the sweep are never deleted.
+        on_disk: hub revisions of the sweep on disk at once (the one recording included).
+        Revisions your hub cache holds are read from it, never changed; the others download
+        into the sweep's own cache (``download_dir``, default ``hub-cache/`` in the recording
+        folder) and are deleted from it once recorded, unless keep_checkpoints (then into
+        your hub cache, kept).
         """
+        fetcher = None
         try:
             todo = self._begin(source, on_error)
-            fetcher = fetcher_for(source, on_disk, keep_checkpoints)
-            if fetcher is not None and todo:
-                if fetcher.writes:  # its bookkeeping: one sweep in a folder at a time
+            fetcher = fetcher_for(source, on_disk, keep_checkpoints, download_dir)
+            if fetcher is not None:  # with nothing to record, it still cleans up
+                if getattr(fetcher, "writes", False):  # one sweep in a folder at a time
                     self.lock.acquire()
                 fetcher.prepare(todo, self.done, self.out)
             self._record_sequentially(todo, on_error, fetcher)
             self._end()
         finally:
+            if fetcher is not None:
+                fetcher.close()
             self.lock.release()
         return self.trajectory()
 

@@ -1,20 +1,22 @@
 """A sweep: checkpoints brought onto disk ahead of the recorder, at most `on_disk` at a time.
 
 While checkpoint k records, one background thread fetches checkpoint k+1: it downloads a
-hub revision into the Hugging Face cache, or reads a local checkpoint's files through (warm in
-the page cache, for slow or network storage).  A sweep's wall time then nears the larger of
-fetching and recording, not their sum.
+hub revision, or reads a local checkpoint's files through (warm in the page cache, for slow
+or network storage).  A sweep's wall time then nears the larger of fetching and recording,
+not their sum.
 
-A hub sweep keeps at most `on_disk` revisions of its own on disk (default 2: the one
-recording and the one downloading) and deletes each revision it downloaded once recorded,
-blobs shared with other snapshots aside.  A revision that was in the cache before the sweep
-is never deleted: ``downloads.json`` in the recording folder names the revisions the sweep
-downloaded itself (written before each download starts), so a killed sweep resumes knowing
-them: it re-records nothing (the manifest), re-downloads no file it had whole (the cache),
-deletes what it had recorded but not yet deleted, and removes the partial file a killed
-download left (`huggingface_hub` >= 1.0 writes each download to a name of its own and never
-resumes one: that file downloads anew).  ``keep_checkpoints=True`` deletes nothing.  It
-refuses to start, with sizes, where the cache's disk cannot hold `on_disk` revisions.
+A hub sweep downloads only into a cache of its own (`SweepCache`: ``hub-cache/`` in the
+recording folder, or ``download_dir``), a folder it made and marked, and deletes only there,
+by repository and revision: each revision it downloaded, once recorded, and at the start of
+every run whatever a killed run left that is not still to record.  Revisions you already
+have in your hub cache (``HF_HUB_CACHE``), by branch name or pinned by commit hash, are
+read from there and nothing is ever written or deleted in it.  At most `on_disk` revisions
+of the sweep are on disk at once (default 2: the one recording and the one downloading).  A
+killed sweep resumes: it re-records nothing (the manifest), re-downloads no file it had
+whole (its cache), and removes the partial file a killed download left (`huggingface_hub`
+>= 1.0 never resumes one).  ``keep_checkpoints=True`` downloads into your hub cache instead,
+as ``from_pretrained`` would, and deletes nothing: what it kept is yours from then on.  It
+refuses to start, with sizes, where the disk cannot hold what it needs.
 
 >>> [checkpoint.step for checkpoint, error in Ahead([], None)]
 []
@@ -32,20 +34,26 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from scansnap_lens._io import refuse_link, write_text
+from scansnap_lens._io import make_folder, open_lock, refuse_link, write_text
 from scansnap_lens.models import hub
-from scansnap_lens.models.checkpoints import Checkpoint, CheckpointError, CheckpointSource
+from scansnap_lens.models.checkpoints import Checkpoint, CheckpointSource
 from scansnap_lens.recording.budget import size_text
 
-__all__ = ["ON_DISK", "Ahead", "DiskError", "HubRevisions", "ReadAhead", "fetcher_for"]
+try:
+    import fcntl
+except ImportError:  # not POSIX: one sweep per cache is then the user's to keep
+    fcntl = None
+
+__all__ = ["ON_DISK", "Ahead", "DiskError", "HubRevisions", "ReadAhead", "SweepCache",
+           "fetcher_for"]  # fmt: skip
 
 ON_DISK = 2  # revisions of a hub sweep on disk at once: the one recording, the next
-DOWNLOADS = "downloads.json"  # in the recording folder: revisions the sweep downloaded
+CACHE = "hub-cache"  # the sweep's own cache, in the recording folder unless named
 _READ_CHUNK = 1 << 23
 
 
 class DiskError(OSError):
-    """The disk that holds the hub cache cannot hold what the sweep needs."""
+    """The disk that holds the sweep's downloads cannot hold what the sweep needs."""
 
 
 def _free_bytes(path: Path) -> int:
@@ -54,121 +62,227 @@ def _free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
+def _same_or_inside(a: Path, b: Path) -> bool:
+    a, b = a.resolve(), b.resolve()
+    return a == b or b in a.parents or a in b.parents
+
+
+class SweepCache:
+    """A hub cache the sweep owns: a folder it made (or found empty) and marked with
+    ``.scansnap-sweep-cache``; nothing else is ever deleted.  Held by one sweep at a time
+    (an flock on the mark, released when the process ends, so a killed sweep leaves no
+    stale lock); a second sweep naming the same folder is refused."""
+
+    MARK = ".scansnap-sweep-cache"
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self._handle = None
+
+    def open(self) -> SweepCache:
+        folder, mark = self.folder, self.folder / self.MARK
+        refuse_link(folder)
+        if _same_or_inside(folder, hub.cache_dir()):
+            raise ValueError(
+                f"{folder} is (or holds, or is inside) your hub cache {hub.cache_dir()}: the"
+                " sweep downloads into a folder of its own (download_dir, --download-dir)"
+            )
+        if folder.exists() and not mark.is_file() and any(folder.iterdir()):
+            raise ValueError(
+                f"{folder} holds files the sweep did not put there: name an empty or new folder"
+                " for its downloads (download_dir, --download-dir); it deletes what it downloads"
+            )
+        make_folder(folder)
+        if not mark.is_file():
+            write_text(mark, json.dumps({"made_by": "scansnap_lens sweep", "deletes": "only"
+                                         " revisions it downloaded here"}))  # fmt: skip
+        self._handle = open_lock(mark)
+        if fcntl is not None:
+            try:
+                fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._handle.close()
+                self._handle = None
+                raise ValueError(
+                    f"{folder} is the download folder of a sweep running now: give this one"
+                    " another (download_dir, --download-dir), or wait for it"
+                ) from None
+        return self
+
+    def close(self, remove_if_empty: bool = True) -> None:
+        """Release it; remove the folder where no snapshot is left in it."""
+        if self._handle is None:
+            return
+        try:
+            if remove_if_empty and not any(self.folder.glob("models--*/snapshots/*")):
+                shutil.rmtree(self.folder, ignore_errors=True)
+        finally:
+            self._handle.close()  # closing releases the flock
+            self._handle = None
+
+
 class HubRevisions:
-    """Fetches and deletes the hub revisions of a `CheckpointSource` from `pretrained`."""
+    """Fetches the hub revisions of a `CheckpointSource` from `pretrained`: from your hub
+    cache where it holds them (read only), else downloaded into the sweep's own cache and
+    deleted from there once recorded (into your hub cache, kept, with `keep_checkpoints`)."""
 
-    writes = True  # downloads.json in the recording folder
+    writes = True  # its cache is in the recording folder by default
 
-    def __init__(self, name: str, on_disk: int = ON_DISK, keep_checkpoints: bool = False):
+    def __init__(
+        self,
+        name: str,
+        on_disk: int = ON_DISK,
+        keep_checkpoints: bool = False,
+        download_dir: str | Path | None = None,
+    ):
         if on_disk < 1:
             raise ValueError(f"on_disk must be at least 1 (the revision recording), got {on_disk}")
         self.name, self.on_disk, self.keep = name, int(on_disk), keep_checkpoints
-        self.ours: set[str] = set()  # revisions this sweep downloaded and has not deleted
-        self._file: Path | None = None
+        self.download_dir = None if download_dir is None else Path(download_dir)
+        self.cache: SweepCache | None = None
+        self.infos: dict[str, hub.RevisionInfo] = {}  # revision -> what the hub lists
+        self.held: dict[str, Path] = {}  # revision -> a snapshot in your cache, read only
         self._lock = threading.Lock()
-        self._sizes: dict[str, dict[str, int]] = {}
 
-    # ---------------------------------------------------------------- bookkeeping
-    def _save(self) -> None:
-        if self._file is not None:
-            data = {"repo": self.name, "cache": str(hub.cache_dir())}
-            data["revisions"] = sorted(self.ours)
-            write_text(self._file, json.dumps(data, indent=1))
+    # ---------------------------------------------------------------- what the hub lists
+    def info(self, revision: str) -> hub.RevisionInfo:
+        with self._lock:
+            known = self.infos.get(revision)
+        if known is None:
+            known = hub.revision_info(self.name, revision)
+            with self._lock:
+                self.infos[revision] = known
+        return known
 
-    def _load(self, folder: Path) -> None:
-        """The revisions an earlier sweep into `folder` downloaded into this same cache: a
-        file naming another repository or cache (a folder from elsewhere) deletes nothing."""
-        self._file = folder / DOWNLOADS
-        refuse_link(self._file)  # what it names gets deleted: never read through a link
-        if not self._file.is_file():
+    def list(self, checkpoints: list[Checkpoint]) -> None:
+        """Ask the hub for every revision's commit and files once (offline: nothing)."""
+        if hub.offline():
             return
-        try:
-            data = json.loads(self._file.read_text())
-            ours = data.get("repo") == self.name and data.get("cache") == str(hub.cache_dir())
-            self.ours = {str(r) for r in data["revisions"]} if ours else set()
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise CheckpointError(
-                f"{self._file}: cannot read which revisions the sweep downloaded ({err}):"
-                " remove the file (revisions it named then stay in the hub cache)"
-            ) from None
+        todo = [c.revision for c in checkpoints if c.revision not in self.infos]
+        for revision in tqdm(todo, desc="listing revisions", unit="rev", delay=2):
+            self.info(revision)
 
-    def _files(self, revision: str) -> dict[str, int]:
-        if revision not in self._sizes:
-            self._sizes[revision] = hub.revision_files(self.name, revision)
-        return self._sizes[revision]
+    def weights_ids(self, checkpoints: list[Checkpoint]) -> dict[int, tuple]:
+        """{step: content ids of its weights files} from the hub's listing (LFS sha256), or
+        from the blobs' names of a cached snapshot offline; steps with neither left out."""
+        self.list(checkpoints)
+        out = {}
+        for c in checkpoints:
+            info = self.infos.get(c.revision)
+            if info is not None:
+                out[c.step] = info.weights_id()
+                continue
+            folder = self._on_disk(c.revision)
+            if folder is not None:
+                out[c.step] = tuple(
+                    os.readlink(p).rsplit("/", 1)[-1] if p.is_symlink() else p.name
+                    for p in sorted(folder.iterdir())
+                    if p.name.endswith(hub.WEIGHTS)
+                )
+        return out
+
+    # ---------------------------------------------------------------- where a revision is
+    def _users(self, revision: str) -> Path | None:
+        """The revision's snapshot in your hub cache, by ref or by commit, whole; or None."""
+        info = self.infos.get(revision)
+        commit, files = (info.commit, info.files) if info is not None else (None, None)
+        return hub.snapshot_in(hub.cache_dir(), self.name, revision, commit, files)
+
+    def _ours(self, revision: str) -> Path | None:
+        if self.cache is None:
+            return None
+        info = self.infos.get(revision)
+        commit, files = (info.commit, info.files) if info is not None else (None, None)
+        return hub.snapshot_in(self.cache.folder, self.name, revision, commit, files)
+
+    def _on_disk(self, revision: str) -> Path | None:
+        return self._users(revision) or self._ours(revision)
 
     # ---------------------------------------------------------------- the fetcher protocol
     def prepare(self, todo: list[Checkpoint], done: set[int], folder: Path) -> None:
-        """Before the first fetch: delete what a killed sweep recorded but kept, and refuse
-        a sweep the cache's disk cannot hold."""
-        self._load(folder)
-        hub.remove_orphans(self.name)  # what a killed download left: it resumes anew
-        recorded = {hub.revision_of(self.name, step) for step in done}
-        for revision in sorted(self.ours & recorded):
-            self._release(revision)
-        missing = [c for c in todo if c.revision is not None and self._downloads(c.revision)]
+        """Before the first fetch: open the sweep's cache and delete from it every revision
+        not still to record (a killed run's), find the revisions your cache holds, and
+        refuse a sweep the disk cannot hold."""
+        place = self.download_dir or Path(folder) / CACHE
+        if not self.keep or place.exists():
+            self.cache = SweepCache(place).open()
+            hub.remove_orphans(self.name, self.cache.folder)  # a killed download's: anew
+            wanted = {c.revision for c in todo}
+            for revision in sorted(hub.snapshots(self.cache.folder, self.name)):
+                if revision not in wanted:
+                    hub.delete_snapshot(self.cache.folder, self.name, revision)
+        self.list(todo)
+        for c in todo:
+            users = self._users(c.revision)
+            if users is not None:
+                self.held[c.revision] = users
+        missing = [c for c in todo if self._on_disk(c.revision) is None]
         if not missing or hub.offline():
             return
-        sizes = self._files(missing[0].revision)
-        one = sum(sizes.values())
-        held = min(self.on_disk, len(missing)) if not self.keep else len(missing)
-        free = _free_bytes(hub.cache_dir())
+        one = sum(self.info(missing[0].revision).files.values())
+        target = hub.cache_dir() if self.keep else self.cache.folder
+        held = len(missing) if self.keep else min(self.on_disk, len(missing))
+        free = _free_bytes(target)
         if held * one > free:
-            keep = (
-                "--keep-checkpoints keeps every revision"
-                if self.keep
-                else f"{self.on_disk} on disk at once (on_disk, --on-disk)"
-            )
-            raise DiskError(
-                f"{self.name}: a revision is {size_text(one)} ({missing[0].revision}), and"
-                f" {keep} needs {size_text(held * one)}; the disk of the hub cache"
-                f" {hub.cache_dir()} has {size_text(free)} free: free space, keep fewer"
-                " revisions on disk (--on-disk 1), or point HF_HUB_CACHE at a larger disk"
-            )
+            raise DiskError(self._too_small(missing[0].revision, one, held, free, target))
+        where = "your hub cache, kept" if self.keep else f"{target}, each deleted once recorded"
         tqdm.write(
             f"sweep: {len(missing)} revisions of {self.name} to download, about"
             f" {size_text(one)} each ({size_text(one * len(missing))} in all); at most"
-            f" {held} on disk at once ({size_text(held * one)}; {size_text(free)} free)"
-            + ("" if self.keep else ", each deleted once recorded")
+            f" {held} on disk at once ({size_text(held * one)}; {size_text(free)} free), into"
+            f" {where}; {len(self.held)} read from your hub cache"
         )
 
-    def _downloads(self, revision: str) -> bool:
-        """Whether fetching `revision` downloads: it is not in the cache, or half there."""
-        return hub.cached_commit(self.name, revision) is None or revision in self.ours
+    def _too_small(self, revision: str, one: int, held: int, free: int, target: Path) -> str:
+        how = "(keep_checkpoints keeps every one)" if self.keep else "at once (on_disk, --on-disk)"
+        start = (
+            f"{self.name}: a revision is {size_text(one)} ({revision}), and {held} on disk"
+            f" {how} need {size_text(held * one)}; the disk of {target} has {size_text(free)}"
+            " free:"
+        )
+        if self.keep:
+            return (
+                f"{start} free space, point HF_HUB_CACHE at a larger disk, or record without"
+                f" keep_checkpoints (--keep-checkpoints): then at most {self.on_disk} on disk at"
+                f" once, {size_text(self.on_disk * one)}"
+            )
+        fewer = " keep fewer on disk (on_disk=1, --on-disk 1)," if self.on_disk > 1 else ""
+        return (
+            f"{start} free space,{fewer} or put the downloads on a larger disk (download_dir,"
+            " --download-dir)"
+        )
 
     def fetch(self, checkpoint: Checkpoint) -> None:
         revision = checkpoint.revision
-        if hub.offline() or revision is None:
-            return  # offline, loading reads the cache (and names what is missing)
-        if not self._downloads(revision):
-            return  # cached before the sweep: loaded as it is, never deleted
-        files = self._files(revision)
-        with self._lock:
-            if revision not in self.ours:
-                self.ours.add(revision)
-                self._save()  # before the first byte: a kill leaves it known as ours
+        if revision is None:
+            return
+        found = self.held.get(revision) or self._ours(revision)
+        if found is not None:
+            checkpoint.path = found
+            return
+        if hub.offline():  # neither cache holds it: the error names what to download
+            hub.fetch_revision(self.name, revision, cache=hub.cache_dir())
+        files = self.info(revision).files
+        target = hub.cache_dir() if self.keep else self.cache.folder
         need = sum(files.values())
-        free = _free_bytes(hub.cache_dir())
+        free = _free_bytes(target)
         if need > free:
             raise DiskError(
-                f"{self.name}@{revision} needs {size_text(need)}, the disk of the hub cache has"
+                f"{self.name}@{revision} needs {size_text(need)}, the disk of {target} has"
                 f" {size_text(free)} free: free space and run again to resume"
             )
-        hub.fetch_revision(self.name, revision, files)
+        checkpoint.path = hub.fetch_revision(self.name, revision, files, cache=target)
 
     def release(self, checkpoint: Checkpoint) -> None:
-        if checkpoint.revision is not None:
-            self._release(checkpoint.revision)
-
-    def _release(self, revision: str) -> None:
-        if self.keep:
+        revision, checkpoint.path = checkpoint.revision, None
+        if revision is None or self.keep or self.cache is None or revision in self.held:
             return
         with self._lock:
-            if revision not in self.ours:
-                return
-            hub.delete_revision(self.name, revision, self.ours)
-            self.ours.discard(revision)
-            self._save()
+            hub.delete_snapshot(self.cache.folder, self.name, revision)
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()
 
 
 class ReadAhead:
@@ -176,7 +290,6 @@ class ReadAhead:
     so slow or network storage reads the next checkpoint while this one records."""
 
     on_disk = 2
-    writes = False
 
     def prepare(self, todo, done, folder) -> None:
         pass
@@ -197,11 +310,16 @@ class ReadAhead:
     def release(self, checkpoint: Checkpoint) -> None:
         pass
 
+    def close(self) -> None:
+        pass
 
-def fetcher_for(source: CheckpointSource, on_disk: int = ON_DISK, keep_checkpoints=False):
+
+def fetcher_for(
+    source: CheckpointSource, on_disk: int = ON_DISK, keep_checkpoints=False, download_dir=None
+):
     """The fetcher of `source`: hub revisions, local files, or None (models in memory)."""
     if any(c.revision is not None for c in source.checkpoints):
-        return HubRevisions(source.name, on_disk, keep_checkpoints)
+        return HubRevisions(source.name, on_disk, keep_checkpoints, download_dir)
     if any(c.path is not None for c in source.checkpoints):
         return ReadAhead()
     return None
@@ -269,8 +387,8 @@ class Ahead:
             self._slots.release()
 
     def close(self) -> None:
-        """Stop fetching ahead; a download in flight finishes in the background (its
-        revision is named in ``downloads.json``, so a later sweep deletes it)."""
+        """Stop fetching ahead; a download in flight finishes in the background (it is in
+        the sweep's own cache, so the next run deletes it unless it is still to record)."""
         self._stop.set()
 
     def __enter__(self) -> Ahead:

@@ -1,6 +1,8 @@
 """Sweeps over hub revisions with the real `huggingface_hub` client against a hub-shaped
-server on the loopback (`testing.LoopbackHub`): the disk bound at every moment, revisions
-cached before the sweep survive, downloads overlap recording, a SIGKILL resumes."""
+server on the loopback (`testing.LoopbackHub`): the disk bound at every moment, the user's
+hub cache byte-identical after every sweep (revisions cached by name or pinned by hash, a
+mirror's, a colleague's bookkeeping, an earlier kept run, two sweeps at once), downloads
+overlap recording, a SIGKILL resumes and leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -58,6 +60,27 @@ def _bytes_on_disk(cache: Path) -> int:
     return total
 
 
+def _contents(folder: Path) -> dict[str, str]:
+    """Every file and link under `folder`: a link's target, a file's sha256."""
+    import hashlib
+
+    out = {}
+    for path in sorted(folder.rglob("*")) if folder.exists() else ():
+        key = path.relative_to(folder).as_posix()
+        if path.is_symlink():
+            out[key] = "-> " + os.readlink(path)
+        elif path.is_file():
+            out[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            out[key] = "dir"
+    return out
+
+
+def _snapshots(cache: Path, name: str = NAME) -> list[str]:
+    folder = cache / ("models--" + name.replace("/", "--")) / "snapshots"
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
 def _checkpoints(out: Path) -> list[dict]:
     return json.loads((out / "manifest.json").read_text())["checkpoints"]
 
@@ -66,12 +89,13 @@ def _revision_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
 
 
-def _precache(hub_server, revision: str) -> Path:
-    """`revision` downloaded into the cache before any sweep, as a user's earlier load would."""
+def _precache(hub_server, revision: str, name: str = NAME) -> Path:
+    """`revision` downloaded into the cache before any sweep, as a user's earlier load would
+    (a commit hash: pinned, as from_pretrained(revision=sha) leaves it, with no ref)."""
     from huggingface_hub import snapshot_download
 
     with hub_server.use():
-        return Path(snapshot_download(NAME, revision=revision, cache_dir=hub.cache_dir()))
+        return Path(snapshot_download(name, revision=revision, cache_dir=hub.cache_dir()))
 
 
 class Watch:
@@ -85,56 +109,64 @@ class Watch:
         self.first_byte.setdefault(revision, time.time())
 
 
-def test_sweep_holds_the_bound_keeps_precached_revisions_and_overlaps(revisions, cache, tmp_path):
-    watch = Watch(cache)
+def test_sweep_holds_the_bound_reads_the_users_cache_and_overlaps(revisions, cache, tmp_path):
+    out = tmp_path / "sweep"
+    own = out / sweep.CACHE
+    watch = Watch(own)
     server = LoopbackHub({NAME: revisions}, bandwidth=5e5, on_chunk=watch)
     with server:
         kept = _precache(server, "step2")
-        before = {p.name: p.read_bytes() for p in kept.iterdir()}
-        base = _bytes_on_disk(cache)
+        before = _contents(cache)
+        sent_before = dict(server.sent)
         with server.use():
             source = checkpoints.pretrained(NAME, steps=STEPS, backend="bridge")
             assert [c.revision for c in source] == REVISIONS
-            out = tmp_path / "sweep"
             traj = Recorder(out, _tokens(), progress=False).record(source, on_disk=2)
     assert traj.steps.tolist() == STEPS
     one = max(_revision_bytes(f) for f in revisions.values())
-    assert watch.peak <= base + 2 * one, (watch.peak, base, one)
-    # the pre-cached revision is whole, and the only one left
-    assert {p.name: p.read_bytes() for p in kept.iterdir()} == before
-    snapshots = cache / ("models--" + NAME.replace("/", "--")) / "snapshots"
-    assert [p.name for p in snapshots.iterdir()] == [kept.name]
+    assert 0 < watch.peak <= 2 * one, (watch.peak, one)
+    assert _contents(cache) == before  # the user's cache: byte-identical
     assert hub.cached_commit(NAME, "step2") == kept.name
-    assert all(hub.cached_commit(NAME, r) is None for r in REVISIONS if r != "step2")
-    assert json.loads((out / "downloads.json").read_text())["revisions"] == []
-    # each weight file crossed the link once (step2's before the sweep)
+    assert not own.exists()  # every download deleted once recorded, and the folder with them
+    # each weight file crossed the link once; step2 never: it was read from the user's cache
     weights = revisions["step0"] / "model.safetensors"
     for revision in REVISIONS:
-        assert server.sent[(NAME, revision, "model.safetensors")] == weights.stat().st_size
-    # step8's download began while step4 recorded (the sweep asked for its files first)
+        sent = server.sent[(NAME, revision, "model.safetensors")]
+        assert sent - sent_before.get((NAME, revision, "model.safetensors"), 0) == (
+            0 if revision == "step2" else weights.stat().st_size
+        )
+    # step8's download began while step4 recorded (snapshot_download asks for the revision
+    # first; the sweep's listing asked before anything was recorded)
     written = {e["step"]: (out / e["file"]).stat().st_mtime for e in _checkpoints(out)}
-    asked = min(t for _, path, _, t in server.requests if path.endswith("/revision/step8"))
-    assert asked < written[4]
+    asked = [t for _, path, _, t in server.requests if path.endswith("/revision/step8")]
+    assert len(asked) == 2 and asked[0] < written[0] and asked[1] < written[4]
 
 
 def test_sweep_records_what_the_revisions_hold(revisions, cache, tmp_path):
     """Downloaded, recorded and deleted as it goes, or all kept and recorded one by one:
-    the same trajectory, and keep_checkpoints deletes nothing."""
+    the same trajectory; keep_checkpoints downloads into the user's cache and keeps them."""
     with LoopbackHub({NAME: revisions}) as server, server.use():
         swept = Recorder(tmp_path / "a", _tokens(), progress=False).record(
             checkpoints.pretrained(NAME, steps=STEPS[:3], backend="bridge")
         )
+        assert _contents(cache) == {}
         kept = Recorder(tmp_path / "b", _tokens(), progress=False).record(
             checkpoints.pretrained(NAME, steps=STEPS[:3], backend="bridge"),
             on_disk=1,
             keep_checkpoints=True,
         )
+    _same_trajectory(swept, kept)
+    assert all(hub.cached_commit(NAME, r) is not None for r in REVISIONS[:3])
+    assert not (tmp_path / "b" / sweep.CACHE).exists()
+
+
+def _same_trajectory(a, b) -> None:
+    assert a.steps.tolist() == b.steps.tolist()
     for name in ("zbar", "c_hat", "previous_token"):
         torch.testing.assert_close(
-            torch.as_tensor(getattr(swept, name)[:]), torch.as_tensor(getattr(kept, name)[:]),
+            torch.as_tensor(getattr(a, name)[:]), torch.as_tensor(getattr(b, name)[:]),
             rtol=0, atol=0,
         )  # fmt: skip
-    assert all(hub.cached_commit(NAME, r) is not None for r in REVISIONS[:3])
 
 
 def test_sweep_refuses_a_disk_too_small_with_sizes(revisions, cache, tmp_path, monkeypatch):
@@ -145,10 +177,18 @@ def test_sweep_refuses_a_disk_too_small_with_sizes(revisions, cache, tmp_path, m
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
     with LoopbackHub({NAME: revisions}) as server, server.use():
         source = checkpoints.pretrained(NAME, steps=STEPS, backend="bridge")
-        with pytest.raises(sweep.DiskError, match=r"a revision is .*kB.*2 on disk.*1 kB free"):
+        with pytest.raises(sweep.DiskError, match=r"a revision is .*kB.*2 on disk.*1 kB free:"
+                           r".*on_disk=1.*download_dir"):  # fmt: skip
             Recorder(tmp_path / "out", _tokens(), progress=False).record(source)
+        # keeping every revision: what helps is keeping fewer, not --on-disk 1
+        keeping = r"5 on disk \(keep_checkpoints keeps every one\).*HF_HUB_CACHE.*without"
+        with pytest.raises(sweep.DiskError, match=keeping + r" keep_checkpoints.*at most 2"):
+            Recorder(tmp_path / "out", _tokens(), progress=False).record(
+                source, keep_checkpoints=True
+            )
     assert server.sent == {}  # nothing downloaded
     assert not (tmp_path / "out" / "manifest.json").exists()
+    assert not (tmp_path / "out" / sweep.CACHE).exists()
 
 
 def test_sigkill_mid_download_resumes_without_re_recording(revisions, cache, tmp_path):
@@ -157,7 +197,8 @@ def test_sigkill_mid_download_resumes_without_re_recording(revisions, cache, tmp
     (huggingface_hub never resumes it); the bound holds through both runs and the
     pre-cached step1 survives."""
     killed = threading.Event()
-    watch = Watch(cache)
+    out = tmp_path / "out"
+    watch = Watch(out / sweep.CACHE)
 
     def on_chunk(repo, revision, file, sent, size):
         watch(repo, revision, file, sent, size)
@@ -168,11 +209,10 @@ def test_sigkill_mid_download_resumes_without_re_recording(revisions, cache, tmp
     from safetensors.torch import save_file
 
     save_file({"tokens": _tokens()}, tokens)
-    out = tmp_path / "out"
     server = LoopbackHub({NAME: revisions}, bandwidth=1.5e5, on_chunk=on_chunk)
     with server:
         kept = _precache(server, "step1")
-        base = _bytes_on_disk(cache)
+        before = _contents(cache)
         env = {**os.environ, "HF_ENDPOINT": server.endpoint, "HF_HUB_OFFLINE": "0",
                "HF_HUB_CACHE": str(cache)}  # fmt: skip
         command = [sys.executable, "-m", "scansnap_lens.cli", "record", "--model", NAME,
@@ -202,11 +242,12 @@ def test_sigkill_mid_download_resumes_without_re_recording(revisions, cache, tmp
     again = [p for m, p, _, _ in server.requests[asked_before:] if m == "GET" and p in cdn]
     assert len(again) == 1
     assert server.sent[(NAME, "step4", "model.safetensors")] <= 2 * size
-    assert not list(cache.rglob("*.incomplete"))
+    assert not list(tmp_path.rglob("*.incomplete"))
     one = max(_revision_bytes(f) for f in revisions.values())
-    assert watch.peak <= base + 2 * one, (watch.peak, base, one)
-    assert hub.cached_commit(NAME, "step1") == kept.name  # cached before: kept
-    assert all(hub.cached_commit(NAME, r) is None for r in REVISIONS if r != "step1")
+    assert 0 < watch.peak <= 2 * one, (watch.peak, one)
+    assert _contents(cache) == before  # step1, cached before, read from there: untouched
+    assert hub.cached_commit(NAME, "step1") == kept.name
+    assert not (out / sweep.CACHE).exists()  # nothing of the sweep's left
 
 
 class _Slow:
@@ -299,6 +340,8 @@ def test_a_hooked_sweep_loads_through_transformer_lens(tmp_path, cache):
     save_file({"tokens": _tokens() % 64}, tmp_path / "tokens.safetensors")
     out = tmp_path / "out"
     with LoopbackHub({NAME: folders}) as server:
+        pinned = _precache(server, server.commit(NAME, "step1"))  # the user's, by hash
+        before = _contents(cache)
         env = {**os.environ, "HF_ENDPOINT": server.endpoint, "HF_HUB_OFFLINE": "0",
                "HF_HUB_CACHE": str(cache)}  # fmt: skip
         command = [sys.executable, "-m", "scansnap_lens.cli", "record", "--model", NAME,
@@ -310,31 +353,147 @@ def test_a_hooked_sweep_loads_through_transformer_lens(tmp_path, cache):
     assert "2 checkpoints recorded (2 new" in done.stdout
     traj = Trajectory.load(out)
     assert traj.steps.tolist() == [0, 1] and traj.layers == list(range(6))
-    assert hub.cached_commit(NAME, "step0") is None  # recorded, then deleted
-    # TransformerLens read its config and tokenizer at `main`, which is step1 here: kept
-    assert hub.cached_commit(NAME, "step1") == hub.cached_commit(NAME, "main") is not None
+    # TransformerLens read step0's config and tokenizer from the sweep's cache, step1's from
+    # the user's: nothing written there, and the sweep's downloads are gone
+    assert _contents(cache) == before and pinned.is_dir()
+    assert server.sent.get((NAME, "step1", "model.safetensors"), 0) == (
+        (folders["step1"] / "model.safetensors").stat().st_size  # the user's download only
+    )
+    assert not (out / sweep.CACHE).exists()
 
 
-def test_a_downloads_file_from_elsewhere_deletes_nothing(revisions, cache, tmp_path):
-    """A recording folder someone else prepared: its downloads.json names a revision cached
-    here before, for another cache; the sweep keeps it.  A link there is refused."""
+def _sweep(server, out, steps, **kwargs):
+    with server.use():
+        source = checkpoints.pretrained(NAME, steps=steps, backend="bridge")
+        return Recorder(out, _tokens(), progress=False).record(source, **kwargs)
+
+
+def test_a_revision_pinned_by_hash_is_read_from_the_users_cache(revisions, cache, tmp_path):
+    """snapshot_download(revision=<sha>) leaves no ref: the sweep finds the commit from the
+    hub's listing, reads it where it is, downloads it no second time and deletes nothing."""
     with LoopbackHub({NAME: revisions}) as server:
-        kept = _precache(server, "step0")
+        pinned = _precache(server, server.commit(NAME, "step4"))
+        assert not (pinned.parents[1] / "refs" / "step4").exists()
+        before, sent = _contents(cache), server.sent[(NAME, "step4", "model.safetensors")]
+        traj = _sweep(server, tmp_path / "out", [0, 4])
+        assert server.sent[(NAME, "step4", "model.safetensors")] == sent
+        whole = _sweep(server, tmp_path / "whole", [0, 4], keep_checkpoints=True, on_disk=1)
+    assert _contents(cache) != before  # the kept run downloaded step0 into it
+    _same_trajectory(traj, whole)
+    assert (pinned / "model.safetensors").is_file() and pinned.name in _snapshots(cache)
+
+
+def test_bookkeeping_from_elsewhere_deletes_nothing(revisions, cache, tmp_path):
+    """A recording folder from a colleague (or an archive, or an older version) whose
+    downloads.json names this very cache and the user's revisions: nothing is read from it;
+    the user's cache is byte-identical.  A link as the download folder is refused."""
+    with LoopbackHub({NAME: revisions}) as server:
+        for revision in ("step0", "step1"):
+            _precache(server, revision)
+        before = _contents(cache)
         out = tmp_path / "theirs"
         out.mkdir()
-        (out / "downloads.json").write_text(
-            json.dumps({"repo": NAME, "cache": "/elsewhere", "revisions": ["step0"]})
-        )
-        with server.use():
-            source = checkpoints.pretrained(NAME, steps=[0, 1], backend="bridge")
-            traj = Recorder(out, _tokens(), progress=False).record(source)
-        assert traj.steps.tolist() == [0, 1]
-        assert hub.cached_commit(NAME, "step0") == kept.name  # cached before: kept
-        assert hub.cached_commit(NAME, "step1") is None  # the sweep's own: deleted
+        (out / "downloads.json").write_text(json.dumps(
+            {"repo": NAME, "cache": str(hub.cache_dir()), "revisions": ["step0", "step1"]}
+        ))  # fmt: skip
+        traj = _sweep(server, out, [0, 1, 2])
+        assert traj.steps.tolist() == [0, 1, 2] and _contents(cache) == before
         linked = tmp_path / "linked"
         linked.mkdir()
-        (linked / "downloads.json").symlink_to(out / "downloads.json")
-        with server.use(), pytest.raises(ValueError, match=r"downloads\.json is a symbolic link"):
-            Recorder(linked, _tokens(), progress=False).record(
-                checkpoints.pretrained(NAME, steps=[0, 1], backend="bridge")
-            )
+        (linked / sweep.CACHE).symlink_to(cache, target_is_directory=True)
+        with pytest.raises(ValueError, match=r"hub-cache is a symbolic link"):
+            _sweep(server, linked, [0, 1, 2])
+        with pytest.raises(ValueError, match=r"is \(or holds, or is inside\) your hub cache"):
+            _sweep(server, tmp_path / "other", [0, 2], download_dir=cache / "sub")
+        (tmp_path / "mine").mkdir()
+        (tmp_path / "mine" / "notes.txt").write_text("keep me")
+        with pytest.raises(ValueError, match=r"holds files the sweep did not put there"):
+            _sweep(server, tmp_path / "other", [0, 2], download_dir=tmp_path / "mine")
+    assert _contents(cache) == before
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_kept_then_resumed_without_keeping_deletes_nothing_kept(revisions, cache, tmp_path):
+    with LoopbackHub({NAME: revisions}) as server:
+        _sweep(server, tmp_path / "out", [0, 1], keep_checkpoints=True)
+        kept = _contents(cache)
+        assert len(_snapshots(cache)) == 2
+        traj = _sweep(server, tmp_path / "out", [0, 1, 2, 4])
+        whole = _sweep(server, tmp_path / "whole", [0, 1, 2, 4], on_disk=1)
+    assert _contents(cache) == kept
+    _same_trajectory(traj, whole)
+    assert not (tmp_path / "out" / sweep.CACHE).exists()
+
+
+def test_a_mirror_with_the_same_commits_is_never_touched(revisions, cache, tmp_path):
+    """`git push --mirror` keeps commit hashes: the user's mirror holds the very commits the
+    sweep downloads and deletes; deletion is by repository and revision, in the sweep's own
+    cache, so the mirror's snapshots stay whole."""
+    mirror = "someone/pythia-14m-mirror"
+    repos = {NAME: revisions, mirror: revisions}
+    with LoopbackHub(repos, mirrors={mirror: NAME}) as server:
+        for revision in ("step0", "step1"):
+            _precache(server, revision, name=mirror)
+        assert _snapshots(cache, mirror) == sorted(
+            server.commit(NAME, r) for r in ("step0", "step1")
+        )
+        before = _contents(cache)
+        traj = _sweep(server, tmp_path / "out", [0, 1, 2])
+    assert traj.steps.tolist() == [0, 1, 2] and _contents(cache) == before
+
+
+def test_a_kill_after_the_last_record_is_cleaned_up_by_the_rerun(
+    revisions, cache, tmp_path, monkeypatch
+):
+    """Killed after the last checkpoint was recorded and before its revision was deleted:
+    the rerun has nothing to record and still deletes it, and the folder with it."""
+    out = tmp_path / "out"
+    with LoopbackHub({NAME: revisions}) as server:
+        with monkeypatch.context() as patch:  # as if killed before each release
+            patch.setattr(sweep.HubRevisions, "release", lambda self, checkpoint: None)
+            patch.setattr(sweep.SweepCache, "close", lambda self: None)
+            _sweep(server, out, [0, 1, 2])
+        assert len(_snapshots(out / sweep.CACHE)) == 3
+        traj = _sweep(server, out, [0, 1, 2])
+    assert traj.steps.tolist() == [0, 1, 2]
+    assert not (out / sweep.CACHE).exists() and _contents(cache) == {}
+
+
+def test_two_sweeps_at_once_leave_nothing_and_share_no_download_folder(revisions, cache, tmp_path):
+    """Two sweeps of one repository at the same time, from one user's cache (step1 in it):
+    each downloads into its own folder and deletes only there, so neither deletes what the
+    other loads, and nothing is left; a second sweep naming a download folder in use is
+    refused, with nothing of the first one's lost."""
+    from safetensors.torch import save_file
+
+    tokens = tmp_path / "tokens.safetensors"
+    save_file({"tokens": _tokens()}, tokens)
+    with LoopbackHub({NAME: revisions}, bandwidth=4e5) as server:
+        _precache(server, "step1")
+        before = _contents(cache)
+        env = {**os.environ, "HF_ENDPOINT": server.endpoint, "HF_HUB_OFFLINE": "0",
+               "HF_HUB_CACHE": str(cache)}  # fmt: skip
+
+        def command(out, *extra):
+            return [sys.executable, "-m", "scansnap_lens.cli", "record", "--model", NAME,
+                    "--backend", "bridge", "--steps", "0,1,2,4,8", "--tokens", str(tokens),
+                    "--out", str(out), "--prompt-length", "0", *extra]  # fmt: skip
+
+        runs = [subprocess.Popen(command(tmp_path / f"run{i}"), env=env, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                for i in range(2)]  # fmt: skip
+        while not any((tmp_path / "run0" / sweep.CACHE).glob("models--*/blobs/*")):
+            time.sleep(0.05)
+            assert runs[0].poll() is None, runs[0].communicate()[0][-3000:]
+        shared = command(tmp_path / "run2", "--download-dir", str(tmp_path / "run0" / sweep.CACHE))
+        refused = subprocess.run(shared, env=env, capture_output=True, text=True, timeout=300)
+        outputs = [run.communicate(timeout=300)[0] for run in runs]
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "is the download folder of a sweep running now" in refused.stderr
+    for run, output in zip(runs, outputs):
+        assert run.returncode == 0, output[-3000:]
+    a, b = (Trajectory.load(tmp_path / f"run{i}") for i in range(2))
+    _same_trajectory(a, b)
+    assert a.steps.tolist() == STEPS
+    assert _contents(cache) == before
+    assert not any((tmp_path / f"run{i}" / sweep.CACHE).exists() for i in range(2))
