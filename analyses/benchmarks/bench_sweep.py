@@ -13,7 +13,7 @@ The hub (`testing.LoopbackHub`, in a process of its own) serves revisions writte
 at two bandwidths, chosen from ``record_s`` so that downloading takes twice the recording
 (download dominates) and half of it (recording dominates).  ``ratio`` = sweep_s /
 max(download_s, record_s) (1 is perfect overlap; ``sequential`` = (download_s + record_s) /
-max(...) is what the sweep did before); ``peak_disk`` is the most bytes the cache's blobs held
+max(...) is what the sweep did before); ``peak_disk`` is the most bytes the sweep cache's blobs held
 (sampled every 2 ms) against ``bound`` = 2 revisions.  One JSON line per bandwidth.
 """
 
@@ -138,11 +138,11 @@ def main() -> None:
         server.stop()
         for factor, regime in ((2.0, "download dominates"), (0.5, "recording dominates")):
             bandwidth = size * len(revisions) / (factor * record_s)
-            shutil.rmtree(work / "cache")
+            shutil.rmtree(work / "cache", ignore_errors=True)
             server = Server(repos, bandwidth)
             download_s = _download(revisions, server.endpoint)
-            shutil.rmtree(work / "cache")
-            peak = Peak(work / "cache")
+            shutil.rmtree(work / "cache", ignore_errors=True)
+            peak = Peak(work / "out" / "hub-cache")  # the sweep downloads only there
             sweep_s = _sweep(steps, tokens, work / "out", server.endpoint)
             peak_disk = peak.stop()
             server.stop()
