@@ -280,7 +280,8 @@ class LoopbackHub:
     `bandwidth` bytes per second (None: unthrottled), so parallel downloads share the link.
 
     repos: {repo_id: {revision: folder}}; mirrors: {repo_id: repo_id} of repositories whose
-    commits have the hashes of another's (``git push --mirror`` keeps them).  ``sent`` counts bytes per (repo, revision, file);
+    commits have the hashes of another's (``git push --mirror`` keeps them).  ``sent`` counts
+    bytes per (repo, revision, file);
     ``requests`` lists (method, path, Range header, time.time()); `on_chunk(repo, revision,
     file, sent_so_far, size)` is called after every chunk sent.  Point `huggingface_hub` at
     it with ``HF_ENDPOINT = hub.endpoint`` (read when huggingface_hub is imported) or `use`

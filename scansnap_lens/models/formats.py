@@ -191,13 +191,8 @@ def _tokenizer_near(path: Path):
 
 def hf_folder_model(path: str | Path, tokenizer: TokenizerLike | None = None) -> HookedModel:
     """A TransformerBridge over the Hugging Face model saved in `path` (weights_only loads)."""
-    import transformers
-
     path = Path(path)
-    try:
-        hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), weights_only=True)
-    except (OSError, ValueError, KeyError, RuntimeError, pickle.UnpicklingError) as err:
-        raise CheckpointError(f"{path}: cannot load the Hugging Face model ({err})") from None
+    hf = hf_folder_weights(path)
     tokenizer = tokenizer if tokenizer is not None else _tokenizer_near(path)
     try:
         return be.hf_bridge(hf.eval(), tokenizer=tokenizer, name=str(path))
@@ -205,6 +200,58 @@ def hf_folder_model(path: str | Path, tokenizer: TokenizerLike | None = None) ->
         raise CheckpointError(
             f"{path}: TransformerBridge does not support this architecture"
             f" ({hf.config.model_type}): {err}"
+        ) from None
+
+
+# What loading a Hugging Face folder raises where its files are damaged (truncated, corrupt,
+# pickled objects where tensors should be): each is a CheckpointError naming the file.
+LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, EOFError, SafetensorError,
+               pickle.UnpicklingError, zipfile.BadZipFile)  # fmt: skip
+
+
+def damaged_file(folder: Path) -> Path | None:
+    """The first weights file in `folder` that is truncated or corrupt (a safetensors header
+    or size that does not fit, a torch zip archive whose entries fail their checksums, or a
+    torch file that does not load); or None."""
+    from safetensors import safe_open
+
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except (SafetensorError, OSError):
+            return file
+    for file in sorted(p for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth")):
+        try:
+            with zipfile.ZipFile(file) as archive:
+                if archive.testzip() is None:
+                    continue
+            return file
+        except zipfile.BadZipFile:  # not a zip (torch's legacy format) or cut: try it
+            try:
+                torch.load(file, map_location="cpu", weights_only=True)
+            except Exception:  # whatever it raises, this file is the one that does not load
+                return file
+        except OSError:
+            return file
+    return None
+
+
+def hf_folder_weights(path: Path, **kwargs):
+    """``AutoModelForCausalLM.from_pretrained(path, weights_only=True)``, every loading error a
+    CheckpointError that names the damaged file where one is."""
+    import transformers
+
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            str(path), weights_only=True, **kwargs
+        )
+    except LOAD_ERRORS as err:
+        damaged = damaged_file(path)
+        what = f"{damaged} is truncated or corrupt" if damaged is not None else str(err)
+        raise CheckpointError(
+            f"{path}: cannot load the Hugging Face model: {what}"
+            + (f" ({err})" if damaged is not None else "")
         ) from None
 
 
@@ -237,8 +284,22 @@ def trainer_training(states: list[Path]) -> dict:
             log = json.loads(state.read_text()).get("log_history", [])
         except (OSError, ValueError, AttributeError):
             continue  # trainer_step has said so
-        for entry in log if isinstance(log, list) else []:
-            if isinstance(entry, dict) and isinstance(entry.get("learning_rate"), int | float):
+        entries = log if isinstance(log, list) else []
+        read = [
+            e
+            for e in entries
+            if isinstance(e, dict)
+            and isinstance(e.get("learning_rate", 0), int | float)
+            and isinstance(e.get("step", 0), int)
+        ]
+        if len(read) < len(entries) or not isinstance(log, list):
+            warnings.warn(
+                f"{state}: its log_history is not the Trainer's list of logged steps (hand-edited"
+                " or corrupt?): the training's rates are read from the rest of it, unchecked",
+                stacklevel=2,
+            )
+        for entry in read:
+            if "learning_rate" in entry:
                 rates[int(entry.get("step", 0))] = float(entry["learning_rate"])
     if not rates:
         return {}

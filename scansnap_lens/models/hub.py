@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from scansnap_lens.models import backend as be
-from scansnap_lens.models.formats import CheckpointError
+from scansnap_lens.models.formats import LOAD_ERRORS, CheckpointError
 
 __all__ = [
     "RevisionInfo",
@@ -248,7 +248,9 @@ def _load_hooked(name: str, label: int, folder: Path | None, **load_kwargs):
         else:
             import transformers
 
-            hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), weights_only=True)
+            from scansnap_lens.models.formats import hf_folder_weights
+
+            hf = hf_folder_weights(folder)
             tokenizer = None
             if any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
                 tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
@@ -257,7 +259,7 @@ def _load_hooked(name: str, label: int, folder: Path | None, **load_kwargs):
                 cache_dir=str(folder.parents[2]), local_files_only=True, **load_kwargs,
             )  # fmt: skip
             model.cfg.checkpoint_value, model.cfg.from_checkpoint = label, True
-    except (OSError, ValueError, RuntimeError) as err:
+    except LOAD_ERRORS as err:
         hint = f" ({_download_hint(name, '@' + revision)})" if offline() and folder is None else ""
         raise CheckpointError(f"{name} checkpoint {label}: {err}{hint}") from None
     if getattr(model.cfg, "checkpoint_value", label) != label:

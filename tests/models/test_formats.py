@@ -361,6 +361,10 @@ def test_a_corrupt_trainer_state_is_said_not_ignored(tmp_path):
     (tmp_path / "trainer_state.json").write_text('{"global_step": ')
     with pytest.warns(UserWarning, match=r"trainer_state\.json is not readable.*unchecked"):
         assert formats.trainer_step(tmp_path) is None
+    for log in ('"every step"', '[{"step": 1, "learning_rate": "0.1"}, 7]'):
+        (tmp_path / "trainer_state.json").write_text(f'{{"global_step": 2, "log_history": {log}}}')
+        with pytest.warns(UserWarning, match=r"log_history is not the Trainer's list"):
+            assert formats.trainer_training([tmp_path / "trainer_state.json"]) == {}
 
 
 def test_a_trainer_run_keeps_its_training_in_the_trajectory(tmp_path):
@@ -387,3 +391,58 @@ def test_a_trainer_run_keeps_its_training_in_the_trajectory(tmp_path):
     recorded = recorder.trajectory().meta
     assert recorded["lr_y"] == 1e-2 and recorded["optimizer"] == "adam"
     assert recorded["lr_schedule"].startswith("linear")
+
+
+def _trainer_bin_folder(tmp_path):
+    trainer_run("gpt2", tmp_path)
+    for step in (2, 4):  # the older Trainer format, as torch.save writes it
+        folder = tmp_path / f"checkpoint-{step}"
+        torch.save(checkpoints.load_state_dict(folder / "model.safetensors"),
+                   folder / "pytorch_model.bin")  # fmt: skip
+        (folder / "model.safetensors").unlink()
+    return tmp_path, [], [2, 4]
+
+
+def _tl_safetensors_folder(tmp_path):
+    from safetensors.torch import save_file
+
+    folder, _ = tl_weights_folder(tmp_path, json.dumps)
+    for step in (0, 10):
+        save_file(torch.load(folder / f"model_{step}.pt"), folder / f"step_{step}.safetensors")
+        (folder / f"model_{step}.pt").unlink()
+    return folder, [], [0, 10]
+
+
+@pytest.mark.parametrize(
+    "make", [_trainer_folder, _trainer_bin_folder, _nanogpt_folder, _tl_folder,
+             _tl_safetensors_folder],
+    ids=["hf-trainer", "hf-trainer-bin", "nanogpt", "tl-state-dicts", "tl-safetensors"],
+)  # fmt: skip
+def test_a_truncated_weights_file_is_a_checkpoint_error_in_every_format(make, tmp_path, capsys):
+    """The last checkpoint's weights file cut in half (a copy interrupted, a full disk): the
+    command names the file and exits 2, no traceback; --on-error skip records the others and
+    notes the damaged one."""
+    from scansnap_lens.cli import main
+    from scansnap_lens.inputs.tokens import save_tokens
+    from scansnap_lens.recording.trajectory import Trajectory
+
+    (tmp_path / "ckpt").mkdir()
+    folder, flags, steps = make(tmp_path / "ckpt")
+    last = checkpoints.folder(folder, steps=[steps[-1]]).checkpoints[0].path
+    files = [last] if last.is_file() else sorted(
+        p for p in last.iterdir() if p.name.startswith(("model.", "pytorch_model."))
+    )  # fmt: skip
+    (weights,) = files
+    size = weights.stat().st_size
+    with open(weights, "r+b") as handle:
+        handle.truncate(size // 2)
+    save_tokens(tmp_path / "eval.safetensors", EVAL)
+    args = ["record", "--checkpoints", str(folder), "--tokens", str(tmp_path / "eval.safetensors")]
+    assert main([*args, "--out", str(tmp_path / "a"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert weights.name in err and "Traceback" not in err, err
+    assert main([*args, "--out", str(tmp_path / "b"), "--on-error", "skip", *flags]) == 0
+    traj = Trajectory.load(tmp_path / "b")
+    assert traj.steps.tolist() == steps[:-1]
+    assert [s["step"] for s in traj.skipped] == steps[-1:]
+    assert weights.name in traj.skipped[0]["error"]

@@ -497,3 +497,22 @@ def test_two_sweeps_at_once_leave_nothing_and_share_no_download_folder(revisions
     assert a.steps.tolist() == STEPS
     assert _contents(cache) == before
     assert not any((tmp_path / f"run{i}" / sweep.CACHE).exists() for i in range(2))
+
+
+def test_a_truncated_revision_is_a_checkpoint_error_and_skipped(revisions, cache, tmp_path):
+    """A hub revision that serves a truncated model.safetensors (an upload cut short): the
+    sweep names the file, and on_error="skip" records the others; nothing is left behind."""
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(revisions["step1"], broken)
+    with open(broken / "model.safetensors", "r+b") as handle:
+        handle.truncate((broken / "model.safetensors").stat().st_size // 2)
+    served = {**{r: revisions[r] for r in REVISIONS[:3]}, "step1": broken}
+    with LoopbackHub({NAME: served}) as server:
+        with pytest.raises(checkpoints.CheckpointError, match=r"model\.safetensors is truncated"):
+            _sweep(server, tmp_path / "a", [0, 1, 2])
+        traj = _sweep(server, tmp_path / "b", [0, 1, 2], on_error="skip")
+    assert traj.steps.tolist() == [0, 2] and [s["step"] for s in traj.skipped] == [1]
+    assert "model.safetensors is truncated or corrupt" in traj.skipped[0]["error"]
+    assert not (tmp_path / "b" / sweep.CACHE).exists() and _contents(cache) == {}
