@@ -225,7 +225,15 @@ def _report(args: argparse.Namespace) -> int:
 
     if (args.lr_y is None) != (args.lr_z is None):
         raise ValueError("--lr-y and --lr-z go together: give both or neither")
-    runs = list(args.trajectory)
+    runs = [Path(p).resolve() if Path(p).is_symlink() else Path(p) for p in args.trajectory]
+    seen: dict[Path, str] = {}
+    for given, path in zip(args.trajectory, runs):
+        if path.resolve() in seen:
+            raise ValueError(
+                f"{seen[path.resolve()]} and {given} are the same run ({path.resolve()}): give"
+                " each run once"
+            )
+        seen[path.resolve()] = str(given)
     if len(args.stats) not in (1, len(runs)):
         raise ValueError(
             f"give one --stats for every run, or one for each of the {len(runs)} runs"

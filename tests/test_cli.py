@@ -892,3 +892,15 @@ def test_report_of_several_runs_says_what_is_missing(tmp_path, capsys, monkeypat
     assert main(["report", "a", "b", "c", *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_run_given_twice_is_refused_by_name(tmp_path, capsys, monkeypatch):
+    """The same folder twice, or once and once through a link, would compare a run with
+    itself (it reported one run, silently)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").symlink_to(tmp_path / "a", target_is_directory=True)
+    for second, named in (("a", "a"), ("./a", "a"), ("b", "b")):
+        assert main(["report", "a", second, "--stats", "s", "--out", "o"]) == 2
+        err = capsys.readouterr().err
+        assert f"a and {named} are the same run" in err and "Traceback" not in err

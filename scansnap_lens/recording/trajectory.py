@@ -279,8 +279,9 @@ class Trajectory:
 
     @classmethod
     def load(cls, path: str | Path) -> Trajectory:
-        """The trajectory of a folder, its checkpoints memory-mapped (read when used)."""
-        path = Path(path)
+        """The trajectory of a folder, its checkpoints memory-mapped (read when used).  A
+        link to the folder is read where it points (only writes refuse links)."""
+        path = Path(path).resolve() if Path(path).is_symlink() else Path(path)
         manifest = _read_manifest(path)
         plan = _read_plan(path / manifest.get("plan", "plan.safetensors"))
         if not manifest["checkpoints"]:

@@ -247,3 +247,14 @@ def test_c_hat_is_chat_in_files(trajectories, tmp_path):
     with safe_open(str(first), framework="pt") as handle:
         keys = set(handle.keys())
     assert {"zbar", "chat", "entropy", "query_entropy"} <= keys and "c_hat" not in keys, keys
+
+
+def test_a_link_to_a_trajectory_folder_reads_where_it_points(trajectories, tmp_path):
+    """Only writes refuse links: a run reached through a link (a shared drive, a
+    colleague's folder linked into yours) loads; a link *inside* the folder is still refused."""
+    a, _ = trajectories
+    folder = a.save(tmp_path / "t")
+    (tmp_path / "link").symlink_to(folder, target_is_directory=True)
+    loaded = Trajectory.load(tmp_path / "link")
+    assert loaded.steps.tolist() == a.steps.tolist()
+    assert torch.equal(torch.as_tensor(loaded.zbar[:]), torch.as_tensor(a.zbar[:]))
