@@ -205,6 +205,7 @@ def _record(args: argparse.Namespace) -> int:
             on_disk=args.on_disk,
             keep_checkpoints=args.keep_checkpoints,
             download_dir=args.download_dir,
+            duplicates=args.duplicates,
         )
     print(
         f"{traj.num_steps} checkpoints recorded ({traj.num_steps - before} new,"
@@ -647,6 +648,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--download-dir", type=Path,
         help="--model: the sweep's own cache, an empty or new folder it marks and deletes in"
         " (default: OUT/hub-cache)",
+    )  # fmt: skip
+    record.add_argument(
+        "--duplicates", choices=["refuse", "skip", "record"], default="refuse",
+        help="checkpoints whose weights files are identical under different steps (found from"
+        " the hashes the hub lists, or of local files, before anything is downloaded): stop"
+        " and say which, skip all but the last step of each group, or record them all"
+        " (default: %(default)s)",
     )  # fmt: skip
     record.add_argument(
         "--keep-checkpoints", action="store_true",

@@ -48,7 +48,15 @@ from scansnap_lens.recording.storage import (
     manifest_aggregates,
     remove_trajectory,
 )
-from scansnap_lens.recording.sweep import ON_DISK, Ahead, fetcher_for
+from scansnap_lens.recording.sweep import (
+    DUPLICATES,
+    ON_DISK,
+    Ahead,
+    DuplicateWeightsError,
+    describe_duplicates,
+    fetcher_for,
+    same_weights,
+)
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
@@ -433,6 +441,7 @@ class Recorder:
         on_disk: int = ON_DISK,
         keep_checkpoints: bool = False,
         download_dir: str | Path | None = None,
+        duplicates: str = "refuse",
     ) -> Trajectory:
         """Record every checkpoint of `source` not yet done, one model in memory at a time,
         the next one fetched in the background meanwhile (`sweep`).
@@ -444,11 +453,17 @@ class Recorder:
         into the sweep's own cache (``download_dir``, default ``hub-cache/`` in the recording
         folder) and are deleted from it once recorded, unless keep_checkpoints (then into
         your hub cache, kept).
+        duplicates: checkpoints whose weights files are identical under different steps
+        (from the hashes the hub lists, or of local files), found before anything is
+        fetched: "refuse" (DuplicateWeightsError, saying which), "skip" (each group's last
+        step recorded, the others noted as skipped) or "record" (all of them).
         """
         fetcher = None
         try:
             todo = self._begin(source, on_error)
             fetcher = fetcher_for(source, on_disk, keep_checkpoints, download_dir)
+            if fetcher is not None:
+                todo = self._drop_duplicates(source, todo, fetcher, duplicates)
             if fetcher is not None:  # with nothing to record, it still cleans up
                 if getattr(fetcher, "writes", False):  # one sweep in a folder at a time
                     self.lock.acquire()
@@ -460,6 +475,32 @@ class Recorder:
                 fetcher.close()
             self.lock.release()
         return self.trajectory()
+
+    def _drop_duplicates(self, source: CheckpointSource, todo: list, fetcher, duplicates: str):
+        """`todo` less the checkpoints that serve another step's weights, as `duplicates`
+        says (see `record`)."""
+        if duplicates not in DUPLICATES:
+            raise ValueError(f"duplicates must be one of {DUPLICATES}, got {duplicates!r}")
+        if duplicates == "record":
+            return todo
+        groups = same_weights(fetcher.weights_ids(source.checkpoints))
+        if not groups:
+            return todo
+        text = describe_duplicates(source.name, groups, len(source))
+        if duplicates == "refuse":
+            raise DuplicateWeightsError(
+                f"{text}: duplicates='skip' (--duplicates skip) records only the last step of"
+                " each group (whose weights they serve) and notes the others as skipped;"
+                " duplicates='record' (--duplicates record) records them all"
+            )
+        drop = {step: group[-1] for group in groups for step in group[:-1]}
+        tqdm.write(f"{text}: recording the last step of each group, skipping {len(drop)}")
+        for checkpoint in todo:
+            if checkpoint.step in drop:
+                why = f"serves the same weights as step {drop[checkpoint.step]} (duplicates='skip')"
+                self._skips.append((checkpoint.step, checkpoint.source, why))
+        self._writer_for()  # a resumed folder notes them now; a new one at its first record
+        return [c for c in todo if c.step not in drop]
 
     def _begin(self, source: CheckpointSource, on_error: str) -> list:
         """Check `source` against the folder, take the lock; the checkpoints still to record."""

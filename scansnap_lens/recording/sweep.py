@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from scansnap_lens._io import make_folder, open_lock, refuse_link, write_text
 from scansnap_lens.models import hub
-from scansnap_lens.models.checkpoints import Checkpoint, CheckpointSource
+from scansnap_lens.models.checkpoints import Checkpoint, CheckpointError, CheckpointSource
 from scansnap_lens.recording.budget import size_text
 
 try:
@@ -44,12 +44,14 @@ try:
 except ImportError:  # not POSIX: one sweep per cache is then the user's to keep
     fcntl = None
 
-__all__ = ["ON_DISK", "Ahead", "DiskError", "HubRevisions", "ReadAhead", "SweepCache",
-           "fetcher_for"]  # fmt: skip
+__all__ = ["DUPLICATES", "ON_DISK", "Ahead", "DiskError", "DuplicateWeightsError",
+           "HubRevisions", "ReadAhead", "SweepCache", "describe_duplicates", "fetcher_for",
+           "same_weights"]  # fmt: skip
 
 ON_DISK = 2  # revisions of a hub sweep on disk at once: the one recording, the next
 CACHE = "hub-cache"  # the sweep's own cache, in the recording folder unless named
 _READ_CHUNK = 1 << 23
+_SAMPLE = 1 << 20  # bytes of each piece a local weights file is first compared by
 
 
 class DiskError(OSError):
@@ -312,6 +314,89 @@ class ReadAhead:
 
     def close(self) -> None:
         pass
+
+    def weights_ids(self, checkpoints: list[Checkpoint]) -> dict[int, tuple]:
+        """{step: content ids of its weights files}: a sample of each file (its size and
+        three 1 MiB pieces) first, then the whole file's sha256 where samples agree, so a run
+        of distinct checkpoints reads a few MiB of each."""
+        files = {c.step: _weights_files(c.path) for c in checkpoints if c.path is not None}
+        sampled = {step: tuple(_sample_id(f) for f in fs) for step, fs in files.items() if fs}
+        counts: dict[tuple, int] = {}
+        for key in sampled.values():
+            counts[key] = counts.get(key, 0) + 1
+        return {
+            step: tuple(_sha256(f) for f in files[step]) if counts[key] > 1 else key
+            for step, key in sampled.items()
+        }
+
+
+def _weights_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        return []
+    return sorted(
+        p for p in path.iterdir()
+        if p.is_file() and p.name.startswith(("model", "pytorch_model"))
+        and p.name.endswith(hub.WEIGHTS)
+    )  # fmt: skip
+
+
+def _sample_id(file: Path) -> str:
+    import hashlib
+
+    size = file.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with open(file, "rb") as handle:
+        for start in sorted({0, max(0, size // 2 - _SAMPLE // 2), max(0, size - _SAMPLE)}):
+            handle.seek(start)
+            digest.update(handle.read(_SAMPLE))
+    return "sample:" + digest.hexdigest()
+
+
+def _sha256(file: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(file, "rb") as handle:
+        while chunk := handle.read(_READ_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class DuplicateWeightsError(CheckpointError):
+    """Checkpoints under different steps whose weights files are identical."""
+
+
+DUPLICATES = ("refuse", "skip", "record")
+
+
+def same_weights(ids: dict[int, tuple]) -> list[list[int]]:
+    """Groups of steps (ascending, each of 2 or more) whose weights ids are equal.
+
+    >>> same_weights({0: ("a",), 1: ("a",), 2: ("b",), 4: ("a",)})
+    [[0, 1, 4]]
+    """
+    groups: dict[tuple, list[int]] = {}
+    for step in sorted(ids):
+        if ids[step]:
+            groups.setdefault(ids[step], []).append(step)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def describe_duplicates(name: str, groups: list[list[int]], total: int) -> str:
+    """One plain paragraph: which steps serve which step's weights."""
+    dup = sum(len(g) - 1 for g in groups)
+    parts = []
+    for group in groups[:4]:
+        shown = ", ".join(str(s) for s in group[:-1][:8]) + (", ..." if len(group) > 9 else "")
+        parts.append(f"steps {shown} ({len(group) - 1}) serve the weights of step {group[-1]}")
+    more = f"; and {len(groups) - 4} more groups" if len(groups) > 4 else ""
+    return (
+        f"{name}: {dup} of {total} checkpoints serve weights identical to another step's"
+        f" (the same content hash of their weights files): {'; '.join(parts)}{more}.  A snap"
+        " or formation measured over them would be an artefact of the files, not of training"
+    )
 
 
 def fetcher_for(

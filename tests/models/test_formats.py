@@ -446,3 +446,27 @@ def test_a_truncated_weights_file_is_a_checkpoint_error_in_every_format(make, tm
     assert traj.steps.tolist() == steps[:-1]
     assert [s["step"] for s in traj.skipped] == steps[-1:]
     assert weights.name in traj.skipped[0]["error"]
+
+
+def test_local_checkpoints_with_one_weights_file_under_two_steps_are_found(tmp_path, capsys):
+    """A Trainer run whose checkpoint-2 holds checkpoint-4's weights (a copy gone wrong):
+    found by hashing the files before anything is recorded, and said plainly."""
+    import shutil
+
+    from scansnap_lens.cli import main
+    from scansnap_lens.inputs.tokens import save_tokens
+    from scansnap_lens.recording.trajectory import Trajectory
+
+    trainer_run("gpt2", tmp_path / "run")
+    shutil.copy(tmp_path / "run" / "checkpoint-4" / "model.safetensors",
+                tmp_path / "run" / "checkpoint-2" / "model.safetensors")  # fmt: skip
+    save_tokens(tmp_path / "eval.safetensors", EVAL)
+    args = ["record", "--checkpoints", str(tmp_path / "run"), "--tokens",
+            str(tmp_path / "eval.safetensors")]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "1 of 2 checkpoints serve weights identical" in err and "step 4" in err, err
+    assert not (tmp_path / "a" / "manifest.json").exists()
+    assert main([*args, "--out", str(tmp_path / "b"), "--duplicates", "skip"]) == 0
+    traj = Trajectory.load(tmp_path / "b")
+    assert traj.steps.tolist() == [4] and [s["step"] for s in traj.skipped] == [2]

@@ -516,3 +516,30 @@ def test_a_truncated_revision_is_a_checkpoint_error_and_skipped(revisions, cache
     assert traj.steps.tolist() == [0, 2] and [s["step"] for s in traj.skipped] == [1]
     assert "model.safetensors is truncated or corrupt" in traj.skipped[0]["error"]
     assert not (tmp_path / "b" / sweep.CACHE).exists() and _contents(cache) == {}
+
+
+def test_step_names_that_serve_one_weights_file_are_found_before_any_download(
+    revisions, cache, tmp_path
+):
+    """A public suite's fault: several step branches serve the final-era weights file.  The
+    hashes the hub lists find them before a byte of weights is downloaded: refused by
+    default, saying which; "skip" records the last step of each group and notes the rest."""
+    served = {r: revisions["step8"] for r in ("step0", "step1", "step2")}
+    served.update(step4=revisions["step4"], step8=revisions["step8"])
+    with LoopbackHub({NAME: served}) as server:
+        with pytest.raises(sweep.DuplicateWeightsError) as refused:
+            _sweep(server, tmp_path / "a", STEPS)
+        assert not [k for k in server.sent if k[2] == "model.safetensors"]
+        assert not (tmp_path / "a" / "manifest.json").exists()
+        skipped = _sweep(server, tmp_path / "b", STEPS, duplicates="skip")
+        resumed = _sweep(server, tmp_path / "b", STEPS, duplicates="skip")  # nothing new
+        everything = _sweep(server, tmp_path / "c", STEPS, duplicates="record")
+    message = str(refused.value)
+    assert "3 of 5 checkpoints serve weights identical to another step's" in message
+    assert "steps 0, 1, 2 (3) serve the weights of step 8" in message
+    assert "--duplicates skip" in message
+    assert skipped.steps.tolist() == resumed.steps.tolist() == [4, 8]
+    assert [s["step"] for s in resumed.skipped] == [0, 1, 2]
+    assert "serves the same weights as step 8" in resumed.skipped[0]["error"]
+    assert everything.steps.tolist() == STEPS
+    assert _contents(cache) == {}
