@@ -46,7 +46,7 @@ except ImportError:  # not POSIX: one sweep per cache is then the user's to keep
 
 __all__ = ["DUPLICATES", "ON_DISK", "Ahead", "DiskError", "DuplicateWeightsError",
            "HubRevisions", "ReadAhead", "SweepCache", "describe_duplicates", "fetcher_for",
-           "same_weights"]  # fmt: skip
+           "local_weights_ids", "same_weights"]  # fmt: skip
 
 ON_DISK = 2  # revisions of a hub sweep on disk at once: the one recording, the next
 CACHE = "hub-cache"  # the sweep's own cache, in the recording folder unless named
@@ -144,6 +144,7 @@ class HubRevisions:
         self.cache: SweepCache | None = None
         self.infos: dict[str, hub.RevisionInfo] = {}  # revision -> what the hub lists
         self.held: dict[str, Path] = {}  # revision -> a snapshot in your cache, read only
+        self._pending: list[str] = []  # released revisions, deleted by the fetching thread
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- what the hub lists
@@ -162,26 +163,23 @@ class HubRevisions:
             return
         todo = [c.revision for c in checkpoints if c.revision not in self.infos]
         for revision in tqdm(todo, desc="listing revisions", unit="rev", delay=2):
-            self.info(revision)
+            try:
+                self.info(revision)
+            except CheckpointError:  # its fetch raises it again, for the recorder to decide
+                continue
 
     def weights_ids(self, checkpoints: list[Checkpoint]) -> dict[int, tuple]:
         """{step: content ids of its weights files} from the hub's listing (LFS sha256), or
         from the blobs' names of a cached snapshot offline; steps with neither left out."""
         self.list(checkpoints)
-        out = {}
+        out, local = {}, {}
         for c in checkpoints:
             info = self.infos.get(c.revision)
             if info is not None:
                 out[c.step] = info.weights_id()
-                continue
-            folder = self._on_disk(c.revision)
-            if folder is not None:
-                out[c.step] = tuple(
-                    os.readlink(p).rsplit("/", 1)[-1] if p.is_symlink() else p.name
-                    for p in sorted(folder.iterdir())
-                    if p.name.endswith(hub.WEIGHTS)
-                )
-        return out
+            elif (folder := self._on_disk(c.revision)) is not None:
+                local[c.step] = _weights_files(folder)
+        return {**out, **local_weights_ids(local)}
 
     # ---------------------------------------------------------------- where a revision is
     def _users(self, revision: str) -> Path | None:
@@ -219,14 +217,15 @@ class HubRevisions:
             if users is not None:
                 self.held[c.revision] = users
         missing = [c for c in todo if self._on_disk(c.revision) is None]
-        if not missing or hub.offline():
+        listed = [c for c in missing if c.revision in self.infos]  # the others fail to fetch
+        if not listed or hub.offline():
             return
-        one = sum(self.info(missing[0].revision).files.values())
+        one = sum(self.infos[listed[0].revision].files.values())
         target = hub.cache_dir() if self.keep else self.cache.folder
         held = len(missing) if self.keep else min(self.on_disk, len(missing))
         free = _free_bytes(target)
         if held * one > free:
-            raise DiskError(self._too_small(missing[0].revision, one, held, free, target))
+            raise DiskError(self._too_small(listed[0].revision, one, held, free, target))
         where = "your hub cache, kept" if self.keep else f"{target}, each deleted once recorded"
         tqdm.write(
             f"sweep: {len(missing)} revisions of {self.name} to download, about"
@@ -258,6 +257,8 @@ class HubRevisions:
         revision = checkpoint.revision
         if revision is None:
             return
+        if self.cache is not None:
+            self._delete_pending()
         found = self.held.get(revision) or self._ours(revision)
         if found is not None:
             checkpoint.path = found
@@ -280,10 +281,20 @@ class HubRevisions:
         if revision is None or self.keep or self.cache is None or revision in self.held:
             return
         with self._lock:
+            self._pending.append(revision)
+
+    def _delete_pending(self) -> None:
+        """Delete the revisions released so far.  Called by the fetching thread before each
+        download: revisions share blobs (the same config.json), and a blob deleted while a
+        download links to it would leave that snapshot a dangling link."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for revision in pending:
             hub.delete_snapshot(self.cache.folder, self.name, revision)
 
     def close(self) -> None:
         if self.cache is not None:
+            self._delete_pending()
             self.cache.close()
 
 
@@ -316,18 +327,10 @@ class ReadAhead:
         pass
 
     def weights_ids(self, checkpoints: list[Checkpoint]) -> dict[int, tuple]:
-        """{step: content ids of its weights files}: a sample of each file (its size and
-        three 1 MiB pieces) first, then the whole file's sha256 where samples agree, so a run
-        of distinct checkpoints reads a few MiB of each."""
-        files = {c.step: _weights_files(c.path) for c in checkpoints if c.path is not None}
-        sampled = {step: tuple(_sample_id(f) for f in fs) for step, fs in files.items() if fs}
-        counts: dict[tuple, int] = {}
-        for key in sampled.values():
-            counts[key] = counts.get(key, 0) + 1
-        return {
-            step: tuple(_sha256(f) for f in files[step]) if counts[key] > 1 else key
-            for step, key in sampled.items()
-        }
+        """{step: content ids of its weights files} (`local_weights_ids`)."""
+        return local_weights_ids(
+            {c.step: _weights_files(c.path) for c in checkpoints if c.path is not None}
+        )
 
 
 def _weights_files(path: Path) -> list[Path]:
@@ -340,6 +343,27 @@ def _weights_files(path: Path) -> list[Path]:
         if p.is_file() and p.name.startswith(("model", "pytorch_model"))
         and p.name.endswith(hub.WEIGHTS)
     )  # fmt: skip
+
+
+def local_weights_ids(files: dict[int, list[Path]]) -> dict[int, tuple]:
+    """{step: content ids of its weights `files`}: a file in a hub cache's blobs by its
+    blob's name (its sha256); any other by a sample (its size and three 1 MiB pieces), then
+    by its whole sha256 where samples agree, so distinct checkpoints read a few MiB each."""
+
+    def quick(file: Path) -> str:
+        return "blob:" + os.readlink(file).rsplit("/", 1)[-1] if file.is_symlink() else (
+            _sample_id(file))  # fmt: skip
+
+    sampled = {step: tuple(quick(f) for f in fs) for step, fs in files.items() if fs}
+    counts: dict[tuple, int] = {}
+    for key in sampled.values():
+        counts[key] = counts.get(key, 0) + 1
+    return {
+        step: tuple(
+            _sha256(f) if k.startswith("sample:") else k for f, k in zip(files[step], key)
+        ) if counts[key] > 1 else key
+        for step, key in sampled.items()
+    }  # fmt: skip
 
 
 def _sample_id(file: Path) -> str:
