@@ -49,7 +49,6 @@ __all__ = [
     "revision_info",
     "revision_of",
     "snapshot_in",
-    "snapshots",
 ]
 
 LEGACY_TL = ("NeelNanda/", "ArthurConmy/", "Baidicoot/")

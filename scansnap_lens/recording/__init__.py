@@ -8,7 +8,9 @@
   (`record_checkpoint`, `run_until`);
 - `recorder`: `Recorder`, a model's checkpoints into a resumable trajectory folder;
 - `sweep`: the next checkpoint fetched while one records (`Ahead`), hub revisions on a bounded
-  disk (`HubRevisions`: at most `ON_DISK` of the sweep's on disk, each deleted once recorded);
+  disk (`HubRevisions`: read from your hub cache, or downloaded into the sweep's own
+  `SweepCache`, at most `ON_DISK` there, each deleted once recorded), steps that serve one
+  weights file (`same_weights`);
 - `storage`: the trajectory folder on disk (format, tensor names, writer, locks, lazy reader);
 - `trajectory`: `Trajectory`, the recorded aggregates over checkpoints, saved and loaded.
 """
@@ -22,6 +24,11 @@ _NAMES = {
     "HubRevisions": "sweep",
     "ReadAhead": "sweep",
     "fetcher_for": "sweep",
+    "DUPLICATES": "sweep",
+    "DuplicateWeightsError": "sweep",
+    "SweepCache": "sweep",
+    "same_weights": "sweep",
+    "RESERVED": "aggregates",
     "duration": "budget",
     "CLASSES_PER_QUERY": "plan",
     "COMMON_PER_QUERY": "plan",

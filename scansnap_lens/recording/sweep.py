@@ -45,8 +45,7 @@ except ImportError:  # not POSIX: one sweep per cache is then the user's to keep
     fcntl = None
 
 __all__ = ["DUPLICATES", "ON_DISK", "Ahead", "DiskError", "DuplicateWeightsError",
-           "HubRevisions", "ReadAhead", "SweepCache", "describe_duplicates", "fetcher_for",
-           "local_weights_ids", "same_weights"]  # fmt: skip
+           "HubRevisions", "ReadAhead", "SweepCache", "fetcher_for", "same_weights"]  # fmt: skip
 
 ON_DISK = 2  # revisions of a hub sweep on disk at once: the one recording, the next
 CACHE = "hub-cache"  # the sweep's own cache, in the recording folder unless named
