@@ -43,7 +43,8 @@ def measure_all(
     groups: the token groups, or None where none could be formed (`groups_reason` says why;
     the measurements that need them are then left out with that reason).  source, training,
     loss_positions: see `catalog.MeasureInputs`.  Nothing raises because one measurement cannot be
-    made: `summarize` and `report.write_report` share these results.
+    made (its ValueError is its reason); any other error is a defect and raises:
+    `summarize` and `report.write_report` share these results.
     """
     _check_inputs(traj, groups)
     inputs = MeasureInputs(traj, groups, source, training, loss_positions)
@@ -56,7 +57,7 @@ def measure_all(
             continue
         try:
             results[entry.name] = entry.run(inputs)
-        except (ValueError, TypeError) as err:
+        except ValueError as err:  # what cannot be measured says so; a bug raises
             why[entry.name] = str(err)
     return results, why
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from _tiny import V, tiny_model
 
@@ -78,3 +79,26 @@ def test_the_atlas_gives_every_head_its_verdict_interval_and_snap():
     traj, groups, _ = runs(3)
     verdicts = heads.atlas(measures.summarize(traj, groups))["verdict"]
     assert verdicts.str.startswith("too few units (n_eff = 3 < 5)").all()
+
+
+def test_a_measure_with_a_bug_raises_and_one_that_cannot_be_made_says_why(tmp_path, monkeypatch):
+    """A defect in a measure (a TypeError deep inside it) used to become a line under "Not
+    measured"; only a ValueError, the measures' own "cannot be made", is a reason."""
+    from scansnap_lens.measures import summary
+    from scansnap_lens.measures.catalog import Measure
+
+    tokens = torch.randint(0, V, (4, 12), generator=torch.Generator().manual_seed(7))
+    traj = record_trajectory(in_memory({0: tiny_model(), 1: tiny_model(seed=1)}), tokens,
+                             tmp_path / "t", progress=False)  # fmt: skip
+
+    def cannot(x):
+        raise ValueError("needs what this run lacks")
+
+    def defect(x):
+        return None + 1
+
+    monkeypatch.setattr(summary, "MEASURES", (Measure("a", cannot, needs_groups=False),))
+    assert summary.measure_all(traj) == ({}, {"a": "needs what this run lacks"})
+    monkeypatch.setattr(summary, "MEASURES", (Measure("b", defect, needs_groups=False),))
+    with pytest.raises(TypeError):
+        summary.measure_all(traj)

@@ -36,6 +36,26 @@ def revisions(tmp_path_factory):
     return saved_revisions(tmp_path_factory.mktemp("hub"), REVISIONS, **MODEL)
 
 
+@pytest.fixture(scope="module")
+def kept(revisions, tmp_path_factory):
+    """Every step recorded one revision at a time, everything kept, from a cache of its own:
+    what each sweep below must equal."""
+    folder = tmp_path_factory.mktemp("kept")
+    saved = os.environ.get("HF_HUB_CACHE")
+    os.environ["HF_HUB_CACHE"] = str(folder / "cache")
+    try:
+        with LoopbackHub({NAME: revisions}) as server, server.use():
+            source = checkpoints.pretrained(NAME, steps=STEPS, backend="bridge")
+            return Recorder(folder / "out", _tokens(), progress=False).record(
+                source, on_disk=1, keep_checkpoints=True
+            )
+    finally:
+        if saved is None:
+            os.environ.pop("HF_HUB_CACHE", None)
+        else:
+            os.environ["HF_HUB_CACHE"] = saved
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     folder = tmp_path / "cache"
@@ -109,24 +129,24 @@ class Watch:
         self.first_byte.setdefault(revision, time.time())
 
 
-def test_sweep_holds_the_bound_reads_the_users_cache_and_overlaps(revisions, cache, tmp_path):
+def test_sweep_holds_the_bound_reads_the_users_cache_and_overlaps(revisions, cache, tmp_path, kept):
     out = tmp_path / "sweep"
     own = out / sweep.CACHE
     watch = Watch(own)
     server = LoopbackHub({NAME: revisions}, bandwidth=5e5, on_chunk=watch)
     with server:
-        kept = _precache(server, "step2")
+        precached = _precache(server, "step2")
         before = _contents(cache)
         sent_before = dict(server.sent)
         with server.use():
             source = checkpoints.pretrained(NAME, steps=STEPS, backend="bridge")
             assert [c.revision for c in source] == REVISIONS
             traj = Recorder(out, _tokens(), progress=False).record(source, on_disk=2)
-    assert traj.steps.tolist() == STEPS
+    _same_trajectory(traj, kept)
     one = max(_revision_bytes(f) for f in revisions.values())
     assert 0 < watch.peak <= 2 * one, (watch.peak, one)
     assert _contents(cache) == before  # the user's cache: byte-identical
-    assert hub.cached_commit(NAME, "step2") == kept.name
+    assert hub.cached_commit(NAME, "step2") == precached.name
     assert not own.exists()  # every download deleted once recorded, and the folder with them
     # each weight file crossed the link once; step2 never: it was read from the user's cache
     weights = revisions["step0"] / "model.safetensors"
@@ -161,6 +181,8 @@ def test_sweep_records_what_the_revisions_hold(revisions, cache, tmp_path):
 
 
 def _same_trajectory(a, b) -> None:
+    """`a` equals `b` at `a`'s steps, bit for bit."""
+    b = b.select(steps=a.steps.tolist())
     assert a.steps.tolist() == b.steps.tolist()
     for name in ("zbar", "c_hat", "previous_token"):
         torch.testing.assert_close(
@@ -368,36 +390,50 @@ def _sweep(server, out, steps, **kwargs):
         return Recorder(out, _tokens(), progress=False).record(source, **kwargs)
 
 
-def test_a_revision_pinned_by_hash_is_read_from_the_users_cache(revisions, cache, tmp_path):
+def _watched(repos, out: Path, **kwargs):
+    """A hub whose every chunk sent samples the blobs of `out`'s sweep cache (``watch``)."""
+    watch = Watch(out / sweep.CACHE)
+    server = LoopbackHub(repos, on_chunk=watch, **kwargs)
+    server.watch = watch
+    return server
+
+
+def _bound(server, revisions) -> None:
+    one = max(_revision_bytes(f) for f in revisions.values())
+    assert server.watch.peak <= 2 * one, (server.watch.peak, one)
+
+
+def test_a_revision_pinned_by_hash_is_read_from_the_users_cache(revisions, cache, tmp_path, kept):
     """snapshot_download(revision=<sha>) leaves no ref: the sweep finds the commit from the
     hub's listing, reads it where it is, downloads it no second time and deletes nothing."""
-    with LoopbackHub({NAME: revisions}) as server:
+    with _watched({NAME: revisions}, tmp_path / "out") as server:
         pinned = _precache(server, server.commit(NAME, "step4"))
         assert not (pinned.parents[1] / "refs" / "step4").exists()
         before, sent = _contents(cache), server.sent[(NAME, "step4", "model.safetensors")]
-        traj = _sweep(server, tmp_path / "out", [0, 4])
+        traj = _sweep(server, tmp_path / "out", STEPS)
         assert server.sent[(NAME, "step4", "model.safetensors")] == sent
-        whole = _sweep(server, tmp_path / "whole", [0, 4], keep_checkpoints=True, on_disk=1)
-    assert _contents(cache) != before  # the kept run downloaded step0 into it
-    _same_trajectory(traj, whole)
-    assert (pinned / "model.safetensors").is_file() and pinned.name in _snapshots(cache)
+    assert _contents(cache) == before
+    _same_trajectory(traj, kept)
+    _bound(server, revisions)
 
 
-def test_bookkeeping_from_elsewhere_deletes_nothing(revisions, cache, tmp_path):
+def test_bookkeeping_from_elsewhere_deletes_nothing(revisions, cache, tmp_path, kept):
     """A recording folder from a colleague (or an archive, or an older version) whose
     downloads.json names this very cache and the user's revisions: nothing is read from it;
     the user's cache is byte-identical.  A link as the download folder is refused."""
-    with LoopbackHub({NAME: revisions}) as server:
+    out = tmp_path / "theirs"
+    with _watched({NAME: revisions}, out) as server:
         for revision in ("step0", "step1"):
             _precache(server, revision)
         before = _contents(cache)
-        out = tmp_path / "theirs"
         out.mkdir()
         (out / "downloads.json").write_text(json.dumps(
             {"repo": NAME, "cache": str(hub.cache_dir()), "revisions": ["step0", "step1"]}
         ))  # fmt: skip
-        traj = _sweep(server, out, [0, 1, 2])
-        assert traj.steps.tolist() == [0, 1, 2] and _contents(cache) == before
+        traj = _sweep(server, out, STEPS)
+        assert _contents(cache) == before
+        _same_trajectory(traj, kept)
+        _bound(server, revisions)
         linked = tmp_path / "linked"
         linked.mkdir()
         (linked / sweep.CACHE).symlink_to(cache, target_is_directory=True)
@@ -413,33 +449,35 @@ def test_bookkeeping_from_elsewhere_deletes_nothing(revisions, cache, tmp_path):
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
-def test_kept_then_resumed_without_keeping_deletes_nothing_kept(revisions, cache, tmp_path):
-    with LoopbackHub({NAME: revisions}) as server:
+def test_kept_then_resumed_without_keeping_deletes_nothing_kept(revisions, cache, tmp_path, kept):
+    with _watched({NAME: revisions}, tmp_path / "out") as server:
         _sweep(server, tmp_path / "out", [0, 1], keep_checkpoints=True)
-        kept = _contents(cache)
+        after_keep = _contents(cache)
         assert len(_snapshots(cache)) == 2
-        traj = _sweep(server, tmp_path / "out", [0, 1, 2, 4])
-        whole = _sweep(server, tmp_path / "whole", [0, 1, 2, 4], on_disk=1)
-    assert _contents(cache) == kept
-    _same_trajectory(traj, whole)
+        traj = _sweep(server, tmp_path / "out", STEPS)
+    assert _contents(cache) == after_keep
+    _same_trajectory(traj, kept)
+    _bound(server, revisions)
     assert not (tmp_path / "out" / sweep.CACHE).exists()
 
 
-def test_a_mirror_with_the_same_commits_is_never_touched(revisions, cache, tmp_path):
+def test_a_mirror_with_the_same_commits_is_never_touched(revisions, cache, tmp_path, kept):
     """`git push --mirror` keeps commit hashes: the user's mirror holds the very commits the
     sweep downloads and deletes; deletion is by repository and revision, in the sweep's own
     cache, so the mirror's snapshots stay whole."""
     mirror = "someone/pythia-14m-mirror"
     repos = {NAME: revisions, mirror: revisions}
-    with LoopbackHub(repos, mirrors={mirror: NAME}) as server:
+    with _watched(repos, tmp_path / "out", mirrors={mirror: NAME}) as server:
         for revision in ("step0", "step1"):
             _precache(server, revision, name=mirror)
         assert _snapshots(cache, mirror) == sorted(
             server.commit(NAME, r) for r in ("step0", "step1")
         )
         before = _contents(cache)
-        traj = _sweep(server, tmp_path / "out", [0, 1, 2])
-    assert traj.steps.tolist() == [0, 1, 2] and _contents(cache) == before
+        traj = _sweep(server, tmp_path / "out", STEPS)
+    assert _contents(cache) == before
+    _same_trajectory(traj, kept)
+    _bound(server, revisions)
 
 
 def test_a_kill_after_the_last_record_is_cleaned_up_by_the_rerun(
@@ -459,7 +497,9 @@ def test_a_kill_after_the_last_record_is_cleaned_up_by_the_rerun(
     assert not (out / sweep.CACHE).exists() and _contents(cache) == {}
 
 
-def test_two_sweeps_at_once_leave_nothing_and_share_no_download_folder(revisions, cache, tmp_path):
+def test_two_sweeps_at_once_leave_nothing_and_share_no_download_folder(
+    revisions, cache, tmp_path, kept
+):
     """Two sweeps of one repository at the same time, from one user's cache (step1 in it):
     each downloads into its own folder and deletes only there, so neither deletes what the
     other loads, and nothing is left; a second sweep naming a download folder in use is
@@ -492,9 +532,8 @@ def test_two_sweeps_at_once_leave_nothing_and_share_no_download_folder(revisions
     assert "is the download folder of a sweep running now" in refused.stderr
     for run, output in zip(runs, outputs):
         assert run.returncode == 0, output[-3000:]
-    a, b = (Trajectory.load(tmp_path / f"run{i}") for i in range(2))
-    _same_trajectory(a, b)
-    assert a.steps.tolist() == STEPS
+    for i in range(2):
+        _same_trajectory(Trajectory.load(tmp_path / f"run{i}"), kept)
     assert _contents(cache) == before
     assert not any((tmp_path / f"run{i}" / sweep.CACHE).exists() for i in range(2))
 
