@@ -101,3 +101,67 @@ def test_tokens_writes_the_evaluation_tokens_record_text_reads(user_run, capsys)
     a, b = Trajectory.load(user_run / "traj3"), Trajectory.load(user_run / "traj")
     assert torch.equal(a.plan.queries, b.plan.queries)
     assert torch.equal(a.zbar.full(), b.zbar.full())
+
+
+@pytest.fixture(scope="module")
+def syn_medium_run(tmp_path_factory):
+    """(checkpoint folder, evaluation rows, statistics) of a model trained on Syn-Medium,
+    whose corpus statistics classify distinct tokens: the recorder plans for the scan's
+    power from them (the plan a resume must make again)."""
+    import torch
+
+    from scansnap_lens.lab.synthetic import syn_medium
+    from scansnap_lens.statistics.context import Context
+    from scansnap_lens.statistics.corpus import count_corpus
+
+    classes = syn_medium(1)
+    tokens, labels, _ = classes.sample(2000, 16, torch.Generator().manual_seed(0))
+    rows = torch.cat([tokens, labels[:, None]], 1)
+    root = tmp_path_factory.mktemp("syn")
+    model = attention_only_model(33, d_model=16, n_heads=2, n_ctx=17, seed=0)
+    train(model, rows, num_steps=40, lr_y=0.5, lr_z=0.5, save_steps=[0, 5, 10, 20, 30, 40],
+          out=root / "ckpt", progress=False)  # fmt: skip
+    return root / "ckpt", rows[:16], count_corpus(rows, Context(window=17))
+
+
+def test_the_identical_record_command_resumes_an_interrupted_and_a_finished_run(
+    syn_medium_run, tmp_path, capsys, monkeypatch
+):
+    """Planned by the budget for the scan's power from the statistics, interrupted after two
+    of six checkpoints: the identical command records the other four and nothing again,
+    once more records nothing (both were refused as "another plan": the resumed plan was
+    made without the statistics); a changed budget is refused naming it."""
+    from scansnap_lens.inputs.tokens import save_tokens
+    from scansnap_lens.recording.recorder import Recorder
+
+    folder, rows, stats = syn_medium_run
+    save_tokens(tmp_path / "eval.safetensors", rows)
+    stats.save(tmp_path / "stats.safetensors")
+    args = ["record", "--checkpoints", str(folder), "--tokens",
+            str(tmp_path / "eval.safetensors"), "--stats", str(tmp_path / "stats.safetensors"),
+            "--out", str(tmp_path / "traj")]  # fmt: skip
+    calls = []
+    on_checkpoint = Recorder.on_checkpoint
+
+    def interrupted(self, step, model, **kwargs):
+        calls.append(step)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return on_checkpoint(self, step, model, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Recorder, "on_checkpoint", interrupted)
+        assert main(args) == 130
+    files = sorted((tmp_path / "traj" / "checkpoints").glob("step_*.safetensors"))
+    stamps = {p.name: p.stat().st_mtime_ns for p in files}
+    assert len(stamps) == 2
+    capsys.readouterr()
+    assert main(args) == 0, capsys.readouterr().err
+    assert "6 checkpoints recorded (4 new, 0 skipped)" in capsys.readouterr().out
+    assert all((tmp_path / "traj" / "checkpoints" / n).stat().st_mtime_ns == t
+               for n, t in stamps.items())  # fmt: skip
+    assert main(args) == 0
+    assert "6 checkpoints recorded (0 new, 0 skipped)" in capsys.readouterr().out
+    assert main([*args, "--max-checkpoint-mb", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "max_checkpoint_bytes (--max-checkpoint-mb) 64000000 there, 8000000 here" in err

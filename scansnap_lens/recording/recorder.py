@@ -190,6 +190,8 @@ class Recorder:
         if overwrite and (self.out / "manifest.json").exists():
             remove_trajectory(self.out)
         manifest_path = self.out / "manifest.json"
+        if plan is None and planning["queries"] is None:  # what the budget planning reads
+            meta = {**(meta or {}), **self._planned_for()}
         if plan is None and manifest_path.exists():  # resuming: plan as the folder did
             saved = _read_plan(self.out / _read_manifest(self.out).get("plan", "plan.safetensors"))
             queries = saved.queries if planning["queries"] is None else planning["queries"]
@@ -200,6 +202,9 @@ class Recorder:
                                   else planning["window"],
                                   include_self=saved.include_self,
                                   tokenizer=planning["tokenizer"])  # fmt: skip
+            if planning["queries"] is None:  # planned by the budget: the folder's plan holds
+                _check_same_text(self.out, saved, plan)
+                plan = saved
         self._planning = planning
         default_prompt = prompt is None
         if prompt is None and prompt_length > 0 and isinstance(tokens, Tensor):
@@ -224,6 +229,16 @@ class Recorder:
                 self.prompt = None if saved is None else torch.tensor(saved, dtype=torch.long)
             self._writer_for()
 
+    def _planned_for(self) -> dict:
+        """What a plan made by the budget depends on (kept in the manifest's meta, so a
+        resume with another value is refused naming it), never how many checkpoints are
+        left to record."""
+        return {
+            "plan_stats": None if self.stats is None else str(self.stats.fingerprint),
+            "max_checkpoint_bytes": self.max_checkpoint_bytes,
+            "max_run_bytes": self.max_run_bytes,
+        }
+
     def _check_same_run(self, meta: dict) -> None:
         """Refuse to add to a folder that holds another run: a value of `meta` it has differs."""
         saved = _read_manifest(self.out)["meta"] if (self.out / "manifest.json").exists() else {}
@@ -240,10 +255,16 @@ class Recorder:
             and json.loads(json.dumps(saved[k])) != json.loads(json.dumps(v))
         }
         if differ:
-            what = "; ".join(f"{k} {old!r} there, {new!r} here" for k, (old, new) in differ.items())
+            flags = {"plan_stats": " (stats=, --stats)", "max_run_bytes": " (--max-run-gb)",
+                     "max_checkpoint_bytes": " (--max-checkpoint-mb)"}  # fmt: skip
+            what = "; ".join(
+                f"{k}{flags.get(k, '')} {old!r} there, {new!r} here"
+                for k, (old, new) in differ.items()
+            )
             raise ValueError(
-                f"{self.out} holds another run ({what}): record into another folder, or"
-                " replace it (overwrite=True, --overwrite)"
+                f"{self.out} holds another run ({what}): give the values it was recorded with"
+                " to resume it, record into another folder, or replace it (overwrite=True,"
+                " --overwrite)"
             )
 
     def _writer_for(self, model=None) -> TrajectoryWriter | None:
@@ -568,6 +589,28 @@ class Recorder:
 
     def trajectory(self) -> Trajectory:
         return Trajectory.load(self.out)
+
+
+def _check_same_text(out: Path, saved: RecordPlan, plan: RecordPlan) -> None:
+    """ValueError naming what differs where `plan` (these tokens, planned for the folder's
+    queries) is not of the text and context convention the folder's plan was made for."""
+    differ = [
+        what
+        for what, a, b in (
+            ("the evaluation tokens (tokens=, --tokens, --text, --max-rows)", saved.fingerprint,
+             plan.fingerprint),
+            ("exclude_bos (--exclude-bos)", saved.exclude_bos, plan.exclude_bos),
+            ("window (--window, or the statistics' window)", saved.window, plan.window),
+            ("the vocabulary", saved.vocab_size, plan.vocab_size),
+        )
+        if a != b
+    ]  # fmt: skip
+    if differ:
+        raise ValueError(
+            f"{out} was recorded with other {', '.join(differ)}: give those it was recorded"
+            " with to resume it, record into another folder, or replace it (overwrite=True,"
+            " --overwrite)"
+        )
 
 
 def _folder_aggregates(out: Path, manifest: dict) -> tuple[Aggregate, ...]:

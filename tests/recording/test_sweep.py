@@ -137,7 +137,6 @@ def test_sweep_holds_the_bound_reads_the_users_cache_and_overlaps(revisions, cac
     with server:
         precached = _precache(server, "step2")
         before = _contents(cache)
-        sent_before = dict(server.sent)
         with server.use():
             source = checkpoints.pretrained(NAME, steps=STEPS, backend="bridge")
             assert [c.revision for c in source] == REVISIONS
@@ -148,13 +147,11 @@ def test_sweep_holds_the_bound_reads_the_users_cache_and_overlaps(revisions, cac
     assert _contents(cache) == before  # the user's cache: byte-identical
     assert hub.cached_commit(NAME, "step2") == precached.name
     assert not own.exists()  # every download deleted once recorded, and the folder with them
-    # each weight file crossed the link once; step2 never: it was read from the user's cache
+    # each weight file crossed the link once: step2's before the sweep (the user's download),
+    # never again, as the sweep read it from the user's cache
     weights = revisions["step0"] / "model.safetensors"
     for revision in REVISIONS:
-        sent = server.sent[(NAME, revision, "model.safetensors")]
-        assert sent - sent_before.get((NAME, revision, "model.safetensors"), 0) == (
-            0 if revision == "step2" else weights.stat().st_size
-        )
+        assert server.sent[(NAME, revision, "model.safetensors")] == weights.stat().st_size
     # step8's download began while step4 recorded (snapshot_download asks for the revision
     # first; the sweep's listing asked before anything was recorded)
     written = {e["step"]: (out / e["file"]).stat().st_mtime for e in _checkpoints(out)}
@@ -409,9 +406,10 @@ def test_a_revision_pinned_by_hash_is_read_from_the_users_cache(revisions, cache
     with _watched({NAME: revisions}, tmp_path / "out") as server:
         pinned = _precache(server, server.commit(NAME, "step4"))
         assert not (pinned.parents[1] / "refs" / "step4").exists()
-        before, sent = _contents(cache), server.sent[(NAME, "step4", "model.safetensors")]
+        before = _contents(cache)
         traj = _sweep(server, tmp_path / "out", STEPS)
-        assert server.sent[(NAME, "step4", "model.safetensors")] == sent
+    size = (revisions["step4"] / "model.safetensors").stat().st_size
+    assert server.sent[(NAME, "step4", "model.safetensors")] == size  # the user's download
     assert _contents(cache) == before
     _same_trajectory(traj, kept)
     _bound(server, revisions)
