@@ -145,8 +145,8 @@ def test_a_recorder_plans_for_queries_from_the_first_model_and_resumes_without_o
         assert torch.equal(getattr(got, name), getattr(reference, name)), name
     with pytest.raises(ValueError, match="another plan"):
         Recorder(tmp_path / "q", tokens, queries=[3, 5], progress=False)
-    with pytest.raises(ValueError, match="another plan"):  # another context convention
-        Recorder(tmp_path / "q", tokens, exclude_bos=True, progress=False)
+    with pytest.raises(ValueError, match=r"recorded with other exclude_bos \(--exclude-bos\)"):
+        Recorder(tmp_path / "q", tokens, exclude_bos=True, progress=False)  # another convention
     with pytest.raises(ValueError, match="give a plan, or queries"):
         Recorder(tmp_path / "r", tokens, explicit, queries=[3], progress=False)
     traj = record_trajectory(in_memory({0: models[0]}), tokens, tmp_path / "s", queries=[5],
