@@ -50,6 +50,7 @@ _NAMES = {
     "cache_dir": "hub",
     "cached_commit": "hub",
     "delete_snapshot": "hub",
+    "refuse_linked": "hub",
     "fetch_revision": "hub",
     "offline": "hub",
     "remove_orphans": "hub",

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from scansnap_lens.models import backend as be
-from scansnap_lens.models.formats import LOAD_ERRORS, CheckpointError
+from scansnap_lens.models.formats import LOAD_ERRORS, WEIGHT_SUFFIXES, CheckpointError
 
 __all__ = [
     "RevisionInfo",
@@ -44,6 +44,7 @@ __all__ = [
     "label_of_file",
     "load_labelled",
     "offline",
+    "refuse_linked",
     "remove_orphans",
     "revision_files",
     "revision_info",
@@ -272,7 +273,6 @@ def _load_hooked(name: str, label: int, folder: Path | None, **load_kwargs):
 # ------------------------------------------------------------------ revisions on disk
 # Weight formats a recording does not read: other frameworks' files, never downloaded.
 _OTHER_FRAMEWORKS = (".h5", ".msgpack", ".ot", ".onnx", ".tflite", ".mlmodel", ".gguf")
-WEIGHTS = (".safetensors", ".bin", ".pt", ".pth")  # files whose content is the weights
 
 
 @dataclass(frozen=True)
@@ -288,7 +288,7 @@ class RevisionInfo:
     def weights_id(self) -> tuple[str, ...]:
         """The content ids of its weights files: equal where two revisions serve the same
         weights, whatever their names."""
-        return tuple(self.ids[f] for f in sorted(self.files) if f.endswith(WEIGHTS))
+        return tuple(self.ids[f] for f in sorted(self.files) if f.endswith(WEIGHT_SUFFIXES))
 
 
 def revision_info(name: str, revision: str) -> RevisionInfo:
@@ -379,6 +379,22 @@ def snapshots(cache: Path, name: str) -> dict[str, str]:
     return {p.relative_to(refs).as_posix(): p.read_text().strip() for p in found}
 
 
+def _linked(repo: Path) -> bool:
+    return any(p.is_symlink() for p in (repo, repo / "blobs", repo / "snapshots", repo / "refs"))
+
+
+def refuse_linked(cache: Path, name: str) -> None:
+    """ValueError where `name`'s folder in `cache`, or a folder of it, is a symbolic link: a
+    cache from someone else could point them at another cache, and writing or deleting
+    through one would reach there."""
+    repo = _repo_folder(name, cache)
+    if _linked(repo):
+        raise ValueError(
+            f"{repo}, or a folder in it, is a symbolic link: the sweep neither downloads nor"
+            " deletes through one; remove that folder (the sweep's own cache) and run again"
+        )
+
+
 def delete_snapshot(cache: Path, name: str, revision: str) -> int:
     """Delete `revision` of `name` from `cache`: its snapshot, the refs naming its commit,
     and the blobs no other snapshot of `name` in `cache` uses; the bytes freed.  Only inside
@@ -386,6 +402,7 @@ def delete_snapshot(cache: Path, name: str, revision: str) -> int:
     is never touched.  Only for a cache the caller owns (the sweep's)."""
     import shutil
 
+    refuse_linked(cache, name)
     repo = _repo_folder(name, cache)
     commit = (repo / "refs" / revision).read_text().strip() if (
         repo / "refs" / revision
@@ -404,9 +421,9 @@ def delete_snapshot(cache: Path, name: str, revision: str) -> int:
         if other.name != commit:
             used |= blobs_of(other)
     freed = 0
-    blobs = (repo / "blobs").resolve()
+    blobs = (repo / "blobs").resolve()  # no link (checked above): the folder itself
     for blob in blobs_of(folder) - used if folder.is_dir() else ():
-        if blob.parent == blobs and blob.is_file():
+        if blob.parent == blobs and blob.is_file() and not blob.is_symlink():
             freed += blob.stat().st_size
             blob.unlink()
     shutil.rmtree(folder, ignore_errors=True)
@@ -434,7 +451,7 @@ def remove_orphans(name: str, cache: Path | None = None) -> int:
     repo = _repo_folder(name, cache)
     blobs = repo / "blobs"
     locks = (cache or cache_dir()) / ".locks" / repo.name
-    if not blobs.is_dir():
+    if not blobs.is_dir() or _linked(repo):
         return 0
     freed = 0
     for path in sorted(blobs.glob("*.incomplete")):

@@ -483,9 +483,8 @@ class Recorder:
         try:
             todo = self._begin(source, on_error)
             fetcher = fetcher_for(source, on_disk, keep_checkpoints, download_dir)
-            if fetcher is not None:
-                todo = self._drop_duplicates(source, todo, fetcher, duplicates)
             if fetcher is not None:  # with nothing to record, it still cleans up
+                todo = self._drop_duplicates(source, todo, fetcher, duplicates)
                 if getattr(fetcher, "writes", False):  # one sweep in a folder at a time
                     self.lock.acquire()
                 fetcher.prepare(todo, self.done, self.out)

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from scansnap_lens._io import make_folder, open_lock, refuse_link, write_text
 from scansnap_lens.models import hub
 from scansnap_lens.models.checkpoints import Checkpoint, CheckpointError, CheckpointSource
+from scansnap_lens.models.formats import WEIGHT_SUFFIXES
 from scansnap_lens.recording.budget import size_text
 
 try:
@@ -205,6 +206,7 @@ class HubRevisions:
         place = self.download_dir or Path(folder) / CACHE
         if not self.keep or place.exists():
             self.cache = SweepCache(place).open()
+            hub.refuse_linked(self.cache.folder, self.name)  # a prepared folder's links
             hub.remove_orphans(self.name, self.cache.folder)  # a killed download's: anew
             wanted = {c.revision for c in todo}
             for revision in sorted(hub.snapshots(self.cache.folder, self.name)):
@@ -340,7 +342,7 @@ def _weights_files(path: Path) -> list[Path]:
     return sorted(
         p for p in path.iterdir()
         if p.is_file() and p.name.startswith(("model", "pytorch_model"))
-        and p.name.endswith(hub.WEIGHTS)
+        and p.name.endswith(WEIGHT_SUFFIXES)
     )  # fmt: skip
 
 

@@ -443,6 +443,15 @@ def test_bookkeeping_from_elsewhere_deletes_nothing(revisions, cache, tmp_path, 
         (tmp_path / "mine" / "notes.txt").write_text("keep me")
         with pytest.raises(ValueError, match=r"holds files the sweep did not put there"):
             _sweep(server, tmp_path / "other", [0, 2], download_dir=tmp_path / "mine")
+        # a prepared sweep cache (marked, as the sweep marks it) whose blobs folder links
+        # into the user's cache: nothing downloads or deletes through it
+        prepared = tmp_path / "prepared" / sweep.CACHE
+        repo = "models--" + NAME.replace("/", "--")
+        (prepared / repo).mkdir(parents=True)
+        (prepared / sweep.SweepCache.MARK).write_text("{}")
+        (prepared / repo / "blobs").symlink_to(cache / repo / "blobs", target_is_directory=True)
+        with pytest.raises(ValueError, match=r"or a folder in it, is a symbolic link"):
+            _sweep(server, tmp_path / "prepared", [0, 2])
     assert _contents(cache) == before
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
