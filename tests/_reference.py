@@ -66,6 +66,8 @@ def brute_force(model, tokens, exclude_bos=False, include_self=False, queries=No
         if torch.equal(S, A):  # a bridge that shows the pattern at the scores hook
             q = cache[f"blocks.{layer}.attn.hook_q"].double()  # [batch, pos, head, d_head]
             k = cache[f"blocks.{layer}.attn.hook_k"].double()
+            # grouped-query attention: each key head serves n_heads / n_kv query heads
+            k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
             S = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
         for b, row in enumerate(tokens.tolist()):
             for T in range(first + 1, len(row) - 1):

@@ -12,7 +12,8 @@ device, synchronised, the best of `--rounds` taking turns: the forward without h
 after the last layer (`run_until`), and `record_checkpoint` with every default aggregate (the
 scan's and the head types': hooks, gathers, sums, the copy of the sums back to the host),
 after a first checkpoint of the run has decided what a run decides once (`RunState`).  Prints
-one JSON line per shape with both times and their ratio.
+one JSON line per shape with both times, their ratio, and on a GPU how often each made the
+host wait for the device (`torch.cuda.set_sync_debug_mode`).
 """
 
 from __future__ import annotations
@@ -90,19 +91,25 @@ def time_shape(shape: str, args) -> dict:
             torch.cuda.synchronize()
 
     @torch.no_grad()
-    def forward():
+    def forward_passes():
         for x in batches:
             run_until(model, x.to(args.device), last, [])
-        sync()
 
     state = RunState()  # what a Recorder decides at a run's first checkpoint, kept
 
-    def record():
+    def record_passes():
         record_checkpoint(model, tokens, plan, batch_size=args.batch_size,
                           device=args.device, progress=False, state=state)  # fmt: skip
-        sync()
+
+    def forward():
+        forward_passes(), sync()
+
+    def record():
+        record_passes(), sync()
 
     forward(), record()  # warm: the first passes allocate and compile
+    syncs = {name: count_syncs(fn, args.device) for name, fn in
+             (("forward", forward_passes), ("record", record_passes))}  # fmt: skip
     times = {"forward": [], "record": []}
     for _ in range(args.rounds):
         for name, fn in (("forward", forward), ("record", record)):
@@ -117,7 +124,25 @@ def time_shape(shape: str, args) -> dict:
                                           "triples": plan.num_triples},
         "forward_s": round(best["forward"], 4), "record_s": round(best["record"], 4),
         "record_over_forward": round(best["record"] / best["forward"], 3),
+        "host_waits_forward": syncs["forward"], "host_waits_record": syncs["record"],
     }  # fmt: skip
+
+
+def count_syncs(fn, device: str) -> int | None:
+    """The times `fn` makes the host wait for the GPU (PyTorch's sync debug mode warns at
+    each); None off a GPU."""
+    import warnings
+
+    if not device.startswith("cuda"):
+        return None
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 if __name__ == "__main__":

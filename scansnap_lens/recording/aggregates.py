@@ -365,7 +365,10 @@ AGGREGATES: tuple[Aggregate, ...] = (
         "entropy (nats) of the context weights, renormalised, per event of the class",
         "the events N(m, n) of the class",
         optional=False,
-        gather=lambda g: (g.batch.event_class[g.batch.tracked], g.entropy[g.batch.tracked]),
+        gather=lambda g: (
+            g.batch.event_class[g.batch.tracked_events],
+            g.entropy[g.batch.tracked_events],
+        ),
         count=lambda plan: plan.class_events,
     ),
     Aggregate(

@@ -17,6 +17,7 @@ HookedTransformer and the dtype's minimum on TransformerBridge.  Where a bridge 
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 import warnings
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from einops import rearrange
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -80,18 +82,16 @@ class _Lookup:
 
     DENSE_LIMIT = 1 << 22  # entries: a 16 MB int32 table at most
 
-    def __init__(self, row: Tensor, col: Tensor, rows: int, V: int, device):
+    def __init__(self, row: Tensor, col: Tensor, rows: int, V: int):
         self.V = V
         keys = row * V + col
         if rows * V <= self.DENSE_LIMIT:
-            self.table = torch.full((rows * V,), -1, dtype=torch.int32, device=device)
-            self.table[keys.to(device)] = torch.arange(
-                keys.numel(), dtype=torch.int32, device=device
-            )
+            self.table = torch.full((rows * V,), -1, dtype=torch.int32)
+            self.table[keys] = torch.arange(keys.numel(), dtype=torch.int32)
             self.keys = None
         else:
             self.table = None
-            self.keys = keys.to(device)
+            self.keys = keys
 
     def __call__(self, row: Tensor, col: Tensor) -> Tensor:
         key = row * self.V + col
@@ -103,16 +103,48 @@ class _Lookup:
         return torch.where(self.keys[slot] == key, slot, -1)
 
 
+def _to_device(t: Tensor, device) -> Tensor:
+    """Host tensor `t` on `device`; to a GPU pinned and asynchronous, so the host goes on
+    (a copy from pageable memory waits for the device's queue)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def _to_host(t: Tensor) -> Tensor:
+    """A contiguous host copy of `t`; from a GPU into pinned memory without waiting (the
+    caller synchronises once, after all of them)."""
+    if t.device.type != "cuda":
+        return t.contiguous()
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return out.copy_(t, non_blocking=True)
+
+
+def _index_bytes(kept) -> int:
+    batch, positions, counts = kept
+    tensors = [*(vars(batch).values() if batch is not None else ()), *counts.values(),
+               *(t for p in positions.values() for t in (p.flat, p.slot))]  # fmt: skip
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, Tensor))
+
+
+def _event_sums(values: Tensor, batch) -> Tensor:
+    """[E, H] the sums of `values` [J, H] over each event's pairs: a scatter whose output
+    size the host knows (a segmented sum by lengths reads them back from a GPU)."""
+    out = values.new_zeros(batch.num_events, values.shape[1])
+    return out.index_add_(0, batch.event, values)
+
+
 @dataclass
 class _Batch:
     """Index tensors of the tracked position pairs of one batch (J pairs, E events)."""
 
-    flat: Tensor  # [J, H] flat index into a [B, n_heads, T, T] tensor
+    flat: Tensor  # [J, H] flat index into a [B, n_heads, T, T] tensor ([J]: of head 0)
     q_pos: Tensor  # [J] flat index (b * T + T_query) of each pair's query position
     k_pos: Tensor  # [J] flat index (b * T + t) of each pair's key position
     event: Tensor  # [J] event of each pair (each event's pairs one run, in event order)
     n_ctx: Tensor  # [E] the pairs of each event
-    zbar_flat: Tensor  # [J'', H] `flat` at the pairs the plan holds (all J: `flat`)
+    zbar_flat: Tensor | None  # [J'', H] `flat` at the pairs the plan holds (all J: `flat`)
     pair_slot: Tensor  # [J] zbar slot ([J''] of `zbar_pairs` where the plan samples pairs)
     zbar_pairs: Tensor | None  # [J''] the pairs the plan holds (None: every pair)
     c_hat_pairs: Tensor  # [J'] the pairs whose class is tracked
@@ -120,8 +152,18 @@ class _Batch:
     all_tracked: bool  # every pair's class is tracked (c_hat_pairs is everything)
     event_query: Tensor  # [E] query slot of each event
     event_class: Tensor  # [E] class slot, -1 when the class is not tracked
-    tracked: Tensor  # [E] the events whose class is tracked
+    tracked_events: Tensor  # [E'] the events whose class is tracked
     num_events: int
+
+    def to(self, device, head_offsets: Tensor) -> _Batch:
+        """This batch (as `index` makes it, head 0's flat indices) on `device`, copied
+        without the host waiting; the watched heads' indices, [J, H], made there."""
+        moved = {k: _to_device(v, device) if isinstance(v, Tensor) else v
+                 for k, v in vars(self).items()}  # fmt: skip
+        flat = moved["flat"][:, None] + head_offsets[None, :]
+        pairs = moved["zbar_pairs"]
+        return _Batch(**{**moved, "flat": flat,
+                         "zbar_flat": flat if pairs is None else flat[pairs]})  # fmt: skip
 
 
 @dataclass
@@ -166,9 +208,10 @@ class _HookAggregator:
     """
 
     def __init__(self, model, plan: RecordPlan, layers, heads, device,
-                 aggregates: Sequence[Aggregate], rows: int, scores_from_qk=None):  # fmt: skip
+                 aggregates: Sequence[Aggregate], rows: int, state=None):  # fmt: skip
         self.model, self.plan = model, plan
-        self.layers, self.heads = list(layers), torch.as_tensor(list(heads), device=device)
+        self.layers, self.heads = list(layers), torch.as_tensor(list(heads))
+        self.heads_on_device = self.heads.to(device)
         self.n_heads = int(model.cfg.n_heads)
         self.device = device
         self.on_plan = [a for a in aggregates if a.axis != "rows"]
@@ -177,31 +220,32 @@ class _HookAggregator:
         self.read_weights = [a for a in self.on_plan if a.reads == "weights"]
         sizes = {a.name: a.slots(plan, rows) for a in aggregates}
         self.sums = _Sums(sizes, len(self.layers), len(self.heads), device)
-        self.row_counts = {
-            a.name: torch.zeros(rows, dtype=torch.long, device=device) for a in self.on_rows
-        }
+        self.row_counts = {a.name: torch.zeros(rows, dtype=torch.long) for a in self.on_rows}
         self.rows_done = 0
         self.batch: _Batch | None = None
         self.positions: dict[str, _Positions] = {}
-        # per layer, whether hook_attn_scores carries the pattern (`probe`); shared by the
-        # checkpoints of one run, which have one architecture
-        self.scores_from_qk: dict[int, bool] = {} if scores_from_qk is None else scores_from_qk
+        # what the checkpoints of one run share: per layer, whether hook_attn_scores carries
+        # the pattern (`probe`), and each batch's index tensors (they depend on the tokens)
+        self.state = RunState() if state is None else state
+        self.scores_from_qk = self.state.scores_from_qk
         self.qk: dict[int, dict[str, Tensor]] = {}
         if not self.on_plan:
             return
+        # the lookups index the tokens on the host: they depend on the text, not the model
         V = plan.vocab_size
-        self.query_slot = torch.full((V,), -1, dtype=torch.long, device=device)
-        self.query_slot[plan.queries.to(device)] = torch.arange(plan.num_queries, device=device)
-        qs = self.query_slot.cpu()
+        self.query_slot = torch.full((V,), -1, dtype=torch.long)
+        self.query_slot[plan.queries] = torch.arange(plan.num_queries)
+        qs = self.query_slot
         Q, C = plan.num_queries, plan.num_classes
-        self.pair_lookup = _Lookup(qs[plan.pair_query], plan.pair_token, Q, V, device)
-        self.class_lookup = _Lookup(qs[plan.class_query], plan.class_next, Q, V, device)
-        self.triple_lookup = _Lookup(plan.triple_class, plan.triple_token, C, V, device)
+        self.pair_lookup = _Lookup(qs[plan.pair_query], plan.pair_token, Q, V)
+        self.class_lookup = _Lookup(qs[plan.class_query], plan.class_next, Q, V)
+        self.triple_lookup = _Lookup(plan.triple_class, plan.triple_token, C, V)
 
     # -- indices ---------------------------------------------------------------------
     def index(self, x: Tensor) -> _Batch:
+        """The batch's tracked pairs, computed on the host from the tokens `x` [B, T] (host)."""
         _B, T = x.shape
-        dev = self.device
+        dev = x.device
         first = int(self.plan.exclude_bos)
         own = int(self.plan.include_self)
         pos = torch.arange(T, device=dev)
@@ -231,18 +275,18 @@ class _HookAggregator:
             zbar_pairs = torch.nonzero(pair_slot >= 0, as_tuple=True)[0]  # a sampled plan
             pair_slot = pair_slot[zbar_pairs]
         base = (b * self.n_heads * T + tq) * T + t
-        flat = base[:, None] + (self.heads * T * T)[None, :]
         cls_p = event_class[event]
         c_hat_pairs = torch.nonzero(cls_p >= 0, as_tuple=True)[0]
+        tracked = event_class >= 0
         triple_slot = self.triple_lookup(cls_p[c_hat_pairs], key_l[c_hat_pairs])
         if self.plan.common_per_query is not None:  # tokens a class does not keep
             kept = triple_slot >= 0
             c_hat_pairs, triple_slot = c_hat_pairs[kept], triple_slot[kept]
         all_tracked = c_hat_pairs.numel() == cls_p.numel()
         return _Batch(
-            flat=flat,
+            flat=base,
             n_ctx=n_ctx,
-            zbar_flat=flat if zbar_pairs is None else flat[zbar_pairs],
+            zbar_flat=None,
             q_pos=b * T + tq,
             k_pos=b * T + t,
             event=event,
@@ -253,17 +297,17 @@ class _HookAggregator:
             all_tracked=all_tracked,
             event_query=qslot[b_e, t_e],
             event_class=event_class,
-            tracked=event_class >= 0,
+            tracked_events=torch.nonzero(tracked, as_tuple=True)[0],
             num_events=E,
         )
 
-    def index_positions(self, x: Tensor) -> dict[str, _Positions]:
-        """Each position aggregate's reads in batch `x`, and its count of query positions
-        per row added to `row_counts`."""
+    def index_positions(self, x: Tensor) -> tuple[dict[str, _Positions], dict[str, Tensor]]:
+        """Each position aggregate's reads in batch `x` (on the device), and its query
+        positions' rows (on the host, for `row_counts`)."""
         B, T = x.shape
-        out = {}
+        out, counts = {}, {}
         for agg in self.on_rows:
-            row, q, k = (t.to(self.device).long() for t in agg.positions(x))
+            row, q, k = (torch.as_tensor(t).cpu().long() for t in agg.positions(x))
             if agg not in AGGREGATES and row.numel() and (  # a user's: checked (one sync)
                 int(row.min()) < 0 or int(row.max()) >= B
                 or int(torch.minimum(q, k).min()) < 0 or int(torch.maximum(q, k).max()) >= T
@@ -273,12 +317,15 @@ class _HookAggregator:
                     f" [{B}, {T}]"
                 )
             base = (row * self.n_heads * T + q) * T + k
-            flat = base[:, None] + (self.heads * T * T)[None, :]
             queries = torch.unique(row * T + q) // T  # each query position counts once
-            self.row_counts[agg.name].index_add_(0, queries + self.rows_done,
-                                                 torch.ones_like(queries))  # fmt: skip
-            out[agg.name] = _Positions(flat, row + self.rows_done)
-        return out
+            counts[agg.name] = queries + self.rows_done
+            flat = _to_device(base, self.device)[:, None] + self._head_offsets(T)[None, :]
+            out[agg.name] = _Positions(flat, _to_device(row + self.rows_done, self.device))
+        return out, counts
+
+    def _head_offsets(self, T: int) -> Tensor:
+        """[H] on the device: where each watched head starts in a flat [B, n_heads, T, T]."""
+        return self.heads_on_device * T * T
 
     # -- hooks -------------------------------------------------------------------------
     def scores_hook(self, i: int, layer: int):
@@ -317,10 +364,8 @@ class _HookAggregator:
             if not self.read_weights or bt.num_events == 0:
                 return None
             a = flat_pattern[bt.flat].float()  # [J, H]
-            # each event's pairs are one run (`index`): sums over runs, no scatter
-            den = torch.segment_reduce(a, "sum", lengths=bt.n_ctx, axis=0)  # [E, H]
-            a_log_a = torch.segment_reduce(torch.special.xlogy(a, a), "sum",
-                                           lengths=bt.n_ctx, axis=0)  # fmt: skip
+            den = _event_sums(a, bt)  # [E, H]
+            a_log_a = _event_sums(torch.special.xlogy(a, a), bt)
             # the entropy of a / den is log den - sum(a log a) / den, without dividing all J
             # pairs; an event whose context weights all underflow to 0 contributes zeros
             context = den.clamp_min(1e-30)
@@ -343,8 +388,12 @@ class _HookAggregator:
                 " hook_q/hook_k fired to rebuild the scores"
             )
         bt = self.batch
-        q = acts["q"].reshape(-1, self.n_heads, acts["q"].shape[-1])[:, self.heads]  # [B*T, H, d]
-        k = acts["k"].reshape(-1, self.n_heads, acts["k"].shape[-1])[:, self.heads]
+        # [B, T, heads, d] -> [B*T, H, d]; keys may have fewer heads (grouped-query
+        # attention), each shared by n_heads / n_kv consecutive query heads
+        q = rearrange(acts["q"], "b t h d -> (b t) h d")[:, self.heads_on_device]
+        k = rearrange(acts["k"], "b t h d -> (b t) h d")
+        group = self.n_heads // k.shape[1]
+        k = k[:, torch.div(self.heads_on_device, group, rounding_mode="floor")]
         q_pos, k_pos = bt.q_pos, bt.k_pos
         if bt.zbar_pairs is not None:
             q_pos, k_pos = q_pos[bt.zbar_pairs], k_pos[bt.zbar_pairs]
@@ -398,9 +447,12 @@ class _HookAggregator:
         return (is_event * n_ctx).sum(1)
 
     def run(self, x: Tensor) -> None:
+        """Aggregate the rows `x` [B, T] (on the host: they are indexed there, and only the
+        indices and the tokens go to the device, so the host never waits for it)."""
+        x = x.cpu()
         if self.read_scores and len(self.scores_from_qk) < len(self.layers):
-            self.probe(x[:1])
-        pairs = torch.cumsum(self.pairs_per_row(x), 0).cpu()
+            self.probe(x[:1].to(self.device))
+        pairs = torch.cumsum(self.pairs_per_row(x), 0)
         per_row = 4 * self.n_heads * x.shape[1] ** 2  # bytes of one row's float32 attention
         most_rows = max(1, self.MAX_ATTENTION_BYTES // per_row)
         start = 0
@@ -409,13 +461,35 @@ class _HookAggregator:
             stop = int(torch.searchsorted(pairs, before + self.MAX_PAIRS, right=True))
             stop = min(max(stop, start + 1), start + most_rows)
             part = x[start:stop]
-            self.batch = self.index(part) if self.on_plan else None
-            self.positions = self.index_positions(part)
-            run_until(self.model, part, max(self.layers), self.hooks())
+            self.batch, self.positions = self._indices(part)
+            run_until(self.model, _to_device(part, self.device), max(self.layers), self.hooks())
             self.batch, self.positions = None, {}
             self.qk.clear()
             self.rows_done += part.shape[0]
             start = stop
+
+    # The most bytes of index tensors a run keeps between its checkpoints (each batch's are
+    # the same at every checkpoint); batches past it are indexed again at each.
+    KEEP_INDEX_BYTES = 1 << 30
+
+    def _indices(self, part: Tensor) -> tuple[_Batch | None, dict[str, _Positions]]:
+        """`part`'s index tensors on the device: made on the host, or kept from an earlier
+        checkpoint of the run (`RunState.indices`)."""
+        key = (bool(self.on_plan), tuple(a.name for a in self.on_rows), self.rows_done,
+               hashlib.blake2b(part.numpy().tobytes(), digest_size=16).digest())  # fmt: skip
+        kept = self.state.indices.get(key)
+        if kept is None:
+            offsets = self._head_offsets(part.shape[1])
+            batch = self.index(part).to(self.device, offsets) if self.on_plan else None
+            kept = (batch, *self.index_positions(part))
+            size = _index_bytes(kept)
+            if self.state.index_bytes + size <= self.KEEP_INDEX_BYTES:
+                self.state.indices[key] = kept
+                self.state.index_bytes += size
+        batch, positions, counts = kept
+        for name, rows in counts.items():
+            self.row_counts[name].index_add_(0, rows, torch.ones_like(rows))
+        return batch, positions
 
     def means(self) -> dict[str, Tensor]:
         """{name: [L, H, slots]} float32 on the host: each slot's sum over its count (the
@@ -423,14 +497,17 @@ class _HookAggregator:
         for a row with none)."""
         out = {}
         for agg in [*self.on_plan, *self.on_rows]:
-            total = self.sums.total[agg.name].cpu().double()  # the division on the host
+            total = self.sums.total[agg.name].double()  # the division in float64
             if agg.axis == "rows":
-                count = self.row_counts[agg.name].cpu().double()
+                count = _to_device(self.row_counts[agg.name], self.device).double()
                 avg = torch.where(count[None, :, None] > 0, total / count.clamp_min(1)[None, :,
                                   None], math.nan)  # fmt: skip
             else:
-                avg = total / agg.count(self.plan).double()[None, :, None].clamp_min(1)
-            out[agg.name] = avg.transpose(1, 2).float().contiguous()  # [L, H, slot]
+                count = _to_device(agg.count(self.plan), self.device).double()
+                avg = total / count[None, :, None].clamp_min(1)
+            out[agg.name] = _to_host(rearrange(avg, "l s h -> l h s").float())  # [L, H, slot]
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # once: the copies landed
         return out
 
 
@@ -540,6 +617,12 @@ class RunState:
 
     scores_from_qk: dict[int, bool] = field(default_factory=dict)
     rows: dict[str, tuple[Tensor | None, str]] = field(default_factory=dict)
+    indices: dict = field(default_factory=dict, repr=False)  # each batch's, on the device
+    index_bytes: int = 0
+
+    def __getstate__(self) -> dict:
+        # sent to other processes (Ray) without the index tensors, which may be on a GPU
+        return {**self.__dict__, "indices": {}, "index_bytes": 0}
 
 
 def row_sources(
@@ -630,8 +713,7 @@ def record_checkpoint(
     own = [a for a in aggregates if a.axis == "rows" and sources[a.name][0] is not None]
     main = [a for a in aggregates if a not in own]
     rows = sum(x.shape[0] for x in batches)
-    aggregator = _HookAggregator(model, plan, layers, heads, device, main, rows,
-                                 state.scores_from_qk)  # fmt: skip
+    aggregator = _HookAggregator(model, plan, layers, heads, device, main, rows, state)
     was_training = model.training
     model.eval()
     fingerprint = 0
@@ -647,7 +729,7 @@ def record_checkpoint(
             fingerprint = (fingerprint + _fingerprint(list(x.cpu().numpy().astype(np.int64)))) & (
                 (1 << 64) - 1
             )
-            aggregator.run(x.to(device))
+            aggregator.run(x)
             if on_batch is not None:
                 on_batch(done, len(batches), time.perf_counter() - start)
         if fingerprint != plan.fingerprint:
@@ -662,7 +744,7 @@ def record_checkpoint(
             extra = _HookAggregator(model, plan, layers, heads, device, [agg],
                                     own_rows.shape[0])  # fmt: skip
             for x in own_rows.split(batch_size):
-                extra.run(x.to(device))
+                extra.run(x)
             values.update(extra.means())
     finally:
         model.train(was_training)

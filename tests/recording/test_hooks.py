@@ -10,6 +10,7 @@ import torch
 from _backends import BACKENDS, requires_hooked
 from _reference import assert_matches, brute_force
 from _tiny import V, tiny_model
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from scansnap_lens.measures.entropy import position_entropy
 from scansnap_lens.recording.hooks import (
@@ -219,3 +220,151 @@ def test_batches_with_more_position_pairs_than_the_bound_run_in_parts(monkeypatc
     again = record_checkpoint(model, tokens, plan, batch_size=6, progress=False)
     assert runs == [2, 2, 2]
     assert_matches(again, plan, ref, range(2), range(3))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grouped_query_attention_on_the_rebuilt_scores_equals_brute_force(backend):
+    """Keys shared by pairs of query heads (4 query heads, 2 key/value heads), where the
+    scores are rebuilt from hook_q/hook_k: TL 4's native bridge shows the pattern at
+    hook_attn_scores; a HookedTransformer (TL 3) is made to.  Each query head reads its own
+    group's keys: the logits equal the exact float64 ones, and the rebuilt scores reproduce
+    the model's own pattern (so the reference's grouping is the model's)."""
+    model = tiny_model(backend=backend, n_heads=4, n_key_value_heads=2)
+    tokens = torch.randint(0, V, (3, 10), generator=torch.Generator().manual_seed(5))
+    plan = plan_recording(tokens, V)
+    ref = brute_force(model, tokens)  # the true scores, before any hook changes them
+    if backend == "hooked":
+        stash = {}
+
+        def scores_to_pattern(scores, hook):
+            stash[hook.name] = torch.softmax(scores, -1)
+            return stash[hook.name]
+
+        def restore_pattern(pattern, hook):
+            return stash[hook.name.replace("hook_pattern", "hook_attn_scores")]
+
+        for layer in range(2):
+            model.add_perma_hook(f"blocks.{layer}.attn.hook_attn_scores", scores_to_pattern)
+            model.add_perma_hook(f"blocks.{layer}.attn.hook_pattern", restore_pattern)
+    _, cache = model.run_with_cache(tokens)
+    assert _looks_like_pattern(cache["blocks.0.attn.hook_attn_scores"])  # the q/k path
+    assert cache["blocks.0.attn.hook_k"].shape[2] == 2  # keys of 2 heads reach the hook
+    q, k = cache["blocks.1.attn.hook_q"].double(), cache["blocks.1.attn.hook_k"].double()
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(2, dim=2)) / 8**0.5
+    causal = torch.ones(10, 10, dtype=torch.bool).tril()
+    pattern = torch.softmax(scores.masked_fill(~causal, -torch.inf), -1)
+    pattern_tol = 64 * torch.finfo(torch.float32).eps
+    torch.testing.assert_close(pattern, cache["blocks.1.attn.hook_pattern"].double(),
+                               atol=pattern_tol, rtol=0)  # fmt: skip
+    rec = record_checkpoint(model, tokens, plan, batch_size=2, progress=False)
+    assert_matches(rec, plan, ref, range(2), range(4))
+
+
+class _CountSyncs(TorchDispatchMode):
+    """Counts the aten calls that make the host wait for a GPU: reading a value
+    (``.item()``, ``bool()``), outputs whose size depends on values (``nonzero``, boolean
+    indexing, ``unique``, ``repeat_interleave`` by a tensor, a segmented sum by lengths)."""
+
+    NAMES = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "repeat_interleave",
+             "segment_reduce", "is_nonzero", "equal")  # fmt: skip
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        boolean_index = name in ("index", "index_put", "index_put_") and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool
+            for i in (args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ())
+        )
+        if boolean_index or any(name.startswith(n) for n in self.NAMES):
+            self.calls.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_forward_passes_wait_for_the_host_no_more_than_the_bare_forward(monkeypatch):
+    """Per batch, the recorder indexes the tokens on the host and sends only indices to the
+    device: inside its forward passes (every hook of every aggregate, the rebuilt scores,
+    several parts per batch) the calls that make the host wait for a GPU are exactly the
+    bare forward's, and the copy back to the host happens once per checkpoint."""
+    import scansnap_lens.recording.hooks as hooks
+
+    model = tiny_model()
+    tokens = torch.randint(0, V, (8, 12), generator=torch.Generator().manual_seed(6))
+    plan = plan_recording(tokens, V)
+    bare = _CountSyncs()
+    with bare:
+        hooks.run_until(model, tokens[:2], 1, [])
+    inside, passes = _CountSyncs(), []
+    original = hooks.run_until
+
+    def counted(model, x, last_layer, hook_list):
+        passes.append(x.shape[0])
+        with inside:
+            return original(model, x, last_layer, hook_list)
+
+    monkeypatch.setattr(hooks, "run_until", counted)
+    monkeypatch.setattr(hooks._HookAggregator, "MAX_PAIRS", 40)  # several parts per batch
+    means = []
+    monkeypatch.setattr(hooks._HookAggregator, "means", _spy(hooks._HookAggregator.means, means))
+    record = hooks.record_checkpoint(model, tokens, plan, batch_size=4, progress=False,
+                                     aggregates=["zbar", "c_hat", "entropy", "query_entropy",
+                                                 "previous_token", "first_token"])  # fmt: skip
+    assert len(passes) > 4 and record.zbar.shape[0] == 2
+    per_pass = len(bare.calls)
+    assert len(inside.calls) == per_pass * (len(passes) - 1) + _probe_calls(model, tokens), (
+        inside.calls
+    )
+    assert len(means) == 1  # the sums come back to the host once per checkpoint
+
+
+def _spy(method, calls: list):
+    def wrapped(self, *args, **kwargs):
+        calls.append(1)
+        return method(self, *args, **kwargs)
+
+    return wrapped
+
+
+def _probe_calls(model, tokens) -> int:
+    """The once-per-run probe's own calls (whether hook_attn_scores carries the pattern)."""
+    import scansnap_lens.recording.hooks as hooks
+
+    counter, state = _CountSyncs(), {}
+
+    def probe(scores, hook=None):
+        with counter:
+            state[hook.name] = hooks._looks_like_pattern(scores)
+
+    with _CountSyncs() as forward:
+        hooks.run_until(model, tokens[:1], 1, [(f"blocks.{i}.attn.hook_attn_scores", probe)
+                                                for i in range(2)])  # fmt: skip
+    return len(forward.calls)
+
+
+def test_a_runs_later_checkpoints_reuse_the_index_of_its_tokens(monkeypatch):
+    """Each batch's index tensors depend on the tokens only: the run's first checkpoint makes
+    them, later ones reuse them (none indexed again) and record what a fresh run records;
+    past `KEEP_INDEX_BYTES` they are made again at each checkpoint."""
+    import scansnap_lens.recording.hooks as hooks
+
+    tokens = torch.randint(0, V, (6, 12), generator=torch.Generator().manual_seed(7))
+    plan = plan_recording(tokens, V)
+    calls = []
+    monkeypatch.setattr(hooks._HookAggregator, "index", _spy(hooks._HookAggregator.index, calls))
+    state = hooks.RunState()
+    first, second = tiny_model(seed=1), tiny_model(seed=2)
+    hooks.record_checkpoint(first, tokens, plan, batch_size=4, progress=False, state=state)
+    made = len(calls)
+    again = hooks.record_checkpoint(second, tokens, plan, batch_size=4, progress=False,
+                                    state=state)  # fmt: skip
+    assert made == 2 and len(calls) == made and state.index_bytes > 0
+    fresh = hooks.record_checkpoint(second, tokens, plan, batch_size=4, progress=False)
+    for name in fresh.values:
+        assert torch.equal(again.values[name], fresh.values[name]), name
+    monkeypatch.setattr(hooks._HookAggregator, "KEEP_INDEX_BYTES", 0)
+    small = hooks.RunState()
+    for _ in range(2):
+        hooks.record_checkpoint(second, tokens, plan, batch_size=4, progress=False, state=small)
+    assert len(calls) == 3 * made + 2 * made and small.indices == {}  # fresh, then each
