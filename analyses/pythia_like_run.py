@@ -36,6 +36,7 @@ from scansnap_lens.inputs.text import read_documents
 from scansnap_lens.inputs.tokens import encode, rows_of
 from scansnap_lens.measures import atlas, theory_fit
 from scansnap_lens.recording.recorder import Recorder, trainer_callback
+from scansnap_lens.recording.settings import RecordingSettings
 from scansnap_lens.report import write_report
 from scansnap_lens.statistics.context import Context
 from scansnap_lens.statistics.corpus import count_corpus
@@ -121,8 +122,13 @@ def main() -> None:
     meta = {"model": "GPT-NeoX 4 layers x 8 heads, d_model 128 (Pythia's architecture)",
             "lr_y": lr, "lr_z": lr, "optimizer": "adam", "momentum": 0.0,
             "lr_schedule": "5 % warmup, cosine", "loss_on": "all"}  # fmt: skip
-    recorder = Recorder(args.out / "trajectory", eval_rows, stats=stats, meta=meta,
-                        tokenizer=tok, overwrite=True)  # fmt: skip
+    recorder = Recorder(
+        args.out / "trajectory",
+        eval_rows,
+        RecordingSettings(tokenizer=tok, overwrite=True),
+        stats=stats,
+        meta=meta,
+    )
     data = [{"input_ids": r, "labels": r} for r in rows]
     training = TrainingArguments(
         output_dir=str(args.out / "trainer"),

@@ -51,6 +51,7 @@ from scansnap_lens.models.training import train
 from scansnap_lens.models.tutorial import FIRST_FEED_FORWARD, tutorial_model
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder
+from scansnap_lens.recording.settings import RecordingSettings
 from scansnap_lens.report import write_report
 from scansnap_lens.statistics.corpus import cooccurrence
 from scansnap_lens.statistics.groups import TokenGroups
@@ -140,8 +141,13 @@ def run_fig7(name, layers, dropout, cfg, data, out, seed) -> tuple[dict, pd.Data
     folder = out / "trajectories" / name
     shutil.rmtree(folder, ignore_errors=True)  # a fresh run, not a resumed one
     meta = {"model": name, "setting": "authors"}
-    recorder = Recorder(folder, eval_rows[: cfg["record_rows"]], plan, progress=False,
-                        prompt=eval_rows[0], meta=meta)  # fmt: skip
+    recorder = Recorder(
+        folder,
+        eval_rows[: cfg["record_rows"]],
+        RecordingSettings(progress=False, prompt=eval_rows[0]),
+        plan=plan,
+        meta=meta,
+    )
     curve = []
 
     def on_checkpoint(step, model, training):

@@ -45,6 +45,7 @@ from scansnap_lens.models.backend import build_model as backend_model
 from scansnap_lens.models.training import attention_only_model, train
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder
+from scansnap_lens.recording.settings import RecordingSettings
 from scansnap_lens.report import write_report
 from scansnap_lens.statistics.corpus import cooccurrence
 from scansnap_lens.statistics.groups import TokenGroups
@@ -171,9 +172,9 @@ def main() -> None:
             recorder = Recorder(
                 folder,
                 eval_rows,
-                plan,
-                progress=False,
-                meta={"model": name},  # train adds the rates
+                RecordingSettings(progress=False),
+                plan=plan,
+                meta={"model": name},
             )
             result = train(
                 model,

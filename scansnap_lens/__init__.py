@@ -49,6 +49,7 @@ _NAMES = {
     "record_checkpoint": "recording.hooks",
     "position_entropy": "measures.entropy",
     "Recorder": "recording.recorder",
+    "RecordingSettings": "recording.settings",
     "record_trajectory": "recording.recorder",
     "Trajectory": "recording.trajectory",
     "attention_only_model": "models.training",

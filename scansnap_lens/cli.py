@@ -165,48 +165,20 @@ def _record(args: argparse.Namespace) -> int:
         )
     if len(source) == 0:
         raise ValueError(f"{source.name}: no checkpoint selected")
-    tokenizer = None
-    if args.tokenizer:  # the user's own checkpoints carry none; strings for the report
-        from scansnap_lens.inputs.tokens import load_tokenizer
-
-        tokenizer = load_tokenizer(args.tokenizer)
     stats = None
     if args.stats is not None:
         from scansnap_lens.statistics.corpus import CooccurrenceStats
 
         stats = CooccurrenceStats.load(args.stats)
-    recorder = Recorder(  # plans from the first checkpoint it loads (its vocabulary)
-        args.out,
-        tokens,
-        layers=args.layers,
-        heads=args.heads,
-        batch_size=args.batch_size,
-        device=args.device,
-        prompt_length=args.prompt_length,
-        meta={"source": source.name},
-        overwrite=args.overwrite,
-        queries=args.queries,
-        exclude_bos=args.exclude_bos,
-        tokenizer=tokenizer,
-        stats=stats,
-        window=args.window,
-        max_checkpoint_bytes=int(args.max_checkpoint_mb * 1e6),
-        max_run_bytes=int(args.max_run_gb * 1e9),
-    )
+    # plans from the first checkpoint it loads (its vocabulary)
+    recorder = Recorder(args.out, tokens, _settings(args), stats=stats)
     before = len(recorder.done)
+    execute = None
     if args.ray is not None:
-        from scansnap_lens.distributed import ray_record
+        from scansnap_lens.distributed import ray_execute
 
-        traj = ray_record(recorder, source, on_error=args.on_error, address=args.ray or None)
-    else:
-        traj = recorder.record(
-            source,
-            on_error=args.on_error,
-            on_disk=args.on_disk,
-            keep_checkpoints=args.keep_checkpoints,
-            download_dir=args.download_dir,
-            duplicates=args.duplicates,
-        )
+        execute = ray_execute(address=args.ray or None)
+    traj = recorder.record(source, execute=execute)
     print(
         f"{traj.num_steps} checkpoints recorded ({traj.num_steps - before} new,"
         f" {len(traj.skipped)} skipped), layers {traj.layers}, heads {traj.heads},"
@@ -426,7 +398,6 @@ def _steps(text: str):
 
 def build_parser() -> argparse.ArgumentParser:
     from scansnap_lens.inputs.text import DOCUMENT_SPLITS
-    from scansnap_lens.recording.budget import CHECKPOINT_BUDGET, RUN_BUDGET
 
     parser = argparse.ArgumentParser(
         prog="scansnap",
@@ -569,7 +540,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     record.add_argument("--tokens", type=Path, help="evaluation token file [rows, positions]")
     record.add_argument("--text", type=Path, help="evaluation text file (with --tokenizer)")
-    record.add_argument("--tokenizer", help="tokenizer.json or name (default: --model's)")
     record.add_argument(
         "--documents", choices=DOCUMENT_SPLITS, default="paragraph",
         help="how a text file splits into documents, which co-occurrences never cross:"
@@ -585,86 +555,14 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     record.add_argument("--out", type=Path, required=True, help="trajectory folder")
     record.add_argument(
-        "--queries",
-        type=_queries,
-        help="all, a share of events covered by the most frequent queries (0.5), or ids"
-        " (a,b,c); default: the queries that fit --max-checkpoint-mb (with --stats those the"
-        " statistics give distinct tokens first, else the most frequent)",
-    )
-    record.add_argument(
         "--stats", type=Path,
         help="statistics (scansnap stats) that choose the default queries: those whose classes"
         " have distinct tokens, most frequent first",
     )  # fmt: skip
-    record.add_argument(
-        "--window", type=_count(1),
-        help="most context positions before a query (default: the --stats window, else the"
-        " whole row)",
-    )  # fmt: skip
-    record.add_argument(
-        "--max-checkpoint-mb", type=_positive_float, default=CHECKPOINT_BUDGET / 1e6,
-        help="default queries: at most this many MB per checkpoint (default %(default)g; less"
-        " where --max-run-gb divided by the checkpoints is smaller)",
-    )  # fmt: skip
-    record.add_argument(
-        "--max-run-gb", type=_positive_float, default=RUN_BUDGET / 1e9,
-        help="refuse a recording that would write more than this many GB (default %(default)g)",
-    )  # fmt: skip
-    record.add_argument("--layers", type=_ints, help="layers to watch (a,b); default all")
-    record.add_argument("--heads", type=_ints, help="heads to watch (a,b); default all")
-    record.add_argument(
-        "--exclude-bos", action="store_true",
-        help="keep position 0 out of context (as scansnap stats --exclude-bos: the two must agree)",
-    )  # fmt: skip
     record.add_argument("--include-bos", action="store_true", help=argparse.SUPPRESS)  # former
-    record.add_argument(
-        "--batch-size",
-        type=_count(1, 1 << 20),
-        default=8,
-        help="rows per forward pass (default: %(default)s)",
-    )
-    record.add_argument(
-        "--prompt-length",
-        type=_count(0, 1 << 16),
-        default=64,
-        help="tokens of the example prompt whose whole attention is kept (0: none)"
-        " (default: %(default)s)",
-    )
-    record.add_argument("--device", type=_device, help="cpu, cuda, ...")
-    record.add_argument(
-        "--on-error",
-        choices=["raise", "skip"],
-        default="raise",
-        help="at an unreadable checkpoint: stop, or note it and go on (default: %(default)s)",
-    )
-    record.add_argument(
-        "--on-disk", type=_count(1, 1 << 16), default=2,
-        help="--model: revisions of the sweep on disk at once, the one recording included; the"
-        " next downloads while one records, into the sweep's own cache (--download-dir), and"
-        " each is deleted from there once recorded; revisions your hub cache holds are read"
-        " from it and never changed (default: %(default)s)",
-    )  # fmt: skip
-    record.add_argument(
-        "--download-dir", type=Path,
-        help="--model: the sweep's own cache, an empty or new folder it marks and deletes in"
-        " (default: OUT/hub-cache)",
-    )  # fmt: skip
-    record.add_argument(
-        "--duplicates", choices=["refuse", "skip", "record"], default="refuse",
-        help="checkpoints whose weights files are identical under different steps (found from"
-        " the hashes the hub lists, or of local files, before anything is downloaded): stop"
-        " and say which, skip all but the last step of each group, or record them all"
-        " (default: %(default)s)",
-    )  # fmt: skip
-    record.add_argument(
-        "--keep-checkpoints", action="store_true",
-        help="--model: download into your hub cache (HF_HUB_CACHE) and keep every revision",
-    )  # fmt: skip
+    _setting_options(record)
     record.add_argument(
         "--trust-pickle", action="store_true", help="allow pickled .pt files (trusted only)"
-    )
-    record.add_argument(
-        "--overwrite", action="store_true", help="replace a trajectory of another run in --out"
     )
     record.add_argument(
         "--ray", nargs="?", const="", metavar="ADDRESS",
@@ -766,15 +664,89 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# how a setting's value is read from the command line (the rest: str, or a switch)
+_SETTING_TYPES = {
+    "queries": lambda: _queries, "window": lambda: _count(1), "layers": lambda: _ints,
+    "heads": lambda: _ints, "prompt_length": lambda: _count(0, 1 << 16),
+    "max_checkpoint_bytes": lambda: _positive_float, "max_run_bytes": lambda: _positive_float,
+    "batch_size": lambda: _count(1, 1 << 20), "device": lambda: _device,
+    "on_disk": lambda: _count(1, 1 << 16), "download_dir": lambda: Path,
+}  # fmt: skip
+
+
+def _setting_options(parser: argparse.ArgumentParser) -> None:
+    """The record command's options, one per `RecordingSettings` field the command line sets,
+    grouped and explained as the value's fields are."""
+    from scansnap_lens.recording.settings import RecordingSettings
+
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for option in RecordingSettings.options():
+        group = groups.get(option["group"]) or parser.add_argument_group(option["group"])
+        groups[option["group"]] = group
+        help_text, default = flag_text(option["help"], help=True), option["default"]
+        kwargs = {"dest": option["name"], "help": help_text}
+        if default is not False:
+            kwargs["metavar"] = option["flag"][2:].upper().replace("-", "_")
+        if default is False:
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["type"] = _SETTING_TYPES.get(option["name"], lambda: str)()
+            kwargs["choices"] = option["choices"]
+            scale = option["scale"]
+            kwargs["default"] = default / scale if scale != 1 and default is not None else default
+            if default is not None:
+                kwargs["help"] += " (default: %(default)g)" if option["scale"] != 1 else (
+                    " (default: %(default)s)")  # fmt: skip
+        group.add_argument(option["flag"], **kwargs)
+
+
+def _settings(args: argparse.Namespace):
+    """The `RecordingSettings` the record command's options give."""
+    from scansnap_lens.recording.settings import RecordingSettings
+
+    values = {}
+    for option in RecordingSettings.options():
+        value = getattr(args, option["name"])
+        if value is not None and option["scale"] != 1:
+            value = int(value * option["scale"])
+        values[option["name"]] = value
+    return RecordingSettings(**values)
+
+
+# what library messages name that is not a recording setting, and its flag
+_FLAGS = {"steps": "--steps", "max_rows": "--max-rows", "stats": "--stats"}
+
+
+def flag_text(message: str, help: bool = False) -> str:
+    """A library message with the command line's flag beside each setting it names as
+    ``name=`` or ``name=value`` (``on_disk=`` becomes ``on_disk=, --on-disk``, and
+    ``duplicates='skip'`` becomes ``duplicates='skip', --duplicates skip``; in help, the
+    flag alone); a flag the message names already is not added again."""
+    from scansnap_lens.recording.settings import RecordingSettings
+
+    flags = {**_FLAGS, **{o["name"]: o["flag"] for o in RecordingSettings.options()}}
+    for name, flag in flags.items():
+
+        def spelled(match, flag=flag):
+            value = match.group(2)
+            on_line = flag if value in ("", "True") else f"{flag} {value}"
+            if match.string[match.end() :].lstrip(", ").startswith(flag):
+                return match.group(0)
+            return on_line if help else f"{match.group(0)}, {on_line}"
+
+        message = re.sub(rf"\b{name}=(['\"]?)([^\s,)'\"]*?)\1(?=[,)\s.:;]|$)", spelled, message)
+    return message
+
+
 def cli_message(exc: BaseException) -> str:
     """An exception's message as the command line prints it (see `cli_text`)."""
     return cli_text(str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc))
 
 
 def cli_text(message: str) -> str:
-    """A library message as the command line prints it: as it is (library messages name both
-    spellings of an option, ``overwrite=True, --overwrite``), without terminal escapes."""
-    return re.sub(r"\x1b\[[0-9;]*m", "", message)
+    """A library message as the command line prints it: with the flags of the settings it
+    names (`flag_text`), without terminal escapes."""
+    return flag_text(re.sub(r"\x1b\[[0-9;]*m", "", message))
 
 
 class _Interrupts:

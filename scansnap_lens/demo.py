@@ -24,6 +24,7 @@ from scansnap_lens.lab.synthetic import sequence_sampler, syn_medium, syn_small
 from scansnap_lens.models.training import Rates, TrainResult, attention_only_model, train
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder
+from scansnap_lens.recording.settings import RecordingSettings
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.report import Report, write_report
 from scansnap_lens.statistics.corpus import CooccurrenceStats, cooccurrence
@@ -91,8 +92,8 @@ def run_demo(
     recorder = Recorder(
         out / "trajectory",
         eval_tokens,
+        RecordingSettings(progress=False, overwrite=overwrite),
         plan,
-        progress=False,
         meta={
             "data": data,
             "num_steps": num_steps,
@@ -100,7 +101,6 @@ def run_demo(
             "save_steps": save_steps,
             "model": "1-layer attn-only",
         },  # train adds the rates
-        overwrite=overwrite,
     )
     training = train(
         model,

@@ -6,7 +6,7 @@ parallel into one trajectory folder.
     corpus = Corpus.of(["pile/document.bin"], vocab_size=50304)   # inputs.corpus
     stats = count_corpus(corpus, Context(window=64), execute=ray_cooccurrence, shards=64)
 
-    traj = ray_record(Recorder("out/traj", tokens, plan), checkpoints.pretrained(name))
+    traj = Recorder("out/traj", tokens, settings).record(source, execute=ray_execute())
 
 Counts add (`CooccurrenceStats.__add__`), so the merged statistics equal those of one process
 on the whole corpus (`canonical()` forms are identical; tested).  Each worker holds one
@@ -15,9 +15,10 @@ shard's statistics; pruning (`min_count`) runs once, after the last merge, as it
 or of a ``datasets`` dataset, or a slice of rows in memory, which Ray passes through its object
 store), so a worker never receives a file-backed corpus through the driver.
 
-`ray_record` runs one task per checkpoint (one GPU each where the cluster has GPUs); each
-worker loads its checkpoint, records it and writes its file into the trajectory folder, which
-every worker must see (a shared file system on a cluster).  Files are written atomically and
+`ray_execute` runs one task per checkpoint (one GPU each where the cluster has GPUs); each
+worker fetches its checkpoint as the sweep would, records it with the recorder's one step
+(`RecordingRun.record`) and writes its file into the trajectory folder, which every worker
+must see (a shared file system on a cluster).  Files are written atomically and
 the manifest is updated under the folder's lock, so workers may finish in any order, a worker
 killed mid-write leaves nothing half-written (Ray runs its task again), and an interrupted
 recording resumes where it stopped.
@@ -34,7 +35,7 @@ from tqdm.auto import tqdm
 from scansnap_lens.models.checkpoints import CheckpointError, CheckpointSource
 from scansnap_lens.statistics.corpus import CooccurrenceStats, cooccurrence
 
-__all__ = ["connect", "ray_cooccurrence", "ray_record"]
+__all__ = ["connect", "ray_cooccurrence", "ray_execute", "ray_record"]
 
 
 def _ray():
@@ -133,105 +134,85 @@ def ray_cooccurrence(
     return stats.prune(min_count) if min_count > 1 else stats
 
 
-def _record_task(checkpoint, job: dict, tokens, device) -> tuple:
-    """In a worker: load, record and write one checkpoint; ("recorded", step) or
-    ("skipped", step, source, error)."""
-    from scansnap_lens.recording.hooks import record_checkpoint
-    from scansnap_lens.recording.recorder import recordable
-    from scansnap_lens.recording.storage import TrajectoryWriter
-
+def _record_task(checkpoint, run, fetcher) -> tuple | None:
+    """In a worker: fetch, record and write one checkpoint with the run's one step
+    (`RecordingRun.record`), then delete what was fetched; None, or (step, source, error)
+    where it could not be read."""
     try:
-        model = checkpoint.load()
+        if fetcher is not None:
+            fetcher.fetch(checkpoint)
+        run.record(checkpoint, run.writer())
     except CheckpointError as err:
-        return ("skipped", checkpoint.step, checkpoint.source, str(err))
-    model = recordable(model)
-    if device is not None:
-        model.to(device)
-    record = record_checkpoint(
-        model,
-        tokens,
-        job["plan"],
-        step=checkpoint.step,
-        layers=job["layers"],
-        heads=job["heads"],
-        batch_size=job["batch_size"],
-        device=device,
-        progress=False,
-        prompt=job["prompt"],
-        aggregates=job["aggregates"],
-        state=job["state"],
-    )
-    writer = TrajectoryWriter(
-        job["out"], job["plan"], job["layers"], job["heads"], job["step_unit"],
-        prompt=job["prompt"], aggregates=job["entries"],
-    )  # fmt: skip
-    writer.write(record)
-    return ("recorded", checkpoint.step)
-
-
-def ray_record(
-    recorder,
-    source: CheckpointSource,
-    on_error: str = "raise",
-    address: str | None = None,
-    num_cpus: int | None = None,
-    max_retries: int = 3,
-):
-    """`Recorder.record` with one Ray task per checkpoint; the same trajectory.
-
-    recorder: a `recorder.Recorder` (its folder, plan, tokens [N, T], layers, heads, prompt,
-    batch size; its device where the cluster has no GPU).  When the layers and heads are not
-    given, the first checkpoint is recorded here, which fixes them.  A task whose worker dies
-    runs again (`max_retries`); a checkpoint that cannot be read stops the recording or, with
-    ``on_error="skip"``, is noted in the manifest.  Returns the `Trajectory`.
-    """
-    from scansnap_lens.recording.storage import _read_manifest
-
-    if not isinstance(recorder.tokens, torch.Tensor):
-        raise ValueError("recording on Ray needs the evaluation tokens as one [N, T] tensor")
-    ray = connect(address, num_cpus)
-    try:
-        todo = recorder._begin(source, on_error)
-        while todo and recorder._writer_for() is None:  # layers or heads still unknown
-            recorder._record_sequentially([todo.pop(0)], on_error)
-        if todo:
-            _fan_out(ray, recorder, todo, on_error, max_retries)
-            recorder._writer.manifest = _read_manifest(recorder.out)
-        recorder._end()
+        return (checkpoint.step, checkpoint.source, str(err))
     finally:
-        recorder.lock.release()
-    return recorder.trajectory()
+        if fetcher is not None:
+            fetcher.release(checkpoint)
+            fetcher.close()
+    return None
 
 
-def _fan_out(ray, recorder, todo: list, on_error: str, max_retries: int) -> None:
+def ray_execute(address: str | None = None, num_cpus: int | None = None, max_retries: int = 3):
+    """A `Recorder.record` executor: one Ray task per checkpoint (one GPU each where the
+    cluster has GPUs), writing into the recording folder, which every worker must see.
+
+    Everything the sequential recording honours holds: a hub sweep's workers read the
+    revisions your hub cache holds and download the others into the sweep's own cache, each
+    deleted once recorded (kept in your hub cache with keep_checkpoints), at most on_disk
+    recording at once (each holds its one revision); an unreadable checkpoint stops the
+    recording or is noted (on_error); duplicates are found before any task starts.  A task
+    whose worker dies runs again (`max_retries`).
+
+    >>> # Recorder(out, tokens, settings).record(source, execute=ray_execute())
+    """
+
+    def execute(run, todo: list, fetcher, note_skip) -> None:
+        if not isinstance(run.tokens, torch.Tensor):
+            raise ValueError("recording on Ray needs the evaluation tokens as one [N, T] tensor")
+        ray = connect(address, num_cpus)
+        _fan_out(ray, run, todo, fetcher, note_skip, max_retries)
+
+    return execute
+
+
+def ray_record(recorder, source: CheckpointSource, address: str | None = None,
+               num_cpus: int | None = None, max_retries: int = 3):  # fmt: skip
+    """`Recorder.record` with one Ray task per checkpoint (`ray_execute`); the same
+    trajectory."""
+    return recorder.record(source, execute=ray_execute(address, num_cpus, max_retries))
+
+
+def _fan_out(ray, run, todo: list, fetcher, note_skip, max_retries: int) -> None:
+    from dataclasses import replace
+
+    from scansnap_lens.recording.sweep import HubRevisions
+
+    progress = run.settings.progress
     gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
-    device = "cuda" if gpus else recorder.device
-    job = {"out": str(recorder.out.resolve()), "plan": recorder.plan, "layers": recorder.layers,
-           "heads": recorder.heads, "step_unit": recorder.step_unit, "prompt": recorder.prompt,
-           "batch_size": recorder.batch_size, "aggregates": recorder.aggregates,
-           "entries": recorder.entries, "state": recorder.state}  # fmt: skip
-    job_ref, tokens_ref = ray.put(job), ray.put(recorder.tokens)
+    quiet = run.settings.replace(progress=False, **({"device": "cuda"} if gpus else {}))
+    run = replace(run, settings=quiet)
+    hub = isinstance(fetcher, HubRevisions)  # local files: each worker reads its own
+    at_once = fetcher.on_disk if hub else len(todo)  # each task holds its one revision
+    run_ref, fetcher_ref = ray.put(run), ray.put(fetcher if hub else None)
     task = ray.remote(_record_task).options(num_gpus=gpus, max_retries=max_retries)
-    steps = {task.remote(c, job_ref, tokens_ref, device): c.step for c in todo}
-    pending = list(steps)
-    bar = tqdm(total=len(pending), desc="checkpoints (ray)", unit="ckpt",
-               disable=not recorder.progress)  # fmt: skip
+    waiting, pending = list(todo), {}
+    bar = tqdm(total=len(todo), desc="checkpoints (ray)", unit="ckpt", disable=not progress)
     try:
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+        while waiting or pending:
+            while waiting and len(pending) < at_once:
+                checkpoint = waiting.pop(0)
+                pending[task.remote(checkpoint, run_ref, fetcher_ref)] = checkpoint.step
+            done, _ = ray.wait(list(pending), num_returns=1)
+            step = pending.pop(done[0])
             try:
-                outcome = ray.get(done[0])
+                skipped = ray.get(done[0])
             except ray.exceptions.RayError as err:
                 raise ChildProcessError(
-                    f"recording step {steps[done[0]]} failed in its Ray worker"
-                    f" ({type(err).__name__}, after {max_retries} retries): what was recorded"
-                    " is kept; run again to resume"
+                    f"recording step {step} failed in its Ray worker ({type(err).__name__},"
+                    f" after {max_retries} retries): what was recorded is kept; run again to"
+                    " resume"
                 ) from err
-            if outcome[0] == "skipped":
-                _, step, where, error = outcome
-                if on_error == "raise":
-                    raise CheckpointError(error)
-                recorder._writer.skip(step, where, error)
+            if skipped is not None:
+                note_skip(*skipped)
             bar.update(1)
     finally:
         for ref in pending:  # stopped early: the checkpoints not yet recorded stay to do

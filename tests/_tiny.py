@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from scansnap_lens.models.backend import attention_logit_parameters, build_model
+from scansnap_lens.recording.settings import RecordingSettings
 
 V = 13
 
@@ -35,3 +36,6 @@ def tiny_model(positional="standard", seed=0, n_layers=2, attn_only=False, backe
         for param in attention_logit_parameters(model)[0]:
             param.mul_(4)
     return model.eval()
+
+
+QUIET = RecordingSettings(progress=False)  # the tests' recordings: no progress bars

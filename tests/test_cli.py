@@ -9,6 +9,7 @@ import sys
 import pandas as pd
 import pytest
 import torch
+from _tiny import QUIET
 
 from scansnap_lens.cli import main
 from scansnap_lens.inputs.tokens import save_tokens
@@ -245,8 +246,8 @@ BAD_INPUTS = [  # (what is wrong, the arguments (made from the run and a scratch
      "window 6 differs from the statistics' window 4"),
     ("a run over the disk budget",
      lambda r, t: _record_args(r, t, "--queries", "all", "--max-run-gb", "1e-6"),
-     "over the budget of 1 kB (max_run_bytes, --max-run-gb): track fewer queries (queries=,"
-     " --queries), watch fewer layers or heads (layers=, heads=, --layers, --heads), select"
+     "over the budget of 1 kB (max_run_bytes=, --max-run-gb): track fewer queries (queries=,"
+     " --queries), watch fewer layers or heads (layers=, --layers, heads=, --heads), select"
      " fewer checkpoints (steps=, --steps), or raise the budget"),
 ]  # fmt: skip
 
@@ -741,15 +742,15 @@ def test_a_second_recording_process_fails_at_once(own_run, tmp_path, capsys):
     from scansnap_lens.recording.plan import plan_recording
 
     tokens, plan = read_tokens(root / "eval.safetensors"), Trajectory.load(tmp_path / "t").plan
-    first = Recorder(tmp_path / "t", tokens, plan, progress=False)
-    second = Recorder(tmp_path / "t", tokens, plan, progress=False)  # same process: shared
+    first = Recorder(tmp_path / "t", tokens, QUIET, plan=plan)
+    second = Recorder(tmp_path / "t", tokens, QUIET, plan=plan)  # same process: shared
     assert first.lock.held and second.lock.held
     first.close()
     assert second.lock.held
     second.close()
     # a recorder refused by the folder (another plan) does not keep it locked
     with pytest.raises(ValueError, match="another plan"):
-        Recorder(tmp_path / "t", tokens[:4], plan_recording(tokens[:4], plan.vocab_size))
+        Recorder(tmp_path / "t", tokens[:4], plan=plan_recording(tokens[:4], plan.vocab_size))
     probe = ("import sys; from scansnap_lens.recording.storage import RecordingLock; "
              "RecordingLock(sys.argv[1]).acquire()")  # fmt: skip
     subprocess.run([sys.executable, "-c", probe, str(tmp_path / "t")], check=True)

@@ -9,9 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _tiny import QUIET
 
 from scansnap_lens.cli import main
 from scansnap_lens.inputs.text import encode_documents, wikitext_documents, word_level_tokenizer
+from scansnap_lens.recording.settings import RecordingSettings
 from scansnap_lens.statistics.corpus import CooccurrenceStats, cooccurrence
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"` leaves these out (docs/contributing.md)
@@ -128,7 +130,7 @@ def own_checkpoints(tmp_path_factory):
     tokens = syn_data(8, torch.Generator().manual_seed(7))
     plan = plan_recording(tokens, 34)
     source = checkpoints.folder(root / "ckpt")
-    sequential = Recorder(root / "seq", tokens, plan, progress=False).record(source)
+    sequential = Recorder(root / "seq", tokens, QUIET, plan=plan).record(source)
     return root, tokens, plan, sequential
 
 
@@ -157,7 +159,12 @@ def test_record_on_ray_out_of_order_with_a_killed_worker_equals_sequential(
         c.loader = partial(_slow, 0.4 * (len(source) - i), c.loader)
         if c.step == 10:
             c.loader = partial(_killed_mid_write, str(tmp_path / "killed"), c.loader)
-    recorder = Recorder(tmp_path / "t", tokens, plan, layers=[0], heads=[0, 1], progress=False)
+    recorder = Recorder(
+        tmp_path / "t",
+        tokens,
+        RecordingSettings(layers=[0], heads=[0, 1], progress=False),
+        plan=plan,
+    )
     traj = ray_record(recorder, source)
     assert (tmp_path / "t" / "checkpoints" / "step_000000000010.safetensors.half").exists()
     assert_same_trajectory(traj, sequential)
@@ -176,8 +183,8 @@ def test_record_on_ray_resumes_and_skips(local_ray, own_checkpoints, tmp_path, c
 
     root, tokens, plan, sequential = own_checkpoints
     partial_source = checkpoints.folder(root / "ckpt", steps=[0, 20])
-    Recorder(tmp_path / "t", tokens, plan, progress=False).record(partial_source)
-    traj = ray_record(Recorder(tmp_path / "t", tokens, plan, progress=False),
+    Recorder(tmp_path / "t", tokens, QUIET, plan=plan).record(partial_source)
+    traj = ray_record(Recorder(tmp_path / "t", tokens, QUIET, plan=plan),
                       checkpoints.folder(root / "ckpt"))  # fmt: skip
     assert_same_trajectory(traj, sequential)
 
@@ -187,10 +194,10 @@ def test_record_on_ray_resumes_and_skips(local_ray, own_checkpoints, tmp_path, c
         (broken / f.name).write_bytes(f.read_bytes())
     (broken / "step_000000005.safetensors").write_bytes(b"truncated")
     with pytest.raises(CheckpointError, match="step_000000005"):
-        ray_record(Recorder(tmp_path / "u", tokens, plan, progress=False),
+        ray_record(Recorder(tmp_path / "u", tokens, QUIET, plan=plan),
                    checkpoints.folder(broken))  # fmt: skip
-    traj = ray_record(Recorder(tmp_path / "v", tokens, plan, progress=False),
-                      checkpoints.folder(broken), on_error="skip")  # fmt: skip
+    skip = QUIET.replace(on_error="skip")
+    traj = ray_record(Recorder(tmp_path / "v", tokens, skip, plan=plan), checkpoints.folder(broken))
     assert traj.steps.tolist() == [0, 10, 20, 30]
     assert [s["step"] for s in traj.skipped] == [5]
 

@@ -132,7 +132,7 @@ def test_the_identical_record_command_resumes_an_interrupted_and_a_finished_run(
     once more records nothing (both were refused as "another plan": the resumed plan was
     made without the statistics); a changed budget is refused naming it."""
     from scansnap_lens.inputs.tokens import save_tokens
-    from scansnap_lens.recording.recorder import Recorder
+    from scansnap_lens.recording.recorder import RecordingRun
 
     folder, rows, stats = syn_medium_run
     save_tokens(tmp_path / "eval.safetensors", rows)
@@ -141,16 +141,16 @@ def test_the_identical_record_command_resumes_an_interrupted_and_a_finished_run(
             str(tmp_path / "eval.safetensors"), "--stats", str(tmp_path / "stats.safetensors"),
             "--out", str(tmp_path / "traj")]  # fmt: skip
     calls = []
-    on_checkpoint = Recorder.on_checkpoint
+    record_model = RecordingRun.record_model  # the one step every driver takes
 
-    def interrupted(self, step, model, **kwargs):
+    def interrupted(self, step, model, *args, **kwargs):
         calls.append(step)
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return on_checkpoint(self, step, model, **kwargs)
+        return record_model(self, step, model, *args, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(Recorder, "on_checkpoint", interrupted)
+        patch.setattr(RecordingRun, "record_model", interrupted)
         assert main(args) == 130
     files = sorted((tmp_path / "traj" / "checkpoints").glob("step_*.safetensors"))
     stamps = {p.name: p.stat().st_mtime_ns for p in files}
@@ -164,4 +164,4 @@ def test_the_identical_record_command_resumes_an_interrupted_and_a_finished_run(
     assert "6 checkpoints recorded (0 new, 0 skipped)" in capsys.readouterr().out
     assert main([*args, "--max-checkpoint-mb", "8"]) == 2
     err = capsys.readouterr().err
-    assert "max_checkpoint_bytes (--max-checkpoint-mb) 64000000 there, 8000000 here" in err
+    assert "max_checkpoint_bytes=, --max-checkpoint-mb 64000000 there, 8000000 here" in err

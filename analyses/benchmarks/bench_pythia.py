@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from scansnap_lens.recording.settings import RecordingSettings
+
 SHAPES = {  # Pythia's configs (hidden, layers, heads, intermediate)
     "70m": (512, 6, 8, 2048),
     "160m": (768, 12, 12, 3072),
@@ -183,8 +185,12 @@ def forward_baselines(checkpoint: Path, tokens: torch.Tensor, batch_size: int, p
     def record():
         record_checkpoint(model, tokens, plan, batch_size=batch_size, progress=False)
 
-    recorder = Recorder(work / "timed", tokens, plan, batch_size=batch_size, progress=False,
-                        overwrite=True)  # fmt: skip
+    recorder = Recorder(
+        work / "timed",
+        tokens,
+        RecordingSettings(batch_size=batch_size, progress=False, overwrite=True),
+        plan=plan,
+    )
     steps = iter(range(1, 10**6))
     recorder.on_checkpoint(0, model)  # the run's first checkpoint decides once
 

@@ -29,6 +29,8 @@ import threading
 import time
 from pathlib import Path
 
+from scansnap_lens.recording.settings import RecordingSettings
+
 NAME = "EleutherAI/pythia-70m"  # TransformerLens's labels of Pythia name the revisions
 MODEL = {"d_model": 256, "n_layers": 4, "n_heads": 8, "vocab_size": 4096, "n_ctx": 128}
 
@@ -96,7 +98,8 @@ def _sweep(steps, tokens, out: Path, endpoint: str, on_disk=2, keep=False) -> fl
     with pointed_at(endpoint):
         source = checkpoints.pretrained(NAME, steps=steps, backend="bridge")
         start = time.perf_counter()
-        Recorder(out, tokens, progress=False).record(source, on_disk=on_disk, keep_checkpoints=keep)
+        settings = RecordingSettings(progress=False, on_disk=on_disk, keep_checkpoints=keep)
+        Recorder(out, tokens, settings).record(source)
         return time.perf_counter() - start
 
 

@@ -395,11 +395,12 @@ def refuse_linked(cache: Path, name: str) -> None:
         )
 
 
-def delete_snapshot(cache: Path, name: str, revision: str) -> int:
+def delete_snapshot(cache: Path, name: str, revision: str, keep: set[str] = frozenset()) -> int:
     """Delete `revision` of `name` from `cache`: its snapshot, the refs naming its commit,
-    and the blobs no other snapshot of `name` in `cache` uses; the bytes freed.  Only inside
-    ``cache/models--{name}``: another repository's snapshot of the same commit (a mirror)
-    is never touched.  Only for a cache the caller owns (the sweep's)."""
+    and the blobs no other snapshot of `name` in `cache` uses and `keep` (blob names: content
+    ids) does not name; the bytes freed.  Only inside ``cache/models--{name}``: another
+    repository's snapshot of the same commit (a mirror) is never touched.  Only for a cache
+    the caller owns (the sweep's)."""
     import shutil
 
     refuse_linked(cache, name)
@@ -423,7 +424,9 @@ def delete_snapshot(cache: Path, name: str, revision: str) -> int:
     freed = 0
     blobs = (repo / "blobs").resolve()  # no link (checked above): the folder itself
     for blob in blobs_of(folder) - used if folder.is_dir() else ():
-        if blob.parent == blobs and blob.is_file() and not blob.is_symlink():
+        if blob.parent == blobs and blob.is_file() and not blob.is_symlink() and (
+            blob.name not in keep
+        ):
             freed += blob.stat().st_size
             blob.unlink()
     shutil.rmtree(folder, ignore_errors=True)

@@ -6,7 +6,9 @@
   entropies, the head types previous_token, first_token, induction; `Aggregate` for your own);
 - `hooks`: the two hooks per layer that add each batch's attention into the aggregates
   (`record_checkpoint`, `run_until`);
-- `recorder`: `Recorder`, a model's checkpoints into a resumable trajectory folder;
+- `settings`: `RecordingSettings`, how a run is recorded, one frozen value;
+- `recorder`: `Recorder`, a model's checkpoints into a resumable trajectory folder, each
+  through the one per-checkpoint step of `RecordingRun`;
 - `sweep`: the next checkpoint fetched while one records (`Ahead`), hub revisions on a bounded
   disk (`HubRevisions`: read from your hub cache, or downloaded into the sweep's own
   `SweepCache`, at most `ON_DISK` there, each deleted once recorded), steps that serve one
@@ -18,13 +20,17 @@
 from scansnap_lens._lazy import exports
 
 _NAMES = {
-    "ON_DISK": "sweep",
+    "ON_DISK": "settings",
+    "RecordingSettings": "settings",
+    "RecordingRun": "recorder",
+    "recordable": "recorder",
+    "TrajectoryFolder": "storage",
     "Ahead": "sweep",
     "DiskError": "sweep",
     "HubRevisions": "sweep",
     "ReadAhead": "sweep",
     "fetcher_for": "sweep",
-    "DUPLICATES": "sweep",
+    "DUPLICATES": "settings",
     "DuplicateWeightsError": "sweep",
     "SweepCache": "sweep",
     "same_weights": "sweep",
@@ -76,7 +82,8 @@ _NAMES = {
     "budget_queries": "plan",
     "trainer_callback": "recorder",
 }
-_MODULES = {"aggregates", "budget", "hooks", "plan", "recorder", "storage", "sweep", "trajectory"}
+_MODULES = {"aggregates", "budget", "hooks", "plan", "recorder", "settings", "storage", "sweep",
+            "trajectory"}  # fmt: skip
 
 __all__ = sorted(set(_NAMES) | _MODULES)
 __getattr__, __dir__ = exports(__name__, _NAMES, _MODULES)

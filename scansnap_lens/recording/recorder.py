@@ -1,9 +1,13 @@
 """Record a model's attention over its checkpoints into a resumable trajectory folder.
 
-recorder = Recorder("out/traj", tokens, plan)
+recorder = Recorder("out/traj", tokens, RecordingSettings(layers=(0, 1)))
 recorder.record(checkpoints.folder("runs/my_model"))
 # or, inside your own training loop:
 recorder.on_checkpoint(step, model)
+
+Every driver (the loop over a source, the sweep of hub revisions, a training callback, a Ray
+worker) records a checkpoint with the one step of `RecordingRun`: load, make recordable,
+check the architecture, record, write.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ from __future__ import annotations
 import copy
 import gc
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -22,13 +27,7 @@ from scansnap_lens._io import check_writable
 from scansnap_lens.models.backend import hf_bridge, is_hf_model
 from scansnap_lens.models.checkpoints import CheckpointError, CheckpointSource
 from scansnap_lens.recording.aggregates import Aggregate, CheckpointRecord, resolve
-from scansnap_lens.recording.budget import (
-    BYTES_PER_VALUE,
-    CHECKPOINT_BUDGET,
-    RUN_BUDGET,
-    duration,
-    size_text,
-)
+from scansnap_lens.recording.budget import BYTES_PER_VALUE, duration, size_text
 from scansnap_lens.recording.hooks import (
     RunState,
     count_rows,
@@ -36,21 +35,15 @@ from scansnap_lens.recording.hooks import (
     row_sources,
     watched,
 )
-from scansnap_lens.recording.plan import (
-    RecordPlan,
-    plan_recording,
-)
+from scansnap_lens.recording.plan import RecordPlan, plan_recording
+from scansnap_lens.recording.settings import RecordingSettings
 from scansnap_lens.recording.storage import (
-    RecordingLock,
+    TrajectoryFolder,
     TrajectoryWriter,
-    _read_manifest,
-    _read_plan,
     manifest_aggregates,
     remove_trajectory,
 )
 from scansnap_lens.recording.sweep import (
-    DUPLICATES,
-    ON_DISK,
     Ahead,
     DuplicateWeightsError,
     describe_duplicates,
@@ -64,44 +57,103 @@ if TYPE_CHECKING:
     from scansnap_lens.models.backend import HookedModel
     from scansnap_lens.statistics.corpus import CooccurrenceStats
 
-__all__ = ["Recorder", "record_trajectory", "trainer_callback"]
+__all__ = ["Recorder", "RecordingRun", "record_trajectory", "recordable", "trainer_callback"]
 
 # the meta a Trainer's trainer_state.json gives (`formats.trainer_training`)
 TRAINER_KEYS = {"lr_y", "lr_z", "optimizer", "momentum", "lr_schedule", "training_from"}
+_PLANNING = ("queries", "exclude_bos", "tokenizer", "window")  # what a plan is made from
+
+
+@dataclass
+class RecordingRun:
+    """What every checkpoint of one recording shares once its first has decided: the folder,
+    the evaluation tokens [N, T] (or batches), the plan, the watched layers and heads, the
+    prompt [T'], the aggregates with their manifest entries, the settings, the `RunState`.
+
+    `record` (a checkpoint) and `record_model` (a model in memory) are the one step every
+    driver calls; `writer` opens the folder's writer in any process that sees the folder.
+    """
+
+    folder: Path
+    tokens: Any
+    plan: RecordPlan
+    layers: list[int]
+    heads: list[int]
+    prompt: Tensor | None
+    aggregates: tuple[Aggregate, ...]
+    entries: list[dict]
+    settings: RecordingSettings
+    state: RunState = field(default_factory=RunState)
+
+    def writer(self, meta: dict | None = None) -> TrajectoryWriter:
+        return TrajectoryWriter(
+            self.folder, self.plan, self.layers, self.heads, self.settings.step_unit, meta,
+            prompt=self.prompt, aggregates=self.entries, settings=self.settings.to_dict(),
+        )  # fmt: skip
+
+    def record(self, checkpoint, writer: TrajectoryWriter, on_batch=None) -> CheckpointRecord:
+        """Load `checkpoint` (onto the settings' device), then `record_model`.
+        CheckpointError where it cannot be read or has another architecture."""
+        model = checkpoint.load()
+        if self.settings.device is not None:
+            model.to(self.settings.device)
+        try:
+            return self.record_model(checkpoint.step, model, writer, on_batch,
+                                     where=checkpoint.source)  # fmt: skip
+        finally:
+            del model
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+    def record_model(self, step: int, model, writer: TrajectoryWriter, on_batch=None,
+                     where: str = "") -> CheckpointRecord | None:  # fmt: skip
+        """Make `model` recordable, check its architecture, record it and write it as
+        checkpoint `step` (None where the folder has it already)."""
+        if int(step) in writer.done:
+            return None
+        model = recordable(model)
+        self.check(model, step, where)
+        s = self.settings
+        record = record_checkpoint(
+            model, self.tokens, self.plan, step=int(step), layers=self.layers, heads=self.heads,
+            batch_size=s.batch_size, device=s.device, progress=s.progress, prompt=self.prompt,
+            on_batch=on_batch, aggregates=self.aggregates, state=self.state,
+        )  # fmt: skip
+        writer.write(record)
+        return record
+
+    def check(self, model, step: int, where: str = "") -> None:
+        """CheckpointError naming the checkpoint where it lacks a layer or head the recording
+        watches (a run whose architecture changed): skipped under on_error="skip"."""
+        n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+        if max(self.layers) >= n_layers or max(self.heads) >= n_heads:
+            raise CheckpointError(
+                f"{where + ': ' if where else ''}checkpoint {step} has {n_layers} layers of"
+                f" {n_heads} heads, but the recording watches layers {self.layers} and heads"
+                f" {self.heads} (as its first checkpoint had them): another architecture"
+                " (on_error='skip' passes it over)"
+            )
 
 
 class Recorder:
     """Records checkpoints into ``out``; steps already recorded there are skipped.
 
-    tokens: the evaluation tokens [N, T] (or batches) the plan was built from.
-    plan: what to track (`plan.plan_recording`); without one, the recorder plans for
-    `queries` (None: the queries that fit the budget, below; "all": every query; a float:
-    the most frequent covering that share of the events; or token ids), `exclude_bos` and
-    `tokenizer` (for token strings; default the model's) from the first model it records, or,
-    resuming a folder, with the folder's vocabulary (and its queries unless given): a plan
-    that differs from the folder's is refused.
-    stats: corpus statistics; with ``queries=None`` the plan is made for the scan's power:
-    the queries whose distinct and common tokens (by the statistics' token kinds, the default
-    `groups.Classification`) both occur in the evaluation text, each with its distinct tokens
-    and a sample of its common ones (`plan.plan_recording` with ``groups``); and the recording
-    takes their context window.
-    window: W, the most context positions before a query that the recording aggregates
-    (default: the statistics' window, or the whole row without statistics).
-    max_checkpoint_bytes, max_run_bytes: the budget.  With ``queries=None`` the plan takes
-    the queries in that order while they fit one checkpoint's bytes and, when `record` knows
-    how many checkpoints it records, the run's share per checkpoint (`plan.budget_queries`);
-    any plan whose run would write more than `max_run_bytes` is refused before anything is
-    written.
-    layers, heads: what to watch (default: all); step_unit: "steps" or "tokens".
-    prompt: [T'] ids whose full attention weights are kept at every checkpoint (for attention
-    maps and circuitsvis views); by default the first ``prompt_length`` tokens of the first
-    evaluation sequence (``prompt_length=0``: none).
-    aggregates: what each checkpoint records (`aggregates.AGGREGATES` entries, by object or
-    name; a notebook's own `aggregates.Aggregate` among them); default `aggregates.DEFAULT`
-    for a new folder, and what the folder records for one that resumes.
-    overwrite: replace a trajectory of another run in ``out``.  Without it, a folder whose
-    run differs (plan, layers, heads, prompt, or a value of ``meta`` such as the rates or the
-    checkpoint source) is refused with what differs; the same run resumes.
+    tokens: the evaluation tokens [N, T] (or batches) the plan is built from.
+    settings: how the run is recorded (`RecordingSettings`: what is tracked and watched, the
+    budget, how to run); saved in the folder's manifest.
+    plan: what to track (`plan.plan_recording`); without one, the recorder plans for the
+    settings' ``queries`` (None: those that fit the budget; "all"; a share of the events; or
+    token ids), ``exclude_bos``, ``window`` and ``tokenizer`` from the first model it records
+    (its vocabulary), or, resuming a folder, with the folder's vocabulary (and its plan where
+    the budget chose the queries): a plan that differs from the folder's is refused.
+    stats: corpus statistics; with ``queries=None`` the plan is made for the scan's power
+    (the queries whose distinct and common tokens both occur in the evaluation text, by the
+    statistics' token kinds; `plan.plan_recording` with ``groups``), and the recording takes
+    the statistics' context window.
+    meta: what is known of the run (its rates, model, data), kept in the manifest; a folder
+    whose run differs (a value of ``meta``, the plan, layers, heads, prompt, aggregates) is
+    refused with what differs, unless ``overwrite``; the same run resumes.
 
     While it records, the recorder holds the folder's `RecordingLock`: a recorder in another
     process fails at once.  `record` releases it when done; `on_checkpoint` (a training loop)
@@ -112,122 +164,84 @@ class Recorder:
         self,
         out: str | Path,
         tokens: Tensor,
+        settings: RecordingSettings | None = None,
         plan: RecordPlan | None = None,
-        layers=None,
-        heads=None,
-        step_unit: str = "steps",
-        batch_size: int = 8,
-        device=None,
-        progress: bool = True,
-        meta: dict | None = None,
-        prompt: Tensor | None = None,
-        prompt_length: int = 64,
-        overwrite: bool = False,
-        queries=None,
-        exclude_bos: bool = False,
-        tokenizer=None,
         stats: CooccurrenceStats | None = None,
-        window: int | None = None,
-        max_checkpoint_bytes: int = CHECKPOINT_BUDGET,
-        max_run_bytes: int = RUN_BUDGET,
-        aggregates=None,
+        meta: dict | None = None,
     ):
-        self.out = Path(out)
+        self.settings = settings = RecordingSettings() if settings is None else settings
+        self.folder = TrajectoryFolder(out)
+        self.out, self.lock = self.folder.path, self.folder.lock
         if tokens is not None and not isinstance(tokens, Tensor):
             tokens = [torch.as_tensor(b) for b in tokens]  # read at every checkpoint
-        self.aggregates = resolve(aggregates)
-        self._aggregates_given = aggregates is not None
+        self.tokens, self.stats, self.meta = tokens, stats, dict(meta or {})
+        self.aggregates = resolve(settings.aggregates)
         self.state = RunState()  # what the run's checkpoints share, decided at the first
-        self.entries: list[dict] | None = None  # the manifest's aggregate entries
-        for name, value in (("max_checkpoint_bytes", max_checkpoint_bytes),
-                            ("max_run_bytes", max_run_bytes)):  # fmt: skip
-            if not value > 0:
-                raise ValueError(f"{name} must be positive, got {value}")
-        for name, values in (("layers", layers), ("heads", heads)):
-            _check_indices(name, values)
-        if isinstance(queries, str) and queries != "all":
-            raise ValueError(f"queries must be None, 'all', a share, or token ids, not {queries!r}")
-        self.max_checkpoint_bytes = int(max_checkpoint_bytes)
-        self.max_run_bytes = int(max_run_bytes)
-        self.stats = stats
+        self.run: RecordingRun | None = None
+        self._writer: TrajectoryWriter | None = None
+        self._skips: list[tuple[int, str, str]] = []
         self._expected: int | None = None  # checkpoints of the run, where `record` knows them
         self._said: tuple[int | None] | None = None  # (run size) the plan's line was said for
         self._estimated = False  # the run's cost said, after its first batch
+        self.window = _window(settings, stats)
         if self.out.exists() and not self.out.is_dir():
             raise ValueError(f"{self.out} is a file, not a folder for the trajectory")
         check_writable(self.out)  # before any checkpoint is loaded
-        self.lock = RecordingLock(self.out)
-        if (self.out / "manifest.json").exists():
+        if self.folder.holds_recording:
             self.lock.acquire()  # before anything of the folder is read or removed
         try:
-            if stats is not None:  # record the context the statistics counted
-                if window is not None and window != (stats.window or None):
-                    raise ValueError(
-                        f"window {window} differs from the statistics' window"
-                        f" {stats.window or None}: record with the statistics' window"
-                    )
-                window = stats.window or None
-            planning = {"queries": queries, "exclude_bos": exclude_bos, "tokenizer": tokenizer,
-                        "window": window}  # fmt: skip
-            self._open(tokens, plan, layers, heads, step_unit, batch_size, device, progress,
-                       meta, prompt, prompt_length, overwrite, planning)  # fmt: skip
+            self._open(plan)
         except BaseException:
             self.lock.release()  # a refused folder stays free for a corrected recorder
             raise
 
-    def _open(self, tokens, plan, layers, heads, step_unit, batch_size, device, progress, meta,
-              prompt, prompt_length, overwrite, planning) -> None:  # fmt: skip
-        if plan is not None and (
-            planning["queries"] is not None
-            or self.stats is not None
-            or planning["exclude_bos"]
-            or planning["tokenizer"] is not None
-            or planning["window"] is not None
-        ):
+    # ---------------------------------------------------------------- the folder
+    def _open(self, plan: RecordPlan | None) -> None:
+        s = self.settings
+        planning = self.stats is not None or self.window is not None or any(
+            getattr(s, name) not in (None, False) for name in _PLANNING
+        )  # fmt: skip
+        if plan is not None and planning:
             raise ValueError(
-                "give a plan, or queries (stats, window, exclude_bos, tokenizer) to plan for"
+                "give a plan, or the settings to plan for (queries, window, exclude_bos,"
+                " tokenizer) and stats, not both"
             )
-        if overwrite and (self.out / "manifest.json").exists():
+        if s.overwrite and self.folder.holds_recording:
             remove_trajectory(self.out)
-        manifest_path = self.out / "manifest.json"
-        if plan is None and planning["queries"] is None:  # what the budget planning reads
-            meta = {**(meta or {}), **self._planned_for()}
-        if plan is None and manifest_path.exists():  # resuming: plan as the folder did
-            saved = _read_plan(self.out / _read_manifest(self.out).get("plan", "plan.safetensors"))
-            queries = saved.queries if planning["queries"] is None else planning["queries"]
-            queries = None if isinstance(queries, str) else queries  # "all"
-            plan = plan_recording(tokens, saved.vocab_size, queries=queries,
-                                  exclude_bos=planning["exclude_bos"],
-                                  window=saved.window if planning["window"] is None
-                                  else planning["window"],
-                                  include_self=saved.include_self,
-                                  tokenizer=planning["tokenizer"])  # fmt: skip
-            if planning["queries"] is None:  # planned by the budget: the folder's plan holds
-                _check_same_text(self.out, saved, plan)
-                plan = saved
-        self._planning = planning
-        default_prompt = prompt is None
-        if prompt is None and prompt_length > 0 and isinstance(tokens, Tensor):
-            prompt = tokens[0, :prompt_length]
-        self.prompt = None if prompt is None else torch.as_tensor(prompt).reshape(-1).cpu()
-        self.tokens, self.plan = tokens, plan
-        self.layers, self.heads = layers, heads
-        self.step_unit = step_unit
-        self.batch_size, self.device, self.progress = batch_size, device, progress
-        self.meta = meta or {}
-        self._writer: TrajectoryWriter | None = None
-        self._skips: list[tuple[int, str, str]] = []
-        if (self.out / "manifest.json").exists():
-            # Resuming: check the folder against this plan now, before any model is loaded.
-            manifest = _read_manifest(self.out)
-            if not self._aggregates_given:  # record what the folder records
+        if plan is None and s.queries is None:  # what the budget planning reads
+            self.meta = {**self.meta, **self._planned_for()}
+        layers, heads = s.layers, s.heads
+        self.prompt = _prompt(s, self.tokens)
+        if self.folder.holds_recording:  # resuming: checked now, before a model is loaded
+            manifest = self.folder.manifest()
+            if plan is None:
+                plan = self._replanned(manifest)
+            if s.aggregates is None:  # record what the folder records
                 self.aggregates = _folder_aggregates(self.out, manifest)
-            self.layers = manifest["layers"] if layers is None else layers
-            self.heads = manifest["heads"] if heads is None else heads
-            if default_prompt:  # keep the prompt already recorded
+            layers = manifest["layers"] if layers is None else layers
+            heads = manifest["heads"] if heads is None else heads
+            if s.prompt is None:  # keep the prompt already recorded
                 saved = manifest.get("prompt")
                 self.prompt = None if saved is None else torch.tensor(saved, dtype=torch.long)
-            self._writer_for()
+        self.plan, self.layers, self.heads = plan, layers, heads
+        if self.folder.holds_recording:
+            self._run_for()
+
+    def _replanned(self, manifest: dict) -> RecordPlan:
+        """The plan of a resumed folder: its own where the budget chose the queries (for the
+        same text and convention), else these queries planned with its vocabulary."""
+        s, saved = self.settings, self.folder.plan(manifest)
+        queries = saved.queries if s.queries is None else s.queries
+        plan = plan_recording(self.tokens, saved.vocab_size,
+                              queries=None if isinstance(queries, str) else queries,
+                              exclude_bos=s.exclude_bos,
+                              window=saved.window if self.window is None else self.window,
+                              include_self=saved.include_self,
+                              tokenizer=_tokenizer(s.tokenizer))  # fmt: skip
+        if s.queries is None:  # planned by the budget: the folder's plan holds
+            _check_same_text(self.out, saved, plan)
+            return saved
+        return plan
 
     def _planned_for(self) -> dict:
         """What a plan made by the budget depends on (kept in the manifest's meta, so a
@@ -235,13 +249,13 @@ class Recorder:
         left to record."""
         return {
             "plan_stats": None if self.stats is None else str(self.stats.fingerprint),
-            "max_checkpoint_bytes": self.max_checkpoint_bytes,
-            "max_run_bytes": self.max_run_bytes,
+            "max_checkpoint_bytes": self.settings.max_checkpoint_bytes,
+            "max_run_bytes": self.settings.max_run_bytes,
         }
 
     def _check_same_run(self, meta: dict) -> None:
         """Refuse to add to a folder that holds another run: a value of `meta` it has differs."""
-        saved = _read_manifest(self.out)["meta"] if (self.out / "manifest.json").exists() else {}
+        saved = self.folder.manifest()["meta"] if self.folder.holds_recording else {}
         # a Trainer's trainer_state.json grows while it trains: what it said when the
         # recording began stays (the checkpoint folder, `source`, still tells runs apart)
         growing = TRAINER_KEYS if str(meta.get("training_from", "")).startswith(
@@ -255,21 +269,20 @@ class Recorder:
             and json.loads(json.dumps(saved[k])) != json.loads(json.dumps(v))
         }
         if differ:
-            flags = {"plan_stats": " (stats=, --stats)", "max_run_bytes": " (--max-run-gb)",
-                     "max_checkpoint_bytes": " (--max-checkpoint-mb)"}  # fmt: skip
-            what = "; ".join(
-                f"{k}{flags.get(k, '')} {old!r} there, {new!r} here"
-                for k, (old, new) in differ.items()
-            )
+            labels = {"plan_stats": "the statistics (stats=)",
+                      "max_checkpoint_bytes": "max_checkpoint_bytes=",
+                      "max_run_bytes": "max_run_bytes="}  # fmt: skip
+            what = "; ".join(f"{labels.get(k, k)} {old!r} there, {new!r} here"
+                             for k, (old, new) in differ.items())  # fmt: skip
             raise ValueError(
                 f"{self.out} holds another run ({what}): give the values it was recorded with"
-                " to resume it, record into another folder, or replace it (overwrite=True,"
-                " --overwrite)"
+                " to resume it, record into another folder, or replace it (overwrite=True)"
             )
 
-    def _writer_for(self, model=None) -> TrajectoryWriter | None:
-        """The writer; it needs the layers and heads, so perhaps a model to count them."""
-        if self._writer is None:
+    def _run_for(self, model=None) -> RecordingRun | None:
+        """The run (and the folder's writer); deciding it needs the layers, heads and plan,
+        so perhaps a model to count them.  Notes the skips found before it."""
+        if self.run is None:
             self._check_same_run(self.meta)
             if model is None and (self.plan is None or self.layers is None or self.heads is None):
                 return None
@@ -278,25 +291,21 @@ class Recorder:
             else:
                 layers, heads = list(self.layers), list(self.heads)
             vocab = int(model.cfg.d_vocab) if model is not None else self.plan.vocab_size
-            self.entries = self._entries(vocab)
+            entries = self._entries(vocab)
             if self.plan is None:  # planned from the first model: its vocabulary, its tokenizer
-                self.plan = self._plan_for(model, len(layers) * len(heads))
-            self._check_budget(len(layers) * len(heads))
+                self.plan = self._plan_for(model, len(layers) * len(heads), entries)
             self.layers, self.heads = layers, heads
+            run = RecordingRun(self.out, self.tokens, self.plan, layers, heads, self.prompt,
+                               self.aggregates, entries, self.settings, self.state)  # fmt: skip
+            self._check_budget(run)
             self.lock.acquire()
-            self._writer = TrajectoryWriter(
-                self.out, self.plan, layers, heads, self.step_unit, self.meta, prompt=self.prompt,
-                aggregates=self.entries,
-            )  # fmt: skip
+            self._writer, self.run = run.writer(self.meta), run
         for skip in self._skips:
             self._writer.skip(*skip)
         self._skips = []
-        return self._writer
+        return self.run
 
-    @property
-    def _prompt_length(self) -> int:
-        return 0 if self.prompt is None else int(self.prompt.numel())
-
+    # ---------------------------------------------------------------- the budget
     def _entries(self, vocab_size: int) -> list[dict]:
         """The manifest entries of the aggregates; a rows aggregate's rows decided (once)."""
         sources = row_sources(self.aggregates, self.tokens, vocab_size, self.state)
@@ -307,29 +316,30 @@ class Recorder:
             out.append(agg.entry(rows if own is None else own.shape[0], words))
         return out
 
-    def _fixed_slots(self) -> int:
-        """Values per head that do not depend on the plan's queries: the rows aggregates'."""
-        return sum(e.get("slots", 0) for e in self.entries if e["axis"] == "rows")
-
-    def _checkpoint_bytes(self, num_heads: int) -> int:
+    def _checkpoint_bytes(self, plan: RecordPlan, entries: list[dict], num_heads: int) -> int:
         """Bytes of one checkpoint's tensors: every aggregate's slots and the prompt's
         weights, per watched head."""
         slots = sum(
-            e["slots"] if e["axis"] == "rows" else Aggregate.from_entry(e).slots(self.plan)
-            for e in self.entries
+            e["slots"] if e["axis"] == "rows" else Aggregate.from_entry(e).slots(plan)
+            for e in entries
         )
         return BYTES_PER_VALUE * num_heads * (slots + self._prompt_length**2)
 
-    def _plan_for(self, model, num_heads: int) -> RecordPlan:
+    @property
+    def _prompt_length(self) -> int:
+        return 0 if self.prompt is None else int(self.prompt.numel())
+
+    def _plan_for(self, model, num_heads: int, entries: list[dict]) -> RecordPlan:
         """The plan of the first model: the asked queries, or those that fit the budget."""
-        options = self._planning
-        queries, max_slots, groups = options["queries"], None, None
+        s = self.settings
+        queries, max_slots, groups = s.queries, None, None
         if queries is None:
-            budget = self.max_checkpoint_bytes
+            budget = s.max_checkpoint_bytes
             if self._expected:
-                budget = min(budget, self.max_run_bytes // self._expected)
+                budget = min(budget, s.max_run_bytes // self._expected)
+            fixed = sum(e.get("slots", 0) for e in entries if e["axis"] == "rows")
             per_head = budget // (BYTES_PER_VALUE * num_heads) - self._prompt_length**2
-            max_slots = max(per_head - self._fixed_slots(), 1)
+            max_slots = max(per_head - fixed, 1)
             if self.stats is not None:  # plan for the scan's power: see `plan_recording`
                 try:
                     groups = TokenGroups.from_statistics(self.stats)
@@ -337,33 +347,27 @@ class Recorder:
                     groups = None  # nothing classified distinct: the most frequent queries
         elif isinstance(queries, str):  # "all"
             queries = None
-        return plan_recording(
-            self.tokens,
-            int(model.cfg.d_vocab),
-            queries=queries,
-            exclude_bos=options["exclude_bos"],
-            window=options["window"],
-            tokenizer=options["tokenizer"] or getattr(model, "tokenizer", None),
-            max_slots=max_slots,
-            groups=groups,
-        )
+        tokenizer = _tokenizer(s.tokenizer)
+        return plan_recording(self.tokens, int(model.cfg.d_vocab), queries=queries,
+                              exclude_bos=s.exclude_bos, window=self.window,
+                              tokenizer=tokenizer or getattr(model, "tokenizer", None),
+                              max_slots=max_slots, groups=groups)  # fmt: skip
 
-    def _check_budget(self, num_heads: int) -> None:
+    def _check_budget(self, run: RecordingRun) -> None:
         """Say the plan's size; refuse a run that would write more than `max_run_bytes`."""
-        per = self._checkpoint_bytes(num_heads)
-        runs = self._expected
+        per = self._checkpoint_bytes(run.plan, run.entries, len(run.layers) * len(run.heads))
+        runs, budget = self._expected, self.settings.max_run_bytes
         total = "" if not runs else f", {size_text(per * runs)} for {runs} checkpoints"
-        if self.progress and self._said != (runs,):
+        if self.settings.progress and self._said != (runs,):
             self._said = (runs,)
-            tqdm.write(f"plan: {self.plan.describe()}; {size_text(per)} per checkpoint{total}")
-        if runs and per * runs > self.max_run_bytes:
-            total, budget = size_text(per * runs), size_text(self.max_run_bytes)
+            tqdm.write(f"plan: {run.plan.describe()}; {size_text(per)} per checkpoint{total}")
+        if runs and per * runs > budget:
             raise ValueError(
-                f"the recording would write {total} ({size_text(per)} per checkpoint for"
-                f" {runs} checkpoints; {self.plan.describe()}), over the budget of"
-                f" {budget} (max_run_bytes, --max-run-gb): track fewer queries (queries=,"
-                " --queries), watch fewer layers or heads (layers=, heads=, --layers,"
-                " --heads), select fewer checkpoints (steps=, --steps), or raise the budget"
+                f"the recording would write {size_text(per * runs)} ({size_text(per)} per"
+                f" checkpoint for {runs} checkpoints; {run.plan.describe()}), over the budget of"
+                f" {size_text(budget)} (max_run_bytes=): track fewer queries (queries=), watch"
+                " fewer layers or heads (layers=, heads=), select fewer checkpoints (steps=),"
+                " or raise the budget"
             )
 
     def _estimate(self, done: int, total: int | None, seconds: float) -> None:
@@ -375,9 +379,9 @@ class Recorder:
         rows, length = count_rows(self.tokens), int(first.shape[-1])
         per_checkpoint = seconds * total
         left = (self._expected or 0) - len(self.done)
-        heads = len(self.layers) * len(self.heads)
-        disk = self._checkpoint_bytes(heads)
-        run = (
+        run = self.run
+        disk = self._checkpoint_bytes(run.plan, run.entries, len(run.layers) * len(run.heads))
+        rest = (
             f", {duration(per_checkpoint * left)} and {size_text(disk * left)} for the {left}"
             " checkpoints to record"
             if left > 0 else ""
@@ -385,10 +389,15 @@ class Recorder:
         tqdm.write(
             f"estimate: {rows} rows of {length} tokens, {total} batches per checkpoint; the"
             f" first took {duration(seconds)}: about {duration(per_checkpoint)} per checkpoint"
-            f"{run} (loading aside).  Rows and checkpoints drive the cost: fewer with"
-            " --max-rows and --steps (fewer evaluation rows, steps=)."
+            f"{rest} (loading aside).  Rows and checkpoints drive the cost: fewer evaluation"
+            " rows (max_rows=) and checkpoints (steps=)."
         )
 
+    @property
+    def _on_batch(self):
+        return None if self._estimated or not self.settings.progress else self._estimate
+
+    # ---------------------------------------------------------------- recording
     def close(self) -> None:
         """Release the folder's recording lock (a later call records and takes it again)."""
         self.lock.release()
@@ -402,11 +411,7 @@ class Recorder:
     @property
     def done(self) -> set[int]:
         """Steps already recorded in the output folder."""
-        if self._writer is not None:
-            return self._writer.done
-        if (self.out / "manifest.json").exists():
-            return {c["step"] for c in _read_manifest(self.out)["checkpoints"]}
-        return set()
+        return self._writer.done if self._writer is not None else self.folder.done
 
     def on_checkpoint(
         self, step: int, model: HookedModel | torch.nn.Module, training: dict | None = None
@@ -427,68 +432,39 @@ class Recorder:
             self.lock.acquire()  # again after a `record` or `close` released it
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices):
-            return self._record_model(step, model)
-
-    def _record_model(self, step: int, model) -> CheckpointRecord | None:
-        if is_hf_model(model):
             if int(step) in self.done:
                 return None
             model = recordable(model)
-        writer = self._writer_for(model)
-        if int(step) in writer.done:
-            return None
-        record = record_checkpoint(
-            model,
-            self.tokens,
-            self.plan,
-            step=int(step),
-            layers=self.layers,
-            heads=self.heads,
-            batch_size=self.batch_size,
-            device=self.device,
-            progress=self.progress,
-            prompt=self.prompt,
-            on_batch=None if self._estimated or not self.progress else self._estimate,
-            aggregates=self.aggregates,
-            state=self.state,
-        )
-        writer.write(record)
-        return record
+            return self._run_for(model).record_model(step, model, self._writer, self._on_batch)
 
-    def record(
-        self,
-        source: CheckpointSource,
-        on_error: str = "raise",
-        on_disk: int = ON_DISK,
-        keep_checkpoints: bool = False,
-        download_dir: str | Path | None = None,
-        duplicates: str = "refuse",
-    ) -> Trajectory:
+    def record(self, source: CheckpointSource, execute=None) -> Trajectory:
         """Record every checkpoint of `source` not yet done, one model in memory at a time,
-        the next one fetched in the background meanwhile (`sweep`).
+        the next one fetched in the background meanwhile (`sweep`), as the settings say:
+        on_error ("raise" stops at an unreadable checkpoint, everything recorded so far
+        saved; "skip" notes it in the manifest's ``skipped`` list), on_disk, keep_checkpoints
+        and download_dir (hub revisions: read from your hub cache where it holds them, else
+        downloaded into the sweep's own cache and deleted once recorded), duplicates
+        (checkpoints whose weights files are identical: "refuse", "skip" all but the last of
+        each group, or "record").
 
-        on_error: "raise" stops at an unreadable checkpoint (everything recorded so far stays
-        saved); "skip" notes it in the manifest's ``skipped`` list and goes on.
-        on_disk: hub revisions of the sweep on disk at once (the one recording included).
-        Revisions your hub cache holds are read from it, never changed; the others download
-        into the sweep's own cache (``download_dir``, default ``hub-cache/`` in the recording
-        folder) and are deleted from it once recorded, unless keep_checkpoints (then into
-        your hub cache, kept).
-        duplicates: checkpoints whose weights files are identical under different steps
-        (from the hashes the hub lists, or of local files), found before anything is
-        fetched: "refuse" (DuplicateWeightsError, saying which), "skip" (each group's last
-        step recorded, the others noted as skipped) or "record" (all of them).
+        execute: who records the checkpoints after the first (which decides the run), as
+        ``execute(run, checkpoints, fetcher, note_skip)``; default here, one at a time
+        (`distributed.ray_execute`: one Ray task each).
         """
         fetcher = None
         try:
-            todo = self._begin(source, on_error)
-            fetcher = fetcher_for(source, on_disk, keep_checkpoints, download_dir)
+            todo = self._begin(source)
+            s = self.settings
+            fetcher = fetcher_for(source, s.on_disk, s.keep_checkpoints, s.download_dir)
             if fetcher is not None:  # with nothing to record, it still cleans up
-                todo = self._drop_duplicates(source, todo, fetcher, duplicates)
+                todo = self._drop_duplicates(source, todo, fetcher)
                 if getattr(fetcher, "writes", False):  # one sweep in a folder at a time
                     self.lock.acquire()
                 fetcher.prepare(todo, self.done, self.out)
-            self._record_sequentially(todo, on_error, fetcher)
+            while todo and self._run_for() is None:  # the first checkpoint decides the run
+                self._sequentially(None, [todo.pop(0)], fetcher, self._note_skip)
+            if todo:
+                (execute or self._sequentially)(self.run, todo, fetcher, self._note_skip)
             self._end()
         finally:
             if fetcher is not None:
@@ -496,22 +472,51 @@ class Recorder:
             self.lock.release()
         return self.trajectory()
 
-    def _drop_duplicates(self, source: CheckpointSource, todo: list, fetcher, duplicates: str):
-        """`todo` less the checkpoints that serve another step's weights, as `duplicates`
-        says (see `record`)."""
-        if duplicates not in DUPLICATES:
-            raise ValueError(f"duplicates must be one of {DUPLICATES}, got {duplicates!r}")
-        if duplicates == "record":
+    def _note_skip(self, step: int, source: str, error: str) -> None:
+        """A checkpoint that could not be recorded: raised, or noted (on_error="skip")."""
+        if self.settings.on_error == "raise":
+            raise CheckpointError(error)
+        self._skips.append((step, source, error))
+        self._run_for()
+
+    def _sequentially(self, run, todo: list, fetcher, note_skip) -> None:
+        """Record `todo` one at a time, the next fetched meanwhile (`sweep.Ahead`)."""
+        with Ahead(todo, fetcher) as ahead:
+            bar = tqdm(ahead, desc="checkpoints", unit="ckpt", disable=not self.settings.progress)
+            for checkpoint, fetch_error in bar:
+                try:
+                    if fetch_error is not None:
+                        raise fetch_error
+                    if self.run is None:  # the first: its model decides the run
+                        self._record_first(checkpoint)
+                    else:
+                        self.run.record(checkpoint, self._writer, self._on_batch)
+                except CheckpointError as err:
+                    note_skip(checkpoint.step, checkpoint.source, str(err))
+                ahead.done(checkpoint)  # not on another error: its files stay for the resume
+
+    def _record_first(self, checkpoint) -> None:
+        model = checkpoint.load()
+        if self.settings.device is not None:
+            model.to(self.settings.device)
+        model = recordable(model)
+        self._run_for(model).record_model(checkpoint.step, model, self._writer, self._on_batch,
+                                          checkpoint.source)  # fmt: skip
+
+    def _drop_duplicates(self, source: CheckpointSource, todo: list, fetcher) -> list:
+        """`todo` less the checkpoints that serve another step's weights, as the settings'
+        ``duplicates`` say (see `record`)."""
+        if self.settings.duplicates == "record":
             return todo
         groups = same_weights(fetcher.weights_ids(source.checkpoints))
         if not groups:
             return todo
         text = describe_duplicates(source.name, groups, len(source))
-        if duplicates == "refuse":
+        if self.settings.duplicates == "refuse":
             raise DuplicateWeightsError(
-                f"{text}: duplicates='skip' (--duplicates skip) records only the last step of"
-                " each group (whose weights they serve) and notes the others as skipped;"
-                " duplicates='record' (--duplicates record) records them all"
+                f"{text}: duplicates='skip' records only the last step of each group (whose"
+                " weights they serve) and notes the others as skipped; duplicates='record'"
+                " records them all"
             )
         drop = {step: group[-1] for group in groups for step in group[:-1]}
         tqdm.write(f"{text}: recording the last step of each group, skipping {len(drop)}")
@@ -519,15 +524,13 @@ class Recorder:
             if checkpoint.step in drop:
                 why = f"serves the same weights as step {drop[checkpoint.step]} (duplicates='skip')"
                 self._skips.append((checkpoint.step, checkpoint.source, why))
-        self._writer_for()  # a resumed folder notes them now; a new one at its first record
+        self._run_for()  # a resumed folder notes them now; a new one at its first record
         return [c for c in todo if c.step not in drop]
 
-    def _begin(self, source: CheckpointSource, on_error: str) -> list:
+    def _begin(self, source: CheckpointSource) -> list:
         """Check `source` against the folder, take the lock; the checkpoints still to record."""
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        if source.step_unit != self.step_unit:
-            self.step_unit = source.step_unit
+        if source.step_unit != self.settings.step_unit:
+            self.settings = self.settings.replace(step_unit=source.step_unit)
         known = {**source.meta, "source": source.name}
         self._check_same_run(known)
         if self._writer is None:
@@ -536,48 +539,9 @@ class Recorder:
             self.lock.acquire()
         todo = [c for c in source if c.step not in self.done]
         self._expected = len(todo) + len(self.done)
-        if self._writer is not None:  # resuming: the folder's plan, checked for this run
-            self._check_budget(len(self.layers) * len(self.heads))
+        if self.run is not None:  # resuming: the folder's plan, checked for this run
+            self._check_budget(self.run)
         return todo
-
-    def _record_sequentially(self, todo: list, on_error: str, fetcher=None) -> None:
-        with Ahead(todo, fetcher) as ahead:
-            bar = tqdm(ahead, desc="checkpoints", unit="ckpt", disable=not self.progress)
-            for checkpoint, fetch_error in bar:
-                self._record_one(checkpoint, fetch_error, on_error)
-                ahead.done(checkpoint)  # not on an error: its files stay for the resume
-
-    def _record_one(self, checkpoint, fetch_error, on_error: str) -> None:
-        try:
-            if fetch_error is not None:
-                raise fetch_error
-            model = checkpoint.load()
-            self._check_architecture(checkpoint, model)
-        except CheckpointError as err:
-            if on_error == "raise":
-                raise
-            self._skips.append((checkpoint.step, checkpoint.source, str(err)))
-            self._writer_for()
-            return
-        self.on_checkpoint(checkpoint.step, model)
-        del model
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-    def _check_architecture(self, checkpoint, model) -> None:
-        """CheckpointError naming the checkpoint where it lacks a layer or head the recording
-        watches (a run whose architecture changed): skipped under on_error="skip"."""
-        if self.layers is None or self.heads is None:
-            return  # the first model decides
-        n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-        if max(self.layers) >= n_layers or max(self.heads) >= n_heads:
-            raise CheckpointError(
-                f"{checkpoint.source}: checkpoint {checkpoint.step} has {n_layers} layers of"
-                f" {n_heads} heads, but the recording watches layers {self.layers} and heads"
-                f" {self.heads} (as its first checkpoint had them): another architecture"
-                " (--on-error skip passes it over)"
-            )
 
     def _end(self) -> None:
         if self._skips:  # none could be read, so no writer took them
@@ -585,9 +549,42 @@ class Recorder:
                 "no checkpoint could be read: "
                 + "; ".join(f"{source}: {error}" for _, source, error in self._skips)
             )
+        if self._writer is not None:  # what other processes added
+            self._writer.manifest = self.folder.manifest()
 
     def trajectory(self) -> Trajectory:
         return Trajectory.load(self.out)
+
+
+def _window(settings: RecordingSettings, stats) -> int | None:
+    """The context window the recording aggregates: the settings', or the statistics' (the
+    context they counted); ValueError where both are given and differ."""
+    if stats is None:
+        return settings.window
+    if settings.window is not None and settings.window != (stats.window or None):
+        raise ValueError(
+            f"window {settings.window} differs from the statistics' window"
+            f" {stats.window or None}: record with the statistics' window"
+        )
+    return stats.window or None
+
+
+def _tokenizer(tokenizer):
+    """A tokenizer object: the one given, or the one a tokenizer.json or hub name names."""
+    if isinstance(tokenizer, str):
+        from scansnap_lens.inputs.tokens import load_tokenizer
+
+        return load_tokenizer(tokenizer)
+    return tokenizer
+
+
+def _prompt(settings: RecordingSettings, tokens) -> Tensor | None:
+    """The example prompt [T']: the settings', or the first evaluation row's first tokens."""
+    if settings.prompt is not None:
+        return torch.tensor(settings.prompt, dtype=torch.long)
+    if settings.prompt_length > 0 and isinstance(tokens, Tensor):
+        return tokens[0, : settings.prompt_length].reshape(-1).cpu()
+    return None
 
 
 def _check_same_text(out: Path, saved: RecordPlan, plan: RecordPlan) -> None:
@@ -596,19 +593,17 @@ def _check_same_text(out: Path, saved: RecordPlan, plan: RecordPlan) -> None:
     differ = [
         what
         for what, a, b in (
-            ("the evaluation tokens (tokens=, --tokens, --text, --max-rows)", saved.fingerprint,
-             plan.fingerprint),
-            ("exclude_bos (--exclude-bos)", saved.exclude_bos, plan.exclude_bos),
-            ("window (--window, or the statistics' window)", saved.window, plan.window),
+            ("the evaluation tokens (tokens=, max_rows=)", saved.fingerprint, plan.fingerprint),
+            ("exclude_bos (exclude_bos=)", saved.exclude_bos, plan.exclude_bos),
+            ("window (window=, or the statistics' window)", saved.window, plan.window),
             ("the vocabulary", saved.vocab_size, plan.vocab_size),
         )
         if a != b
-    ]  # fmt: skip
+    ]
     if differ:
         raise ValueError(
             f"{out} was recorded with other {', '.join(differ)}: give those it was recorded"
-            " with to resume it, record into another folder, or replace it (overwrite=True,"
-            " --overwrite)"
+            " with to resume it, record into another folder, or replace it (overwrite=True)"
         )
 
 
@@ -620,22 +615,10 @@ def _folder_aggregates(out: Path, manifest: dict) -> tuple[Aggregate, ...]:
     if own:
         raise ValueError(
             f"{out} records the aggregates {own} of your own: pass their definitions"
-            " (Recorder(..., aggregates=[...]) with every aggregate the folder records) to"
+            " (RecordingSettings(aggregates=[...]) with every aggregate the folder records) to"
             " resume it"
         )
     return tuple(found)
-
-
-def _check_indices(name: str, values) -> None:
-    """ValueError naming `values` unless they are distinct non-negative integers (or None)."""
-    if values is None:
-        return
-    values = list(values)
-    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values):
-        raise ValueError(f"{name} must be non-negative integers, got {values} (--{name})")
-    if len(set(values)) < len(values):
-        twice = sorted({v for v in values if values.count(v) > 1})
-        raise ValueError(f"{name} {values} name {twice} more than once: give each once (--{name})")
 
 
 def recordable(model: HookedModel | torch.nn.Module) -> HookedModel:
@@ -680,13 +663,11 @@ def record_trajectory(
     source: CheckpointSource,
     tokens: Tensor,
     out: str | Path,
+    settings: RecordingSettings | None = None,
     plan: RecordPlan | None = None,
-    queries=None,
-    on_error: str = "raise",
-    **kwargs,
+    stats: CooccurrenceStats | None = None,
 ) -> Trajectory:
-    """Plan (unless given), record every checkpoint of `source` into `out`, and load the result."""
+    """Plan (unless given), record every checkpoint of `source` into `out`, and load it."""
     if not len(source):
         raise ValueError("the checkpoint source is empty")
-    recorder = Recorder(out, tokens, plan, queries=None if plan is not None else queries, **kwargs)
-    return recorder.record(source, on_error=on_error)
+    return Recorder(out, tokens, settings, plan, stats).record(source)

@@ -58,6 +58,7 @@ __all__ = [
     "FORMAT",
     "RecordingLock",
     "StepStack",
+    "TrajectoryFolder",
     "TrajectoryWriter",
     "checkpoint_name",
     "manifest_aggregates",
@@ -99,6 +100,42 @@ def checkpoint_name(step: int, suffix: str = "") -> str:
     return f"checkpoints/step_{int(step):012d}{suffix}.safetensors"
 
 
+class TrajectoryFolder:
+    """A trajectory folder as a recording reads it: whether it holds one, its manifest, its
+    plan, the steps done and skipped, and its recording lock (`RecordingLock`).
+
+    >>> TrajectoryFolder("no/such/folder").holds_recording
+    False
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.lock = RecordingLock(self.path)
+
+    @property
+    def holds_recording(self) -> bool:
+        return (self.path / "manifest.json").exists()
+
+    def manifest(self) -> dict:
+        """The manifest as it is on disk now, checked (`FileNotFoundError` where none)."""
+        return _read_manifest(self.path)
+
+    def plan(self, manifest: dict | None = None) -> RecordPlan:
+        manifest = self.manifest() if manifest is None else manifest
+        return _read_plan(self.path / manifest.get("plan", "plan.safetensors"))
+
+    @property
+    def done(self) -> set[int]:
+        """The steps recorded ({} where the folder holds no recording)."""
+        if not self.holds_recording:
+            return set()
+        return {c["step"] for c in self.manifest()["checkpoints"]}
+
+    @property
+    def skipped(self) -> list[dict]:
+        return self.manifest()["skipped"] if self.holds_recording else []
+
+
 class TrajectoryWriter:
     """Writes one checkpoint file at a time and keeps the manifest up to date."""
 
@@ -113,79 +150,68 @@ class TrajectoryWriter:
         resume: bool = True,
         prompt: Tensor | None = None,
         aggregates: list[dict] | None = None,
+        settings: dict | None = None,
     ):
         """aggregates: the manifest entries of what each checkpoint records
-        (`Aggregate.entry`; default the four plan aggregates, `aggregates.V1`)."""
+        (`Aggregate.entry`; default the four plan aggregates, `aggregates.V1`); settings: how
+        the run is recorded (`RecordingSettings.to_dict`), kept in a new folder's manifest."""
         self.path = Path(path)
         self.plan = plan
         entries = [a.entry() for a in V1] if aggregates is None else list(aggregates)
         prompt_ids = None if prompt is None else [int(t) for t in torch.as_tensor(prompt)]
-        manifest_path = self.path / "manifest.json"
         self._replacing: dict | None = None  # the manifest a `save` replaces, until `finish`
         self._suffix = ""
-        if manifest_path.exists() and resume:
-            manifest = _read_manifest(self.path)
-            saved = _read_plan(self.path / manifest.get("plan", "plan.safetensors"))
-            if not saved.same_as(plan):
-                raise ValueError(
-                    f"{self.path} holds a recording with another plan (other evaluation tokens,"
-                    " queries or context convention); record into another folder, or replace it"
-                    " (overwrite=True, --overwrite)"
-                )
-            if (manifest["layers"], manifest["heads"]) != (list(layers), list(heads)):
-                raise ValueError(
-                    f"{self.path} was recorded for layers {manifest['layers']} and heads"
-                    f" {manifest['heads']}, not {list(layers)} and {list(heads)}: watch those"
-                    " to resume, record into another folder, or replace it (overwrite=True,"
-                    " --overwrite)"
-                )
-            if manifest.get("prompt") != prompt_ids:
-                raise ValueError(
-                    f"{self.path} was recorded with another example prompt"
-                    f" ({manifest.get('prompt')} against {prompt_ids}): record into another"
-                    " folder, or replace it (overwrite=True, --overwrite)"
-                )
-            saved_entries = manifest_aggregates(manifest)
-            if _names(saved_entries) != _names(entries):
-                raise ValueError(
-                    f"{self.path} records the aggregates {_names(saved_entries)}, not"
-                    f" {_names(entries)}: record those to resume (aggregates=), record into"
-                    " another folder, or replace it (overwrite=True, --overwrite)"
-                )
-            again = incomplete(self.path, manifest)
-            if again:  # recorded anew: a truncated copy is no checkpoint
-                steps = {step for step, _ in again}
-                manifest["checkpoints"] = [c for c in manifest["checkpoints"]
-                                           if c["step"] not in steps]  # fmt: skip
-                for step, why in again:
-                    print(f"{self.path}: checkpoint {step} is {why}: recording it again")
-            self.manifest = manifest
-        else:
-            plan_file = "plan.safetensors"
-            if manifest_path.exists():  # replacing a trajectory: new names, old files kept
-                self._replacing = _read_manifest(self.path)
-                self._suffix = "-" + secrets.token_hex(4)
-                plan_file = f"plan{self._suffix}.safetensors"
-            make_folder(self.path / "checkpoints")
-            meta_json = json.dumps(plan.metadata())
-            write_tensors(
-                self.path / plan_file,
-                plan.tensors(),
-                {"format": FORMAT, "plan": meta_json},
+        if (self.path / "manifest.json").exists() and resume:
+            self.manifest = self._resumed(plan, list(layers), list(heads), prompt_ids, entries)
+            return
+        plan_file = "plan.safetensors"
+        if (self.path / "manifest.json").exists():  # replacing: new names, old files kept
+            self._replacing = _read_manifest(self.path)
+            self._suffix = "-" + secrets.token_hex(4)
+            plan_file = f"plan{self._suffix}.safetensors"
+        make_folder(self.path / "checkpoints")
+        write_tensors(self.path / plan_file, plan.tensors(),
+                      {"format": FORMAT, "plan": json.dumps(plan.metadata())})  # fmt: skip
+        self.manifest = {
+            "format": FORMAT, "step_unit": step_unit, "layers": list(layers),
+            "heads": list(heads), "meta": meta or {}, "prompt": prompt_ids, "plan": plan_file,
+            "aggregates": entries, "checkpoints": [], "skipped": [],
+            **({"settings": settings} if settings is not None else {}),
+        }  # fmt: skip
+        self._flush()
+
+    def _resumed(self, plan, layers, heads, prompt_ids, entries) -> dict:
+        """The folder's manifest, checked against what this writer would record."""
+        manifest = _read_manifest(self.path)
+        again = "record into another folder, or replace it (overwrite=True)"
+        if not _read_plan(self.path / manifest.get("plan", "plan.safetensors")).same_as(plan):
+            raise ValueError(
+                f"{self.path} holds a recording with another plan (other evaluation tokens,"
+                f" queries or context convention): {again}"
             )
-            self.manifest = {
-                "format": FORMAT,
-                "step_unit": step_unit,
-                "layers": list(layers),
-                "heads": list(heads),
-                "meta": meta or {},
-                "prompt": prompt_ids,
-                "plan": plan_file,
-                "aggregates": entries,
-                "checkpoints": [],
-                "skipped": [],
-            }
-            self._flush()
+        if (manifest["layers"], manifest["heads"]) != (layers, heads):
+            raise ValueError(
+                f"{self.path} was recorded for layers {manifest['layers']} and heads"
+                f" {manifest['heads']}, not {layers} and {heads}: watch those to resume, {again}"
+            )
+        if manifest.get("prompt") != prompt_ids:
+            raise ValueError(
+                f"{self.path} was recorded with another example prompt"
+                f" ({manifest.get('prompt')} against {prompt_ids}): {again}"
+            )
+        saved_entries = manifest_aggregates(manifest)
+        if _names(saved_entries) != _names(entries):
+            raise ValueError(
+                f"{self.path} records the aggregates {_names(saved_entries)}, not"
+                f" {_names(entries)}: record those to resume (aggregates=), {again}"
+            )
+        redo = incomplete(self.path, manifest)
+        if redo:  # recorded anew: a truncated copy is no checkpoint
+            steps = {step for step, _ in redo}
+            manifest["checkpoints"] = [c for c in manifest["checkpoints"] if c["step"] not in steps]
+            for step, why in redo:
+                print(f"{self.path}: checkpoint {step} is {why}: recording it again")
+        return manifest
 
     @property
     def done(self) -> set[int]:

@@ -39,16 +39,16 @@ from scansnap_lens.models import hub
 from scansnap_lens.models.checkpoints import Checkpoint, CheckpointError, CheckpointSource
 from scansnap_lens.models.formats import WEIGHT_SUFFIXES
 from scansnap_lens.recording.budget import size_text
+from scansnap_lens.recording.settings import ON_DISK
 
 try:
     import fcntl
 except ImportError:  # not POSIX: one sweep per cache is then the user's to keep
     fcntl = None
 
-__all__ = ["DUPLICATES", "ON_DISK", "Ahead", "DiskError", "DuplicateWeightsError",
-           "HubRevisions", "ReadAhead", "SweepCache", "fetcher_for", "same_weights"]  # fmt: skip
+__all__ = ["Ahead", "DiskError", "DuplicateWeightsError", "HubRevisions", "ReadAhead",
+           "SweepCache", "fetcher_for", "same_weights"]  # fmt: skip
 
-ON_DISK = 2  # revisions of a hub sweep on disk at once: the one recording, the next
 CACHE = "hub-cache"  # the sweep's own cache, in the recording folder unless named
 _READ_CHUNK = 1 << 23
 _SAMPLE = 1 << 20  # bytes of each piece a local weights file is first compared by
@@ -141,7 +141,8 @@ class HubRevisions:
             raise ValueError(f"on_disk must be at least 1 (the revision recording), got {on_disk}")
         self.name, self.on_disk, self.keep = name, int(on_disk), keep_checkpoints
         self.download_dir = None if download_dir is None else Path(download_dir)
-        self.cache: SweepCache | None = None
+        self.cache: SweepCache | None = None  # held by the process that prepared the sweep
+        self.folder: Path | None = None  # the sweep's own cache (also in a Ray worker's copy)
         self.infos: dict[str, hub.RevisionInfo] = {}  # revision -> what the hub lists
         self.held: dict[str, Path] = {}  # revision -> a snapshot in your cache, read only
         self._pending: list[str] = []  # released revisions, deleted by the fetching thread
@@ -189,11 +190,11 @@ class HubRevisions:
         return hub.snapshot_in(hub.cache_dir(), self.name, revision, commit, files)
 
     def _ours(self, revision: str) -> Path | None:
-        if self.cache is None:
+        if self.folder is None:
             return None
         info = self.infos.get(revision)
         commit, files = (info.commit, info.files) if info is not None else (None, None)
-        return hub.snapshot_in(self.cache.folder, self.name, revision, commit, files)
+        return hub.snapshot_in(self.folder, self.name, revision, commit, files)
 
     def _on_disk(self, revision: str) -> Path | None:
         return self._users(revision) or self._ours(revision)
@@ -206,12 +207,13 @@ class HubRevisions:
         place = self.download_dir or Path(folder) / CACHE
         if not self.keep or place.exists():
             self.cache = SweepCache(place).open()
-            hub.refuse_linked(self.cache.folder, self.name)  # a prepared folder's links
-            hub.remove_orphans(self.name, self.cache.folder)  # a killed download's: anew
+            self.folder = self.cache.folder
+            hub.refuse_linked(self.folder, self.name)  # a prepared folder's links
+            hub.remove_orphans(self.name, self.folder)  # a killed download's: anew
             wanted = {c.revision for c in todo}
-            for revision in sorted(hub.snapshots(self.cache.folder, self.name)):
+            for revision in sorted(hub.snapshots(self.folder, self.name)):
                 if revision not in wanted:
-                    hub.delete_snapshot(self.cache.folder, self.name, revision)
+                    hub.delete_snapshot(self.folder, self.name, revision)
         self.list(todo)
         for c in todo:
             users = self._users(c.revision)
@@ -222,7 +224,7 @@ class HubRevisions:
         if not listed or hub.offline():
             return
         one = sum(self.infos[listed[0].revision].files.values())
-        target = hub.cache_dir() if self.keep else self.cache.folder
+        target = hub.cache_dir() if self.keep else self.folder
         held = len(missing) if self.keep else min(self.on_disk, len(missing))
         free = _free_bytes(target)
         if held * one > free:
@@ -258,7 +260,7 @@ class HubRevisions:
         revision = checkpoint.revision
         if revision is None:
             return
-        if self.cache is not None:
+        if self.folder is not None:
             self._delete_pending()
         found = self.held.get(revision) or self._ours(revision)
         if found is not None:
@@ -267,7 +269,7 @@ class HubRevisions:
         if hub.offline():  # neither cache holds it: the error names what to download
             hub.fetch_revision(self.name, revision, cache=hub.cache_dir())
         files = self.info(revision).files
-        target = hub.cache_dir() if self.keep else self.cache.folder
+        target = hub.cache_dir() if self.keep else self.folder
         need = sum(files.values())
         free = _free_bytes(target)
         if need > free:
@@ -279,24 +281,38 @@ class HubRevisions:
 
     def release(self, checkpoint: Checkpoint) -> None:
         revision, checkpoint.path = checkpoint.revision, None
-        if revision is None or self.keep or self.cache is None or revision in self.held:
+        if revision is None or self.keep or self.folder is None or revision in self.held:
             return
         with self._lock:
             self._pending.append(revision)
 
     def _delete_pending(self) -> None:
-        """Delete the revisions released so far.  Called by the fetching thread before each
-        download: revisions share blobs (the same config.json), and a blob deleted while a
-        download links to it would leave that snapshot a dangling link."""
+        """Delete the revisions released so far, keeping the blobs another revision of the
+        sweep lists (revisions share blobs, the same config.json, and one deleted while a
+        download links to it would leave that snapshot a dangling link)."""
         with self._lock:
             pending, self._pending = self._pending, []
         for revision in pending:
-            hub.delete_snapshot(self.cache.folder, self.name, revision)
+            shared = {i for other, info in self.infos.items() if other != revision
+                      for i in info.ids.values()}  # fmt: skip
+            hub.delete_snapshot(self.folder, self.name, revision, keep=shared)
 
     def close(self) -> None:
-        if self.cache is not None:
+        if self.folder is not None:
             self._delete_pending()
+        if self.cache is not None:
             self.cache.close()
+
+    def __getstate__(self) -> dict:
+        """What a Ray worker fetches with: the caches and the hub's listing, not the lock on
+        the sweep's cache (its process keeps that) nor the thread lock.  Workers download
+        into the same folder, each deleting its own revision once recorded but no blob that
+        another revision of the sweep lists (a config.json they share, which another
+        worker's download may be linking to); those go with the folder at the end."""
+        return {**self.__dict__, "cache": None, "_lock": None, "_pending": []}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
 
 
 class ReadAhead:
@@ -391,9 +407,6 @@ def _sha256(file: Path) -> str:
 
 class DuplicateWeightsError(CheckpointError):
     """Checkpoints under different steps whose weights files are identical."""
-
-
-DUPLICATES = ("refuse", "skip", "record")
 
 
 def same_weights(ids: dict[int, tuple]) -> list[list[int]]:

@@ -15,6 +15,7 @@ import torch
 from scansnap_lens.models.checkpoints import in_memory
 from scansnap_lens.models.training import attention_only_model
 from scansnap_lens.recording.recorder import record_trajectory
+from scansnap_lens.recording.settings import RecordingSettings
 
 OUT = Path(__file__).parent / "trajectory_v1"
 V = 12
@@ -31,9 +32,13 @@ def tokens() -> torch.Tensor:
 
 if __name__ == "__main__":
     shutil.rmtree(OUT, ignore_errors=True)
-    record_trajectory(in_memory(models()), tokens(), OUT, queries=[1, 2, 3], window=4,
-                      prompt_length=6, meta={"lr_y": 0.1, "lr_z": 3.0},
-                      progress=False)  # fmt: skip
+    record_trajectory(
+        in_memory(models()),
+        tokens(),
+        OUT,
+        RecordingSettings(queries=[1, 2, 3], window=4, prompt_length=6, progress=False),
+        meta={"lr_y": 0.1, "lr_z": 3.0},
+    )
     (OUT / ".recording.lock").unlink(missing_ok=True)
     (OUT / ".lock").unlink(missing_ok=True)
     print(f"wrote {OUT}")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from _hand import groups, hand_trajectory
-from _tiny import V, tiny_model
+from _tiny import QUIET, V, tiny_model
 from scipy.stats import rankdata
 
 from scansnap_lens import measures
@@ -44,8 +44,7 @@ def test_discriminative_bias_equals_a_loop_over_queries(tmp_path):
     tokens = torch.randint(0, V - 2, (6, 16), generator=g)  # V - 2, V - 1 never occur
     plan = plan_recording(tokens, V)
     models = {0: tiny_model(seed=0), 5: tiny_model(seed=1), 9: tiny_model(seed=2)}
-    traj = record_trajectory(in_memory(models), tokens, tmp_path / "t", plan=plan,
-                             progress=False)  # fmt: skip
+    traj = record_trajectory(in_memory(models), tokens, tmp_path / "t", QUIET, plan=plan)
     traj = traj.replace(zbar=torch.round(traj.zbar.full() * 4) / 4)
     query, next_token, events, distinct, distinct_p, common = [], [], [], [], [], {}
     for m in plan.queries.tolist():

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 from _hand import groups, hand_trajectory
-from _tiny import V, tiny_model
+from _tiny import QUIET, V, tiny_model
 
 from scansnap_lens import measures
 from scansnap_lens.models.checkpoints import in_memory
@@ -58,8 +58,7 @@ def test_attention_entropy_is_the_mean_row_entropy_with_the_query_included(tmp_p
     model = tiny_model()
     tokens = torch.randint(0, V, (4, 12), generator=torch.Generator().manual_seed(6))
     plan = plan_recording(tokens, V, include_self=True, exclude_bos=False)
-    traj = record_trajectory(in_memory({0: model}), tokens, tmp_path / "t", plan=plan,
-                             progress=False)  # fmt: skip
+    traj = record_trajectory(in_memory({0: model}), tokens, tmp_path / "t", QUIET, plan=plan)
     got = measures.attention_entropy(traj).values[0]  # [L, H]
     _, cache = model.run_with_cache(tokens)
     for layer in range(2):

@@ -122,7 +122,7 @@ def test_growth_bounds_count_next_tokens_not_classes(tmp_path):
     """On text, the classes (m, n) outnumber the vocabulary (every query meets many next
     tokens); Theorem 4's K counts next tokens (it was the classes: "K=297 next tokens exceed
     the vocabulary M=33")."""
-    from _tiny import V, tiny_model
+    from _tiny import QUIET, V, tiny_model
 
     from scansnap_lens.models.checkpoints import in_memory
     from scansnap_lens.recording.plan import plan_recording
@@ -133,7 +133,7 @@ def test_growth_bounds_count_next_tokens_not_classes(tmp_path):
     plan = plan_recording(tokens, V)
     assert plan.num_classes > V
     models = in_memory({0: tiny_model(seed=0), 5: tiny_model(seed=1)})
-    traj = record_trajectory(models, tokens, tmp_path / "t", plan=plan, progress=False)
+    traj = record_trajectory(models, tokens, tmp_path / "t", QUIET, plan=plan)
     stats = cooccurrence(tokens, V)
     groups = TokenGroups.from_statistics(stats, guard=False, purity=0.5)
     bounds = measures.growth_bounds(traj, groups, stats, training={"lr_y": 1.0, "lr_z": 1.0})
@@ -147,6 +147,8 @@ def test_the_fit_ends_on_a_trajectory_at_step_ten_to_the_twelve(tmp_path, monkey
     merged steps stay short unless bounded (it ran for hours); now a few thousand gradients."""
     import time
 
+    from _tiny import QUIET
+
     from scansnap_lens.models.checkpoints import in_memory
     from scansnap_lens.models.training import attention_only_model, train
     from scansnap_lens.recording.recorder import record_trajectory
@@ -159,7 +161,7 @@ def test_the_fit_ends_on_a_trajectory_at_step_ten_to_the_twelve(tmp_path, monkey
     last = attention_only_model(29, d_model=16, n_heads=2, n_layers=2, n_ctx=16)
     train(last, rows, 20, lr_y=0.5, lr_z=1.0, save_steps=[], progress=False)
     models = in_memory({0: first, 10**12: last})
-    traj = record_trajectory(models, rows[:16], tmp_path / "t", progress=False)
+    traj = record_trajectory(models, rows[:16], tmp_path / "t", QUIET)
     stats = count_corpus(rows, Context(window=16))
     calls = []
     loss = population._loss

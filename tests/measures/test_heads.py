@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny import V, tiny_model
+from _tiny import QUIET, V, tiny_model
 
 from scansnap_lens import measures
 from scansnap_lens.measures import heads
@@ -19,8 +19,9 @@ def test_summary_ranks_heads_and_maps_them(tmp_path):
     model = tiny_model()
     tokens = torch.randint(0, V, (4, 12), generator=torch.Generator().manual_seed(7))
     plan = plan_recording(tokens, V)
-    traj = record_trajectory(in_memory({0: model, 1: tiny_model(seed=1)}), tokens,
-                             tmp_path / "t", plan=plan, progress=False)  # fmt: skip
+    traj = record_trajectory(
+        in_memory({0: model, 1: tiny_model(seed=1)}), tokens, tmp_path / "t", QUIET, plan=plan
+    )
     m = int(plan.class_query[0])
     groups = TokenGroups(
         query=plan.class_query[:1],
@@ -88,8 +89,9 @@ def test_a_measure_with_a_bug_raises_and_one_that_cannot_be_made_says_why(tmp_pa
     from scansnap_lens.measures.catalog import Measure
 
     tokens = torch.randint(0, V, (4, 12), generator=torch.Generator().manual_seed(7))
-    traj = record_trajectory(in_memory({0: tiny_model(), 1: tiny_model(seed=1)}), tokens,
-                             tmp_path / "t", progress=False)  # fmt: skip
+    traj = record_trajectory(
+        in_memory({0: tiny_model(), 1: tiny_model(seed=1)}), tokens, tmp_path / "t", QUIET
+    )
 
     def cannot(x):
         raise ValueError("needs what this run lacks")

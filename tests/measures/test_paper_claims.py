@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from _tiny import QUIET
 
 from scansnap_lens import measures
 from scansnap_lens.statistics.groups import TokenGroups
@@ -135,7 +136,7 @@ def test_trained_transformer_scans_and_snaps(tmp_path):
         M, d_model=32, n_heads=1, n_ctx=64, seed=0, normalization_type=None
     )
     recorder = Recorder(
-        tmp_path / "traj", eval_tokens, plan, progress=False, meta={"lr_y": 0.1, "lr_z": 3.0}
+        tmp_path / "traj", eval_tokens, QUIET, plan=plan, meta={"lr_y": 0.1, "lr_z": 3.0}
     )
     train(
         model,

@@ -7,6 +7,7 @@ import pytest
 import torch
 from _reference import assert_matches, brute_force
 from _runs import V, native
+from _tiny import QUIET
 
 from scansnap_lens.lab.synthetic import syn_small
 from scansnap_lens.models import checkpoints
@@ -46,8 +47,9 @@ def test_corrupt_truncated_and_pickled_checkpoints(trained, tmp_path):
 
     plan = plan_recording(tokens, V, queries=syn_small().query.tolist())
     with pytest.raises(CheckpointError, match="step_000000005"):
-        Recorder(tmp_path / "t1", tokens, plan, progress=False).record(source)
-    traj = Recorder(tmp_path / "t2", tokens, plan, progress=False).record(source, on_error="skip")
+        Recorder(tmp_path / "t1", tokens, QUIET, plan=plan).record(source)
+    skip = QUIET.replace(on_error="skip")
+    traj = Recorder(tmp_path / "t2", tokens, skip, plan=plan).record(source)
     assert traj.steps.tolist() == [10, 20]
     assert [s["step"] for s in traj.skipped] == [5, 30]
     assert "model_30.pt" in traj.skipped[1]["source"]
@@ -59,8 +61,8 @@ def test_pretrained_labels_offline_hooked_and_bridge_agree(fake_hub, tmp_path):
     source = checkpoints.pretrained("EleutherAI/pythia-14m", steps=[0, 1000, 2000])
     assert source.step_unit == "steps" and source.steps == [0, 1000, 2000]
     plan = plan_recording(tokens, 64)
-    hooked = Recorder(tmp_path / "h", tokens, plan, progress=False).record(source)
-    bridge = Recorder(tmp_path / "b", tokens, plan, progress=False).record(
+    hooked = Recorder(tmp_path / "h", tokens, QUIET, plan=plan).record(source)
+    bridge = Recorder(tmp_path / "b", tokens, QUIET, plan=plan).record(
         checkpoints.pretrained("EleutherAI/pythia-14m", steps=[0, 1000, 2000], backend="bridge")
     )
     torch.testing.assert_close(hooked.zbar.full(), bridge.zbar.full(), atol=1e-5, rtol=1e-4)
@@ -77,7 +79,7 @@ def test_pythia_labels_through_the_bridge(fake_hub, tmp_path):
     source = checkpoints.pretrained("EleutherAI/pythia-14m", steps="log:2", backend="bridge")
     assert source.steps == [0, 143000]
     source = checkpoints.pretrained("EleutherAI/pythia-14m", steps=[0, 2000], backend="bridge")
-    traj = Recorder(tmp_path / "t", tokens, plan, progress=False).record(source)
+    traj = Recorder(tmp_path / "t", tokens, QUIET, plan=plan).record(source)
     assert traj.steps.tolist() == [0, 2000]
     model = source.checkpoints[-1].load()
     ref = brute_force(model, tokens, queries=set(plan.queries.tolist()))

@@ -12,6 +12,7 @@ import torch
 import transformers
 from _nanogpt import GPT
 from _reference import assert_matches, brute_force
+from _tiny import QUIET
 
 from scansnap_lens.models import checkpoints, formats
 from scansnap_lens.models.backend import default_backend, make_config
@@ -103,7 +104,7 @@ def test_trainer_folders_record_like_brute_force(arch, tmp_path):
     source = checkpoints.folder(tmp_path / "run")  # no options: the layout says what it is
     assert source.steps == [2, 4]
     plan = plan_recording(EVAL, V)
-    traj = Recorder(tmp_path / "traj", EVAL, plan, progress=False).record(source)
+    traj = Recorder(tmp_path / "traj", EVAL, QUIET, plan=plan).record(source)
     assert traj.steps.tolist() == [2, 4]
     check_against_brute_force(traj, source, 4)
     # one Trainer folder on its own is a source too
@@ -112,14 +113,14 @@ def test_trainer_folders_record_like_brute_force(arch, tmp_path):
 
 def test_trainer_callback_records_without_changing_training(tmp_path):
     plain = trainer_run("gpt2", tmp_path / "plain")
-    recorder = Recorder(tmp_path / "traj", EVAL, plan_recording(EVAL, V), progress=False)
+    recorder = Recorder(tmp_path / "traj", EVAL, QUIET, plan=plan_recording(EVAL, V))
     recorded = trainer_run("gpt2", tmp_path / "run", callbacks=[trainer_callback(recorder)])
     assert recorded == plain  # recording never touches the live model
     traj = recorder.trajectory()
     assert traj.steps.tolist() == [0, 2, 4]
     # the Trainer's own saves after a recording are whole and load as usual
     source = checkpoints.folder(tmp_path / "run")
-    from_folder = Recorder(tmp_path / "traj2", EVAL, traj.plan, progress=False).record(source)
+    from_folder = Recorder(tmp_path / "traj2", EVAL, QUIET, plan=traj.plan).record(source)
     torch.testing.assert_close(from_folder.zbar.full(), traj.zbar[1:], atol=1e-6, rtol=1e-5)
     plain_keys = set(checkpoints.load_state_dict(tmp_path / "plain" / "checkpoint-4"))
     assert set(checkpoints.load_state_dict(tmp_path / "run" / "checkpoint-4")) == plain_keys
@@ -129,7 +130,7 @@ def test_trainer_callback_records_at_chosen_steps_between_saves(tmp_path):
     """`steps=` (Pythia's schedule, say) records at steps the Trainer does not save, and the
     saves as before; the training is unchanged."""
     plain = trainer_run("gpt2", tmp_path / "plain")
-    recorder = Recorder(tmp_path / "traj", EVAL, plan_recording(EVAL, V), progress=False)
+    recorder = Recorder(tmp_path / "traj", EVAL, QUIET, plan=plan_recording(EVAL, V))
     callback = trainer_callback(recorder, steps=[1, 3])
     assert trainer_run("gpt2", tmp_path / "run", callbacks=[callback]) == plain
     assert recorder.trajectory().steps.tolist() == [0, 1, 2, 3, 4]
@@ -165,7 +166,7 @@ def test_nanogpt_checkpoints_compute_what_nanogpt_computes(bias, tmp_path):
         got = bridge(x, return_type="logits")
     # float32, two layers of dot products of length <= 64 over values of order 1
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    traj = Recorder(tmp_path / "traj", EVAL, plan_recording(EVAL, V), progress=False).record(source)
+    traj = Recorder(tmp_path / "traj", EVAL, QUIET, plan=plan_recording(EVAL, V)).record(source)
     assert traj.steps.tolist() == [100, 200, 300]
 
 
@@ -381,12 +382,12 @@ def test_a_trainer_run_keeps_its_training_in_the_trajectory(tmp_path):
     rates = [r for _, r in meta["lr_schedule"]]
     assert rates == sorted(rates, reverse=True) and rates[0] > rates[-1]  # linear decay
     assert "assumed AdamW" in meta["training_from"]
-    traj = Recorder(tmp_path / "traj", EVAL, plan_recording(EVAL, V), progress=False).record(source)
+    traj = Recorder(tmp_path / "traj", EVAL, QUIET, plan=plan_recording(EVAL, V)).record(source)
     assert traj.meta["lr_schedule"] == meta["lr_schedule"]
     said = " ".join(theory_limits(traj))
     assert "t0 (predicted_snap) is not defined" in said and "warmup and decay" in said
 
-    recorder = Recorder(tmp_path / "cb", EVAL, plan_recording(EVAL, V), progress=False)
+    recorder = Recorder(tmp_path / "cb", EVAL, QUIET, plan=plan_recording(EVAL, V))
     trainer_run("gpt2", tmp_path / "run2", callbacks=[trainer_callback(recorder)])
     recorded = recorder.trajectory().meta
     assert recorded["lr_y"] == 1e-2 and recorded["optimizer"] == "adam"

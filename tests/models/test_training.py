@@ -9,6 +9,7 @@ import pytest
 import torch
 from _backends import BACKENDS
 from _runs import V, native, syn_data
+from _tiny import QUIET
 
 from scansnap_lens import measures
 from scansnap_lens.lab.synthetic import syn_medium
@@ -119,14 +120,14 @@ def test_training_writes_its_rates_into_the_trajectory(tmp_path):
     sample = sequence_sampler(classes := syn_medium(1), seq_len=16)
     tokens = sample(8, torch.Generator().manual_seed(1))
     plan = plan_recording(tokens, classes.vocab_size)
-    recorder = Recorder(tmp_path / "loop", tokens, plan, progress=False)
+    recorder = Recorder(tmp_path / "loop", tokens, QUIET, plan=plan)
     model = attention_only_model(classes.vocab_size, d_model=16, n_ctx=32)
     train(model, sample, num_steps=4, lr_y=0.2, lr_z=2.0, momentum=0.5, save_steps=[0, 4],
           out=tmp_path / "ckpt", on_checkpoint=recorder.on_checkpoint, progress=False)  # fmt: skip
     want = {"lr_y": 0.2, "lr_z": 2.0, "optimizer": "sgd", "momentum": 0.5}
     in_loop = recorder.trajectory()
     assert {k: in_loop.meta[k] for k in want} == want
-    from_folder = Recorder(tmp_path / "folder", tokens, plan, progress=False).record(
+    from_folder = Recorder(tmp_path / "folder", tokens, QUIET, plan=plan).record(
         checkpoints.folder(tmp_path / "ckpt")
     )
     assert {k: from_folder.meta[k] for k in want} == want

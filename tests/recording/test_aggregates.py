@@ -15,7 +15,7 @@ import pytest
 import torch
 from _backends import BACKENDS
 from _reference import _float64_copy, float32_tolerance
-from _tiny import V, tiny_model
+from _tiny import QUIET, V, tiny_model
 
 from scansnap_lens.measures.head_types import head_type
 from scansnap_lens.models.backend import load_weights
@@ -31,6 +31,7 @@ from scansnap_lens.recording.aggregates import (
 from scansnap_lens.recording.hooks import record_checkpoint
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder
+from scansnap_lens.recording.settings import RecordingSettings
 from scansnap_lens.recording.trajectory import NotRecorded, Trajectory
 
 # A notebook's own aggregate: the attention two positions back (defined here, as a user would).
@@ -170,7 +171,9 @@ def test_a_planted_induction_head_scores_near_one_and_forms_where_it_was_made(tm
     ids = torch.stack([torch.randperm(Vp - 1, generator=g)[:10] + 1 for _ in range(16)])
     rows = torch.cat([torch.zeros(16, 1, dtype=torch.long), ids, ids], 1)  # BOS, then twice
     source = in_memory({s: at(s) for s in steps})
-    traj = Recorder(tmp_path / "t", rows, queries="all", progress=False).record(source)
+    traj = Recorder(tmp_path / "t", rows, RecordingSettings(queries="all", progress=False)).record(
+        source
+    )
     assert traj.rows["induction"] == "evaluation rows"
     ind = head_type(traj, "induction").final().set_index("layer")
     prev = head_type(traj, "previous_token").final().set_index("layer")
@@ -207,12 +210,13 @@ def test_old_folders_load_unchanged_and_resume_what_they_hold(tmp_path):
     import make_trajectory_v1 as make
 
     extra = {**make.models(), 10**12 + 1: make.models()[10**12]}
-    rec = Recorder(tmp_path / "v1", make.tokens(), progress=False)
+    rec = Recorder(tmp_path / "v1", make.tokens(), QUIET)
     traj = rec.record(in_memory(extra))
     assert list(traj.values) == list(old.values) and traj.steps[-1] == 10**12 + 1
     with pytest.raises(ValueError, match="records the aggregates"):
-        Recorder(tmp_path / "v1", make.tokens(), progress=False,
-                 aggregates=DEFAULT).record(in_memory({10**12 + 2: make.models()[0]}))  # fmt: skip
+        Recorder(
+            tmp_path / "v1", make.tokens(), RecordingSettings(progress=False, aggregates=DEFAULT)
+        ).record(in_memory({10**12 + 2: make.models()[0]}))
 
 
 _CHILD = """
@@ -222,6 +226,7 @@ mod = runpy.run_path({test!r})
 from scansnap_lens.models.checkpoints import Checkpoint, CheckpointSource
 from scansnap_lens.recording.aggregates import DEFAULT
 from scansnap_lens.recording.recorder import Recorder
+from scansnap_lens.recording.settings import RecordingSettings
 models, tokens = mod["_models"](), mod["_tokens"]()
 
 def load(step):
@@ -231,8 +236,8 @@ def load(step):
 
 source = CheckpointSource("memory", [Checkpoint(s, f"memory@{{s}}", lambda s=s: load(s))
                                      for s in sorted(models)])
-Recorder({out!r}, tokens, queries="all", progress=False,
-         aggregates=[*DEFAULT, mod["TWO_BACK"]]).record(source)
+settings = RecordingSettings(queries="all", progress=False, aggregates=[*DEFAULT, mod["TWO_BACK"]])
+Recorder({out!r}, tokens, settings).record(source)
 """
 
 
@@ -259,11 +264,17 @@ def test_a_users_aggregate_records_resumes_after_sigkill_bit_identically_and_loa
     assert [c["step"] for c in manifest["checkpoints"]] == [0, 1]
     assert [e["name"] for e in manifest["aggregates"]][-1] == "two_back"
     with pytest.raises(ValueError, match=r"aggregates \['two_back'\] of your own"):
-        Recorder(tmp_path / "killed", _tokens(), progress=False)
-    resumed = Recorder(tmp_path / "killed", _tokens(), progress=False,
-                       aggregates=[*DEFAULT, TWO_BACK]).record(in_memory(_models()))  # fmt: skip
-    whole = Recorder(tmp_path / "whole", _tokens(), queries="all", progress=False,
-                     aggregates=[*DEFAULT, TWO_BACK]).record(in_memory(_models()))  # fmt: skip
+        Recorder(tmp_path / "killed", _tokens(), QUIET)
+    resumed = Recorder(
+        tmp_path / "killed",
+        _tokens(),
+        RecordingSettings(progress=False, aggregates=[*DEFAULT, TWO_BACK]),
+    ).record(in_memory(_models()))
+    whole = Recorder(
+        tmp_path / "whole",
+        _tokens(),
+        RecordingSettings(queries="all", progress=False, aggregates=[*DEFAULT, TWO_BACK]),
+    ).record(in_memory(_models()))
     assert resumed.steps.tolist() == whole.steps.tolist() == [0, 1, 2, 3]
     assert list(resumed.values) == list(whole.values)
     for name in whole.values:
@@ -283,7 +294,7 @@ def test_the_table_refuses_what_it_cannot_record():
     with pytest.raises(ValueError, match="needs gather and count"):
         Aggregate("x", axis="pairs")
     with pytest.raises(ValueError, match="given twice"):
-        Recorder("unused", _tokens(), aggregates=[TWO_BACK, TWO_BACK])
+        Recorder("unused", _tokens(), RecordingSettings(aggregates=[TWO_BACK, TWO_BACK]))
     model = tiny_model()
     tokens = _tokens()
     bad = Aggregate("bad", axis="rows", positions=lambda x: (torch.tensor([0]),
@@ -317,7 +328,9 @@ def test_a_name_a_trajectory_uses_is_refused_when_defined_and_in_a_manifest(name
         Aggregate(name, axis="rows", positions=TWO_BACK.positions)
     tokens = _tokens()
     folder = tmp_path / "t"
-    with Recorder(folder, tokens, aggregates=[TWO_BACK], progress=False) as recorder:
+    with Recorder(
+        folder, tokens, RecordingSettings(aggregates=[TWO_BACK], progress=False)
+    ) as recorder:
         recorder.on_checkpoint(0, tiny_model())
     manifest = json.loads((folder / "manifest.json").read_text())
     for entry in manifest["aggregates"]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
+from _tiny import QUIET
 
 from scansnap_lens.demo import DEMO_DATA
 from scansnap_lens.lab.synthetic import sequence_sampler
@@ -15,6 +16,7 @@ from scansnap_lens.models.checkpoints import in_memory
 from scansnap_lens.models.training import attention_only_model
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder
+from scansnap_lens.recording.settings import RecordingSettings
 from scansnap_lens.recording.storage import StepStack
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.report import write_report
@@ -78,11 +80,13 @@ def test_steps_of_thirteen_digits_and_more_record_resume_and_load(tmp_path):
     plan = plan_recording(tokens, V)
     models = {s: attention_only_model(V, d_model=8, n_ctx=16, seed=i)
               for i, s in enumerate((0, 10**12, 3 * 10**15))}  # fmt: skip
-    first = Recorder(tmp_path / "t", tokens, plan, progress=False, step_unit="tokens")
-    first.record(in_memory({s: m for s, m in models.items() if s < 10**15}))
-    traj = Recorder(tmp_path / "t", tokens, plan, progress=False, step_unit="tokens").record(
-        in_memory(models)
+    first = Recorder(
+        tmp_path / "t", tokens, RecordingSettings(progress=False, step_unit="tokens"), plan=plan
     )
+    first.record(in_memory({s: m for s, m in models.items() if s < 10**15}))
+    traj = Recorder(
+        tmp_path / "t", tokens, RecordingSettings(progress=False, step_unit="tokens"), plan=plan
+    ).record(in_memory(models))
     assert traj.steps.tolist() == [0, 10**12, 3 * 10**15]
     names = sorted(p.name for p in (tmp_path / "t" / "checkpoints").iterdir())
     assert names[-1] == "step_3000000000000000.safetensors"
@@ -104,13 +108,13 @@ def test_a_truncated_checkpoint_is_named_and_a_resumed_recording_records_it_agai
     tokens = torch.randint(0, V, (3, 10), generator=torch.Generator().manual_seed(0))
     plan = plan_recording(tokens, V)
     models = in_memory({s: attention_only_model(V, d_model=8, n_ctx=16, seed=s) for s in (0, 5)})
-    whole = Recorder(tmp_path / "t", tokens, plan, progress=False).record(models)
+    whole = Recorder(tmp_path / "t", tokens, QUIET, plan=plan).record(models)
     zbar, c_hat = whole.zbar.full().clone(), whole.c_hat.full().clone()  # before the cut
     file = tmp_path / "t" / "checkpoints" / "step_000000000005.safetensors"
     file.write_bytes(file.read_bytes()[:-100])
     with pytest.raises(ValueError, match=r"step_000000000005.safetensors is truncated .*again"):
         Trajectory.load(tmp_path / "t")
-    again = Recorder(tmp_path / "t", tokens, plan, progress=False).record(models)
+    again = Recorder(tmp_path / "t", tokens, QUIET, plan=plan).record(models)
     assert "checkpoint 5 is truncated" in capsys.readouterr().out
     assert torch.equal(again.zbar.full(), zbar)
     assert torch.equal(Trajectory.load(tmp_path / "t").c_hat.full(), c_hat)
@@ -133,9 +137,12 @@ def test_a_folder_written_by_this_version_loads_with_its_values(tmp_path):
     assert saved.meta["lr_y"] == 0.1 and saved.prompt.numel() == 6
     from scansnap_lens.recording.recorder import record_trajectory
 
-    now = record_trajectory(in_memory(make.models()), make.tokens(), tmp_path / "now",
-                            queries=[1, 2, 3], window=4, prompt_length=6,
-                            progress=False)  # fmt: skip
+    now = record_trajectory(
+        in_memory(make.models()),
+        make.tokens(),
+        tmp_path / "now",
+        RecordingSettings(queries=[1, 2, 3], window=4, prompt_length=6, progress=False),
+    )
     assert saved.plan.same_as(now.plan)
     assert list(saved.values) == ["zbar", "c_hat", "entropy", "query_entropy"]
     for name in (*saved.values, "prompt_pattern"):  # float32 sums of a handful of terms

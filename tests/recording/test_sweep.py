@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 from _backends import requires_hooked
+from _tiny import QUIET
 
+from scansnap_lens.cli import cli_message
 from scansnap_lens.models import checkpoints, hub
 from scansnap_lens.recording import sweep
 from scansnap_lens.recording.recorder import Recorder
@@ -46,9 +48,8 @@ def kept(revisions, tmp_path_factory):
     try:
         with LoopbackHub({NAME: revisions}) as server, server.use():
             source = checkpoints.pretrained(NAME, steps=STEPS, backend="bridge")
-            return Recorder(folder / "out", _tokens(), progress=False).record(
-                source, on_disk=1, keep_checkpoints=True
-            )
+            keep = QUIET.replace(on_disk=1, keep_checkpoints=True)
+            return Recorder(folder / "out", _tokens(), keep).record(source)
     finally:
         if saved is None:
             os.environ.pop("HF_HUB_CACHE", None)
@@ -140,7 +141,7 @@ def test_sweep_holds_the_bound_reads_the_users_cache_and_overlaps(revisions, cac
         with server.use():
             source = checkpoints.pretrained(NAME, steps=STEPS, backend="bridge")
             assert [c.revision for c in source] == REVISIONS
-            traj = Recorder(out, _tokens(), progress=False).record(source, on_disk=2)
+            traj = Recorder(out, _tokens(), QUIET.replace(on_disk=2)).record(source)
     _same_trajectory(traj, kept)
     one = max(_revision_bytes(f) for f in revisions.values())
     assert 0 < watch.peak <= 2 * one, (watch.peak, one)
@@ -163,14 +164,14 @@ def test_sweep_records_what_the_revisions_hold(revisions, cache, tmp_path):
     """Downloaded, recorded and deleted as it goes, or all kept and recorded one by one:
     the same trajectory; keep_checkpoints downloads into the user's cache and keeps them."""
     with LoopbackHub({NAME: revisions}) as server, server.use():
-        swept = Recorder(tmp_path / "a", _tokens(), progress=False).record(
+        swept = Recorder(tmp_path / "a", _tokens(), QUIET).record(
             checkpoints.pretrained(NAME, steps=STEPS[:3], backend="bridge")
         )
         assert _contents(cache) == {}
-        kept = Recorder(tmp_path / "b", _tokens(), progress=False).record(
+        kept = Recorder(
+            tmp_path / "b", _tokens(), QUIET.replace(on_disk=1, keep_checkpoints=True)
+        ).record(
             checkpoints.pretrained(NAME, steps=STEPS[:3], backend="bridge"),
-            on_disk=1,
-            keep_checkpoints=True,
         )
     _same_trajectory(swept, kept)
     assert all(hub.cached_commit(NAME, r) is not None for r in REVISIONS[:3])
@@ -198,12 +199,12 @@ def test_sweep_refuses_a_disk_too_small_with_sizes(revisions, cache, tmp_path, m
         source = checkpoints.pretrained(NAME, steps=STEPS, backend="bridge")
         with pytest.raises(sweep.DiskError, match=r"a revision is .*kB.*2 on disk.*1 kB free:"
                            r".*on_disk=1.*download_dir"):  # fmt: skip
-            Recorder(tmp_path / "out", _tokens(), progress=False).record(source)
+            Recorder(tmp_path / "out", _tokens(), QUIET).record(source)
         # keeping every revision: what helps is keeping fewer, not --on-disk 1
         keeping = r"5 on disk \(keep_checkpoints keeps every one\).*HF_HUB_CACHE.*without"
         with pytest.raises(sweep.DiskError, match=keeping + r" keep_checkpoints.*at most 2"):
-            Recorder(tmp_path / "out", _tokens(), progress=False).record(
-                source, keep_checkpoints=True
+            Recorder(tmp_path / "out", _tokens(), QUIET.replace(keep_checkpoints=True)).record(
+                source
             )
     assert server.sent == {}  # nothing downloaded
     assert not (tmp_path / "out" / "manifest.json").exists()
@@ -384,7 +385,7 @@ def test_a_hooked_sweep_loads_through_transformer_lens(tmp_path, cache):
 def _sweep(server, out, steps, **kwargs):
     with server.use():
         source = checkpoints.pretrained(NAME, steps=steps, backend="bridge")
-        return Recorder(out, _tokens(), progress=False).record(source, **kwargs)
+        return Recorder(out, _tokens(), QUIET.replace(**kwargs)).record(source)
 
 
 def _watched(repos, out: Path, **kwargs):
@@ -583,7 +584,8 @@ def test_step_names_that_serve_one_weights_file_are_found_before_any_download(
     message = str(refused.value)
     assert "3 of 5 checkpoints serve weights identical to another step's" in message
     assert "steps 0, 1, 2 (3) serve the weights of step 8" in message
-    assert "--duplicates skip" in message
+    assert "duplicates='skip'" in message
+    assert "--duplicates skip" in cli_message(refused.value)  # the command line's spelling
     assert skipped.steps.tolist() == resumed.steps.tolist() == [4, 8]
     assert [s["step"] for s in resumed.skipped] == [0, 1, 2]
     assert "serves the same weights as step 8" in resumed.skipped[0]["error"]

@@ -9,6 +9,7 @@ import pytest
 import torch
 from _hand import hand_trajectory
 from _runs import V as RUN_V
+from _tiny import QUIET
 
 from scansnap_lens import _io
 from scansnap_lens.lab.synthetic import syn_small
@@ -29,11 +30,14 @@ def trajectories(tmp_path_factory):
     tokens = torch.randint(0, V, (4, 10), generator=torch.Generator().manual_seed(0))
     plan = plan_recording(tokens, V)
     models = {s: attention_only_model(V, d_model=8, n_ctx=16, seed=s) for s in range(4)}
-    a = record_trajectory(in_memory(models), tokens, root / "a", plan=plan, progress=False)
+    a = record_trajectory(in_memory(models), tokens, root / "a", QUIET, plan=plan)
     b = record_trajectory(
-        in_memory({s + 10: m for s, m in models.items() if s < 3}), tokens, root / "b",
-        plan=plan, progress=False,
-    )  # fmt: skip
+        in_memory({s + 10: m for s, m in models.items() if s < 3}),
+        tokens,
+        root / "b",
+        QUIET,
+        plan=plan,
+    )
     return a, b
 
 
@@ -174,7 +178,7 @@ def test_hand_edited_plans_are_refused_by_name(edit, message, trajectories, tmp_
 def test_trajectory_save_load_select_dataframe(trained, tmp_path):
     out, _, tokens = trained
     plan = plan_recording(tokens, RUN_V, queries=syn_small().query.tolist())
-    traj = Recorder(tmp_path / "t", tokens, plan, progress=False).record(checkpoints.folder(out))
+    traj = Recorder(tmp_path / "t", tokens, QUIET, plan=plan).record(checkpoints.folder(out))
     copy = Trajectory.load(traj.save(tmp_path / "copy"))
     assert torch.equal(copy.c_hat, traj.c_hat) and copy.plan.same_as(traj.plan)
     q = int(plan.queries[0])
@@ -204,7 +208,7 @@ def test_trajectory_files_that_cannot_be_read(trained, tmp_path):
     plan = plan_recording(tokens, RUN_V, queries=syn_small().query.tolist())
     with pytest.raises(FileNotFoundError, match=r"manifest\.json is missing"):
         Trajectory.load(tmp_path)
-    Recorder(tmp_path / "t", tokens, plan, progress=False).record(checkpoints.folder(out))
+    Recorder(tmp_path / "t", tokens, QUIET, plan=plan).record(checkpoints.folder(out))
     first = sorted((tmp_path / "t" / "checkpoints").iterdir())[0]
     first.write_bytes(first.read_bytes()[:40])
     with pytest.raises(ValueError, match=f"{first.name}.*corrupt or truncated"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _tiny import QUIET
 
 from scansnap_lens import measures
 from scansnap_lens.lab.synthetic import sequence_sampler, syn_medium
@@ -24,7 +25,7 @@ def test_defaults_agree_and_a_mismatch_is_refused_where_the_two_meet(tmp_path):
     corpus = sample(64, torch.Generator().manual_seed(1))
     model = attention_only_model(V, d_model=16, n_ctx=64, seed=0)
     plan = plan_recording(eval_tokens, V, queries=classes.query.unique())
-    with Recorder(tmp_path / "t", eval_tokens, plan, progress=False) as recorder:
+    with Recorder(tmp_path / "t", eval_tokens, QUIET, plan=plan) as recorder:
         recorder.on_checkpoint(0, model)
         traj = recorder.trajectory()
 

@@ -1,0 +1,205 @@
+"""A recording run's settings as one frozen value: what is tracked, what is watched, the
+budget, how to run.
+
+    settings = RecordingSettings(layers=(0, 1), max_checkpoint_bytes=32_000_000)
+    Recorder("out/traj", tokens, settings).record(source)
+
+The value is checked once, when it is made, and saved in the trajectory's manifest
+(``"settings"``), so a folder says how it was recorded.  The command line builds it from its
+options, whose help is each field's (`options`); library messages name the fields
+(``on_disk=``) and the command line adds its flags (`RecordingSettings.options`).
+
+>>> RecordingSettings(layers=[1, 0]).layers
+(1, 0)
+>>> RecordingSettings(on_error="ignore")
+Traceback (most recent call last):
+ValueError: on_error must be one of ('raise', 'skip'), got 'ignore'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from scansnap_lens.recording.budget import CHECKPOINT_BUDGET, RUN_BUDGET
+
+__all__ = ["DUPLICATES", "ON_DISK", "RecordingSettings"]
+
+ON_DISK = 2  # revisions of a hub sweep on disk at once: the one recording, the next
+DUPLICATES = ("refuse", "skip", "record")
+_CHOICES = {"on_error": ("raise", "skip"), "duplicates": DUPLICATES,
+            "step_unit": ("steps", "tokens")}  # fmt: skip
+
+
+def _setting(default, group: str, help: str, flag: str | None = None, scale: float = 1):
+    """A field with its group, its help, and its command-line flag (None: the field's name
+    with dashes; "": none) in units of `scale` (bytes as MB: 1e6)."""
+    return field(default=default, metadata={"group": group, "help": help, "scale": scale,
+                                            "given_flag": flag})  # fmt: skip
+
+
+TRACKED, WATCHED, BUDGET, RUNNING = (
+    "what is tracked", "what is watched", "the budget", "how to run",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RecordingSettings:
+    """How a run is recorded (every field optional; the defaults are the command line's)."""
+
+    queries: Any = _setting(
+        None, TRACKED,
+        "all, a share of events covered by the most frequent queries (0.5), or ids (a,b,c);"
+        " default: the queries that fit max_checkpoint_bytes= (with statistics, those whose"
+        " classes have distinct tokens first, else the most frequent)",
+    )  # fmt: skip
+    window: int | None = _setting(
+        None, TRACKED,
+        "most context positions before a query (default: the statistics' window, else the"
+        " whole row)",
+    )  # fmt: skip
+    exclude_bos: bool = _setting(
+        False, TRACKED, "keep position 0 out of context (as the statistics must: stats"
+        " --exclude-bos)",
+    )  # fmt: skip
+    tokenizer: Any = _setting(
+        None, TRACKED, "tokenizer.json, a hub name or a tokenizer: the plan's token strings"
+        " (default: the model's)",
+    )  # fmt: skip
+    aggregates: tuple | None = _setting(
+        None, TRACKED, "what each checkpoint records (names in aggregates.AGGREGATES, or your"
+        " own Aggregate); default aggregates.DEFAULT, or what a resumed folder records", "",
+    )  # fmt: skip
+    prompt: tuple[int, ...] | None = _setting(
+        None, TRACKED, "token ids whose whole attention is kept at every checkpoint (default:"
+        " the first prompt_length evaluation tokens)", "",
+    )  # fmt: skip
+    prompt_length: int = _setting(
+        64, TRACKED, "tokens of the example prompt whose whole attention is kept (0: none)"
+    )
+    layers: tuple[int, ...] | None = _setting(
+        None, WATCHED, "layers to watch (a,b); default all"
+    )
+    heads: tuple[int, ...] | None = _setting(None, WATCHED, "heads to watch (a,b); default all")
+    max_checkpoint_bytes: int = _setting(
+        CHECKPOINT_BUDGET, BUDGET, "default queries: at most this many MB per checkpoint",
+        "--max-checkpoint-mb", 1e6,
+    )  # fmt: skip
+    max_run_bytes: int = _setting(
+        RUN_BUDGET, BUDGET, "refuse a recording that would write more than this many GB",
+        "--max-run-gb", 1e9,
+    )  # fmt: skip
+    batch_size: int = _setting(8, RUNNING, "rows per forward pass")
+    device: str | None = _setting(None, RUNNING, "cpu, cuda, ... (default: the model's)")
+    step_unit: str = _setting("steps", RUNNING, "what a step counts: steps or tokens", "")
+    progress: bool = _setting(True, RUNNING, "progress bars and estimates", "")
+    overwrite: bool = _setting(False, RUNNING, "replace a trajectory of another run in the folder")
+    on_error: str = _setting(
+        "raise", RUNNING, "at an unreadable checkpoint: stop, or note it and go on"
+    )
+    on_disk: int = _setting(
+        ON_DISK, RUNNING,
+        "hub revisions of the sweep on disk at once, the one recording included (on Ray: the"
+        " checkpoints recording at once); each is deleted from the sweep's own cache once"
+        " recorded, and revisions your hub cache holds are read from it, never changed",
+    )  # fmt: skip
+    keep_checkpoints: bool = _setting(
+        False, RUNNING, "download hub revisions into your hub cache (HF_HUB_CACHE) and keep them"
+    )
+    download_dir: str | None = _setting(
+        None, RUNNING, "the sweep's own cache, an empty or new folder it marks and deletes in"
+        " (default: OUT/hub-cache)",
+    )  # fmt: skip
+    duplicates: str = _setting(
+        "refuse", RUNNING,
+        "checkpoints whose weights files are identical under different steps (from the hashes"
+        " the hub lists, or of local files): stop and say which, skip all but the last step"
+        " of each group, or record them all",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        fix = object.__setattr__
+        for name in ("layers", "heads", "prompt"):
+            value = getattr(self, name)
+            if value is not None:
+                fix(self, name, _indices(name, value, distinct=name != "prompt"))
+        if self.aggregates is not None:
+            fix(self, "aggregates", tuple(self.aggregates))
+        queries = self.queries
+        if isinstance(queries, str) and queries != "all":
+            raise ValueError(f"queries must be None, 'all', a share, or token ids, not {queries!r}")
+        if queries is not None and not isinstance(queries, (str, float)):
+            fix(self, "queries", tuple(int(q) for q in _ids(queries)))
+        if isinstance(queries, float) and not 0 < queries <= 1:
+            raise ValueError(f"queries as a share must be in (0, 1], got {queries}")
+        for name in ("max_checkpoint_bytes", "max_run_bytes", "batch_size", "on_disk"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+            fix(self, name, int(getattr(self, name)))
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"window must be at least 1, got {self.window}")
+        if self.prompt_length < 0:
+            raise ValueError(f"prompt_length must be 0 or more, got {self.prompt_length}")
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.download_dir is not None:
+            fix(self, "download_dir", str(self.download_dir))
+        if self.device is not None:
+            fix(self, "device", str(self.device))
+
+    def replace(self, **changes) -> RecordingSettings:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """The settings as the manifest keeps them (a tokenizer or aggregate object by name)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "tokenizer" and value is not None and not isinstance(value, str):
+                value = getattr(value, "name_or_path", None) or type(value).__name__
+            if f.name == "aggregates" and value is not None:
+                value = [a if isinstance(a, str) else a.name for a in value]
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict) -> RecordingSettings:
+        """The settings a manifest kept (fields it does not know are left out)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    @classmethod
+    def options(cls) -> list[dict]:
+        """Each field the command line sets: its name, flag, group, default, help, choices
+        (or None) and scale (the flag's unit in the field's: MB for bytes, 1e6)."""
+        return [
+            {"name": f.name, "flag": _flag(f.name), "default": f.default,
+             "choices": _CHOICES.get(f.name), **f.metadata}
+            for f in dataclasses.fields(cls) if _flag(f.name)
+        ]  # fmt: skip
+
+
+def _flag(name: str) -> str:
+    """The command-line flag of the setting `name` ("" where the command line has none)."""
+    meta = RecordingSettings.__dataclass_fields__[name].metadata
+    return ("--" + name.replace("_", "-")) if meta["given_flag"] is None else meta["given_flag"]
+
+
+def _ids(values) -> list:
+    import torch
+
+    return torch.as_tensor(values).reshape(-1).tolist() if torch.is_tensor(values) else list(values)
+
+
+def _indices(name: str, values, distinct: bool = True) -> tuple[int, ...]:
+    """`values` as a tuple; ValueError naming them unless they are (distinct) non-negative
+    integers."""
+    values = _ids(values)
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values):
+        raise ValueError(f"{name} must be non-negative integers, got {values}")
+    if distinct and len(set(values)) < len(values):
+        twice = sorted({v for v in values if values.count(v) > 1})
+        raise ValueError(f"{name} {values} name {twice} more than once: give each once")
+    return tuple(values)
