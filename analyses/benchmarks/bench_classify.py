@@ -59,9 +59,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--window", type=int, default=64)
     p.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[3] / "shared")
+    p.add_argument("--quick", action="store_true", help="200 documents: it runs, no figure")
     args = p.parse_args()
     data = args.shared / "data" / "wikitext-2"
     docs = wikitext_documents(data / "valid.txt") + wikitext_documents(data / "test.txt")
+    docs = docs[:200] if args.quick else docs
     tok = word_level_tokenizer(docs)
     rows = encode_documents(tok, docs)
     token_kinds(cooccurrence(rows[:50], tok.get_vocab_size(), window=8))  # compile the kernels

@@ -50,10 +50,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--window", type=int, default=64)
     p.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[3] / "shared")
+    p.add_argument("--quick", action="store_true", help="200 documents: it runs, no figure")
     p.add_argument("--reference-tokens", type=int, default=60_000, help="prefix for the references")
     args = p.parse_args()
     data = args.shared / "data" / "wikitext-2"
     docs = wikitext_documents(data / "valid.txt") + wikitext_documents(data / "test.txt")
+    docs = docs[:200] if args.quick else docs
     tok = word_level_tokenizer(docs)
     rows = encode_documents(tok, docs)
     vocab = tok.get_vocab_size()

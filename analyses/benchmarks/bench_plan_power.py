@@ -34,7 +34,8 @@ from scansnap_lens.statistics.corpus import cooccurrence
 from scansnap_lens.statistics.groups import TokenGroups
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_pythia import D_VOCAB, SHAPES, train_tokenizer
+import bench_pythia
+from bench_pythia import D_VOCAB, SHAPES, quick_shared, train_tokenizer
 
 WINDOW, PROMPT = 64, 64
 ROWS = {"70m": (64, 512), "160m": (16, 2048)}
@@ -57,7 +58,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoints", type=int, default=154, help="Pythia's checkpoint count")
     p.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[3] / "shared")
+    p.add_argument("--quick", action="store_true", help="a little text and few rows: it runs")
     args = p.parse_args()
+    if args.quick:
+        bench_pythia.BPE_VOCAB = 2000
+        args.shared = quick_shared(args.shared, Path(tempfile.mkdtemp(prefix="plan_power_")))
+        ROWS.update({"70m": (4, 64), "160m": (2, 128)})
     wiki = args.shared / "data" / "wikitext-2"
     with tempfile.TemporaryDirectory() as work:
         tok = load_tokenizer(str(train_tokenizer(args.shared, Path(work))))

@@ -68,6 +68,17 @@ def gpt_neox_config(shape: str):
     )
 
 
+def quick_shared(shared: Path, work: Path, lines: int = 400) -> Path:
+    """A stand-in for ``shared`` holding the first `lines` lines of WikiText-2 valid and test
+    (the benchmarks' quick mode: the code runs, nothing is measured)."""
+    out = work / "quick_shared" / "data" / "wikitext-2"
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("valid.txt", "test.txt"):
+        text = (shared / "data" / "wikitext-2" / name).read_text().splitlines(keepends=True)
+        (out / name).write_text("".join(text[:lines]))
+    return work / "quick_shared"
+
+
 def train_tokenizer(shared: Path, out: Path) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -218,12 +229,18 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--work", type=Path, help="working folder (default: a temporary one)")
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds (least is kept)")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes and text: it runs")
     parser.add_argument("--no-stats", action="store_true",
                         help="record without --stats (the whole row as context, most frequent"
                         " queries) instead of the statistics' window and queries")  # fmt: skip
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix=f"bench_pythia_{args.shape}_"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.quick:
+        global BPE_VOCAB
+        SHAPES[args.shape], BPE_VOCAB = (64, 2, 4, 128), 2000
+        args.shared = quick_shared(args.shared, work)
+        args.rows, args.seq_len, args.checkpoints, args.rounds = 4, 32, 1, 1
     wiki = args.shared / "data" / "wikitext-2"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     result: dict = {"shape": args.shape, "rows": args.rows, "seq_len": args.seq_len,
@@ -253,9 +270,9 @@ def main() -> None:
     result["report"] = run_stage("report", ["report", str(traj), "--stats", str(stats)],
                                  work / "report.log")  # fmt: skip
 
-    from scansnap_lens.recording.storage import _read_manifest, _read_plan
+    from scansnap_lens.recording.storage import TrajectoryFolder
 
-    plan = _read_plan(traj / _read_manifest(traj)["plan"])
+    plan = TrajectoryFolder(traj).plan()
     result["plan"] = {"queries": plan.num_queries, "classes": plan.num_classes,
                       "pairs": plan.num_pairs, "triples": plan.num_triples}  # fmt: skip
     from scansnap_lens.inputs.text import read_documents

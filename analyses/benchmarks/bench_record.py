@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -24,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-VOCAB, N_SEQ, SEQ = 5000, 64, 256
+QUICK = os.environ.get("SCANSNAP_BENCH_QUICK") == "1"  # small shapes: the code runs, no goal
+VOCAB, N_SEQ, SEQ = (500, 8, 32) if QUICK else (5000, 64, 256)
 
 
 def build_model():
@@ -82,8 +84,11 @@ def rss_mb() -> float:
 
 
 def run_mode(mode: str, folder: Path, batch_size: int, repeats: int) -> dict:
+    from scansnap_lens.recording.aggregates import resolve
     from scansnap_lens.recording.hooks import _HookAggregator, record_checkpoint
 
+    # the scan's aggregates (what a cache of scores and patterns gives), in both modes
+    scan = [a for a in resolve(None) if a.axis != "rows"]
     model, tokens, plan = load(folder)
     torch.set_grad_enabled(False)
     base = rss_mb()
@@ -94,17 +99,19 @@ def run_mode(mode: str, folder: Path, batch_size: int, repeats: int) -> dict:
             for i in range(0, N_SEQ, batch_size):
                 model(tokens[i : i + batch_size])
         elif mode == "record":
-            record_checkpoint(model, tokens, plan, batch_size=batch_size, progress=False)
+            record_checkpoint(model, tokens, plan, batch_size=batch_size, progress=False,
+                              aggregates=scan)  # fmt: skip
         elif mode == "cache":
             names = lambda n: n.endswith(("hook_attn_scores", "hook_pattern"))  # noqa: E731
             caches = [
                 model.run_with_cache(tokens[i : i + batch_size], names_filter=names)[1]
                 for i in range(0, N_SEQ, batch_size)
             ]
-            rec = _HookAggregator(model, plan, range(2), range(8), "cpu")
-            rec.scores_from_qk = {0: False, 1: False}
+            rec = _HookAggregator(model, plan, range(2), range(8), "cpu", scan, N_SEQ)
+            rec.scores_from_qk.update({0: False, 1: False})
             for j, cache in enumerate(caches):
-                rec.batch = rec.index(tokens[j * batch_size : (j + 1) * batch_size])
+                rows = tokens[j * batch_size : (j + 1) * batch_size]
+                rec.batch = rec.index(rows).to("cpu", rec._head_offsets(SEQ))
                 for layer in range(2):
                     rec.scores_hook(layer, layer)(cache[f"blocks.{layer}.attn.hook_attn_scores"])
                     rec.pattern_hook(layer, layer)(cache[f"blocks.{layer}.attn.hook_pattern"])
@@ -125,9 +132,14 @@ def main() -> None:
     p.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[3] / "shared")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="small shapes, to check that it runs")
     p.add_argument("--mode", choices=["forward", "record", "cache"], help=argparse.SUPPRESS)
     p.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.quick and not QUICK:  # again, with the small shapes (in this process's children too)
+        os.environ["SCANSNAP_BENCH_QUICK"] = "1"
+        argv = [a for a in sys.argv[1:] if a != "--quick"]
+        sys.exit(subprocess.run([sys.executable, __file__, *argv, "--repeats", "1"]).returncode)
     if args.mode:
         print(json.dumps(run_mode(args.mode, args.folder, args.batch_size, args.repeats)))
         return

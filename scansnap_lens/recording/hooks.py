@@ -739,13 +739,8 @@ def record_checkpoint(
             )
         values.update(aggregator.means())
         for agg in own:  # an aggregate that reads rows of its own: one pass over them
-            own_rows = sources[agg.name][0]
-            check_tokens(own_rows, vocab)
-            extra = _HookAggregator(model, plan, layers, heads, device, [agg],
-                                    own_rows.shape[0])  # fmt: skip
-            for x in own_rows.split(batch_size):
-                extra.run(x)
-            values.update(extra.means())
+            values.update(_own_rows_means(model, plan, layers, heads, device, agg,
+                                          sources[agg.name][0], batch_size, state))  # fmt: skip
     finally:
         model.train(was_training)
     return CheckpointRecord(
@@ -753,6 +748,15 @@ def record_checkpoint(
         values={a.name: values[a.name] for a in aggregates},
         prompt_pattern=None if prompt is None else prompt_attention(model, prompt, layers, heads),
     )
+
+
+def _own_rows_means(model, plan, layers, heads, device, agg, rows, batch_size, state):
+    """{name: [L, H, R]} of a position aggregate over rows of its own [R, T']."""
+    check_tokens(rows, model_vocab_size(model))
+    extra = _HookAggregator(model, plan, layers, heads, device, [agg], rows.shape[0], state)
+    for x in rows.split(batch_size):
+        extra.run(x)
+    return extra.means()
 
 
 @torch.no_grad()

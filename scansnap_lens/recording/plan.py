@@ -525,14 +525,11 @@ def plan_recording(
         max_slots, priority: with ``queries=None``, track the queries in order of `priority`
             (default: most frequent first) while the plan holds at most `max_slots` values per
             head (`budget_queries`).
-        classes: (m, n) pairs whose per-token attention c_hat is kept (default: every class of a
-            tracked query); zbar always uses all events of a tracked query.
-        min_class_events: drop classes with fewer events from c_hat.
-        exclude_bos, include_self, window: the context convention (`context.Context`):
-            position 0 is context unless exclude_bos, and a query's context is its `window`
-            positions before it (None: every one), as `corpus.cooccurrence` counts them.
-        tokenizer: anything with ``decode([id])`` (HF tokenizer, TransformerLens model's
-            ``tokenizer``), for readable token strings.
+        classes: (m, n) pairs whose c_hat is kept (default: every class of a tracked query);
+            zbar always uses all events of a tracked query.  min_class_events: fewer, dropped.
+        exclude_bos, include_self, window: the context convention (`context.Context`), as
+            `corpus.cooccurrence` counts it (window None: every position before the query).
+        tokenizer: anything with ``decode([id])``, for readable token strings.
         groups: `TokenGroups` of the training corpus's statistics: with ``queries=None`` the
             plan is made for the scan's power (`_power_plan`): the queries whose distinct and
             common tokens both occur in the evaluation contexts, most events first, while
@@ -547,22 +544,12 @@ def plan_recording(
         raise ValueError("no evaluation tokens: the plan needs at least one row")
     window = _window(window)
     stats_all = cooccurrence(rows, vocab_size, window=window, exclude_bos=exclude_bos)
+    seed = int(stats_all.fingerprint[:8], 16)
     power = None
     if groups is not None and queries is None:
-        seed = int(stats_all.fingerprint[:8], 16)
         power = _power_plan(stats_all.canonical(), groups, max_slots, common_per_query,
                             classes_per_query, include_self, seed)  # fmt: skip
-        if power is not None:  # the rest of the budget: the most frequent other queries whole
-            queries, left = power[0], power[3]
-            if left is not None and left > 0:
-                others = stats_all.query_counts()[0]
-                others = others[~torch.isin(others, queries)]
-                more = budget_queries(stats_all, left, others, include_self, at_least_one=False)
-                queries = torch.sort(torch.cat([queries, more])).values
-    if isinstance(queries, float):
-        queries = select_queries(stats_all, queries)
-    elif queries is None and max_slots is not None:
-        queries = budget_queries(stats_all, max_slots, priority, include_self)
+    queries = _chosen_queries(stats_all, queries, power, max_slots, priority, include_self)
     stats = (
         stats_all
         if queries is None
@@ -576,13 +563,8 @@ def plan_recording(
                                                 classes_per_query, include_self, seed)  # fmt: skip
         triple_cls, triple_l, triple_c = triple_cls[kept], triple_l[kept], triple_c[kept]
     if include_self:  # the query's own position adds one occurrence of m per event of (m, n)
-        V = vocab_size
-        triple_cls = torch.cat([triple_cls, torch.arange(stats.num_classes)])
-        triple_l = torch.cat([triple_l, stats.query])
-        triple_c = torch.cat([triple_c, stats.events])
-        keys, inverse = torch.unique(triple_cls * V + triple_l, return_inverse=True)
-        triple_c = torch.zeros(keys.numel(), dtype=torch.long).index_add_(0, inverse, triple_c)
-        triple_cls, triple_l = keys // V, keys % V
+        triple_cls, triple_l, triple_c = _with_self(stats, vocab_size, triple_cls, triple_l,
+                                                    triple_c)  # fmt: skip
     keep = stats.events >= min_class_events
     if power_classes is not None:
         keep &= power_classes
@@ -596,15 +578,48 @@ def plan_recording(
         common_per_query=None if power is None else common_per_query,
     )  # fmt: skip
     if tokenizer is not None:
-        ids = torch.unique(torch.cat([plan.queries, plan.class_next, plan.pair_token]))
-        from scansnap_lens.inputs.tokens import codec
-
-        try:
-            decode = codec(tokenizer).decode
-        except TypeError:  # anything else with decode([id])
-            decode = lambda i: tokenizer.decode([i])  # noqa: E731
-        plan.token_strings = {int(i): decode(int(i)) for i in ids}
+        plan.token_strings = _token_strings(plan, tokenizer)
     return plan
+
+
+def _chosen_queries(stats, queries, power, max_slots, priority, include_self):
+    """The queries a plan tracks: those given (a share of the events: the most frequent that
+    cover it), or those made for power with the rest of the budget to the most frequent
+    other queries whole, or those that fit `max_slots`, or every one (None)."""
+    if power is not None:
+        queries, left = power[0], power[3]
+        if left is not None and left > 0:
+            others = stats.query_counts()[0]
+            others = others[~torch.isin(others, queries)]
+            more = budget_queries(stats, left, others, include_self, at_least_one=False)
+            queries = torch.sort(torch.cat([queries, more])).values
+        return queries
+    if isinstance(queries, float):
+        return select_queries(stats, queries)
+    if queries is None and max_slots is not None:
+        return budget_queries(stats, max_slots, priority, include_self)
+    return queries
+
+
+def _with_self(stats, V: int, triple_cls, triple_l, triple_c):
+    """The triples with the query's own position: one more occurrence of m per event."""
+    triple_cls = torch.cat([triple_cls, torch.arange(stats.num_classes)])
+    triple_l = torch.cat([triple_l, stats.query])
+    triple_c = torch.cat([triple_c, stats.events])
+    keys, inverse = torch.unique(triple_cls * V + triple_l, return_inverse=True)
+    triple_c = torch.zeros(keys.numel(), dtype=torch.long).index_add_(0, inverse, triple_c)
+    return keys // V, keys % V, triple_c
+
+
+def _token_strings(plan: RecordPlan, tokenizer) -> dict[int, str]:
+    from scansnap_lens.inputs.tokens import codec
+
+    ids = torch.unique(torch.cat([plan.queries, plan.class_next, plan.pair_token]))
+    try:
+        decode = codec(tokenizer).decode
+    except TypeError:  # anything else with decode([id])
+        decode = lambda i: tokenizer.decode([i])  # noqa: E731
+    return {int(i): decode(int(i)) for i in ids}
 
 
 def _rows(tokens) -> list:

@@ -6,6 +6,7 @@ overlap recording, a SIGKILL resumes and leaves nothing behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -591,3 +592,55 @@ def test_step_names_that_serve_one_weights_file_are_found_before_any_download(
     assert "serves the same weights as step 8" in resumed.skipped[0]["error"]
     assert everything.steps.tolist() == STEPS
     assert _contents(cache) == {}
+
+
+@pytest.mark.slow
+def test_a_ray_sweep_over_two_workers_equals_the_sequential_one(revisions, cache, tmp_path, kept):
+    """`record --ray`: one task per revision on a local Ray instance (2 CPUs), each worker
+    fetching its revision as the sweep does: the user's step2 read from their cache (its
+    weights never sent again), the others downloaded into the sweep's own cache and deleted
+    there by the worker once recorded, at most on_disk=2 recording at once (the bound held,
+    sampled at every chunk sent), the user's cache byte-identical, the trajectory the
+    sequential sweep's, the sweep's cache gone at the end."""
+    ray = pytest.importorskip("ray")
+    from scansnap_lens.distributed import connect, ray_execute
+
+    out = tmp_path / "out"
+    with _watched({NAME: revisions}, out, bandwidth=2e6) as server:
+        precached = _precache(server, "step2")
+        before = _contents(cache)
+        sent_before = dict(server.sent)
+        if ray.is_initialized():
+            ray.shutdown()  # workers start with this environment: the hub, the user's cache
+        with server.use(), _env(HF_ENDPOINT=server.endpoint, HF_HUB_OFFLINE="0"):
+            connect(num_cpus=2)
+            try:
+                source = checkpoints.pretrained(NAME, steps=STEPS, backend="bridge")
+                traj = Recorder(out, _tokens(), QUIET.replace(on_disk=2)).record(
+                    source, execute=ray_execute()
+                )
+            finally:
+                ray.shutdown()
+    _same_trajectory(traj, kept)
+    assert traj.steps.tolist() == STEPS
+    _bound(server, revisions)
+    assert server.watch.peak > 0  # the workers' downloads were seen
+    assert _contents(cache) == before and hub.cached_commit(NAME, "step2") == precached.name
+    assert not (out / sweep.CACHE).exists()
+    weights = (revisions["step0"] / "model.safetensors").stat().st_size
+    key = (NAME, "step2", "model.safetensors")
+    assert server.sent[key] == sent_before[key] == weights  # the user's download only
+
+
+@contextlib.contextmanager
+def _env(**values):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -1,0 +1,55 @@
+"""Every benchmark runs, in a quick mode (small shapes, no goal checked), so none can rot
+unseen: each prints its JSON line(s) and exits 0.  The figures are the benchmarks' own, at
+the shapes users have (analyses/benchmarks, docs/scale.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scansnap_lens.models.backend import tl_major
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "analyses" / "benchmarks"
+QUICK = {  # the arguments that make each one small
+    "bench_calibration.py": ["--trajectories", "4"],
+    "bench_classify.py": ["--quick"],
+    "bench_cooccurrence.py": ["--quick", "--reference-tokens", "2000"],
+    "bench_device.py": ["--quick", "--rounds", "1", "--device", "cpu"],
+    "bench_plan_power.py": ["--quick"],
+    "bench_pythia.py": ["--quick"],
+    "bench_record.py": ["--quick"],
+    "bench_runs.py": ["--quick"],
+    "bench_scale.py": ["--sizes", "2e4", "--shards", "2"],
+    "bench_sweep.py": ["--revisions", "2", "--rows", "2"],
+    "bench_uncertainty.py": ["--layers", "1", "--heads", "2"],
+}
+
+pytestmark = [
+    pytest.mark.slow,
+    # one environment is enough: they run the same library code under either major
+    pytest.mark.skipif(tl_major() < 4, reason="the benchmarks' quick run is CI's under TL 4"),
+]
+
+
+def test_every_benchmark_has_a_quick_mode():
+    assert sorted(QUICK) == sorted(p.name for p in BENCHMARKS.glob("bench_*.py"))
+
+
+@pytest.mark.parametrize("script", sorted(QUICK))
+def test_the_benchmark_runs_in_its_quick_mode(script, shared_dir):
+    if script == "bench_scale.py":
+        pytest.importorskip("ray")
+    args = [*QUICK[script]]
+    if "--shared" in (BENCHMARKS / script).read_text():
+        args += ["--shared", str(shared_dir)]
+    command = [sys.executable, str(BENCHMARKS / script), *args]
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, done.stdout[-2000:]
