@@ -86,7 +86,7 @@ def main() -> None:
             line[name] = {
                 "queries": plan.num_queries, "classes": plan.num_classes,
                 "pairs": plan.num_pairs, "triples": plan.num_triples,
-                "bytes_per_checkpoint": plan.checkpoint_bytes(1, heads, PROMPT),
+                "bytes_per_checkpoint": BYTES_PER_VALUE * heads * (plan.num_slots + PROMPT**2),
                 "queries_with_both_kinds": both, "scan_n_eff": n_eff, "s": round(seconds, 2),
             }  # fmt: skip
         print(json.dumps(line), flush=True)

@@ -215,7 +215,7 @@ def forward_baselines(checkpoint: Path, tokens: torch.Tensor, batch_size: int, p
     recorder.close()
     out = {}
     for name, t in times.items():
-        out[f"{name}_s"], out[f"{name}_cpu_s"] = round(t["wall"], 2), round(t["cpu"], 2)
+        out[f"{name}_s"], out[f"{name}_cpu_s"] = round(t["wall"], 4), round(t["cpu"], 4)
     return out
 
 

@@ -424,8 +424,11 @@ def delete_snapshot(cache: Path, name: str, revision: str, keep: set[str] = froz
     freed = 0
     blobs = (repo / "blobs").resolve()  # no link (checked above): the folder itself
     for blob in blobs_of(folder) - used if folder.is_dir() else ():
-        if blob.parent == blobs and blob.is_file() and not blob.is_symlink() and (
-            blob.name not in keep
+        if (
+            blob.parent == blobs
+            and blob.is_file()
+            and not blob.is_symlink()
+            and (blob.name not in keep)
         ):
             freed += blob.stat().st_size
             blob.unlink()

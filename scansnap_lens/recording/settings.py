@@ -78,9 +78,7 @@ class RecordingSettings:
     prompt_length: int = _setting(
         64, TRACKED, "tokens of the example prompt whose whole attention is kept (0: none)"
     )
-    layers: tuple[int, ...] | None = _setting(
-        None, WATCHED, "layers to watch (a,b); default all"
-    )
+    layers: tuple[int, ...] | None = _setting(None, WATCHED, "layers to watch (a,b); default all")
     heads: tuple[int, ...] | None = _setting(None, WATCHED, "heads to watch (a,b); default all")
     max_checkpoint_bytes: int = _setting(
         CHECKPOINT_BUDGET, BUDGET, "default queries: at most this many MB per checkpoint",
