@@ -29,10 +29,12 @@ __all__ = ["build_parser", "cli_message", "main"]
 # then caught like any other (exit 130), and --help answers at once.
 
 
-def _print_summary(summary) -> None:
-    from scansnap_lens.report import KEY_COLUMNS, number
+def _print_summary(summary, traj) -> None:
+    from scansnap_lens.measures.catalog import columns as shown
+    from scansnap_lens.measures.catalog import measures_of
+    from scansnap_lens.report import number
 
-    columns = [c for c in KEY_COLUMNS if c in summary]
+    columns = [c for c in shown("key", measures_of(traj)) if c in summary]
     print(summary[columns].to_string(index=False, float_format=number))
 
 
@@ -50,7 +52,7 @@ def _demo(args: argparse.Namespace) -> int:
         f" {result.training.loss[-1]:.4f}"
     )
     print(f"recorded {result.trajectory.num_steps} checkpoints; classes from the training corpus")
-    _print_summary(result.summary)
+    _print_summary(result.summary, result.trajectory)
     print(
         "bias > 0: distinct tokens gained on common ones (scan); spearman > 0: frequency bias;"
         " snap_step: when the attention's rate of movement fell to half its peak"
@@ -243,7 +245,7 @@ def _report(args: argparse.Namespace) -> int:
         traj, groups[name], out, title=args.title, source=stats, training=training,
         groups_reason=why.get(name), classification=settings,
     )  # fmt: skip
-    _print_summary(report.summary)
+    _print_summary(report.summary, traj)
     for what, reason in report.not_measured.items():
         print(f"not measured: {what}: {cli_text(reason)}")
     print(f"report: {report.path.resolve()}")

@@ -27,7 +27,7 @@ import torch
 
 from scansnap_lens import measures
 from scansnap_lens._io import check_writable, make_folder, write_text
-from scansnap_lens.measures.catalog import MEASURES, Plot
+from scansnap_lens.measures.catalog import Plot, columns, measures_of
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.context import require_same
 from scansnap_lens.statistics.groups import TokenGroups
@@ -42,22 +42,13 @@ HOW_TO_READ_HEADS = (
 )
 
 
-def how_to_read() -> str:
-    """The report's "How to read it": one paragraph per entry of `catalog.MEASURES`."""
-    items = [m.explains for m in MEASURES if m.explains] + [HOW_TO_READ_HEADS]
+def how_to_read(entries=None) -> str:
+    """The report's "How to read it": one paragraph per measurement (`catalog.measures_of`
+    the trajectory; default `catalog.MEASURES`)."""
+    from scansnap_lens.measures.catalog import MEASURES
+
+    items = [m.explains for m in entries or MEASURES if m.explains] + [HOW_TO_READ_HEADS]
     return "<ul>" + "".join(f"<li>{item}</li>" for item in items) + "</ul>"
-
-
-# The columns a reader needs first, in the page and on the command line; every column is in
-# summary.csv and explained under "How to read it".
-KEY_COLUMNS = ["layer", "head", "scans", "bias", "auroc", "spearman", "entropy", "distinct_mass",
-               "top_share", "snap_step", "induction_step", "previous_token_step",
-               "predicted_snap", "population_snap", "rank_agreement", "bound_ratio"]  # fmt: skip
-HEAD_COLUMNS = ["rank", "layer", "head", "scans", "auroc", "bias", "spearman", "snap_step",
-                "induction", "induction_step", "previous_token", "previous_token_step",
-                "first_token", "attention_entropy", "dz_corr", "rank_agreement"]  # fmt: skip
-HEAD_GRID = ("bias", "auroc", "snap_step", "induction", "previous_token", "first_token",
-             "attention_entropy", "dz_corr")  # fmt: skip
 
 
 def number(value: float) -> str:
@@ -153,22 +144,10 @@ class _Folder:
 
 
 def _draw(plot: Plot, result, snaps, path: Path) -> None:
-    """A `catalog.Plot` of a measurement, by its kind."""
+    """A `catalog.Plot` of a measurement, by its painter."""
     from scansnap_lens.viz import figures
 
-    if plot.kind == "over_steps":
-        figures.plot_over_steps(
-            result.table, plot.column, snaps=snaps if plot.snaps else None, title=plot.title,
-            path=path,
-        )  # fmt: skip
-    elif plot.kind == "logit_change":
-        figures.plot_logit_change(result, path=path)
-    elif plot.kind == "growth_bounds":
-        figures.plot_growth_bounds(result.table, path=path)
-    elif plot.kind == "theory_fit":
-        figures.plot_theory_fit(result.table, path=path)
-    else:
-        raise ValueError(f"no way to draw a plot of kind {plot.kind!r}")
+    getattr(figures, plot.painter)(result, plot, snaps, path)
 
 
 def write_report(
@@ -216,7 +195,7 @@ def write_report(
         folder.not_measured["token groups"] = groups_reason or "none were given"
     made, why = measures.measure_all(
         traj, groups, source=source, training=training, loss_positions=loss_positions,
-        names=[m.name for m in MEASURES if m.name not in (results or {})],
+        names=[m.name for m in measures_of(traj) if m.name not in (results or {})],
         groups_reason="needs token groups (see 'token groups')",
     )  # fmt: skip
     results = {**made, **(results or {})}
@@ -227,7 +206,7 @@ def write_report(
 
     folder.csv("summary", summary)
     snaps = results["snapping"].table if "snapping" in results else None
-    for entry in MEASURES:
+    for entry in measures_of(traj):
         if entry.name not in results:
             continue
         result = results[entry.name]
@@ -308,7 +287,11 @@ def _model_figures(traj, groups, summary, results, folder, layer, head, training
             " against the population dynamics); ringed in white: the heads that scan (see the"
             " legend of the summary)",
             lambda p: figures.plot_head_grid(
-                summary, traj.layers, traj.heads, columns=HEAD_GRID, path=p
+                summary,
+                traj.layers,
+                traj.heads,
+                columns=columns("grid", measures_of(traj)),
+                path=p,
             ),
         )
     order = _shown_classes(traj, groups)
@@ -402,7 +385,7 @@ def _page(
         f"<h1>{html.escape(title)}</h1>",
         _overview(traj, groups, settings),
         "<h2>Summary (one row per layer and head, at the last checkpoint)</h2>",
-        table_html(with_intervals(summary, KEY_COLUMNS).head(50)),
+        table_html(with_intervals(summary, columns("key", measures_of(traj))).head(50)),
         _legend(results),
         f"<p>The first 50 heads and the main columns; all {len(summary.columns)} columns of"
         f" every head are in <code>summary.csv</code>.  Each is explained under"
@@ -412,10 +395,12 @@ def _page(
     if ranking is not None:
         body += [
             "<h2>Heads ranked by scan (AUROC, then bias)</h2>",
-            table_html(with_intervals(ranking, HEAD_COLUMNS).head(20)),
+            table_html(
+                with_intervals(ranking, ["rank", *columns("heads", measures_of(traj))]).head(20)
+            ),
         ]
     if len(summary) > 1:
-        table = measures.atlas(summary)
+        table = measures.atlas(summary, measures_of(traj))
         shown = [c for c in table.columns if not c.endswith(("_lo", "_hi")) and c != "snap_step"]
         body += [
             "<h2>Head atlas</h2>",
@@ -430,7 +415,12 @@ def _page(
     limits = measures.theory_limits(traj, training)
     if {"growth_bounds", "theory_fit"} & set(results) or limits:
         body.append(_theory_section(summary, results, limits))
-    body += ["<h2>How to read it</h2>", how_to_read(), "<h2>Figures</h2>", *folder.figures]
+    body += [
+        "<h2>How to read it</h2>",
+        how_to_read(measures_of(traj)),
+        "<h2>Figures</h2>",
+        *folder.figures,
+    ]
     if view_html:
         body += ["<h2>circuitsvis views</h2>", view_html]
     if folder.not_measured:

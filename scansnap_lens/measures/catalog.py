@@ -14,7 +14,7 @@ iterate over `MEASURES`; adding a measurement is one module plus one entry here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scansnap_lens.measures.discriminative import discriminative_bias
@@ -29,7 +29,15 @@ from scansnap_lens.measures.uncertainty import UNCERTAINTY_COLUMNS, scan_uncerta
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
-__all__ = ["MEASURES", "Measure", "MeasureInputs", "Plot", "by_name"]
+__all__ = ["MEASURES", "ROLES", "Measure", "MeasureInputs", "Plot", "by_name", "columns",
+           "head_type_measure", "measures_of"]  # fmt: skip
+
+# Where a measurement's columns are shown (`Measure.shown`): the page's first table and the
+# command line's summary; the ranked heads table; the maps over [layer, head]; the atlas
+# (values with their intervals); each run's values in a comparison of runs; and the step
+# columns whose value means a head formed (counted per layer across runs).
+ROLES = ("key", "heads", "grid", "atlas", "runs", "formed")
+FIRST = ("layer", "head", "scans", "verdict")  # every head table opens with these
 
 NEEDS_SOURCE = "needs the training corpus's statistics (source=, report --stats)"
 
@@ -51,14 +59,14 @@ class MeasureInputs:
 
 @dataclass(frozen=True)
 class Plot:
-    """One figure of a measurement in the report.  `kind` names how it is drawn (the report
-    maps it to a `viz.figures` function): ``over_steps`` plots `column` per head over the
-    checkpoints (with each head's snap step dotted where `snaps`), the others plot the whole
-    measurement (``logit_change``, ``growth_bounds``, ``theory_fit``)."""
+    """One figure of a measurement in the report, drawn by its `painter`: the name of a
+    `viz.figures` function called as ``painter(result, plot, snaps, path)``
+    (``paint_over_steps`` plots `column` per head over the checkpoints, with each head's snap
+    step dotted where `snaps`; the others draw the whole measurement)."""
 
     name: str
     caption: str
-    kind: str
+    painter: str
     column: str | None = None
     title: str = ""
     snaps: bool = False
@@ -67,8 +75,10 @@ class Plot:
 @dataclass(frozen=True)
 class Measure:
     """One entry of the table.  `summary`: the columns of its last checkpoint that join the
-    one-row-per-head summary (None: every column; empty: none); `explains`: its paragraph of
-    the report's "How to read it" (HTML)."""
+    one-row-per-head summary (None: every column; empty: none); `shown`: where the summary's
+    columns of its quantity are shown ({role in `ROLES`: columns}; an interval's columns may
+    come from another measurement); `explains`: its paragraph of the report's "How to read
+    it" (HTML)."""
 
     name: str
     measure: Callable[[MeasureInputs], Measurement]
@@ -77,6 +87,7 @@ class Measure:
     summary: tuple[str, ...] | None = None
     plots: tuple[Plot, ...] = field(default_factory=tuple)
     explains: str = ""
+    shown: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def run(self, inputs: MeasureInputs) -> Measurement:
         """The measurement; ValueError naming what is missing where it cannot be made."""
@@ -101,6 +112,13 @@ MEASURES: tuple[Measure, ...] = (
         " after which its movement per log-step stays under 10&nbsp;% of its peak."
         "  <b>predicted_snap</b>: the theory's t0 at the effective rates (SGD: lr / (1 -"
         " momentum); none for Adam) where the training is known.",
+        shown={
+            "key": ("snap_step", "predicted_snap"),
+            "heads": ("snap_step",),
+            "grid": ("snap_step",),
+            "atlas": ("snap_step", "snap_step_lo", "snap_step_hi"),
+            "runs": ("snap_step", "snap_step_lo", "snap_step_hi", "snap_reason"),
+        },
     ),
     Measure(
         "discriminative_bias",
@@ -109,13 +127,13 @@ MEASURES: tuple[Measure, ...] = (
             Plot(
                 "logit_change",
                 "The scan: logit change of distinct (solid) and common (dashed) tokens",
-                "logit_change",
+                "paint_logit_change",
             ),
             Plot(
                 "auroc_over_steps",
                 "How each head's scan evolved: AUROC of the logit change separating distinct"
                 " from common tokens, a line per head; dotted: its snap_step",
-                "over_steps",
+                "paint_over_steps",
                 "auroc",
                 "scan (AUROC) over checkpoints",
                 snaps=True,
@@ -125,6 +143,27 @@ MEASURES: tuple[Measure, ...] = (
         " tokens minus that of its <i>common</i> tokens since the first checkpoint; &gt; 0 is"
         " the scan's discriminative bias.  <b>auroc</b>: how cleanly the change separates"
         " distinct from common (0.5: not at all, 1: perfectly).",
+        shown={
+            "key": ("bias", "auroc"),
+            "heads": ("auroc", "bias"),
+            "grid": ("bias", "auroc"),
+            "atlas": (
+                "bias",
+                "bias_lo",
+                "bias_hi",
+                "auroc",
+                "auroc_lo",
+                "auroc_hi",
+                "auroc_p",
+                "auroc_n_eff",
+                "auroc_mde",
+                "matched_auroc",
+                "matched_auroc_lo",
+                "matched_auroc_hi",
+                "frequency_control",
+            ),
+            "runs": ("bias", "bias_lo", "bias_hi", "auroc", "auroc_lo", "auroc_hi"),
+        },
     ),
     Measure(
         "frequency_bias",
@@ -133,13 +172,19 @@ MEASURES: tuple[Measure, ...] = (
             Plot(
                 "frequency_bias",
                 "Frequency bias: Spearman correlation of the logit change with P(l|m, n)",
-                "over_steps",
+                "paint_over_steps",
                 "spearman",
                 "frequency bias",
             ),
         ),
         explains="<b>spearman</b>: rank correlation of the change of distinct tokens with"
         " P(l|m, n); &gt; 0 is the frequency bias (frequent co-occurrence gains more).",
+        shown={
+            "key": ("spearman",),
+            "heads": ("spearman",),
+            "runs": ("spearman",),
+            "atlas": ("spearman", "spearman_lo", "spearman_hi", "spearman_p", "spearman_classes"),
+        },
     ),
     Measure(
         "sparsity",
@@ -148,7 +193,7 @@ MEASURES: tuple[Measure, ...] = (
             Plot(
                 "entropy",
                 "Entropy of the attention over distinct tokens; dotted: snap_step",
-                "over_steps",
+                "paint_over_steps",
                 "entropy",
                 "entropy over distinct tokens",
                 snaps=True,
@@ -156,7 +201,7 @@ MEASURES: tuple[Measure, ...] = (
             Plot(
                 "distinct_mass",
                 "Attention mass on distinct tokens; dotted: snap_step",
-                "over_steps",
+                "paint_over_steps",
                 "distinct_mass",
                 "mass on distinct tokens",
                 snaps=True,
@@ -166,6 +211,7 @@ MEASURES: tuple[Measure, ...] = (
         " tokens, renormalised (lower is sparser); <b>distinct_mass</b>: attention on distinct"
         " tokens; <b>top_share</b>: the best distinct token's share of it (1 would be"
         " winner-takes-all).",
+        shown={"key": ("entropy", "distinct_mass", "top_share")},
     ),
     Measure(
         "attention_entropy",
@@ -176,7 +222,7 @@ MEASURES: tuple[Measure, ...] = (
                 "attention_entropy",
                 "Fig. 10: entropy of each head's attention row, averaged over the evaluation"
                 " positions; dotted: snap_step",
-                "over_steps",
+                "paint_over_steps",
                 "attention_entropy",
                 "attention entropy (nats)",
                 snaps=True,
@@ -185,6 +231,11 @@ MEASURES: tuple[Measure, ...] = (
         explains="<b>attention_entropy</b>: Fig. 10, the entropy of each head's attention row"
         " averaged over the evaluation positions (the query's own position counts when the"
         " recording includes it).",
+        shown={
+            "heads": ("attention_entropy",),
+            "grid": ("attention_entropy",),
+            "atlas": ("attention_entropy",),
+        },
     ),
     Measure(
         "growth_factor",
@@ -205,7 +256,7 @@ MEASURES: tuple[Measure, ...] = (
                 "Theorem 3: measured growth factor of each class's dominant distinct token"
                 " (solid) and its bounds from Theorem 4 with rho0 from the data (band, dotted:"
                 " upper)",
-                "growth_bounds",
+                "paint_growth_bounds",
             ),
         ),
         explains="<b>bound_ratio</b>: the measured logit change of each class's most frequent"
@@ -213,6 +264,7 @@ MEASURES: tuple[Measure, ...] = (
         " Theorem 3 puts it between f0<sup>2</sup> and 1, <b>inside</b> is the share of"
         " classes that are (without the training corpus's statistics, those of the evaluation"
         " text).",
+        shown={"key": ("bound_ratio",)},
     ),
     Measure(
         "theory_fit",
@@ -228,7 +280,7 @@ MEASURES: tuple[Measure, ...] = (
                 "Each head against the population dynamics on the training corpus's"
                 " statistics: rank agreement of the attention over distinct tokens, correlation"
                 " of logit changes",
-                "theory_fit",
+                "paint_theory_fit",
             ),
         ),
         explains="<b>population_snap</b>: the snap step of the paper's population dynamics"
@@ -238,6 +290,12 @@ MEASURES: tuple[Measure, ...] = (
         " measured attention over each class's distinct tokens; <b>dz_corr</b>: correlation of"
         " predicted and measured logit changes over the tracked pairs.  1 means the head does"
         " what the theory says.",
+        shown={
+            "key": ("population_snap", "rank_agreement"),
+            "heads": ("dz_corr", "rank_agreement"),
+            "grid": ("dz_corr",),
+            "atlas": ("rank_agreement", "dz_corr"),
+        },
     ),
     Measure(
         "uncertainty",
@@ -258,21 +316,37 @@ MEASURES: tuple[Measure, ...] = (
         " auroc_mde)</i>, <i>too few units</i>, <i>cannot tell from frequency</i> or <i>not"
         " beyond frequency</i>.  The intervals cover other queries and tokens of this text for"
         " this trained model, not another training run.",
+        shown={
+            "key": ("scans",),
+            "heads": ("scans",),
+            "atlas": ("scans", "verdict"),
+            "runs": ("scans", "verdict"),
+        },
     ),
 )
 
 
-def _head_type(name: str, title: str, caption: str, explains: str) -> Measure:
-    """The entry of one head type (`head_types.head_type`): its score with the interval over
-    rows, and its formation step, beside the snap step."""
+def head_type_measure(name: str, title: str, caption: str, explains: str) -> Measure:
+    """The entry of one head type (`head_types.head_type` of a rows aggregate): its score
+    with the interval over rows, and its formation step, beside the snap step."""
     columns = ("", "_lo", "_hi", "_rise_p", "_step", "_step_lo", "_step_hi", "_reason")
-    plot = Plot(name, caption + "; dotted: snap_step", "over_steps", name, title, snaps=True)
+    plot = Plot(name, caption + "; dotted: snap_step", "paint_over_steps", name, title,
+                snaps=True)  # fmt: skip
+    step = name + "_step"
     return Measure(
         name,
         lambda x: head_type(x.traj, name),
         needs_groups=False,
         summary=tuple(name + c for c in columns),
         plots=(plot,),
+        shown={
+            "key": (step,),
+            "heads": (name, step),
+            "grid": (name,),
+            "runs": (name, step),
+            "atlas": tuple(name + c for c in ("", "_lo", "_hi", "_step", "_step_lo", "_step_hi")),
+            "formed": (step,),
+        },
         explains=explains
         + f"  <b>{name}_step</b>: when it formed, the step by which the score has covered half"
         " its rise from the first checkpoint to the last (interval: rows resampled), shown"
@@ -283,7 +357,7 @@ def _head_type(name: str, title: str, caption: str, explains: str) -> Measure:
 
 
 MEASURES += (
-    _head_type(
+    head_type_measure(
         "previous_token",
         "previous-token score",
         "Previous-token heads: attention on the previous position, A[q, q-1], a line per head",
@@ -291,14 +365,14 @@ MEASURES += (
         " averaged over positions and then over evaluation rows (the rows are the units of"
         " its 95&nbsp;% interval <b>_lo</b>, <b>_hi</b>); near 1 is a previous-token head.",
     ),
-    _head_type(
+    head_type_measure(
         "first_token",
         "first-token (sink) score",
         "Attention sinks: attention on position 0, a line per head",
         "<b>first_token</b>: the attention weight on position 0 (the sink a head parks its"
         " attention on when it has nothing to do), averaged as previous_token.",
     ),
-    _head_type(
+    head_type_measure(
         "induction",
         "induction score",
         "Induction heads: attention on the token after an earlier occurrence of the current"
@@ -309,6 +383,36 @@ MEASURES += (
         " evaluation text has too few repeats (the trajectory says which rows it read).",
     ),
 )
+
+
+def measures_of(traj: Trajectory) -> tuple[Measure, ...]:
+    """`MEASURES` and a head type for every other rows aggregate `traj` records (a notebook's
+    own `aggregates.Aggregate`: its doc is its caption), which every page, table and
+    comparison then shows like the built-in ones."""
+    known = {m.name for m in MEASURES}
+    own = tuple(
+        head_type_measure(name, f"{name} score", f"{agg.doc or name}, a line per head",
+                          f"<b>{name}</b>: {agg.doc or 'a head type of your own'}.")
+        for name, agg in traj.aggregates.items()
+        if agg.axis == "rows" and name not in known
+    )  # fmt: skip
+    return MEASURES + own
+
+
+def columns(role: str, entries: Sequence[Measure] = MEASURES) -> list[str]:
+    """The columns `entries` show in `role` (see `ROLES`), each once, in the table's order;
+    the head tables ("key", "heads", "atlas") open with `FIRST`.
+
+    >>> columns("grid")
+    ['snap_step', 'bias', 'auroc', 'attention_entropy', 'dz_corr', 'previous_token', \
+'first_token', 'induction']
+    """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    out = list(FIRST) if role in ("key", "heads", "atlas") else []
+    for entry in entries:
+        out += [c for c in entry.shown.get(role, ()) if c not in out]
+    return out
 
 
 def by_name(name: str) -> Measure:

@@ -21,20 +21,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-__all__ = ["atlas", "head_grid", "rank_heads"]
+from scansnap_lens.measures.catalog import MEASURES, columns
 
-# the atlas's columns: verdict, scan with its interval, snap beside the head types' scores
-# and formation steps, theory fit, entropy
-ATLAS = ["layer", "head", "scans", "verdict", "bias", "bias_lo", "bias_hi", "auroc",
-         "auroc_lo", "auroc_hi", "auroc_p", "auroc_n_eff", "auroc_mde", "matched_auroc",
-         "matched_auroc_lo", "matched_auroc_hi", "frequency_control", "spearman",
-         "spearman_lo", "spearman_hi", "spearman_p", "spearman_classes", "snap_step",
-         "snap_step_lo", "snap_step_hi", "induction", "induction_lo", "induction_hi",
-         "induction_step", "induction_step_lo", "induction_step_hi", "previous_token",
-         "previous_token_lo", "previous_token_hi", "previous_token_step",
-         "previous_token_step_lo", "previous_token_step_hi", "first_token", "first_token_lo",
-         "first_token_hi", "first_token_step", "rank_agreement", "dz_corr",
-         "attention_entropy"]  # fmt: skip
+__all__ = ["atlas", "head_grid", "rank_heads"]
 
 
 def rank_heads(summary: pd.DataFrame, by: Sequence[str] = ("auroc", "bias")) -> pd.DataFrame:
@@ -61,7 +50,7 @@ def head_grid(
     return grid
 
 
-def atlas(summary: pd.DataFrame) -> pd.DataFrame:
+def atlas(summary: pd.DataFrame, entries=None) -> pd.DataFrame:
     """Every head in one table, layer by layer: the verdict (``scans`` and its words: "too few
     units", "no scan (could have seen AUROC >= x)", ...), bias and AUROC with their intervals,
     AUROC's p-value, effective units and minimal detectable effect, the frequency-matched
@@ -69,8 +58,9 @@ def atlas(summary: pd.DataFrame) -> pd.DataFrame:
     number of classes, the snap step with its interval (``snap`` says "not yet snapped" or
     "no scan" where there is none) beside the head types' scores and formation steps
     (induction, previous_token, first_token: does the snap coincide with the head becoming
-    one?), the theory's fit and the attention entropy; the columns the summary lacks are
-    left out.
+    one?), the theory's fit and the attention entropy: what each measurement of `entries`
+    (default `catalog.MEASURES`; `catalog.measures_of` a trajectory) shows in the atlas; the
+    columns the summary lacks are left out.
 
     >>> summary = pd.DataFrame({"layer": [0, 0], "head": [0, 1], "scans": [True, False],
     ...                         "bias": [2.0, 0.1], "snap_step": [120.0, float("nan")],
@@ -78,7 +68,7 @@ def atlas(summary: pd.DataFrame) -> pd.DataFrame:
     >>> atlas(summary)[["head", "scans", "snap"]].values.tolist()
     [[0, True, '120'], [1, False, 'not yet snapped']]
     """
-    table = summary[[c for c in ATLAS if c in summary]].copy()
+    table = summary[[c for c in columns("atlas", entries or MEASURES) if c in summary]].copy()
     if "snap_step" in summary:
         reason = summary.get("snap_reason", pd.Series([""] * len(summary)))
         table["snap"] = [

@@ -39,6 +39,7 @@ from scipy import stats as scipy_stats
 from torch import Tensor
 
 from scansnap_lens._io import make_folder, write_text
+from scansnap_lens.measures.catalog import MEASURES, columns, measures_of
 from scansnap_lens.measures.summary import measure_all, summarize
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
@@ -52,26 +53,17 @@ __all__ = [
     "measure_runs",
 ]
 
-# the measurements a comparison needs (the theory's fit is left out: minutes per run)
-RUN_MEASURES = ("snapping", "discriminative_bias", "frequency_bias", "uncertainty",
-                "previous_token", "first_token", "induction")  # fmt: skip
-# per run and head, kept in `per_run`
-PER_RUN = ("scans", "verdict", "bias", "bias_lo", "bias_hi", "auroc", "auroc_lo", "auroc_hi",
-           "snap_step", "snap_step_lo", "snap_step_hi", "snap_reason", "induction",
-           "induction_step", "previous_token", "previous_token_step", "first_token",
-           "first_token_step")  # fmt: skip
+# the measurements a comparison needs: those that show columns per run (`catalog.ROLES`; the
+# theory's fit shows none: minutes per run)
+RUN_MEASURES = tuple(m.name for m in MEASURES if m.shown.get("runs"))
 # per run and layer: what holds whichever head of the layer it is (heads of runs from other
-# initialisations are not the same heads)
+# initialisations are not the same heads); and, per head type, the heads that formed one
 LAYER = {
     "scanning_heads": ("scans", lambda v: float(v.fillna(False).astype(bool).sum())),
     "best_auroc": ("auroc", lambda v: float(v.max()) if v.notna().any() else math.nan),
     "snap_step_median": ("snap_step", lambda v: float(v.median()) if v.notna().any() else math.nan),
-    "previous_token_heads": ("previous_token_step", lambda v: float(v.notna().sum())),
-    "induction_heads": ("induction_step", lambda v: float(v.notna().sum())),
-    "first_token_heads": ("first_token_step", lambda v: float(v.notna().sum())),
 }
 ACROSS = ("bias", "auroc", "snap_step")  # figures with an interval over runs
-COUNTS = {"scanning_heads", "previous_token_heads", "induction_heads", "first_token_heads"}
 LOG_SCALE = {"snap_step", "snap_step_median"}  # averaged on the log-step axis
 RANGE = {"auroc": (0.0, 1.0)}  # an interval over runs stays where the figure can be
 TOO_FEW = "too few runs"
@@ -174,15 +166,18 @@ class RunComparison:
         )
 
 
-def compare_runs(summaries: Mapping[str, pd.DataFrame]) -> RunComparison:
+def compare_runs(summaries: Mapping[str, pd.DataFrame], entries=None) -> RunComparison:
     """Compare the per-head summaries of several runs (`measures.summarize` of each, keyed by
-    the run's name): see `RunComparison`."""
+    the run's name): see `RunComparison`.  entries: the measurements whose columns are
+    compared (their "runs" and "formed" roles; default `catalog.MEASURES`)."""
     if not summaries:
         raise ValueError("no runs to compare")
+    entries = entries or MEASURES
     runs = [str(r) for r in summaries]
     frames = []
     for index, (run, summary) in enumerate(summaries.items()):
-        frame = summary[["layer", "head", *[c for c in PER_RUN if c in summary]]].copy()
+        kept = [c for c in columns("runs", entries) if c in summary]
+        frame = summary[["layer", "head", *kept]].copy()
         frame.insert(0, "run", str(run))
         frame.insert(1, "run_index", index)
         frames.append(frame)
@@ -220,22 +215,26 @@ def compare_runs(summaries: Mapping[str, pd.DataFrame]) -> RunComparison:
         for run, verdict in zip(group["run"], group.get("verdict", [""] * len(group))):
             row[f"verdict_{run}"] = verdict
         rows.append(row)
-    return RunComparison(runs, per_run, pd.DataFrame(rows), _by_layer(per_run, runs))
+    return RunComparison(runs, per_run, pd.DataFrame(rows), _by_layer(per_run, runs, entries))
 
 
-def _by_layer(per_run: pd.DataFrame, runs: list[str]) -> pd.DataFrame:
-    """Per layer: each run's layer figures (`LAYER`) and their interval over runs."""
+def _by_layer(per_run: pd.DataFrame, runs: list[str], entries) -> pd.DataFrame:
+    """Per layer: each run's layer figures (`LAYER`, and the heads that formed each head type
+    of `entries`) and their interval over runs."""
+    formed = {c.removesuffix("_step") + "_heads": (c, lambda v: float(v.notna().sum()))
+              for c in columns("formed", entries)}  # fmt: skip
+    counts = {"scanning_heads", *formed}
     rows = []
     for layer, group in per_run.groupby("layer", sort=True):
         row = {"layer": int(layer), "runs": len(runs)}
-        for figure, (column, reduce) in LAYER.items():
+        for figure, (column, reduce) in {**LAYER, **formed}.items():
             if column not in group:
                 continue
             values = np.array([reduce(g[column]) for _, g in group.groupby("run_index")])
             for run, value in zip(runs, values):
                 row[f"{figure}_{run}"] = value
             mean, _, lo, hi = interval_over_runs(values, figure in LOG_SCALE)
-            if figure in COUNTS and not math.isnan(lo):  # a count of heads is never below 0
+            if figure in counts and not math.isnan(lo):  # a count of heads is never below 0
                 lo = max(lo, 0.0)
             row[f"{figure}_mean"], row[f"{figure}_lo"], row[f"{figure}_hi"] = mean, lo, hi
         rows.append(row)
@@ -290,11 +289,11 @@ def measure_runs(
     if len(trajs) < 1:
         raise ValueError("no runs to compare")
     check_same_runs(trajs)
+    entries = measures_of(next(iter(trajs.values())))
     summaries = {}
     for name, traj in trajs.items():
         run_groups = groups.get(name) if isinstance(groups, Mapping) else groups
-        results, _ = measure_all(
-            traj, run_groups, source=source, training=training, names=RUN_MEASURES
-        )
+        names = [m.name for m in entries if m.shown.get("runs")]
+        results, _ = measure_all(traj, run_groups, source=source, training=training, names=names)
         summaries[name] = summarize(traj, run_groups, training=training, results=results)
-    return compare_runs(summaries)
+    return compare_runs(summaries, entries)

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-from scansnap_lens.measures.catalog import MEASURES, MeasureInputs
+from scansnap_lens.measures.catalog import MeasureInputs, measures_of
 from scansnap_lens.measures.measurement import Measurement
 from scansnap_lens.measures.rates import predicted_snap
 from scansnap_lens.recording.trajectory import Trajectory
@@ -37,7 +37,8 @@ def measure_all(
     names: Iterable[str] | None = None,
     groups_reason: str | None = None,
 ) -> tuple[dict[str, Measurement], dict[str, str]]:
-    """Each measurement of `catalog.MEASURES` (or of `names`) once, in the table's order:
+    """Each measurement of the trajectory (`catalog.measures_of`: `catalog.MEASURES` and a
+    head type per rows aggregate of your own; or those of `names`) once, in order:
     ({name: result}, {name: why it could not be made}).
 
     groups: the token groups, or None where none could be formed (`groups_reason` says why;
@@ -52,7 +53,7 @@ def measure_all(
         inputs.groups_reason = groups_reason
     wanted = None if names is None else set(names)
     results, why = {}, {}
-    for entry in MEASURES:
+    for entry in measures_of(traj):
         if wanted is not None and entry.name not in wanted:
             continue
         try:
@@ -85,7 +86,7 @@ def summarize(
         results, _ = measure_all(traj, groups, source=source, training=training)
     out = pd.MultiIndex.from_product([traj.layers, traj.heads], names=["layer", "head"])
     out = out.to_frame(index=False)
-    for entry in MEASURES:
+    for entry in measures_of(traj):
         if entry.name not in results or entry.summary == ():
             continue
         table = results[entry.name].table

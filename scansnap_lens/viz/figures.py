@@ -454,3 +454,22 @@ def plot_runs_maps(comparison, column: str = "bias", path: str | Path | None = N
     if path is not None:
         _save(fig, path, bbox_inches="tight")
     return fig
+
+
+# The painters of the catalog's plots (`measures.catalog.Plot.painter` names one): each draws
+# a measurement as its plot says, called as ``painter(result, plot, snaps, path)``.
+def paint_over_steps(result, plot, snaps, path) -> Figure:
+    return plot_over_steps(result.table, plot.column, snaps=snaps if plot.snaps else None,
+                           title=plot.title, path=path)  # fmt: skip
+
+
+def paint_logit_change(result, plot, snaps, path) -> Figure:
+    return plot_logit_change(result, path=path)
+
+
+def paint_growth_bounds(result, plot, snaps, path) -> Figure:
+    return plot_growth_bounds(result.table, path=path)
+
+
+def paint_theory_fit(result, plot, snaps, path) -> Figure:
+    return plot_theory_fit(result.table, path=path)

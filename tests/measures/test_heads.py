@@ -99,8 +99,10 @@ def test_a_measure_with_a_bug_raises_and_one_that_cannot_be_made_says_why(tmp_pa
     def defect(x):
         return None + 1
 
-    monkeypatch.setattr(summary, "MEASURES", (Measure("a", cannot, needs_groups=False),))
+    only = (Measure("a", cannot, needs_groups=False),)
+    monkeypatch.setattr(summary, "measures_of", lambda traj: only)
     assert summary.measure_all(traj) == ({}, {"a": "needs what this run lacks"})
-    monkeypatch.setattr(summary, "MEASURES", (Measure("b", defect, needs_groups=False),))
+    bug = (Measure("b", defect, needs_groups=False),)
+    monkeypatch.setattr(summary, "measures_of", lambda traj: bug)
     with pytest.raises(TypeError):
         summary.measure_all(traj)
