@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from scansnap_lens.measures.runs import interval_over_runs
+from scansnap_lens.measures.resampling import interval_over_runs
 
 SD = 0.3
 SCENARIOS = {

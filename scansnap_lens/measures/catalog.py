@@ -87,7 +87,15 @@ class Measure:
     summary: tuple[str, ...] | None = None
     plots: tuple[Plot, ...] = field(default_factory=tuple)
     explains: str = ""
-    shown: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    shown: Mapping[str, tuple[str, ...]] | str = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.shown, str):  # "role: column column; role: column"
+            roles = (part.split(":") for part in self.shown.split(";") if part.strip())
+            object.__setattr__(self, "shown", {r.strip(): tuple(c.split()) for r, c in roles})
+        unknown = set(self.shown) - set(ROLES)
+        if unknown:
+            raise ValueError(f"measure {self.name}: roles must be among {ROLES}, not {unknown}")
 
     def run(self, inputs: MeasureInputs) -> Measurement:
         """The measurement; ValueError naming what is missing where it cannot be made."""
@@ -112,13 +120,9 @@ MEASURES: tuple[Measure, ...] = (
         " after which its movement per log-step stays under 10&nbsp;% of its peak."
         "  <b>predicted_snap</b>: the theory's t0 at the effective rates (SGD: lr / (1 -"
         " momentum); none for Adam) where the training is known.",
-        shown={
-            "key": ("snap_step", "predicted_snap"),
-            "heads": ("snap_step",),
-            "grid": ("snap_step",),
-            "atlas": ("snap_step", "snap_step_lo", "snap_step_hi"),
-            "runs": ("snap_step", "snap_step_lo", "snap_step_hi", "snap_reason"),
-        },
+        shown="key: snap_step predicted_snap; heads: snap_step; grid: snap_step; atlas:"
+        " snap_step snap_step_lo snap_step_hi; runs: snap_step snap_step_lo"
+        " snap_step_hi snap_reason",
     ),
     Measure(
         "discriminative_bias",
@@ -143,27 +147,10 @@ MEASURES: tuple[Measure, ...] = (
         " tokens minus that of its <i>common</i> tokens since the first checkpoint; &gt; 0 is"
         " the scan's discriminative bias.  <b>auroc</b>: how cleanly the change separates"
         " distinct from common (0.5: not at all, 1: perfectly).",
-        shown={
-            "key": ("bias", "auroc"),
-            "heads": ("auroc", "bias"),
-            "grid": ("bias", "auroc"),
-            "atlas": (
-                "bias",
-                "bias_lo",
-                "bias_hi",
-                "auroc",
-                "auroc_lo",
-                "auroc_hi",
-                "auroc_p",
-                "auroc_n_eff",
-                "auroc_mde",
-                "matched_auroc",
-                "matched_auroc_lo",
-                "matched_auroc_hi",
-                "frequency_control",
-            ),
-            "runs": ("bias", "bias_lo", "bias_hi", "auroc", "auroc_lo", "auroc_hi"),
-        },
+        shown="key: bias auroc; heads: auroc bias; grid: bias auroc; atlas: bias bias_lo"
+        " bias_hi auroc auroc_lo auroc_hi auroc_p auroc_n_eff auroc_mde matched_auroc"
+        " matched_auroc_lo matched_auroc_hi frequency_control; runs: bias bias_lo"
+        " bias_hi auroc auroc_lo auroc_hi",
     ),
     Measure(
         "frequency_bias",
@@ -179,12 +166,8 @@ MEASURES: tuple[Measure, ...] = (
         ),
         explains="<b>spearman</b>: rank correlation of the change of distinct tokens with"
         " P(l|m, n); &gt; 0 is the frequency bias (frequent co-occurrence gains more).",
-        shown={
-            "key": ("spearman",),
-            "heads": ("spearman",),
-            "runs": ("spearman",),
-            "atlas": ("spearman", "spearman_lo", "spearman_hi", "spearman_p", "spearman_classes"),
-        },
+        shown="key: spearman; heads: spearman; runs: spearman; atlas: spearman spearman_lo"
+        " spearman_hi spearman_p spearman_classes",
     ),
     Measure(
         "sparsity",
@@ -211,7 +194,7 @@ MEASURES: tuple[Measure, ...] = (
         " tokens, renormalised (lower is sparser); <b>distinct_mass</b>: attention on distinct"
         " tokens; <b>top_share</b>: the best distinct token's share of it (1 would be"
         " winner-takes-all).",
-        shown={"key": ("entropy", "distinct_mass", "top_share")},
+        shown="key: entropy distinct_mass top_share",
     ),
     Measure(
         "attention_entropy",
@@ -231,11 +214,7 @@ MEASURES: tuple[Measure, ...] = (
         explains="<b>attention_entropy</b>: Fig. 10, the entropy of each head's attention row"
         " averaged over the evaluation positions (the query's own position counts when the"
         " recording includes it).",
-        shown={
-            "heads": ("attention_entropy",),
-            "grid": ("attention_entropy",),
-            "atlas": ("attention_entropy",),
-        },
+        shown="heads: attention_entropy; grid: attention_entropy; atlas: attention_entropy",
     ),
     Measure(
         "growth_factor",
@@ -264,7 +243,7 @@ MEASURES: tuple[Measure, ...] = (
         " Theorem 3 puts it between f0<sup>2</sup> and 1, <b>inside</b> is the share of"
         " classes that are (without the training corpus's statistics, those of the evaluation"
         " text).",
-        shown={"key": ("bound_ratio",)},
+        shown="key: bound_ratio",
     ),
     Measure(
         "theory_fit",
@@ -290,12 +269,8 @@ MEASURES: tuple[Measure, ...] = (
         " measured attention over each class's distinct tokens; <b>dz_corr</b>: correlation of"
         " predicted and measured logit changes over the tracked pairs.  1 means the head does"
         " what the theory says.",
-        shown={
-            "key": ("population_snap", "rank_agreement"),
-            "heads": ("dz_corr", "rank_agreement"),
-            "grid": ("dz_corr",),
-            "atlas": ("rank_agreement", "dz_corr"),
-        },
+        shown="key: population_snap rank_agreement; heads: dz_corr rank_agreement; grid:"
+        " dz_corr; atlas: rank_agreement dz_corr",
     ),
     Measure(
         "uncertainty",
@@ -316,12 +291,7 @@ MEASURES: tuple[Measure, ...] = (
         " auroc_mde)</i>, <i>too few units</i>, <i>cannot tell from frequency</i> or <i>not"
         " beyond frequency</i>.  The intervals cover other queries and tokens of this text for"
         " this trained model, not another training run.",
-        shown={
-            "key": ("scans",),
-            "heads": ("scans",),
-            "atlas": ("scans", "verdict"),
-            "runs": ("scans", "verdict"),
-        },
+        shown="key: scans; heads: scans; atlas: scans verdict; runs: scans verdict",
     ),
 )
 
@@ -332,21 +302,15 @@ def head_type_measure(name: str, title: str, caption: str, explains: str) -> Mea
     columns = ("", "_lo", "_hi", "_rise_p", "_step", "_step_lo", "_step_hi", "_reason")
     plot = Plot(name, caption + "; dotted: snap_step", "paint_over_steps", name, title,
                 snaps=True)  # fmt: skip
-    step = name + "_step"
+    step = f"{name}_step"
     return Measure(
         name,
         lambda x: head_type(x.traj, name),
         needs_groups=False,
         summary=tuple(name + c for c in columns),
         plots=(plot,),
-        shown={
-            "key": (step,),
-            "heads": (name, step),
-            "grid": (name,),
-            "runs": (name, step),
-            "atlas": tuple(name + c for c in ("", "_lo", "_hi", "_step", "_step_lo", "_step_hi")),
-            "formed": (step,),
-        },
+        shown=f"key: {step}; heads: {name} {step}; grid: {name}; runs: {name} {step}; atlas:"
+        f" {name} {name}_lo {name}_hi {step} {step}_lo {step}_hi; formed: {step}",
         explains=explains
         + f"  <b>{name}_step</b>: when it formed, the step by which the score has covered half"
         " its rise from the first checkpoint to the last (interval: rows resampled), shown"

@@ -62,6 +62,8 @@ class QueryTokens:
 
     @classmethod
     def of(cls, traj: Trajectory, groups: TokenGroups) -> QueryTokens:
+        """The units of `traj` under `groups`; ValueError where no query has both kinds."""
+        groups.check_context(traj.plan)
         plan = traj.plan
         sizes = torch.tensor([t.numel() for t in groups.distinct], dtype=torch.long)
         d_query = torch.repeat_interleave(groups.query, sizes)
@@ -92,6 +94,12 @@ class QueryTokens:
             0, at, groups.events.double()
         )[torch.searchsorted(with_class, ids)]
         count = plan.pair_count[slot].clamp_min(1)
+        if not ids.numel():
+            raise ValueError(
+                "no query has both distinct and common tokens in the trajectory: track the"
+                " queries the statistics give distinct tokens (record with stats=) or relax the"
+                " classification (see statistics.groups.Classification)"
+            )
         return cls(ids, events, unit, slot, token, count, kind == 0, start)
 
     # -- design: counts and segments, the same for every head ---------------------------
@@ -289,14 +297,7 @@ def discriminative_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
     separating them; averaged over the queries with both kinds, each counting once (a query's
     events enter through its zbar; weighting by them would let one frequent query decide).
     The table also keeps the two means, dz_distinct and dz_common (bias is their difference)."""
-    groups.check_context(traj.plan)
     units = QueryTokens.of(traj, groups)
-    if not units.query.numel():
-        raise ValueError(
-            "no query has both distinct and common tokens in the trajectory: track the"
-            " queries the statistics give distinct tokens (record with stats=, --stats) or"
-            " relax the classification (see statistics.groups.Classification)"
-        )
     z = traj.zbar[..., units.slot].double()  # [S, L, H, N], one read for every query
     dz = z - z[:1]
     d_mean, c_mean = units.kind_means(dz)  # [S, L, H, U]

@@ -41,7 +41,6 @@ from __future__ import annotations
 import math
 
 import torch
-from scipy import stats as scipy_stats
 from torch import Tensor
 
 from scansnap_lens.measures.measurement import Measurement, _frame
@@ -54,6 +53,7 @@ from scansnap_lens.measures.resampling import (
     bootstrap_percentile,
     kish,
     mean_over_units,
+    widened,
 )
 from scansnap_lens.recording.aggregates import HEAD_TYPES
 from scansnap_lens.recording.trajectory import Trajectory
@@ -122,27 +122,10 @@ def _over_rows(values: Tensor) -> Estimate:
     and an interval as wide as that; none where under two rows carry it."""
     est = mean_over_units(values, torch.ones(values.shape[0]), bounds=(0.0, 1.0))
     deviation = torch.nan_to_num(values.double() - est.value)
-    flat = (deviation**2).sum(0) == 0  # every row alike: `_logit_interval`'s rule of three
+    flat = (deviation**2).sum(0) == 0  # every row alike: `Estimate.logit_interval`'s rule
     est.dof = torch.where(flat, est.n_eff, kish(deviation**2, 0))
     est.se = torch.where((est.dof >= 2) & (est.n_eff >= MIN_ROWS), est.se, math.nan)
     return est
-
-
-def _logit_interval(est: Estimate, level: float) -> tuple[Tensor, Tensor]:
-    """The interval of a mean in [0, 1] made on the logit scale (delta method) and mapped
-    back: asymmetric, longer towards the middle, as the mean of skewed rows near 0 or 1 needs
-    (a score near 0 whose rare high rows were not drawn).  Where every row has the same score
-    (a planted head at exactly 1, a head that never looks at position 0) the spread says
-    nothing: the rule of three then bounds the share of unseen rows at the other end by
-    -log(1 - level) / n, the interval reaching as far as they would move the mean."""
-    m = est.value.clamp(1e-6, 1 - 1e-6)
-    half = est._t((1 + level) / 2) * est.se / (m * (1 - m))
-    lo, hi = torch.sigmoid(torch.logit(m) - half), torch.sigmoid(torch.logit(m) + half)
-    share = -math.log(1 - level) / est.n_eff.clamp_min(1)
-    flat = est.se == 0
-    lo = torch.where(flat, est.value * (1 - share), lo)
-    hi = torch.where(flat, est.value + (1 - est.value) * share, hi)
-    return torch.where(est.enough, lo, math.nan), torch.where(est.enough, hi, math.nan)
 
 
 def head_type(traj: Trajectory, name: str, num: int = 200, level: float = LEVEL,
@@ -153,7 +136,7 @@ def head_type(traj: Trajectory, name: str, num: int = 200, level: float = LEVEL,
     values = head_type_scores(traj, name)  # [S, L, H, N]
     S, L, H, N = values.shape
     per_step = _over_rows(values.permute(3, 0, 1, 2))
-    lo, hi = _logit_interval(per_step, level)
+    lo, hi = per_step.logit_interval(level)
     table = _frame(traj, {name: per_step.value, f"{name}_lo": lo, f"{name}_hi": hi,
                           f"{name}_n_eff": per_step.n_eff})  # fmt: skip
     nan = torch.full((L, H), math.nan, dtype=torch.float64)
@@ -171,13 +154,7 @@ def head_type(traj: Trajectory, name: str, num: int = 200, level: float = LEVEL,
             lambda counts: formation_step(traj.steps, _mean_rows(values, counts)), N, num,
             level, generator,
         )  # fmt: skip
-        # the percentile interval of N resampled rows is too narrow for few rows: widened by
-        # t(N - 1) / z and sqrt(N / (N - 1)) around the estimate (calibrated in
-        # bench_calibration.py)
-        z = float(scipy_stats.norm.ppf((1 + level) / 2))
-        widen = float(scipy_stats.t.ppf((1 + level) / 2, max(N - 1, 1))) / z
-        widen *= math.sqrt(N / max(N - 1, 1))
-        lo_s, hi_s = step - widen * (step - lo_s), step + widen * (hi_s - step)
+        lo_s, hi_s = widened(step, lo_s, hi_s, N, level)
         risen = (p < ALPHA) & (rise.value >= MIN_RISE)
         enough = rise.enough
         rise_lo, rise_hi = rise.interval(level)

@@ -58,12 +58,15 @@ __all__ = [
     "adjust",
     "bootstrap_percentile",
     "crossed",
+    "interval_over_runs",
     "kish",
     "mean_over_units",
     "normal_p",
     "resample_counts",
+    "share_interval",
     "sum_of_squares",
     "too_few",
+    "widened",
 ]
 
 LEVEL = 0.95  # every interval's coverage
@@ -121,6 +124,22 @@ class Estimate:
         half = self._t((1 + level) / 2) * self.se
         lo = (self.value - half).clamp_min(self.bounds[0])
         hi = (self.value + half).clamp_max(self.bounds[1])
+        return torch.where(self.enough, lo, math.nan), torch.where(self.enough, hi, math.nan)
+
+    def logit_interval(self, level: float = LEVEL) -> tuple[Tensor, Tensor]:
+        """The interval of a mean in [0, 1] made on the logit scale (delta method) and mapped
+        back: asymmetric, longer towards the middle, as the mean of skewed units near 0 or 1
+        needs (a score near 0 whose rare high units were not drawn).  Where every unit has
+        the same value (a planted head at exactly 1) the spread says nothing: the rule of
+        three then bounds the share of unseen units at the other end by -log(1 - level) / n,
+        the interval reaching as far as they would move the mean."""
+        m = self.value.clamp(1e-6, 1 - 1e-6)
+        half = self._t((1 + level) / 2) * self.se / (m * (1 - m))
+        lo, hi = torch.sigmoid(torch.logit(m) - half), torch.sigmoid(torch.logit(m) + half)
+        share = -math.log(1 - level) / self.n_eff.clamp_min(1)
+        flat = self.se == 0
+        lo = torch.where(flat, self.value * (1 - share), lo)
+        hi = torch.where(flat, self.value + (1 - self.value) * share, hi)
         return torch.where(self.enough, lo, math.nan), torch.where(self.enough, hi, math.nan)
 
     def p_value(self, null: float = 0.0) -> Tensor:
@@ -258,3 +277,43 @@ def bootstrap_percentile(statistic, num_units: int, num: int, level: float = LEV
     q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
     lo, hi = torch.nanquantile(stat.double(), q, dim=0)
     return lo, hi, (~torch.isnan(stat)).double().mean(0)
+
+
+def widened(point: Tensor, lo: Tensor, hi: Tensor, num_units: int, level: float = LEVEL):
+    """A percentile interval of `num_units` resampled units widened around `point`: it is too
+    narrow for few units, by t(n - 1) / z and sqrt(n / (n - 1)) (calibrated for the head
+    types' formation steps in bench_calibration.py)."""
+    z = float(scipy_stats.norm.ppf((1 + level) / 2))
+    factor = float(scipy_stats.t.ppf((1 + level) / 2, max(num_units - 1, 1))) / z
+    factor *= math.sqrt(num_units / max(num_units - 1, 1))
+    return point - factor * (point - lo), point + factor * (hi - point)
+
+
+def interval_over_runs(values: np.ndarray, log: bool = False, level: float = LEVEL):
+    """(mean, sd, lo, hi) of the runs' values, each run one unit: t with n - 1 degrees of
+    freedom (on the log axis with `log`, mapped back: a geometric mean); NaN below 2 runs."""
+    values = values[np.isfinite(values)]
+    if log:
+        values = np.log(values[values > 0])
+    n = len(values)
+    if n == 0:
+        return (math.nan,) * 4
+    mean = float(values.mean())
+    if n < 2:
+        return (math.exp(mean) if log else mean), math.nan, math.nan, math.nan
+    sd = float(values.std(ddof=1))
+    half = float(scipy_stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+    lo, hi = mean - half, mean + half
+    if log:
+        return math.exp(mean), sd, math.exp(lo), math.exp(hi)
+    return mean, sd, lo, hi
+
+
+def share_interval(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
+    """Clopper-Pearson interval of a share k / n (NaN for none)."""
+    if n == 0:
+        return math.nan, math.nan
+    alpha = 1 - level
+    lo = 0.0 if k == 0 else float(scipy_stats.beta.ppf(alpha / 2, k, n - k + 1))
+    hi = 1.0 if k == n else float(scipy_stats.beta.ppf(1 - alpha / 2, k + 1, n - k))
+    return lo, hi

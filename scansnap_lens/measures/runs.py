@@ -35,11 +35,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from scipy import stats as scipy_stats
 from torch import Tensor
 
 from scansnap_lens._io import make_folder, write_text
 from scansnap_lens.measures.catalog import MEASURES, columns, measures_of
+from scansnap_lens.measures.resampling import interval_over_runs, share_interval
 from scansnap_lens.measures.summary import measure_all, summarize
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
@@ -49,7 +49,6 @@ __all__ = [
     "RunComparison",
     "check_same_runs",
     "compare_runs",
-    "interval_over_runs",
     "measure_runs",
 ]
 
@@ -67,36 +66,6 @@ ACROSS = ("bias", "auroc", "snap_step")  # figures with an interval over runs
 LOG_SCALE = {"snap_step", "snap_step_median"}  # averaged on the log-step axis
 RANGE = {"auroc": (0.0, 1.0)}  # an interval over runs stays where the figure can be
 TOO_FEW = "too few runs"
-LEVEL = 0.95
-
-
-def interval_over_runs(values: np.ndarray, log: bool = False) -> tuple[float, float, float, float]:
-    """(mean, sd, lo, hi) of the runs' values: t with n - 1 degrees of freedom; NaN below 2."""
-    values = values[np.isfinite(values)]
-    if log:
-        values = np.log(values[values > 0])
-    n = len(values)
-    if n == 0:
-        return (math.nan,) * 4
-    mean = float(values.mean())
-    if n < 2:
-        return (math.exp(mean) if log else mean), math.nan, math.nan, math.nan
-    sd = float(values.std(ddof=1))
-    half = float(scipy_stats.t.ppf(0.5 + LEVEL / 2, n - 1)) * sd / math.sqrt(n)
-    lo, hi = mean - half, mean + half
-    if log:
-        return math.exp(mean), sd, math.exp(lo), math.exp(hi)
-    return mean, sd, lo, hi
-
-
-def _share_interval(k: int, n: int) -> tuple[float, float]:
-    """Clopper-Pearson interval of a share k / n."""
-    if n == 0:
-        return math.nan, math.nan
-    alpha = 1 - LEVEL
-    lo = 0.0 if k == 0 else float(scipy_stats.beta.ppf(alpha / 2, k, n - k + 1))
-    hi = 1.0 if k == n else float(scipy_stats.beta.ppf(1 - alpha / 2, k + 1, n - k))
-    return lo, hi
 
 
 @dataclass
@@ -190,7 +159,7 @@ def compare_runs(summaries: Mapping[str, pd.DataFrame], entries=None) -> RunComp
             k, n = int(known.sum()), len(known)
             row["scans_runs"] = k
             row["scans_share"] = k / n if n else math.nan
-            row["scans_share_lo"], row["scans_share_hi"] = _share_interval(k, n)
+            row["scans_share_lo"], row["scans_share_hi"] = share_interval(k, n)
         for name in ACROSS:
             if name not in group:
                 continue

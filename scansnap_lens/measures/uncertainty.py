@@ -101,13 +101,7 @@ def scan_uncertainty(
     """
     if not 0 < alpha < 1 or not 0 < level < 1:
         raise ValueError(f"alpha and level must lie in (0, 1), got {alpha} and {level}")
-    groups.check_context(traj.plan)
     units = QueryTokens.of(traj, groups)
-    if not units.query.numel():
-        raise ValueError(
-            "no query has both distinct and common tokens in the trajectory: track the"
-            " queries the statistics give distinct tokens (record with stats=, --stats)"
-        )
     g = torch.Generator().manual_seed(seed)
     z0 = traj.zbar[0][..., units.slot].double()  # [L, H, N]
     dz = traj.zbar[-1][..., units.slot].double() - z0
