@@ -95,15 +95,21 @@ def ray_cooccurrence(
     merge_arity: int = 2,
     progress: bool = False,
     timings: dict | None = None,
+    context=None,
 ) -> CooccurrenceStats:
     """`corpus.cooccurrence` of the shards' rows, one Ray task per shard, merged in a tree of
     `merge_arity`.  `address`: a Ray cluster (default: the running instance, else a local one
     with `num_cpus`).  `timings`, a dict, receives ``count_s`` (until the last shard is
     counted), ``merge_s`` (the merges after it) and ``worker_peak_bytes`` (per shard, the
     peak resident memory so far of the worker that counted it: Ray reuses workers, so this
-    bounds the shard's own peak from above)."""
+    bounds the shard's own peak from above).  context: the window and position-0 convention as
+    one value (`statistics.context.Context`), instead of `window` and `exclude_bos`."""
     import time
 
+    from scansnap_lens.statistics.context import Context
+
+    context = Context.given(context, window, exclude_bos)
+    window, exclude_bos = context.window, context.exclude_bos
     if not shards:
         raise ValueError("no shard to count")
     if merge_arity < 2:

@@ -152,9 +152,9 @@ def bridge_from_hf(hf_model, name: str = "gpt2", tokenizer_dir: str | Path | Non
     import transformers
     from transformer_lens.model_bridge import TransformerBridge
 
-    from scansnap_lens.models.backend import _scratch_dir
+    from scansnap_lens.models.backend import scratch_dir
 
-    folder = Path(tokenizer_dir or _scratch_dir("scansnap_tok_"))
+    folder = Path(tokenizer_dir or scratch_dir("scansnap_tok_"))
     word_tokenizer(hf_model.config.vocab_size).save_pretrained(folder)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     return TransformerBridge.boot_transformers(name, hf_model=hf_model, tokenizer=tokenizer)

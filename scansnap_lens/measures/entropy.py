@@ -16,7 +16,7 @@ from torch import Tensor
 from scansnap_lens.measures.measurement import Measurement, _frame, segment_starts
 from scansnap_lens.measures.resampling import Estimate, mean_over_units
 from scansnap_lens.recording.hooks import check_tokens, model_vocab_size, run_until
-from scansnap_lens.recording.plan import _find
+from scansnap_lens.recording.plan import find_sorted
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
@@ -75,12 +75,12 @@ class DistinctAttention:
     @classmethod
     def of(cls, traj: Trajectory, groups: TokenGroups) -> DistinctAttention:
         plan = traj.plan
-        c = _find(plan.class_keys, groups.query * plan.vocab_size + groups.next_token)
+        c = find_sorted(plan.class_keys, groups.query * plan.vocab_size + groups.next_token)
         sizes = torch.tensor([t.numel() for t in groups.distinct], dtype=torch.long)
         ks = ((c >= 0) & (sizes > 0)).nonzero().flatten()
         unit = torch.repeat_interleave(torch.arange(ks.numel()), sizes[ks])
         tokens = torch.cat([groups.distinct[k] for k in ks.tolist()] or [torch.empty(0)]).long()
-        slot = _find(plan.triple_keys, c[ks][unit] * plan.vocab_size + tokens)
+        slot = find_sorted(plan.triple_keys, c[ks][unit] * plan.vocab_size + tokens)
         held = slot >= 0
         unit, slot = unit[held], slot[held]
         return cls(ks, sizes[ks], unit, slot, segment_starts(unit, ks.numel()))

@@ -35,10 +35,10 @@ def _dz(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:
 def _tracked(traj: Trajectory, groups) -> list[int]:
     """Indices of the groups' classes that the recording tracks (class slots of its plan): the
     per-class measurements average over these, one vectorised lookup for all of them."""
-    from scansnap_lens.recording.plan import _find
+    from scansnap_lens.recording.plan import find_sorted
 
     keys = groups.query * traj.plan.vocab_size + groups.next_token
-    return (_find(traj.plan.class_keys, keys) >= 0).nonzero().flatten().tolist()
+    return (find_sorted(traj.plan.class_keys, keys) >= 0).nonzero().flatten().tolist()
 
 
 def segment_starts(segment: Tensor, num: int) -> Tensor:

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from scansnap_lens.measures.measurement import Measurement
 from scansnap_lens.measures.resampling import LEVEL, MIN_UNITS, bootstrap_percentile, kish
-from scansnap_lens.recording.plan import _find
+from scansnap_lens.recording.plan import find_sorted
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
@@ -219,7 +219,7 @@ def snapping(
         classes = list(classes)
         if classes:
             m, n = torch.as_tensor(classes, dtype=torch.long).reshape(-1, 2).unbind(-1)
-            found = _find(plan.class_keys, m * plan.vocab_size + n)
+            found = find_sorted(plan.class_keys, m * plan.vocab_size + n)
             slots = found[found >= 0].tolist()
         else:
             slots = []

@@ -62,6 +62,7 @@ _NAMES = {
     "select_steps": "steps",
     "sinusoidal_positions": "tutorial",
     "state_layout": "backend",
+    "scratch_dir": "backend",
     "tensor_dict": "formats",
     "tl_major": "backend",
     "tl_model": "formats",

@@ -57,6 +57,7 @@ __all__ = [
     "load_weights",
     "make_config",
     "resolve_backend",
+    "scratch_dir",
     "state_layout",
     "tl_major",
     "tl_to_native",
@@ -374,7 +375,7 @@ def _placeholder_tokenizer(vocab_size: int):
     )
     # The bridge re-creates tokenizers from their saved name later, so keep one on disk.
     if vocab_size not in _PLACEHOLDER_DIRS:
-        _PLACEHOLDER_DIRS[vocab_size] = _scratch_dir("scansnap_tok_")
+        _PLACEHOLDER_DIRS[vocab_size] = scratch_dir("scansnap_tok_")
         fast.save_pretrained(_PLACEHOLDER_DIRS[vocab_size])  # into its own mkdtemp folder
     return transformers.AutoTokenizer.from_pretrained(_PLACEHOLDER_DIRS[vocab_size])
 
@@ -382,7 +383,7 @@ def _placeholder_tokenizer(vocab_size: int):
 _PLACEHOLDER_DIRS: dict[int, str] = {}
 
 
-def _scratch_dir(prefix: str) -> str:
+def scratch_dir(prefix: str) -> str:
     """A temporary folder that lives as long as the process (removed at exit, not left in the
     user's temp folder)."""
     import atexit

@@ -72,6 +72,7 @@ _NAMES = {
     "record_tensors": "storage",
     "model_vocab_size": "hooks",
     "plan_recording": "plan",
+    "find_sorted": "plan",
     "prompt_attention": "hooks",
     "record_checkpoint": "hooks",
     "watched": "hooks",

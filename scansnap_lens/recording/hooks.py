@@ -38,8 +38,8 @@ from scansnap_lens.recording.aggregates import (
     Gathered,
     resolve,
 )
-from scansnap_lens.recording.plan import RecordPlan
-from scansnap_lens.statistics.corpus import _fingerprint
+from scansnap_lens.recording.plan import RecordPlan, find_sorted
+from scansnap_lens.statistics.corpus import rows_fingerprint
 
 if TYPE_CHECKING:
     from scansnap_lens.models.backend import HookedModel
@@ -95,12 +95,7 @@ class _Lookup:
 
     def __call__(self, row: Tensor, col: Tensor) -> Tensor:
         key = row * self.V + col
-        if self.table is not None:
-            return self.table[key].long()
-        if self.keys.numel() == 0:
-            return torch.full_like(key, -1)
-        slot = torch.searchsorted(self.keys, key).clamp_max_(self.keys.numel() - 1)
-        return torch.where(self.keys[slot] == key, slot, -1)
+        return self.table[key].long() if self.table is not None else find_sorted(self.keys, key)
 
 
 def _to_device(t: Tensor, device) -> Tensor:
@@ -726,9 +721,9 @@ def record_checkpoint(
             1,
         ):  # fmt: skip
             check_tokens(x, vocab)
-            fingerprint = (fingerprint + _fingerprint(list(x.cpu().numpy().astype(np.int64)))) & (
-                (1 << 64) - 1
-            )
+            fingerprint = (
+                fingerprint + rows_fingerprint(list(x.cpu().numpy().astype(np.int64)))
+            ) & ((1 << 64) - 1)
             aggregator.run(x)
             if on_batch is not None:
                 on_batch(done, len(batches), time.perf_counter() - start)

@@ -37,6 +37,7 @@ __all__ = [
     "COMMON_PER_QUERY",
     "RecordPlan",
     "budget_queries",
+    "find_sorted",
     "plan_recording",
     "select_queries",
 ]
@@ -229,16 +230,18 @@ class RecordPlan:
     # -- slot lookups: the one place that maps (query, token) pairs to tensor slots --------
     def pair_slot(self, query, tokens) -> Tensor:
         """[n] the zbar slot of each pair (query, token), -1 where the plan holds none."""
-        return _find(self.pair_keys, torch.as_tensor(query) * self.vocab_size + _ids(tokens))
+        return find_sorted(self.pair_keys, torch.as_tensor(query) * self.vocab_size + _ids(tokens))
 
     def class_slot(self, query: int, next_token: int) -> int | None:
         """The slot of class (query, next_token), None where the plan does not track it."""
-        c = int(_find(self.class_keys, torch.tensor([int(query) * self.vocab_size + next_token])))
+        c = int(
+            find_sorted(self.class_keys, torch.tensor([int(query) * self.vocab_size + next_token]))
+        )
         return None if c < 0 else c
 
     def triple_slot(self, c: int, tokens) -> Tensor:
         """[n] the c_hat slot of each token of class slot `c`, -1 where the plan holds none."""
-        return _find(self.triple_keys, c * self.vocab_size + _ids(tokens))
+        return find_sorted(self.triple_keys, c * self.vocab_size + _ids(tokens))
 
     def decode(self, token: int) -> str:
         return self.token_strings.get(int(token), str(int(token)))
@@ -492,7 +495,7 @@ def _ids(tokens) -> Tensor:
     return torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
 
 
-def _find(keys: Tensor, wanted: Tensor) -> Tensor:
+def find_sorted(keys: Tensor, wanted: Tensor) -> Tensor:
     """Positions of `wanted` in the ascending `keys`, -1 where absent."""
     if keys.numel() == 0:
         return torch.full_like(wanted, -1)
@@ -515,6 +518,7 @@ def plan_recording(
     groups=None,
     common_per_query: int = COMMON_PER_QUERY,
     classes_per_query: int = CLASSES_PER_QUERY,
+    context: Context | None = None,
 ) -> RecordPlan:
     """Build the plan for evaluation `tokens` [N, T] (or a list of such batches).
 
@@ -527,22 +531,21 @@ def plan_recording(
             head (`budget_queries`).
         classes: (m, n) pairs whose c_hat is kept (default: every class of a tracked query);
             zbar always uses all events of a tracked query.  min_class_events: fewer, dropped.
-        exclude_bos, include_self, window: the context convention (`context.Context`), as
-            `corpus.cooccurrence` counts it (window None: every position before the query).
+        exclude_bos, include_self, window: the context convention, as `corpus.cooccurrence`
+            counts it (window None: every position before the query); or `context`, one value.
         tokenizer: anything with ``decode([id])``, for readable token strings.
         groups: `TokenGroups` of the training corpus's statistics: with ``queries=None`` the
             plan is made for the scan's power (`_power_plan`): the queries whose distinct and
             common tokens both occur in the evaluation contexts, most events first, while
-            they fit `max_slots`; each keeps its distinct tokens, a uniform sample of at most
-            `common_per_query` common ones, and the c_hat of at most `classes_per_query` of
-            its classes with distinct tokens.  The rest of the budget takes the most frequent
-            other queries whole (their c_hat serves the snap and the figures).  Without such
-            a query: as without groups.
+            they fit `max_slots`, each with its distinct tokens, at most `common_per_query`
+            common ones and `classes_per_query` classes; the rest of the budget to the most
+            frequent other queries whole.  Without such a query: as without groups.
     """
     rows = _rows(tokens)
     if not rows:
         raise ValueError("no evaluation tokens: the plan needs at least one row")
-    window = _window(window)
+    context = Context.given(context, _window(window), exclude_bos, include_self)
+    window, exclude_bos, include_self = context.window, context.exclude_bos, context.include_self
     stats_all = cooccurrence(rows, vocab_size, window=window, exclude_bos=exclude_bos)
     seed = int(stats_all.fingerprint[:8], 16)
     power = None

@@ -24,6 +24,7 @@ _NAMES = {
     "UNDETERMINED": "kinds",
     "cooccurrence": "corpus",
     "count_corpus": "corpus",
+    "rows_fingerprint": "corpus",
     "require_same": "context",
     "token_kinds": "kinds",
 }

@@ -28,6 +28,23 @@ class Context:
     exclude_bos: bool = False
     include_self: bool = False
 
+    @classmethod
+    def given(cls, context: Context | None, window=None, exclude_bos=False, include_self=False):
+        """The context a function works in: `context`, where given (a window or flag given
+        beside it must agree with it), else the one its loose arguments spell.
+
+        >>> Context.given(Context(window=8), exclude_bos=False).window
+        8
+        """
+        loose = cls(window, exclude_bos, include_self)
+        if context is None:
+            return loose
+        differ = [f"{k} {getattr(loose, k)!r}" for k in ("window", "exclude_bos", "include_self")
+                  if getattr(loose, k) not in (None, False, getattr(context, k))]  # fmt: skip
+        if differ:
+            raise ValueError(f"{', '.join(differ)} given beside context={context}: give one")
+        return context
+
     def mismatch(self, recorded: Context) -> str | None:
         """What makes statistics of this context unfit for a recording of `recorded`, or None."""
         if self.exclude_bos != recorded.exclude_bos:

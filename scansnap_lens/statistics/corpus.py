@@ -50,7 +50,7 @@ from scansnap_lens.statistics.context import Context
 if TYPE_CHECKING:
     from scansnap_lens.inputs.corpus import Corpus
 
-__all__ = ["CooccurrenceStats", "cooccurrence", "count_corpus"]
+__all__ = ["CooccurrenceStats", "cooccurrence", "count_corpus", "rows_fingerprint"]
 
 FORMAT = "scansnap_lens.CooccurrenceStats/1"
 _MASK64 = (1 << 64) - 1
@@ -401,7 +401,9 @@ def _is_row(x) -> bool:
     return isinstance(x, list | tuple) and all(np.isscalar(v) for v in x[:1])
 
 
-def _fingerprint(rows: Sequence[np.ndarray]) -> int:
+def rows_fingerprint(rows: Sequence[np.ndarray]) -> int:
+    """The order-free fingerprint of token rows (a sum of each row's hash): what statistics
+    and plans compare to know they were made from the same text."""
     total = 0
     for row in rows:
         digest = hashlib.blake2b(np.ascontiguousarray(row).tobytes(), digest_size=8).digest()
@@ -468,7 +470,7 @@ def _count_rows(
         count=torch.from_numpy(count),
         num_tokens=int(lengths.sum()),
         num_rows=len(rows),
-        fingerprint=f"{_fingerprint(rows):016x}",
+        fingerprint=f"{rows_fingerprint(rows):016x}",
     )
 
 
@@ -501,6 +503,7 @@ def cooccurrence(
     tokenizer: str | None = None,
     chunk_tokens: int = 4_000_000,
     progress: bool = False,
+    context: Context | None = None,
 ) -> CooccurrenceStats:
     """Count events and co-occurrences.
 
@@ -514,7 +517,11 @@ def cooccurrence(
         min_count: prune triples counted fewer times (after counting everything).
         num_proc: threads for the counting kernel (default: all cores).
         chunk_tokens: batches are gathered into chunks of about this many tokens.
+        context: the window and position-0 convention as one value (`Context`), instead of
+            `window` and `exclude_bos`.
     """
+    context = Context.given(context, window, exclude_bos)
+    window, exclude_bos = context.window, context.exclude_bos
     if window is not None and window < 1:
         raise ValueError(f"window W must be >= 1 (or None for the whole row), got {window}")
     if vocab_size is not None and (

@@ -238,12 +238,14 @@ class TokenGroups:
         return groups
 
     @classmethod
-    def from_kinds(cls, kinds, stats, queries=None, min_events: int = 1, min_distinct: int = 0):
+    def from_kinds(cls, kinds, stats, queries=None, min_events: int = Classification.min_events,
+                   min_distinct: int = Classification.min_distinct):  # fmt: skip
         """Groups from `token_kinds(stats)`: every class (m, n) of the statistics with a tracked
         query, its tokens labelled distinct for n, and P(l|m, n) from the statistics.
 
-        min_distinct: keep only classes with at least this many distinct tokens (real text has
-        many classes and few distinct tokens; common tokens are kept for every query).
+        min_events, min_distinct: keep only classes with at least this many events and
+        distinct tokens (`Classification`'s defaults: real text has many classes and few
+        distinct tokens; common tokens are kept for every query; 0 keeps every class).
         """
         if stats.num_triples == 0:
             raise ValueError(
