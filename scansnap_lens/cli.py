@@ -14,6 +14,7 @@ what it has; run the same command again to resume).
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import re
@@ -222,7 +223,7 @@ def _report(args: argparse.Namespace) -> int:
     stats_of = [CooccurrenceStats.load(p) for p in args.stats]
     settings = Classification(
         scope=args.scope, min_support=args.min_support, purity=args.purity,
-        guard=not args.no_guard, min_distinct=args.min_distinct,
+        guard=args.guard, min_distinct=args.min_distinct,
     )  # fmt: skip
     groups, why = {}, {}
     for i, (name, traj) in enumerate(trajs.items()):
@@ -614,7 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
         " occurrences (1: the paper's definition) (default: %(default)s)",
     )  # fmt: skip
     report.add_argument(
-        "--no-guard", action="store_true",
+        "--no-guard", action="store_false", dest="guard",
         help="no binomial guard (by default a distinct-looking token must be significantly"
         f" more often before its next token than the query's base rate, at alpha {kinds.alpha})",
     )  # fmt: skip
@@ -682,10 +683,11 @@ def _setting_options(parser: argparse.ArgumentParser) -> None:
     from scansnap_lens.recording.settings import RecordingSettings
 
     groups: dict[str, argparse._ArgumentGroup] = {}
+    flags = {o["name"]: (o["flag"], "store") for o in RecordingSettings.options()}
     for option in RecordingSettings.options():
         group = groups.get(option["group"]) or parser.add_argument_group(option["group"])
         groups[option["group"]] = group
-        help_text, default = flag_text(option["help"], help=True), option["default"]
+        help_text, default = flag_text(option["help"], help=True, flags=flags), option["default"]
         kwargs = {"dest": option["name"], "help": help_text}
         if default is not False:
             kwargs["metavar"] = option["flag"][2:].upper().replace("-", "_")
@@ -715,29 +717,44 @@ def _settings(args: argparse.Namespace):
     return RecordingSettings(**values)
 
 
-# what library messages name that is not a recording setting, and its flag
-_FLAGS = {"steps": "--steps", "max_rows": "--max-rows", "stats": "--stats"}
+@functools.cache
+def _flags() -> dict[str, tuple[str, str]]:
+    """{field: (flag, how it is given)} of every option of every command: what a library
+    message's ``name=`` is on the command line."""
+    out = {}
+    commands = build_parser()._subparsers._group_actions[0].choices.values()
+    for action in (a for command in commands for a in command._actions):
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if longs and action.dest not in ("help",) and action.dest not in out:
+            kind = type(action).__name__.removeprefix("_").removesuffix("Action").lower()
+            out[action.dest] = (longs[0], kind)
+    return out
 
 
-def flag_text(message: str, help: bool = False) -> str:
-    """A library message with the command line's flag beside each setting it names as
-    ``name=`` or ``name=value`` (``on_disk=`` becomes ``on_disk=, --on-disk``, and
-    ``duplicates='skip'`` becomes ``duplicates='skip', --duplicates skip``; in help, the
-    flag alone); a flag the message names already is not added again."""
-    from scansnap_lens.recording.settings import RecordingSettings
+def flag_text(message: str, help: bool = False, flags: dict | None = None) -> str:
+    """A library message with the command line's flag beside each field it names as
+    ``name=`` or ``name=value`` (``on_disk=`` becomes ``on_disk=, --on-disk``,
+    ``duplicates='skip'`` becomes ``duplicates='skip', --duplicates skip`` and
+    ``guard=False`` ``guard=False, --no-guard``; in help, the flag alone); an unquoted value
+    (``K=40``) is words, not an option; a flag the message names already is not added again.
+    flags: {field: (flag, how it is given)} (default: every command's, `_flags`)."""
+    flags = _flags() if flags is None else flags
 
-    flags = {**_FLAGS, **{o["name"]: o["flag"] for o in RecordingSettings.options()}}
-    for name, flag in flags.items():
+    def spelled(match):
+        name, value = match.group(1), match.group(3)
+        flag, kind = flags[name]
+        switch = (value == "True" and kind == "storetrue") or (
+            value == "False" and kind == "storefalse"
+        )  # fmt: skip
+        if value and not switch and not match.group(2):  # K=40: a value in words, not an option
+            return match.group(0)
+        on_line = flag if value == "" or switch else f"{flag} {value}"
+        if match.string[match.end() :].lstrip(", ").startswith(flag):
+            return match.group(0)
+        return on_line if help else f"{match.group(0)}, {on_line}"
 
-        def spelled(match, flag=flag):
-            value = match.group(2)
-            on_line = flag if value in ("", "True") else f"{flag} {value}"
-            if match.string[match.end() :].lstrip(", ").startswith(flag):
-                return match.group(0)
-            return on_line if help else f"{match.group(0)}, {on_line}"
-
-        message = re.sub(rf"\b{name}=(['\"]?)([^\s,)'\"]*?)\1(?=[,)\s.:;]|$)", spelled, message)
-    return message
+    names = "|".join(sorted(flags, key=len, reverse=True))
+    return re.sub(rf"\b({names})=(['\"]?)([^\s,)'\"]*?)\2(?=[,)\s.:;]|$)", spelled, message)
 
 
 def cli_message(exc: BaseException) -> str:

@@ -184,7 +184,7 @@ def write_report(
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} is a file: the report needs a folder (give another --out)")
+        raise ValueError(f"{out} is a file: the report needs a folder (give another out=)")
     check_writable(out)
     for statistics in (groups, source):  # before anything is measured or written
         if statistics is not None:
@@ -355,7 +355,7 @@ def _views(traj, groups, folder: _Folder, layer: int, head: int, strings) -> str
         folder.not_measured["token views"] = "they colour token kinds, which need token groups"
     else:
         try:
-            made.append(cv.token_kinds(traj, groups, token_strings=strings))
+            made.append(cv.kinds_view(traj, groups, token_strings=strings))
             made.append(
                 cv.query_attention(traj, groups, layer=layer, head=head, token_strings=strings)
             )
@@ -579,7 +579,7 @@ def write_runs_report(comparison, out: str | Path, title: str | None = None) -> 
 
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} is a file: the report needs a folder (give another --out)")
+        raise ValueError(f"{out} is a file: the report needs a folder (give another out=)")
     check_writable(out)
     make_folder(out / "figures")
     folder = _Folder(out)

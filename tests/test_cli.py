@@ -351,7 +351,11 @@ CHECKPOINT_ERRORS = [  # (folder maker, extra flags, what the message must say)
 ]
 if tl_major() >= 4:
     CHECKPOINT_ERRORS.append(
-        (lambda root, tmp: root / "ckpt", ["--backend", "hooked"], "(--backend bridge")
+        (
+            lambda root, tmp: root / "ckpt",
+            ["--backend", "hooked"],
+            "backend='bridge', --backend bridge",
+        )
     )
 
 
@@ -495,7 +499,7 @@ def test_a_report_without_token_groups_is_written_and_says_why(own_run, tmp_path
     folder = tmp_path / "traj" / "report"
     summary = json.loads((folder / "summary.json").read_text())
     why = summary["not_measured"]
-    assert "--min-distinct" in why["token groups"]
+    assert "min_distinct=" in why["token groups"]  # the library's words; the CLI adds flags
     assert why["discriminative_bias"] == "needs token groups (see 'token groups')"
     assert {"snapping", "attention_entropy", "theory_fit"}.isdisjoint(why)
     assert "snap_step" in summary["summary"][0] and "attention_entropy" in summary["summary"][0]

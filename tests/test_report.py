@@ -20,7 +20,7 @@ from scansnap_lens.lab.synthetic import syn_medium
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.report import write_report
 from scansnap_lens.statistics.groups import TokenGroups
-from scansnap_lens.viz import View, attention_over_checkpoints, query_attention, token_kinds
+from scansnap_lens.viz import View, attention_over_checkpoints, kinds_view, query_attention
 from scansnap_lens.viz.views import default_position, page
 
 
@@ -117,7 +117,7 @@ def test_views_hold_the_recorded_attention(demo_out, tmp_path):
         common={int(prompt[31]): prompt[2:3]},
     )
     assert default_position(traj, groups) == 31
-    codes = token_kinds(traj, groups).props["values"]
+    codes = kinds_view(traj, groups).props["values"]
     expected = torch.zeros(32)
     expected[torch.isin(prompt[:32], prompt[2:3])] = -1
     expected[torch.isin(prompt[:32], prompt[:2])] = 1
@@ -127,7 +127,7 @@ def test_views_hold_the_recorded_attention(demo_out, tmp_path):
     assert torch.equal(multi[:, 0], expected)
     torch.testing.assert_close(multi[:, 1], traj.prompt_pattern[-1, 0, 0, 31, :32])
     with pytest.raises(ValueError, match="token_strings has 3 entries"):
-        token_kinds(traj, groups, token_strings=["a", "b", "c"])
+        kinds_view(traj, groups, token_strings=["a", "b", "c"])
     with pytest.raises(KeyError, match=r"steps \[7\]"):
         attention_over_checkpoints(traj, steps=[7])
 

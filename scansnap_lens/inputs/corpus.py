@@ -74,7 +74,7 @@ class Corpus:
         given = sum(x is not None and x != () and x != [] for x in (paths, dataset, rows))
         if given != 1:
             raise ValueError(
-                "give one corpus: files (text, token or indexed files), a dataset (--dataset),"
+                "give one corpus: files (text, token or indexed files), a dataset (dataset=),"
                 " or rows in memory (rows=)"
             )
         if rows is not None:
@@ -83,7 +83,7 @@ class Corpus:
             return cls("rows", vocab_size=vocab_size or top + 1, rows=rows)
         if dataset is not None:
             if text_column and not tokenizer:
-                raise ValueError("--text-column needs --tokenizer")
+                raise ValueError("text_column= needs tokenizer=")
             tok = load_tokenizer(tokenizer) if text_column else None
             vocab = vocab_size or (None if tok is None else codec(tok).vocab_size)
             name = None if tokenizer is None else str(tokenizer)

@@ -132,5 +132,5 @@ def text_rows(
 
     rows = rows_of(encode(tokenizer, read_documents(path, split)), seq_len, max_rows)
     if rows.shape[0] == 0:
-        raise ValueError(f"{path}: no document has {seq_len} tokens (give a smaller --seq-len)")
+        raise ValueError(f"{path}: no document has {seq_len} tokens (give a smaller seq_len=)")
     return rows

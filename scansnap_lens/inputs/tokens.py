@@ -164,7 +164,7 @@ def load_tokenizer(spec: str | Path):
             raise ValueError(
                 f"{path} is not a tokenizer.json file of the tokenizers library ({err}){hint}:"
                 " give a tokenizer.json (tokenizer.save, scansnap stats writes one), a"
-                " tokenizer folder or a Hugging Face tokenizer name (--tokenizer)"
+                " tokenizer folder or a Hugging Face tokenizer name (tokenizer=)"
             ) from None
     if not path.is_dir() and _names_a_file(str(spec)):  # asking the hub would only wait
         raise FileNotFoundError(f"tokenizer file {spec} does not exist")

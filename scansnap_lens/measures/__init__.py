@@ -46,7 +46,7 @@ _NAMES = {
     "Measure": "catalog",
     "MeasureInputs": "catalog",
     "Plot": "catalog",
-    "by_name": "catalog",
+    "measure_named": "catalog",
     "ROLES": "catalog",
     "columns": "catalog",
     "head_type_measure": "catalog",

@@ -8,7 +8,7 @@ iterate over `MEASURES`; adding a measurement is one module plus one entry here.
 ['snapping', 'discriminative_bias', 'frequency_bias', 'sparsity', 'attention_entropy', \
 'growth_factor', 'growth_bounds', 'theory_fit', 'uncertainty', 'previous_token', \
 'first_token', 'induction']
->>> by_name("growth_bounds").summary  # the columns it gives the one-row-per-head summary
+>>> measure_named("growth_bounds").summary  # the columns it gives the one-row-per-head summary
 ('bound_ratio', 'inside')
 """
 
@@ -29,8 +29,17 @@ from scansnap_lens.measures.uncertainty import UNCERTAINTY_COLUMNS, scan_uncerta
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
-__all__ = ["MEASURES", "ROLES", "Measure", "MeasureInputs", "Plot", "by_name", "columns",
-           "head_type_measure", "measures_of"]  # fmt: skip
+__all__ = [
+    "MEASURES",
+    "ROLES",
+    "Measure",
+    "MeasureInputs",
+    "Plot",
+    "columns",
+    "head_type_measure",
+    "measure_named",
+    "measures_of",
+]  # fmt: skip
 
 # Where a measurement's columns are shown (`Measure.shown`): the page's first table and the
 # command line's summary; the ranked heads table; the maps over [layer, head]; the atlas
@@ -39,7 +48,7 @@ __all__ = ["MEASURES", "ROLES", "Measure", "MeasureInputs", "Plot", "by_name", "
 ROLES = ("key", "heads", "grid", "atlas", "runs", "formed")
 FIRST = ("layer", "head", "scans", "verdict")  # every head table opens with these
 
-NEEDS_SOURCE = "needs the training corpus's statistics (source=, report --stats)"
+NEEDS_SOURCE = "needs the training corpus's statistics (source=, stats=)"
 
 
 @dataclass
@@ -379,7 +388,7 @@ def columns(role: str, entries: Sequence[Measure] = MEASURES) -> list[str]:
     return out
 
 
-def by_name(name: str) -> Measure:
+def measure_named(name: str) -> Measure:
     """The entry of `MEASURES` called `name`."""
     for entry in MEASURES:
         if entry.name == name:

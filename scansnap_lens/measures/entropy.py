@@ -176,7 +176,7 @@ def attention_entropy_estimate(traj: Trajectory) -> Estimate:
 SINGLE_DISTINCT = (
     "every class has a single distinct token, so the entropy over distinct tokens and the top"
     " share are not defined (they would be 0 and 1 by construction): relax the classification"
-    " (lower --purity or --min-support, or --no-guard), track more queries, or count the"
+    " (lower purity= or min_support=, or guard=False), track more queries, or count the"
     " statistics over a larger corpus"
 )
 

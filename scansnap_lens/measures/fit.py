@@ -71,7 +71,7 @@ def _head_training(traj: Trajectory, training: dict | None) -> list[dict]:
         raise ValueError(
             "the trajectory does not say how the model was trained (its meta has no lr_y and"
             " lr_z): pass training={'lr_y': ..., 'lr_z': ..., 'optimizer': ..., 'momentum': ...}"
-            " (report --lr-y, --lr-z, --optimizer, --momentum)"
+            " (lr_y=, lr_z=, optimizer=, momentum=)"
         )
     return found
 

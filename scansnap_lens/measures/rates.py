@@ -71,7 +71,7 @@ def training_of(traj: Trajectory, training: dict | None = None) -> list[dict] | 
             warnings.warn(
                 f"the trajectory's meta holds {typed} but not lr_y and lr_z (the paper's eta_Y,"
                 " eta_Z), so the theory gives no prediction: record with those keys, or pass"
-                " training={'lr_y': ..., 'lr_z': ...} (report --lr-y, --lr-z)",
+                " training={'lr_y': ..., 'lr_z': ...} (lr_y=, lr_z=)",
                 stacklevel=3,
             )
         return None
@@ -120,7 +120,7 @@ def theory_limits(traj: Trajectory, training: dict | None = None) -> list[str]:
     settings = training_of(traj, training) if training is not None or traj.meta else None
     if not settings:
         return ["The training's rates are not known: no predicted snap and no population"
-                " dynamics (give them: report --lr-y, --lr-z, --optimizer)."]  # fmt: skip
+                " dynamics (give them: lr_y=, lr_z=, optimizer=)."]  # fmt: skip
     said = []
     if any(s["optimizer"] == "adam" for s in settings):
         said.append(

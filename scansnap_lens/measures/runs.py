@@ -233,12 +233,12 @@ def check_same_runs(trajs: Mapping[str, Trajectory]) -> None:
                 raise ValueError(
                     f"runs {first_name!r} and {name!r} differ in their {what} ({ours} and"
                     f" {theirs}): compare runs recorded with the same plan and heads (the same"
-                    " evaluation tokens, --stats, --queries, --layers and --heads)"
+                    " evaluation tokens, stats=, queries=, layers= and heads=)"
                 )
         if not torch.equal(base.queries, plan.queries):
             raise ValueError(
                 f"runs {first_name!r} and {name!r} track different queries: compare runs"
-                " recorded with the same plan (the same evaluation tokens, --stats and --queries)"
+                " recorded with the same plan (the same evaluation tokens, stats= and queries=)"
             )
 
 

@@ -123,7 +123,7 @@ def resolve_backend(backend: str | None) -> str:
     if backend == "hooked" and tl_major() >= 4:
         raise BackendError(
             f"backend 'hooked' needs HookedTransformer, which transformer-lens {tl_version()}"
-            " no longer has: use backend 'bridge' (--backend bridge; the default on 4.x), or"
+            " no longer has: use backend='bridge' (the default on 4.x), or"
             " install"
             " transformer-lens 3.x"
         )

@@ -238,7 +238,7 @@ def folder(
     if backend == "hooked" and any(p.is_dir() and formats.is_hf_folder(p) for p in found.values()):
         raise BackendError(
             f"{path} holds Hugging Face checkpoints, which load through TransformerBridge:"
-            " use backend 'bridge' (--backend bridge)"
+            " use backend='bridge'"
         )
     fields = None
     if model_factory is None:

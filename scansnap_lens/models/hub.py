@@ -196,7 +196,7 @@ def load_labelled(
     if load_kwargs and (backend != "hooked" or kind == "legacy-tl"):
         raise ValueError(
             f"load options {sorted(load_kwargs)} go to HookedTransformer.from_pretrained, which"
-            " this checkpoint does not load through (backend 'hooked' or --backend hooked,"
+            " this checkpoint does not load through (backend='hooked',"
             " Pythia or stanford-crfm)"
         )
     if kind == "legacy-tl":

@@ -59,7 +59,7 @@ _NAMES = {
     "repeated_random_rows": "aggregates",
     "Gathered": "aggregates",
     "AXES": "aggregates",
-    "by_name": "aggregates",
+    "aggregate_named": "aggregates",
     "RecordPlan": "plan",
     "Recorder": "recorder",
     "RecordingLock": "storage",

@@ -59,7 +59,7 @@ __all__ = [
     "Aggregate",
     "CheckpointRecord",
     "Gathered",
-    "by_name",
+    "aggregate_named",
     "earlier_copies",
     "first_token_positions",
     "induction_positions",
@@ -407,7 +407,7 @@ HEAD_TYPES = ("previous_token", "first_token", "induction")  # the field's head 
 V1 = tuple(a for a in AGGREGATES if not a.optional)  # what every folder holds
 
 
-def by_name(name: str) -> Aggregate:
+def aggregate_named(name: str) -> Aggregate:
     """The entry of `AGGREGATES` called `name`."""
     if name not in _BY_NAME:
         raise KeyError(f"no aggregate {name!r}: {[a.name for a in AGGREGATES]}")
@@ -419,7 +419,7 @@ def resolve(aggregates: Sequence[Aggregate | str] | None) -> tuple[Aggregate, ..
     given twice or a key that two share."""
     if aggregates is None:
         return DEFAULT
-    out = tuple(a if isinstance(a, Aggregate) else by_name(a) for a in aggregates)
+    out = tuple(a if isinstance(a, Aggregate) else aggregate_named(a) for a in aggregates)
     for what in ("name", "key"):
         seen = [getattr(a, what) for a in out]
         twice = sorted({v for v in seen if seen.count(v) > 1})

@@ -598,7 +598,7 @@ def watched(model, layers=None, heads=None) -> tuple[list[int], list[int]]:
         if bad or not values:
             raise ValueError(
                 f"{name}s {bad or values} out of range: the model has {n} {name}s, 0 to {n - 1}"
-                " (layers=, heads=, --layers, --heads)"
+                " (layers=, heads=)"
             )
     return layers, heads
 

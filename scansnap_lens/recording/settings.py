@@ -60,8 +60,7 @@ class RecordingSettings:
         " whole row)",
     )  # fmt: skip
     exclude_bos: bool = _setting(
-        False, TRACKED, "keep position 0 out of context (as the statistics must: stats"
-        " --exclude-bos)",
+        False, TRACKED, "keep position 0 out of context (as the statistics must have been counted)",
     )  # fmt: skip
     tokenizer: Any = _setting(
         None, TRACKED, "tokenizer.json, a hub name or a tokenizer: the plan's token strings"

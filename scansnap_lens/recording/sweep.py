@@ -87,12 +87,12 @@ class SweepCache:
         if _same_or_inside(folder, hub.cache_dir()):
             raise ValueError(
                 f"{folder} is (or holds, or is inside) your hub cache {hub.cache_dir()}: the"
-                " sweep downloads into a folder of its own (download_dir, --download-dir)"
+                " sweep downloads into a folder of its own (download_dir=)"
             )
         if folder.exists() and not mark.is_file() and any(folder.iterdir()):
             raise ValueError(
                 f"{folder} holds files the sweep did not put there: name an empty or new folder"
-                " for its downloads (download_dir, --download-dir); it deletes what it downloads"
+                " for its downloads (download_dir=); it deletes what it downloads"
             )
         make_folder(folder)
         if not mark.is_file():
@@ -107,7 +107,7 @@ class SweepCache:
                 self._handle = None
                 raise ValueError(
                     f"{folder} is the download folder of a sweep running now: give this one"
-                    " another (download_dir, --download-dir), or wait for it"
+                    " another (download_dir=), or wait for it"
                 ) from None
         return self
 
@@ -238,7 +238,7 @@ class HubRevisions:
         )
 
     def _too_small(self, revision: str, one: int, held: int, free: int, target: Path) -> str:
-        how = "(keep_checkpoints keeps every one)" if self.keep else "at once (on_disk, --on-disk)"
+        how = "(keep_checkpoints keeps every one)" if self.keep else "at once (on_disk=)"
         start = (
             f"{self.name}: a revision is {size_text(one)} ({revision}), and {held} on disk"
             f" {how} need {size_text(held * one)}; the disk of {target} has {size_text(free)}"
@@ -247,14 +247,11 @@ class HubRevisions:
         if self.keep:
             return (
                 f"{start} free space, point HF_HUB_CACHE at a larger disk, or record without"
-                f" keep_checkpoints (--keep-checkpoints): then at most {self.on_disk} on disk at"
+                f" keep_checkpoints=True: then at most {self.on_disk} on disk at"
                 f" once, {size_text(self.on_disk * one)}"
             )
-        fewer = " keep fewer on disk (on_disk=1, --on-disk 1)," if self.on_disk > 1 else ""
-        return (
-            f"{start} free space,{fewer} or put the downloads on a larger disk (download_dir,"
-            " --download-dir)"
-        )
+        fewer = " keep one on disk at a time (on_disk=)," if self.on_disk > 1 else ""
+        return f"{start} free space,{fewer} or put the downloads on a larger disk (download_dir=)"
 
     def fetch(self, checkpoint: Checkpoint) -> None:
         revision = checkpoint.revision

@@ -15,7 +15,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from scansnap_lens.recording.aggregates import AGGREGATES, Aggregate, CheckpointRecord, by_name
+from scansnap_lens.recording.aggregates import (
+    AGGREGATES,
+    Aggregate,
+    CheckpointRecord,
+    aggregate_named,
+)
 from scansnap_lens.recording.plan import RecordPlan
 from scansnap_lens.recording.storage import (
     StepStack,
@@ -78,7 +83,7 @@ class Trajectory:
         aggregates = dict(aggregates or {})
         for name in values:
             if name not in aggregates:
-                aggregates[name] = by_name(name)  # KeyError for an unknown name
+                aggregates[name] = aggregate_named(name)  # KeyError for an unknown name
         self.values = dict(values)
         self.aggregates = {name: aggregates[name] for name in values}
         self.rows = {n: (rows or {}).get(n, "evaluation rows") for n, a in

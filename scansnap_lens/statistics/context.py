@@ -53,7 +53,7 @@ class Context:
             return (
                 f"the statistics {counted} context and the recording {kept} (exclude_bos"
                 f" {self.exclude_bos} there, {recorded.exclude_bos} here): count and record"
-                " with the same exclude_bos (scansnap stats / record --exclude-bos)"
+                " with the same exclude_bos (exclude_bos=)"
             )
         return None
 

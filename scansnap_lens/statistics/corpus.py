@@ -272,7 +272,7 @@ class CooccurrenceStats:
         if self.count.numel() and not keep.any():
             raise ValueError(
                 f"min_count {min_count} prunes every co-occurrence (the most frequent is counted"
-                f" {int(self.count.max())} times): give a smaller min_count (--min-count)"
+                f" {int(self.count.max())} times): give a smaller min_count="
             )
         per_class = torch.zeros(self.num_classes, dtype=torch.long).index_add_(
             0, self.triple_class, keep.long()
@@ -629,8 +629,7 @@ def count_corpus(
             vocab_size = corpus.batches()[1]
         if vocab_size is None:
             raise ValueError(
-                "counting a dataset of token ids in parts needs its vocabulary size"
-                " (vocab_size=, --vocab-size)"
+                "counting a dataset of token ids in parts needs its vocabulary size (vocab_size=)"
             )
         stats = execute(corpus.shards(shards), vocab_size, **options)
     stats.tokenizer = corpus.tokenizer_name

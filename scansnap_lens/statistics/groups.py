@@ -51,7 +51,7 @@ class Classification:
 
     def __post_init__(self):
         if self.scope not in ("local", "global"):
-            raise ValueError(f"scope must be 'local' or 'global' (--scope), got {self.scope!r}")
+            raise ValueError(f"scope must be 'local' or 'global' (scope=), got {self.scope!r}")
         for name in ("min_support", "min_events"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -63,10 +63,10 @@ class Classification:
             or (self.min_distinct < 0)
         ):
             raise ValueError(
-                f"min_distinct must be an integer >= 0 (--min-distinct), got {self.min_distinct!r}"
+                f"min_distinct must be an integer >= 0 (min_distinct=), got {self.min_distinct!r}"
             )
         if not 0.0 < self.purity <= 1.0:
-            raise ValueError(f"purity must lie in (0, 1] (--purity), got {self.purity!r}")
+            raise ValueError(f"purity must lie in (0, 1] (purity=), got {self.purity!r}")
         if not 0.0 < self.alpha < 1.0:
             raise ValueError(f"alpha must lie in (0, 1), got {self.alpha!r}")
 
@@ -102,14 +102,14 @@ def _empty_filter_message(counts: list[tuple[str, int]]) -> str:
     first_zero = next(what for what, n in counts if n == 0)
     if "distinct" in first_zero:
         advice = (
-            "no tracked class has enough distinct tokens: lower min_distinct (--min-distinct),"
-            " or relax the classification (lower purity / min_support, --purity, --min-support,"
-            " or no binomial guard, --no-guard), or count statistics over a larger corpus"
+            "no tracked class has enough distinct tokens: lower min_distinct=, or relax the"
+            " classification (lower purity= or min_support=, or no binomial guard,"
+            " guard=False), or count statistics over a larger corpus"
         )
     elif "tracked query" in first_zero:
         advice = (
             "the trajectory's queries do not occur as queries in the statistics: count the"
-            " statistics on the same tokenizer and without a --queries restriction that"
+            " statistics on the same tokenizer and without a queries= restriction that"
             " excludes them"
         )
     elif "events" in first_zero:
@@ -135,7 +135,7 @@ def check_vocabulary(stats_vocab: int, plan) -> None:
         raise ValueError(
             f"vocabulary mismatch: the trajectory tracks token id {top}, beyond the"
             f" statistics' {stats_vocab} tokens: count the statistics with the model's"
-            " tokenizer (or give stats --vocab-size)"
+            " tokenizer (or give vocab_size=)"
         )
 
 
@@ -250,7 +250,7 @@ class TokenGroups:
         if stats.num_triples == 0:
             raise ValueError(
                 "the statistics hold no co-occurrence (C(m, n, l) is empty): count them on a"
-                " larger corpus, or with a smaller min_count (--min-count)"
+                " larger corpus, or with a smaller min_count="
             )
         frame = stats.classes()
         keep = frame["events"] >= min_events

@@ -28,9 +28,9 @@ from scansnap_lens.viz.figures import (
 from scansnap_lens.viz.views import (
     View,
     attention_over_checkpoints,
+    kinds_view,
     page,
     query_attention,
-    token_kinds,
 )
 
 
@@ -53,6 +53,7 @@ _show_figures_inline()
 __all__ = [
     "View",
     "attention_over_checkpoints",
+    "kinds_view",
     "page",
     "plot_attention_heatmap",
     "plot_attention_maps",
@@ -68,5 +69,4 @@ __all__ = [
     "plot_runs_maps",
     "plot_theory_fit",
     "query_attention",
-    "token_kinds",
 ]

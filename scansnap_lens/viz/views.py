@@ -31,14 +31,14 @@ __all__ = [
     "View",
     "attention_over_checkpoints",
     "default_position",
+    "kinds_view",
     "page",
     "prompt_pattern",
     "query_attention",
     "spread_steps",
-    "token_kinds",
 ]
 
-# The colour scale of `token_kinds` runs from common (-1) to distinct (+1): each
+# The colour scale of `kinds_view` runs from common (-1) to distinct (+1): each
 # `TokenKind`'s place on it (the labels themselves are the kinds').
 SCALE = {TokenKind.DISTINCT: 1.0, TokenKind.COMMON: -1.0, TokenKind.UNDETERMINED: 0.0}
 DISTINCT_CODE, COMMON_CODE = SCALE[TokenKind.DISTINCT], SCALE[TokenKind.COMMON]
@@ -249,7 +249,7 @@ def default_position(traj: Trajectory, groups: TokenGroups) -> int:
     raise ValueError("the example prompt holds none of the queries of these token groups")
 
 
-def token_kinds(
+def kinds_view(
     traj: Trajectory,
     groups: TokenGroups,
     position: int | None = None,

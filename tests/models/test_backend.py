@@ -24,7 +24,7 @@ from scansnap_lens.testing import tiny_hf_model
 @requires_tl4
 def test_hooked_backend_on_4x_is_a_clear_error():
     """4.x has no HookedTransformer: asking for it says what to use instead."""
-    with pytest.raises(BackendError, match=r"backend 'hooked'.*4\.\d.*use backend 'bridge'"):
+    with pytest.raises(BackendError, match=r"backend 'hooked'.*4\.\d.*use backend='bridge'"):
         checkpoints.pretrained("EleutherAI/pythia-14m", steps=[0], backend="hooked")
     assert default_backend() == "bridge"
 

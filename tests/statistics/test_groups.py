@@ -73,8 +73,8 @@ def test_one_classification_with_its_defaults_refusing_bad_settings():
     groups = TokenGroups.from_statistics(stats, guard=False)
     assert groups.settings == Classification(guard=False)
     assert Classification.from_dict(groups.settings.to_dict()) == groups.settings
-    for bad, match in [({"purity": 0.0}, "--purity"), ({"scope": "both"}, "--scope"),
-                       ({"min_support": 0}, "--min-support"), ({"min_distinct": -1}, "--min-dist"),
+    for bad, match in [({"purity": 0.0}, "purity="), ({"scope": "both"}, "scope="),
+                       ({"min_support": 0}, "min_support"), ({"min_distinct": -1}, "min_distinct="),
                        ({"pureness": 1.0}, "unknown classification settings")]:  # fmt: skip
         with pytest.raises(ValueError, match=match):
             Classification().replace(**bad)
