@@ -145,7 +145,6 @@ class HubRevisions:
         self.folder: Path | None = None  # the sweep's own cache (also in a Ray worker's copy)
         self.infos: dict[str, hub.RevisionInfo] = {}  # revision -> what the hub lists
         self.held: dict[str, Path] = {}  # revision -> a snapshot in your cache, read only
-        self._pending: list[str] = []  # released revisions, deleted by the fetching thread
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- what the hub lists
@@ -257,8 +256,6 @@ class HubRevisions:
         revision = checkpoint.revision
         if revision is None:
             return
-        if self.folder is not None:
-            self._delete_pending()
         found = self.held.get(revision) or self._ours(revision)
         if found is not None:
             checkpoint.path = found
@@ -277,26 +274,22 @@ class HubRevisions:
         checkpoint.path = hub.fetch_revision(self.name, revision, files, cache=target)
 
     def release(self, checkpoint: Checkpoint) -> None:
+        """Delete `checkpoint`'s revision from the sweep's cache (it is recorded), keeping the
+        blobs another revision of the sweep lists (revisions share blobs, the same
+        config.json, which a download running now may be linking to) and a snapshot another
+        revision resolves to (the same commit); those go with the cache at the end."""
         revision, checkpoint.path = checkpoint.revision, None
         if revision is None or self.keep or self.folder is None or revision in self.held:
             return
         with self._lock:
-            self._pending.append(revision)
-
-    def _delete_pending(self) -> None:
-        """Delete the revisions released so far, keeping the blobs another revision of the
-        sweep lists (revisions share blobs, the same config.json, and one deleted while a
-        download links to it would leave that snapshot a dangling link)."""
-        with self._lock:
-            pending, self._pending = self._pending, []
-        for revision in pending:
-            shared = {i for other, info in self.infos.items() if other != revision
-                      for i in info.ids.values()}  # fmt: skip
-            hub.delete_snapshot(self.folder, self.name, revision, keep=shared)
+            others = [info for other, info in self.infos.items() if other != revision]
+            commit = getattr(self.infos.get(revision), "commit", None)
+        if commit is not None and any(info.commit == commit for info in others):
+            return
+        shared = {i for info in others for i in info.ids.values()}
+        hub.delete_snapshot(self.folder, self.name, revision, keep=shared)
 
     def close(self) -> None:
-        if self.folder is not None:
-            self._delete_pending()
         if self.cache is not None:
             self.cache.close()
 
@@ -306,7 +299,7 @@ class HubRevisions:
         into the same folder, each deleting its own revision once recorded but no blob that
         another revision of the sweep lists (a config.json they share, which another
         worker's download may be linking to); those go with the folder at the end."""
-        return {**self.__dict__, "cache": None, "_lock": None, "_pending": []}
+        return {**self.__dict__, "cache": None, "_lock": None}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _lock=threading.Lock())
