@@ -118,23 +118,10 @@ _NAMES = {
     "theory_limits": "rates",
     "training_of": "rates",
 }
-_MODULES = {
-    "catalog",
-    "discriminative",
-    "entropy",
-    "fit",
-    "frequency",
-    "growth",
-    "heads",
-    "head_types",
-    "measurement",
-    "rates",
-    "resampling",
-    "runs",
-    "snap",
-    "summary",
-    "uncertainty",
-}
+_MODULES = set(
+    "catalog discriminative entropy fit frequency growth heads head_types measurement "
+    "rates resampling runs snap summary uncertainty".split()
+)
 
 __all__ = sorted(set(_NAMES) | _MODULES)
 __getattr__, __dir__ = exports(__name__, _NAMES, _MODULES)

@@ -74,9 +74,7 @@ class ClassTokens:
         return cls(groups.query[ks], groups.next_token[ks], groups.events[ks].double(), unit,
                    slot, p, segment_starts(unit, ks.numel()))  # fmt: skip
 
-    @property
-    def num_classes(self) -> int:
-        return self.query.numel()
+    num_classes = property(lambda self: self.query.numel())  # K
 
     @property
     def sizes(self) -> Tensor:

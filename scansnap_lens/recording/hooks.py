@@ -277,7 +277,6 @@ class _HookAggregator:
         if self.plan.common_per_query is not None:  # tokens a class does not keep
             kept = triple_slot >= 0
             c_hat_pairs, triple_slot = c_hat_pairs[kept], triple_slot[kept]
-        all_tracked = c_hat_pairs.numel() == cls_p.numel()
         return _Batch(
             flat=base,
             n_ctx=n_ctx,
@@ -289,7 +288,7 @@ class _HookAggregator:
             zbar_pairs=zbar_pairs,
             c_hat_pairs=c_hat_pairs,
             triple_slot=triple_slot,
-            all_tracked=all_tracked,
+            all_tracked=c_hat_pairs.numel() == cls_p.numel(),
             event_query=qslot[b_e, t_e],
             event_class=event_class,
             tracked_events=torch.nonzero(tracked, as_tuple=True)[0],

@@ -173,21 +173,11 @@ class RecordPlan:
         )
         return sub, {"pairs": z, "triples": t, "classes": c, "queries": q}
 
-    @property
-    def num_queries(self) -> int:
-        return self.queries.numel()
-
-    @property
-    def num_classes(self) -> int:
-        return self.class_query.numel()
-
-    @property
-    def num_pairs(self) -> int:
-        return self.pair_query.numel()
-
-    @property
-    def num_triples(self) -> int:
-        return self.triple_class.numel()
+    # the sizes of the plan's axes: Q queries, C classes, zbar pairs, c_hat triples
+    num_queries = property(lambda self: self.queries.numel())
+    num_classes = property(lambda self: self.class_query.numel())
+    num_pairs = property(lambda self: self.pair_query.numel())
+    num_triples = property(lambda self: self.triple_class.numel())
 
     @property
     def num_slots(self) -> int:
