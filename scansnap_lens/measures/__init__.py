@@ -49,7 +49,6 @@ _NAMES = {
     "measure_named": "catalog",
     "ROLES": "catalog",
     "columns": "catalog",
-    "head_type_measure": "catalog",
     "measures_of": "catalog",
     "VERDICTS": "uncertainty",
     "scan_uncertainty": "uncertainty",

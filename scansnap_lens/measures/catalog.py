@@ -29,17 +29,8 @@ from scansnap_lens.measures.uncertainty import UNCERTAINTY_COLUMNS, scan_uncerta
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
-__all__ = [
-    "MEASURES",
-    "ROLES",
-    "Measure",
-    "MeasureInputs",
-    "Plot",
-    "columns",
-    "head_type_measure",
-    "measure_named",
-    "measures_of",
-]  # fmt: skip
+__all__ = ["MEASURES", "ROLES", "Measure", "MeasureInputs", "Plot", "columns", "measure_named",
+           "measures_of"]  # fmt: skip
 
 # Where a measurement's columns are shown (`Measure.shown`): the page's first table and the
 # command line's summary; the ranked heads table; the maps over [layer, head]; the atlas
@@ -305,7 +296,7 @@ MEASURES: tuple[Measure, ...] = (
 )
 
 
-def head_type_measure(name: str, title: str, caption: str, explains: str) -> Measure:
+def _head_type(name: str, title: str, caption: str, explains: str) -> Measure:
     """The entry of one head type (`head_types.head_type` of a rows aggregate): its score
     with the interval over rows, and its formation step, beside the snap step."""
     columns = ("", "_lo", "_hi", "_rise_p", "_step", "_step_lo", "_step_hi", "_reason")
@@ -330,7 +321,7 @@ def head_type_measure(name: str, title: str, caption: str, explains: str) -> Mea
 
 
 MEASURES += (
-    head_type_measure(
+    _head_type(
         "previous_token",
         "previous-token score",
         "Previous-token heads: attention on the previous position, A[q, q-1], a line per head",
@@ -338,14 +329,14 @@ MEASURES += (
         " averaged over positions and then over evaluation rows (the rows are the units of"
         " its 95&nbsp;% interval <b>_lo</b>, <b>_hi</b>); near 1 is a previous-token head.",
     ),
-    head_type_measure(
+    _head_type(
         "first_token",
         "first-token (sink) score",
         "Attention sinks: attention on position 0, a line per head",
         "<b>first_token</b>: the attention weight on position 0 (the sink a head parks its"
         " attention on when it has nothing to do), averaged as previous_token.",
     ),
-    head_type_measure(
+    _head_type(
         "induction",
         "induction score",
         "Induction heads: attention on the token after an earlier occurrence of the current"
@@ -364,7 +355,7 @@ def measures_of(traj: Trajectory) -> tuple[Measure, ...]:
     comparison then shows like the built-in ones."""
     known = {m.name for m in MEASURES}
     own = tuple(
-        head_type_measure(name, f"{name} score", f"{agg.doc or name}, a line per head",
+        _head_type(name, f"{name} score", f"{agg.doc or name}, a line per head",
                           f"<b>{name}</b>: {agg.doc or 'a head type of your own'}.")
         for name, agg in traj.aggregates.items()
         if agg.axis == "rows" and name not in known

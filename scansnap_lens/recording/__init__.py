@@ -23,7 +23,6 @@ _NAMES = {
     "ON_DISK": "settings",
     "RecordingSettings": "settings",
     "RecordingRun": "recorder",
-    "recordable": "recorder",
     "TrajectoryFolder": "storage",
     "Ahead": "sweep",
     "DiskError": "sweep",

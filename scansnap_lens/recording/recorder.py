@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from scansnap_lens.models.backend import HookedModel
     from scansnap_lens.statistics.corpus import CooccurrenceStats
 
-__all__ = ["Recorder", "RecordingRun", "record_trajectory", "recordable", "trainer_callback"]
+__all__ = ["Recorder", "RecordingRun", "record_trajectory", "trainer_callback"]
 
 # the meta a Trainer's trainer_state.json gives (`formats.trainer_training`)
 TRAINER_KEYS = {"lr_y", "lr_z", "optimizer", "momentum", "lr_schedule", "training_from"}
@@ -112,7 +112,7 @@ class RecordingRun:
         checkpoint `step` (None where the folder has it already)."""
         if int(step) in writer.done:
             return None
-        model = recordable(model)
+        model = _recordable(model)
         self.check(model, step, where)
         s = self.settings
         record = record_checkpoint(
@@ -434,7 +434,7 @@ class Recorder:
         with torch.random.fork_rng(devices=devices):
             if int(step) in self.done:
                 return None
-            model = recordable(model)
+            model = _recordable(model)
             return self._run_for(model).record_model(step, model, self._writer, self._on_batch)
 
     def record(self, source: CheckpointSource, execute=None) -> Trajectory:
@@ -499,7 +499,7 @@ class Recorder:
         model = checkpoint.load()
         if self.settings.device is not None:
             model.to(self.settings.device)
-        model = recordable(model)
+        model = _recordable(model)
         self._run_for(model).record_model(checkpoint.step, model, self._writer, self._on_batch,
                                           checkpoint.source)  # fmt: skip
 
@@ -621,7 +621,7 @@ def _folder_aggregates(out: Path, manifest: dict) -> tuple[Aggregate, ...]:
     return tuple(found)
 
 
-def recordable(model: HookedModel | torch.nn.Module) -> HookedModel:
+def _recordable(model: HookedModel | torch.nn.Module) -> HookedModel:
     """`model` as the recorder hooks it: a Hugging Face model becomes a bridge around a copy."""
     return hf_bridge(copy.deepcopy(model).eval()) if is_hf_model(model) else model
 
