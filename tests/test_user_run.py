@@ -51,7 +51,8 @@ def test_the_report_of_a_users_run_is_written_and_names_what_it_could_not_measur
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["title"] == f"scansnap_lens: {user_run / 'ckpt'}"  # not the meta dict
     why = summary["not_measured"]
-    assert "--no-guard" in why["token groups"] and "--min-distinct" in why["token groups"]
+    assert "guard=False" in why["token groups"] and "min_distinct=" in why["token groups"]
+    assert "guard=False, --no-guard" in out and "min_distinct=, --min-distinct" in out  # CLI
     assert why["discriminative_bias"] == "needs token groups (see 'token groups')"
     rows = summary["summary"]
     assert len(rows) == 2 and all(r["attention_entropy"] > 0 for r in rows)
