@@ -184,7 +184,7 @@ def main() -> None:
     torch.set_num_threads(1)  # many small problems: threads only contend
     null_rates(reps, heads=48, queries=30)
     coverage(reps)
-    power(max(reps // 4, 10), queries=100)
+    power(max(reps // 4, min(reps, 10)), queries=100)  # 10 at least, unless asked for fewer
     head_types(reps)
 
 

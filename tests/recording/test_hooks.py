@@ -104,14 +104,9 @@ def test_a_batch_without_a_tracked_query_adds_nothing():
     assert_matches(rec, plan, ref, range(2), range(3))
 
 
-@requires_hooked  # on 4.x the native bridge is such a model, tested above
-def test_pattern_in_scores_hook_is_detected_and_scores_rebuilt():
-    """A HookedTransformer made to show the softmax pattern at hook_attn_scores."""
-    model = tiny_model(backend="hooked")
-    tokens = torch.randint(0, V, (3, 10), generator=torch.Generator().manual_seed(3))
-    plan = plan_recording(tokens, V)
-    want = record_checkpoint(model, tokens, plan, progress=False)
-    tol = brute_force(model, tokens)[-1]
+def _show_pattern_at_scores(model, layers=2) -> None:
+    """Make a HookedTransformer fire the softmax pattern at hook_attn_scores (as some bridges
+    do) while its pattern stays the model's own."""
     stash = {}
 
     def scores_to_pattern(scores, hook):
@@ -121,9 +116,20 @@ def test_pattern_in_scores_hook_is_detected_and_scores_rebuilt():
     def restore_pattern(pattern, hook):
         return stash[hook.name.replace("hook_pattern", "hook_attn_scores")]
 
-    for layer in range(2):
+    for layer in range(layers):
         model.add_perma_hook(f"blocks.{layer}.attn.hook_attn_scores", scores_to_pattern)
         model.add_perma_hook(f"blocks.{layer}.attn.hook_pattern", restore_pattern)
+
+
+@requires_hooked  # on 4.x the native bridge is such a model, tested above
+def test_pattern_in_scores_hook_is_detected_and_scores_rebuilt():
+    """A HookedTransformer made to show the softmax pattern at hook_attn_scores."""
+    model = tiny_model(backend="hooked")
+    tokens = torch.randint(0, V, (3, 10), generator=torch.Generator().manual_seed(3))
+    plan = plan_recording(tokens, V)
+    want = record_checkpoint(model, tokens, plan, progress=False)
+    tol = brute_force(model, tokens)[-1]
+    _show_pattern_at_scores(model)
     _, cache = model.run_with_cache(tokens)
     assert _looks_like_pattern(cache["blocks.0.attn.hook_attn_scores"])
     got = record_checkpoint(model, tokens, plan, progress=False)
@@ -234,18 +240,7 @@ def test_grouped_query_attention_on_the_rebuilt_scores_equals_brute_force(backen
     plan = plan_recording(tokens, V)
     ref = brute_force(model, tokens)  # the true scores, before any hook changes them
     if backend == "hooked":
-        stash = {}
-
-        def scores_to_pattern(scores, hook):
-            stash[hook.name] = torch.softmax(scores, -1)
-            return stash[hook.name]
-
-        def restore_pattern(pattern, hook):
-            return stash[hook.name.replace("hook_pattern", "hook_attn_scores")]
-
-        for layer in range(2):
-            model.add_perma_hook(f"blocks.{layer}.attn.hook_attn_scores", scores_to_pattern)
-            model.add_perma_hook(f"blocks.{layer}.attn.hook_pattern", restore_pattern)
+        _show_pattern_at_scores(model)
     _, cache = model.run_with_cache(tokens)
     assert _looks_like_pattern(cache["blocks.0.attn.hook_attn_scores"])  # the q/k path
     assert cache["blocks.0.attn.hook_k"].shape[2] == 2  # keys of 2 heads reach the hook
