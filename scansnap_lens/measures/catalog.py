@@ -14,6 +14,7 @@ iterate over `MEASURES`; adding a measurement is one module plus one entry here.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -356,7 +357,7 @@ def measures_of(traj: Trajectory) -> tuple[Measure, ...]:
     known = {m.name for m in MEASURES}
     own = tuple(
         _head_type(name, f"{name} score", f"{agg.doc or name}, a line per head",
-                          f"<b>{name}</b>: {agg.doc or 'a head type of your own'}.")
+                   f"<b>{name}</b>: {html.escape(agg.doc or 'a head type of your own')}.")
         for name, agg in traj.aggregates.items()
         if agg.axis == "rows" and name not in known
     )  # fmt: skip

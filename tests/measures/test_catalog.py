@@ -23,8 +23,8 @@ def two_back(x):  # every q >= 2 reads A[q, q - 2]
     return torch.arange(B).repeat_interleave(T - 2), q.repeat(B), (q - 2).repeat(B)
 
 
-TWO_BACK = Aggregate("two_back", axis="rows", positions=two_back,
-                     doc="attention weight on the position two back")  # fmt: skip
+DOC = "attention weight on the position two back <script>x</script>"
+TWO_BACK = Aggregate("two_back", axis="rows", positions=two_back, doc=DOC)
 
 
 def _run(tmp_path, name: str, seed: int):
@@ -52,7 +52,9 @@ def test_a_head_type_of_your_own_is_shown_wherever_the_built_in_ones_are(tmp_pat
     for section, column in (("Summary", "two_back_step"), ("Head atlas", "two_back")):
         table = re.search(rf"<h2>{section}.*?(<table.*?</table>)", page, re.S).group(1)
         assert column in re.findall(r"<th>(.*?)</th>", table), section
-    assert "<b>two_back</b>: attention weight on the position two back" in page
+    # its doc, text of the user's (or of a manifest someone else wrote), is escaped once
+    doc = "attention weight on the position two back &lt;script&gt;x&lt;/script&gt;"
+    assert f"<b>two_back</b>: {doc}" in page and "<script>x" not in page
     assert report.files["figure_two_back"].exists() and report.files["figure_heads"].exists()
     assert "two_back" in atlas(report.summary, entries)
     comparison = measure_runs({"a": a, "b": b}, None)
