@@ -774,11 +774,26 @@ class _Interrupts:
     KeyboardInterrupt, and must still read as an interrupt."""
 
     seen = False
+    # torch's import calls back into Python from C++ (pybind11): an exception raised there
+    # aborts the process (SIGABRT), so while it loads, Ctrl-C is noted and raised after
+    deferred = False
 
     @classmethod
     def handler(cls, signum, frame):
         cls.seen = True
-        raise KeyboardInterrupt
+        if not cls.deferred:
+            raise KeyboardInterrupt
+
+    @classmethod
+    def load_libraries(cls) -> None:
+        """Import torch with Ctrl-C held until it is in (then raised)."""
+        cls.deferred = True
+        try:
+            import torch  # noqa: F401
+        finally:
+            cls.deferred = False
+        if cls.seen:
+            raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -808,6 +823,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    _Interrupts.load_libraries()
     args = build_parser().parse_args(argv)
     from scansnap_lens.models.backend import BackendError
     from scansnap_lens.models.checkpoints import CheckpointError
