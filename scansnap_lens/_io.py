@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
@@ -53,6 +56,26 @@ def make_folder(path: str | Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     refuse_link(path)  # made between the check and the mkdir
     return path
+
+
+@contextmanager
+def staged_folder(out: str | Path) -> Iterator[Path]:
+    """A hidden folder beside `out` to fill in its place: once the block ends without an
+    error, each file in it moves into `out` (a rename, replacing its namesake and no other
+    file of `out`); on any error or Ctrl-C it is removed and `out` stays as it was."""
+    out = Path(out)
+    make_folder(out.parent)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        yield stage
+        for path in sorted(p for p in stage.rglob("*") if p.is_file()):
+            target = out / path.relative_to(stage)
+            make_folder(target.parent)
+            refuse_link(target)
+            os.replace(path, target)
+        _fsync(out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def open_lock(path: str | Path):

@@ -122,13 +122,17 @@ def _eval_tokens(args: argparse.Namespace):
                 " (cut them when you write it: scansnap tokens --seq-len)"
             )
         tokens = read_tokens(args.tokens)
-        return tokens[: args.max_rows] if args.max_rows else tokens
+        rows = MAX_ROWS if args.max_rows is None else args.max_rows or len(tokens)
+        if rows < len(tokens):
+            print(f"rows: the first {rows:,} of {len(tokens):,} in {args.tokens}"
+                  " (--max-rows N or all for more)", file=sys.stderr)  # fmt: skip
+        return tokens[:rows]
     spec = args.tokenizer or args.model
     if not spec:
         raise ValueError("--text needs --tokenizer (a tokenizer.json or a hub name)")
     tokenizer = load_tokenizer(spec)
     seq_len = SEQ_LEN if args.seq_len is None else args.seq_len
-    rows = MAX_ROWS if args.max_rows is None else args.max_rows
+    rows = MAX_ROWS if args.max_rows is None else args.max_rows or None
     return text_rows(args.text, tokenizer, seq_len, args.documents, rows)
 
 
@@ -244,7 +248,8 @@ def _report(args: argparse.Namespace) -> int:
     (name, traj), stats = next(iter(trajs.items())), stats_of[0]
     report = write_report(
         traj, groups[name], out, title=args.title, source=stats, training=training,
-        groups_reason=why.get(name), classification=settings,
+        groups_reason=why.get(name), classification=settings, theory=args.theory,
+        theory_classes=args.theory_classes or None,
     )  # fmt: skip
     _print_summary(report.summary, traj)
     for what, reason in report.not_measured.items():
@@ -325,6 +330,12 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers, got {text!r}"
         ) from None
+
+
+def _count_or_all(low: int):
+    """An argparse type: an integer >= low, or "all" (0)."""
+    count = _count(low)
+    return lambda text: 0 if text.strip().lower() == "all" else count(text)
 
 
 def _count(low: int, high: int = 2**31 - 1):
@@ -552,8 +563,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--seq-len", type=_count(2, 1 << 20), help=f"row length for --text (default {SEQ_LEN})"
     )
     record.add_argument(
-        "--max-rows", type=_count(1),
-        help=f"use only the first rows (default: {MAX_ROWS} of --text, every row of --tokens);"
+        "--max-rows", type=_count_or_all(1),
+        help=f"use only the first rows, or all (default: {MAX_ROWS}, of --text or --tokens);"
         " rows x checkpoints drive the recording's time, which it estimates after one batch",
     )  # fmt: skip
     record.add_argument("--out", type=Path, required=True, help="trajectory folder")
@@ -597,6 +608,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="report folder (default TRAJECTORY/report; several runs need it)",
     )  # fmt: skip
     report.add_argument("--title", help="the page's title (default: the trajectory's source)")
+    from scansnap_lens.theory import population
+
+    report.add_argument(
+        "--no-theory", action="store_false", dest="theory",
+        help="leave out the theory fit (the paper's population dynamics on the statistics)",
+    )  # fmt: skip
+    report.add_argument(
+        "--theory-classes", type=_count_or_all(2), default=population.THEORY_CLASSES, metavar="N",
+        help="the theory fit's classes, the most frequent (default: %(default)s; a step costs"
+        " about classes^2; all: every recorded class)",
+    )  # fmt: skip
     from scansnap_lens.statistics.groups import Classification
 
     kinds = Classification()  # the defaults the library uses too

@@ -26,8 +26,9 @@ import pandas as pd
 import torch
 
 from scansnap_lens import measures
-from scansnap_lens._io import check_writable, make_folder, write_text
+from scansnap_lens._io import check_writable, make_folder, staged_folder, write_text
 from scansnap_lens.measures.catalog import Plot, columns, measures_of
+from scansnap_lens.measures.fit import THEORY_CLASSES
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.context import require_same
 from scansnap_lens.statistics.groups import TokenGroups
@@ -164,6 +165,8 @@ def write_report(
     results: dict | None = None,
     groups_reason: str | None = None,
     classification=None,
+    theory: bool = True,
+    theory_classes: int | None = THEORY_CLASSES,
 ) -> Report:
     """Measure `traj` against `groups` and write the report folder `out`.
 
@@ -177,10 +180,13 @@ def write_report(
     training, loss_positions: see `catalog.MeasureInputs`.  results: measurements made already
     (``{"theory_fit": ...}``), used instead of measuring those.  classification: the
     `groups.Classification` the groups came from (default: the groups' own), saved in
-    ``summary.json`` and shown on the page with the statistics' window.
+    ``summary.json`` and shown on the page with the statistics' window.  theory: False leaves
+    out the theory fit (the population dynamics); theory_classes: the classes it integrates
+    at most (see `fit.theory_fit`).
 
     The report is written whatever cannot be measured; ``Report.not_measured`` and the page
-    say what was left out and why.
+    say what was left out and why.  It is made in a folder beside `out` and moved in at the
+    end: an interrupted report leaves `out` as it was.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -189,17 +195,32 @@ def write_report(
     for statistics in (groups, source):  # before anything is measured or written
         if statistics is not None:
             require_same(statistics, traj.plan)
+    with staged_folder(out) as stage:
+        report = _write_report(
+            traj, groups, stage, title, prediction, views, token_strings, source, training,
+            loss_positions, results, groups_reason, classification, theory, theory_classes,
+        )  # fmt: skip
+    files = {k: out / v.relative_to(stage) for k, v in report.files.items()}
+    return Report(files["report"], report.summary, files, report.not_measured)
+
+
+def _write_report(traj, groups, out, title, prediction, views, token_strings, source, training,
+                  loss_positions, results, groups_reason, classification, theory,
+                  theory_classes) -> Report:  # fmt: skip
     make_folder(out / "figures")
     folder = _Folder(out)
     if groups is None:  # said once; each measurement that needs them points here
         folder.not_measured["token groups"] = groups_reason or "none were given"
+    skip = set(results or {}) | ({"theory_fit"} if not theory else set())
     made, why = measures.measure_all(
         traj, groups, source=source, training=training, loss_positions=loss_positions,
-        names=[m.name for m in measures_of(traj) if m.name not in (results or {})],
-        groups_reason="needs token groups (see 'token groups')",
+        names=[m.name for m in measures_of(traj) if m.name not in skip],
+        groups_reason="needs token groups (see 'token groups')", theory_classes=theory_classes,
     )  # fmt: skip
     results = {**made, **(results or {})}
     folder.not_measured.update(why)
+    if not theory and "theory_fit" not in results:
+        folder.not_measured["theory_fit"] = "left out (theory=False)"
     summary = measures.summarize(traj, groups, prediction, training=training, results=results)
     if "sparsity" in results and not results["sparsity"].table["sparsity_classes"].iloc[0]:
         folder.not_measured["entropy, top_share"] = measures.SINGLE_DISTINCT

@@ -99,6 +99,32 @@ def test_stats_record_report_on_own_checkpoints(own_run, capsys):
     saved = json.loads((root / "rep" / "summary.json").read_text())
     assert saved["steps"] == [0, 10, 20, 40] and len(saved["summary"]) == 1
     assert (root / "rep" / "figures" / "logit_change.png").stat().st_size > 0
+    assert "theory_fit" in (root / "rep" / "summary.json").read_text()
+    report = ["report", str(traj_dir), "--stats", str(stats), "--out", str(root / "rep2")]
+    assert main([*report, "--no-theory"]) == 0
+    assert "theory_fit: left out (theory=False, --no-theory)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main([*report, "--theory-classes", "1"])
+    assert exit_.value.code == 2 and "must lie in [2" in capsys.readouterr().err
+
+
+def test_both_routes_of_record_take_the_same_rows_by_default(own_run, tmp_path, capsys):
+    """`--tokens` took every row of the file (5,606 rows of WikiText: 1.6 h) while `--text`
+    took 64: both take the first 64 unless --max-rows says a number or all."""
+    from scansnap_lens.cli import MAX_ROWS
+    from scansnap_lens.inputs.tokens import read_tokens, save_tokens
+
+    root, _ = own_run
+    rows = read_tokens(root / "eval.safetensors")
+    many = torch.cat([rows] * 5)  # 80 rows
+    save_tokens(tmp_path / "eval.safetensors", many)
+    args = ["record", "--checkpoints", str(root / "ckpt"), "--tokens",
+            str(tmp_path / "eval.safetensors"), "--steps", "0,"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert f"rows: the first {MAX_ROWS} of 80" in capsys.readouterr().err
+    assert Trajectory.load(tmp_path / "a").values["previous_token"].shape[-1] == MAX_ROWS
+    assert main([*args, "--out", str(tmp_path / "b"), "--max-rows", "all"]) == 0
+    assert Trajectory.load(tmp_path / "b").values["previous_token"].shape[-1] == 80
 
 
 def test_stats_of_text_and_of_a_dataset(shared_dir, tmp_path, capsys):

@@ -259,6 +259,36 @@ def test_a_full_disk_never_leaves_half_a_report(demo_out, tmp_path, monkeypatch)
     for path, data in after.items():  # each file is the old one or a whole new one
         assert data == before[path] or path in written[:2]
     assert after[folder / "report.html"] == before[folder / "report.html"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no staging folder left
+
+
+def test_an_interrupted_report_leaves_the_folder_as_it_was(demo_out, tmp_path, monkeypatch):
+    """Ctrl-C while the figures are drawn: the folder holds what it held (a user's own file
+    and the earlier report), nothing half-made, no staging folder; the next report replaces
+    the report's files and keeps the user's."""
+    from scansnap_lens.viz import figures
+
+    out, _ = demo_out
+    traj = Trajectory.load(out / "trajectory")
+    groups = TokenGroups.from_synthetic(syn_medium(1))
+    folder = tmp_path / "r"
+    write_report(traj, groups, folder, views=False)
+    (folder / "notes.txt").write_text("mine")
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(figures, "paint_over_steps", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_report(traj, groups, folder, title="again", views=False)
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+    monkeypatch.undo()
+    report = write_report(traj, groups, folder, title="again", views=False)
+    assert report.path == folder / "report.html" and "again" in report.path.read_text()
+    assert (folder / "notes.txt").read_text() == "mine"
+    assert all(p.is_file() and p.is_relative_to(folder) for p in report.files.values())
 
 
 def test_the_report_measures_each_quantity_once(demo_out, tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from scansnap_lens.measures.discriminative import discriminative_bias
 from scansnap_lens.measures.entropy import attention_entropy, sparsity
-from scansnap_lens.measures.fit import growth_bounds, theory_fit
+from scansnap_lens.measures.fit import THEORY_CLASSES, growth_bounds, theory_fit
 from scansnap_lens.measures.frequency import frequency_bias
 from scansnap_lens.measures.growth import growth_factor
 from scansnap_lens.measures.head_types import MIN_RISE, head_type
@@ -47,7 +47,8 @@ NEEDS_SOURCE = "needs the training corpus's statistics (source=, stats=)"
 class MeasureInputs:
     """What a measurement may read: the trajectory, the token groups (None where none could be
     formed, `groups_reason` says why), the training corpus's statistics, the training's rates
-    (see `rates.training_of`) and the number of loss positions per row (see `fit.theory_fit`).
+    (see `rates.training_of`), the number of loss positions per row and the classes the theory
+    fit integrates at most (see `fit.theory_fit`).
     """
 
     traj: Trajectory
@@ -56,6 +57,7 @@ class MeasureInputs:
     training: dict | None = None
     loss_positions: int | None = None
     groups_reason: str = "no token groups were given"
+    theory_classes: int | None = THEORY_CLASSES  # see `fit.theory_fit`'s max_classes
 
 
 @dataclass(frozen=True)
@@ -249,7 +251,12 @@ MEASURES: tuple[Measure, ...] = (
     Measure(
         "theory_fit",
         lambda x: theory_fit(
-            x.traj, x.source, x.groups, training=x.training, loss_positions=x.loss_positions
+            x.traj,
+            x.source,
+            x.groups,
+            training=x.training,
+            loss_positions=x.loss_positions,
+            max_classes=x.theory_classes,
         ),
         needs_groups=False,
         needs_source=True,

@@ -33,7 +33,7 @@ from scansnap_lens.measures.snap import snapping
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.context import require_same
 from scansnap_lens.statistics.groups import TokenGroups
-from scansnap_lens.theory.population import Population, predict
+from scansnap_lens.theory.population import THEORY_CLASSES, Population, predict
 from scansnap_lens.theory.transition import PhaseTransition, rho0
 
 __all__ = ["growth_bounds", "theory_fit"]
@@ -216,6 +216,17 @@ def _rank(x: Tensor) -> Tensor:
     return torch.from_numpy(rankdata(x.numpy(), axis=-1)).double()
 
 
+def fit_classes(traj: Trajectory, max_classes: int | None = THEORY_CLASSES) -> list | None:
+    """The `max_classes` most frequent tracked classes (m, n) (by their events in the
+    recording), or None (every class) where the plan tracks no more."""
+    plan = traj.plan
+    if max_classes is None or plan.num_classes <= max_classes:
+        return None
+    top = torch.argsort(plan.class_events, descending=True, stable=True)[:max_classes]
+    top = top.sort().values
+    return list(zip(plan.class_query[top].tolist(), plan.class_next[top].tolist()))
+
+
 def theory_fit(
     traj: Trajectory,
     source,
@@ -224,6 +235,7 @@ def theory_fit(
     loss_positions: int | None = None,
     classes=None,
     progress: bool = True,
+    max_classes: int | None = THEORY_CLASSES,
 ) -> Measurement:
     """Score every head against attention predicted from corpus statistics alone (the
     population dynamics show their progress where they take over two seconds).
@@ -247,12 +259,17 @@ def theory_fit(
 
     loss_positions: see `population.Population.from_stats`; by default every next-token
     prediction, or one per row where the trajectory's meta says ``loss_on: "last"``.
-    classes: pairs (m, n) to predict (default: every tracked class).  Each class carries its
-    own weight N(m, n) / loss positions, so a subset evolves as it would among the others
-    except through the parameters it shares with them; a smaller set is faster.
+    classes: pairs (m, n) to predict (default: the `max_classes` most frequent tracked
+    classes, `fit_classes`; None: every one).  Each class carries its own weight
+    N(m, n) / loss positions, so a subset evolves as it would among the others except through
+    the parameters it shares with them; one gradient costs about classes^2 (triples x next
+    tokens), so a user's run of thousands of classes would take hours.  The table's
+    ``fit_classes`` says how many classes were fit.
     """
     if traj.step_unit != "steps":
         raise ValueError("the prediction counts optimizer steps; this trajectory counts tokens")
+    if classes is None:
+        classes = fit_classes(traj, max_classes)
     pop = _population(traj, source, loss_positions, classes)
     heads_training = _head_training(traj, training)
     plan = traj.plan
@@ -269,7 +286,8 @@ def theory_fit(
     if groups is not None:
         keys = (groups.query * plan.vocab_size + groups.next_token).tolist()
         group_of = {key: k for k, key in reversed(list(enumerate(keys)))}  # the first wins
-    for c in range(plan.num_classes):
+    held = torch.isin(plan.class_keys, pop.query * plan.vocab_size + pop.next_token)
+    for c in held.nonzero().flatten().tolist():
         m, n = int(plan.class_query[c]), int(plan.class_next[c])
         slots = torch.arange(int(bounds[c]), int(bounds[c + 1]))
         tokens = plan.triple_token[slots]
@@ -285,7 +303,6 @@ def theory_fit(
     if not class_sets:
         raise ValueError("no tracked class has two distinct tokens to rank")
 
-    held = torch.isin(plan.class_keys, pop.query * plan.vocab_size + pop.next_token)
     shared = list(zip(plan.class_query[held].tolist(), plan.class_next[held].tolist()))
     # the snap of both is measured on the classes the statistics hold
     measured_snap = snapping(traj, classes=shared).table
@@ -330,6 +347,7 @@ def theory_fit(
         by_head.get((la, h), math.nan) for la, h in zip(table["layer"], table["head"])
     ]
     table["population_snap"] = table["head"].map(dict(zip(traj.heads, pop_snap)))
+    table["fit_classes"] = len(shared)
     with np.errstate(invalid="ignore", divide="ignore"):
         table["snap_ratio"] = table["snap_step"] / table["population_snap"]
     detail = pd.DataFrame(

@@ -29,6 +29,7 @@ softmax with multiplicity M - (O - 1).  With zero initialisation (the paper's) a
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -277,6 +278,9 @@ def _loss(Y: Tensor, Z: Tensor, pop: Population, q: Tensor, target: Tensor, log_
     return (F.cross_entropy(out, target, reduction="none") * pop.weight).sum(), c.detach()
 
 
+# the classes the report's theory fit integrates by default, the most frequent: a gradient
+# costs about classes^2 (triples x next tokens), hours at a user's thousands of classes
+THEORY_CLASSES = 256
 EXACT_STEPS = 256  # optimizer steps taken one by one before steps are merged
 ERROR = 2e-5  # the largest error of the attention (a probability) one merged step may make
 # A merged step is at least 1/RESOLUTION of the steps taken: at most about RESOLUTION x log2
@@ -341,6 +345,7 @@ def predict(
     last = None  # (attention, its rate of change per step, the steps since the one before)
     bar = tqdm(total=wanted[-1], desc="population dynamics", unit="step", disable=not progress,
                delay=2)  # fmt: skip
+    started = time.perf_counter()
     while True:
         loss, attention = _loss(Y, Z, pop, q, target, log_mult)
         if step == wanted[at]:
@@ -366,6 +371,8 @@ def predict(
                 else:
                     change = _adam_steps(m1, m2, g, betas, eps, step, n)
                 p.sub_(rate_ * change)
+        if progress and step == 0:
+            _say_cost(pop, outputs.numel(), wanted, time.perf_counter() - started, exact)
         previous_rate = None if last is None else (attention - last[0]) / last[2]
         last = (attention, previous_rate, n)
         step += n
@@ -375,6 +382,25 @@ def predict(
     Z_snaps = torch.stack(snaps).double()
     return PopulationRun(
         population, steps_t, Z_snaps, torch.tensor(losses, dtype=torch.float64), training
+    )
+
+
+def gradients_at_most(last_step: int, checkpoints: int, exact: bool = False) -> int:
+    """How many gradients `predict` takes at the most to reach `last_step`."""
+    if exact or last_step <= EXACT_STEPS:
+        return last_step + 1
+    merged = RESOLUTION * math.log2(last_step / EXACT_STEPS) + RESOLUTION
+    return EXACT_STEPS + math.ceil(merged) + checkpoints
+
+
+def _say_cost(pop: Population, outputs: int, wanted: list, seconds: float, exact: bool) -> None:
+    from scansnap_lens.recording.budget import duration
+
+    most = gradients_at_most(wanted[-1], len(wanted), exact)
+    tqdm.write(
+        f"population dynamics: {pop.num_classes:,} classes, {pop.triple_p.numel():,} triples,"
+        f" {outputs:,} next tokens; the first gradient took {duration(seconds)}: at most"
+        f" {most:,} gradients to step {wanted[-1]:,}, about {duration(seconds * most)}"
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -171,3 +172,34 @@ def test_the_fit_ends_on_a_trajectory_at_step_ten_to_the_twelve(tmp_path, monkey
     assert time.perf_counter() - start < 60
     assert len(calls) < population.EXACT_STEPS + population.RESOLUTION * 42, len(calls)
     assert fit.table["step"].max() == 10**12
+
+
+def test_the_fit_integrates_the_most_frequent_classes_and_says_its_cost(tmp_path, capsys):
+    """A user's run tracks thousands of classes and a gradient of the population dynamics costs
+    about classes^2 (hours): the fit takes the `max_classes` most frequent, says so in its
+    table, and says its cost after the first gradient; a cap above the count changes nothing."""
+    from _tiny import QUIET, V, tiny_model
+
+    from scansnap_lens.measures.fit import fit_classes
+    from scansnap_lens.models.checkpoints import in_memory
+    from scansnap_lens.recording.recorder import record_trajectory
+    from scansnap_lens.statistics.corpus import cooccurrence
+
+    tokens = torch.randint(0, V, (8, 24), generator=torch.Generator().manual_seed(0))
+    models = in_memory({0: tiny_model(seed=0), 5: tiny_model(seed=1), 40: tiny_model(seed=2)})
+    traj = record_trajectory(models, tokens, tmp_path / "t", QUIET)
+    stats = cooccurrence(tokens, V)
+    training = {"lr_y": 1.0, "lr_z": 1.0}
+    plan = traj.plan
+    top = fit_classes(traj, 12)
+    events = dict(zip(zip(plan.class_query.tolist(), plan.class_next.tolist()),
+                      plan.class_events.tolist()))  # fmt: skip
+    assert len(top) == 12 and min(events[c] for c in top) >= sorted(events.values())[-12]
+    capped = measures.theory_fit(traj, stats, training=training, max_classes=12)
+    said = capsys.readouterr().out
+    assert "population dynamics: 12 classes" in said and "gradients to step 40" in said
+    assert (capped.table["fit_classes"] == 12).all()
+    every = measures.theory_fit(traj, stats, training=training, max_classes=None, progress=False)
+    above = measures.theory_fit(traj, stats, training=training, max_classes=10**6, progress=False)
+    assert (every.table["fit_classes"] == plan.num_classes).all()
+    pd.testing.assert_frame_equal(every.table, above.table)
