@@ -616,8 +616,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     report.add_argument(
         "--theory-classes", type=_count_or_all(2), default=population.THEORY_CLASSES, metavar="N",
-        help="the theory fit's classes, the most frequent (default: %(default)s; a step costs"
-        " about classes^2; all: every recorded class)",
+        help="the theory fit's classes, the most frequent (default: %(default)s; its time grows"
+        " faster than the classes; all: every recorded class)",
     )  # fmt: skip
     from scansnap_lens.statistics.groups import Classification
 

@@ -106,8 +106,17 @@ def growth_bounds(
     """
     if traj.step_unit != "steps":
         raise ValueError("the theory counts optimizer steps; this trajectory counts tokens")
-    pop = _plan_population(traj) if source is None else _population(traj, source, loss_positions)
     heads_training = _head_training(traj, training)
+    rates = [
+        [effective_rate(s[lr], s["optimizer"], s["momentum"]) for lr in ("lr_y", "lr_z")]
+        for s in heads_training
+    ]
+    if all(None in pair for pair in rates):  # said before the statistics are read
+        raise ValueError(
+            "Theorem 4's B(t) needs plain-SGD rates, and the training's optimizer has none"
+            " (Adam normalises its steps): bound_ratio is not defined for it"
+        )
+    pop = _plan_population(traj) if source is None else _population(traj, source, loss_positions)
     t = traj.steps.double().numpy()
     rows, dzs, lower, upper = [], [], [], []
     M = traj.plan.vocab_size
@@ -121,17 +130,10 @@ def growth_bounds(
         )
     # B(t) from the first checkpoint, per head: K, M and rho0 are shared by every class
     B_head = np.full((len(t), len(traj.heads)), np.nan)
-    for j, setting in enumerate(heads_training):
-        y = effective_rate(setting["lr_y"], setting["optimizer"], setting["momentum"])
-        zr = effective_rate(setting["lr_z"], setting["optimizer"], setting["momentum"])
+    for j, (y, zr) in enumerate(rates):
         if y is not None and zr is not None:
             theory = PhaseTransition(K=K, M=M, lr_y=y, lr_z=zr, rho0=r0)
             B_head[:, j] = theory.B_integral(t) - theory.B_integral(t[:1])
-    if np.isnan(B_head).all():
-        raise ValueError(
-            "Theorem 4's B(t) needs plain-SGD rates, and the training's optimizer has none"
-            " (Adam normalises its steps): bound_ratio is not defined for it"
-        )
     B = np.broadcast_to(B_head[:, None, :], (len(t), len(traj.layers), len(traj.heads)))
     pop_row = {(int(q), int(n)): i for i, (q, n) in enumerate(zip(pop.query, pop.next_token))}
     for k in _tracked(traj, groups):
@@ -262,8 +264,8 @@ def theory_fit(
     classes: pairs (m, n) to predict (default: the `max_classes` most frequent tracked
     classes, `fit_classes`; None: every one).  Each class carries its own weight
     N(m, n) / loss positions, so a subset evolves as it would among the others except through
-    the parameters it shares with them; one gradient costs about classes^2 (triples x next
-    tokens), so a user's run of thousands of classes would take hours.  The table's
+    the parameters it shares with them; one gradient costs triples x next tokens, both growing
+    with the classes, so a user's run of thousands of classes would take hours.  The table's
     ``fit_classes`` says how many classes were fit.
     """
     if traj.step_unit != "steps":

@@ -132,8 +132,9 @@ def rho0(probs) -> float:
     if K < 2:
         return math.nan
     f = p / np.linalg.norm(p, axis=1, keepdims=True)
-    gram = f @ f.T
-    overlap = (gram.sum() - np.trace(gram)) / (K * (K - 1))
+    # the Gram matrix's off-diagonal sum, ||sum_n f_n||^2 - K, without the K x K matrix
+    total = f.sum(0)
+    overlap = (total @ total - K) / (K * (K - 1))
     return math.inf if overlap <= 0 else float(overlap**-0.5)
 
 

@@ -176,7 +176,7 @@ def test_the_fit_ends_on_a_trajectory_at_step_ten_to_the_twelve(tmp_path, monkey
 
 def test_the_fit_integrates_the_most_frequent_classes_and_says_its_cost(tmp_path, capsys):
     """A user's run tracks thousands of classes and a gradient of the population dynamics costs
-    about classes^2 (hours): the fit takes the `max_classes` most frequent, says so in its
+    triples x next tokens (hours): the fit takes the `max_classes` most frequent, says so in its
     table, and says its cost after the first gradient; a cap above the count changes nothing."""
     from _tiny import QUIET, V, tiny_model
 
