@@ -33,10 +33,14 @@ __all__ = ["build_parser", "cli_message", "main"]
 def _print_summary(summary, traj) -> None:
     from scansnap_lens.measures.catalog import columns as shown
     from scansnap_lens.measures.catalog import measures_of
+    from scansnap_lens.measures.findings import findings_of
     from scansnap_lens.report import number
 
     columns = [c for c in shown("key", measures_of(traj)) if c in summary]
     print(summary[columns].to_string(index=False, float_format=number))
+    print("findings:")  # below the table: the last lines a terminal shows
+    for line in findings_of(summary, measures_of(traj), traj.step_unit):
+        print(f"  {line}")
 
 
 # ------------------------------------------------------------------ demo
@@ -612,7 +616,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     report.add_argument(
         "--no-theory", action="store_false", dest="theory",
-        help="leave out the theory fit (the paper's population dynamics on the statistics)",
+        help="leave out the theory fit (the paper's population dynamics on the statistics; by"
+        " default it runs on the --theory-classes most frequent classes)",
     )  # fmt: skip
     report.add_argument(
         "--theory-classes", type=_count_or_all(2), default=population.THEORY_CLASSES, metavar="N",

@@ -58,7 +58,9 @@ def number(value: float) -> str:
 
 
 def table_html(frame: pd.DataFrame) -> str:
-    return frame.to_html(index=False, float_format=number, na_rep="–")
+    """A table in its own box, which scrolls sideways where the table is wider than the page."""
+    table = frame.to_html(index=False, float_format=number, na_rep="–")
+    return f"<div class='table'>{table}</div>"
 
 
 def with_intervals(summary: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
@@ -97,8 +99,11 @@ class Report:
 
 
 def default_title(traj: Trajectory) -> str:
-    """ "scansnap_lens: " and what the trajectory recorded (its meta's source or model)."""
+    """ "scansnap_lens: " and what the trajectory recorded (its meta's source or model; a
+    folder by its name, as a reader calls the run)."""
     what = traj.meta.get("source") or traj.meta.get("model")
+    if what and Path(str(what)).is_absolute():
+        what = Path(str(what)).name or what
     return f"scansnap_lens: {what}" if what else "scansnap_lens report"
 
 
@@ -125,7 +130,7 @@ class _Folder:
     def __init__(self, out: Path):
         self.out = out
         self.files: dict[str, Path] = {}
-        self.figures: list[str] = []
+        self.figures: dict[str, str] = {}  # name: its HTML
         self.not_measured: dict[str, str] = {}
 
     def csv(self, name: str, frame: pd.DataFrame) -> None:
@@ -141,7 +146,7 @@ class _Folder:
             self.not_measured[f"figure {name}"] = str(err).strip("'")
             return
         self.files[f"figure_{name}"] = path
-        self.figures.append(_figure_tag(path, caption))
+        self.figures[name] = _figure_tag(path, caption)
 
 
 def _draw(plot: Plot, result, snaps, path: Path) -> None:
@@ -402,9 +407,15 @@ def _page(
 ) -> str:
     from scansnap_lens.viz import views as cv
 
+    found = measures.findings_of(summary, measures_of(traj), traj.step_unit)
+    heads_map = folder.figures.pop("heads", "")
     body = [
         f"<h1>{html.escape(title)}</h1>",
-        _overview(traj, groups, settings),
+        "<div class='findings'><div><h2>Findings</h2><ul>"
+        + "".join(f"<li>{html.escape(line)}</li>" for line in found)
+        + "</ul><p>Each is measured below; the settings are at the end.</p></div>"
+        + heads_map
+        + "</div>",
         "<h2>Summary (one row per layer and head, at the last checkpoint)</h2>",
         table_html(with_intervals(summary, columns("key", measures_of(traj))).head(50)),
         _legend(results),
@@ -440,10 +451,11 @@ def _page(
         "<h2>How to read it</h2>",
         how_to_read(measures_of(traj)),
         "<h2>Figures</h2>",
-        *folder.figures,
+        *folder.figures.values(),
     ]
     if view_html:
         body += ["<h2>circuitsvis views</h2>", view_html]
+    body += ["<h2>Settings</h2>", _overview(traj, groups, settings)]
     if folder.not_measured:
         body.append("<h2>Not measured</h2><ul>")
         body += [
@@ -571,6 +583,11 @@ table { border-collapse: collapse; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; }
 table.overview th { text-align: left; background: #f4f4f4; }
 figure { margin: 1.5em 0; } figure img { max-width: 100%; }
+div.table { max-width: 100%; overflow-x: auto; }
+div.table td { white-space: nowrap; }
+div.findings { display: flex; gap: 1.5em; align-items: flex-start; }
+div.findings > div { flex: 1 1 45%; } div.findings figure { flex: 1 1 55%; margin: 0; }
+div.findings li { margin: 0.3em 0; }
 figcaption { font-size: 0.9em; color: #444; }
 </style>"""
 
@@ -660,7 +677,7 @@ def write_runs_report(comparison, out: str | Path, title: str | None = None) -> 
         "<h2>Each run's verdict</h2>",
         table_html(verdicts),
         "<h2>Figures</h2>",
-        *folder.figures,
+        *folder.figures.values(),
     ]
     if folder.not_measured:
         body.append("<h2>Not drawn</h2><ul>")

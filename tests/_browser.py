@@ -57,3 +57,50 @@ def screenshot(path: Path, png: Path, size: str = "1200,4000", budget_ms: int = 
         path.resolve().as_uri(),
     )
     return png
+
+
+_PROBE = """<script>
+window.addEventListener("load", () => setTimeout(() => {
+  const width = window.innerWidth, height = window.innerHeight;
+  const box = (el) => { const r = el.getBoundingClientRect();
+    return {top: r.top + scrollY, bottom: r.bottom + scrollY, left: r.left, right: r.right}; };
+  const wide = [];
+  for (const el of document.body.querySelectorAll("*")) {
+    // inside a box that scrolls on its own, an element may be wider than the page
+    if (el.parentElement.closest("div.table") || el.tagName === "SCRIPT") continue;
+    const r = el.getBoundingClientRect();
+    if (r.width > 0 && (r.right > width + 1 || r.left < -1))
+      wide.push(el.tagName + "." + el.className + " " + Math.round(r.right));
+  }
+  const found = document.querySelector("div.findings");
+  const out = {width, height, page_width: document.documentElement.scrollWidth, wide,
+               findings: found ? box(found) : null,
+               findings_items: found ? found.querySelectorAll("li").length : 0,
+               map: found && found.querySelector("img") ? box(found.querySelector("img")) : null};
+  const pre = document.createElement("pre");
+  pre.id = "layout-probe"; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+}, 500));
+</script>"""
+
+
+def layout(path: Path, size: tuple[int, int] = (1300, 900), budget_ms: int = 10000) -> dict:
+    """How a page lays out in a window of `size`: the elements wider than the window (outside
+    boxes that scroll on their own), and where the findings and their map are (page pixels)."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        probed = Path(folder) / path.name
+        probed.write_text(path.read_text().replace("</body>", _PROBE + "</body>"))
+        done = _run(
+            f"--window-size={size[0]},{size[1]}",
+            f"--virtual-time-budget={budget_ms}",
+            "--dump-dom",
+            probed.as_uri(),
+        )
+    match = re.search(r'<pre id="layout-probe">(.*?)</pre>', done.stdout, re.S)
+    assert match, "the layout probe did not run"
+    import html
+
+    return json.loads(html.unescape(match.group(1)))

@@ -24,6 +24,7 @@ P(l|m, n), common tokens of each query), and returns a `Measurement`: a table wi
 - `catalog`: `MEASURES`, the table of measurements (function, needs, summary columns,
   figures, explanation) that `measure_all`, `summarize` and the report iterate over;
 - `summary`: `measure_all` (each measurement once) and `summarize` (one row per head);
+- `findings`: `findings_of`, what the summary found in sentences (the report's first lines);
 - `heads`: `rank_heads`, `head_grid`, `atlas` (every head's verdict, snap beside the head
   types, fit, entropy);
 - `runs`: `measure_runs` / `compare_runs`, several runs of one recipe head by head (verdict per
@@ -82,6 +83,7 @@ _NAMES = {
     "attention_entropy": "entropy",
     "discriminative_bias": "discriminative",
     "effective_rate": "rates",
+    "findings_of": "findings",
     "frequency_bias": "frequency",
     "growth_bounds": "fit",
     "growth_factor": "growth",
@@ -118,7 +120,7 @@ _NAMES = {
     "training_of": "rates",
 }
 _MODULES = set(
-    "catalog discriminative entropy fit frequency growth heads head_types measurement "
+    "catalog discriminative entropy findings fit frequency growth heads head_types measurement "
     "rates resampling runs snap summary uncertainty".split()
 )
 

@@ -340,17 +340,22 @@ def plot_head_grid(
     heads: Sequence[int],
     columns: Sequence[str] = ("bias", "auroc", "snap_step", "attention_entropy"),
     path: str | Path | None = None,
+    per_row: int = 4,
 ) -> Figure:
-    """[layer, head] heat maps of summary columns: where in the model the scan and snap are.
-    A head the summary says ``scans`` (`measures.uncertainty`) is ringed in white; a cell
-    without a value (a head not yet snapped) is grey with a dash."""
+    """[layer, head] heat maps of summary columns, `per_row` maps a row: where in the model the
+    scan and snap are.  A head the summary says ``scans`` (`measures.uncertainty`) is ringed in
+    white; a cell without a value (a head not yet snapped) is grey with a dash."""
     from scansnap_lens.measures.heads import head_grid
 
     columns = [c for c in columns if c in summary]
     if not columns:
         raise ValueError("the summary has none of the columns to map")
-    fig = Figure(figsize=(3.2 * len(columns), 0.5 * len(layers) + 2.2))
-    axes = np.atleast_1d(fig.subplots(1, len(columns)))
+    across = min(per_row, len(columns))
+    down = -(-len(columns) // across)
+    fig = Figure(figsize=(3.2 * across, (0.5 * len(layers) + 2.2) * down))
+    axes = np.atleast_1d(fig.subplots(down, across)).ravel()
+    for ax in axes[len(columns) :]:
+        ax.set_axis_off()
     for ax, column in zip(axes, columns):
         grid = head_grid(summary, column, layers, heads).numpy()
         image = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis")

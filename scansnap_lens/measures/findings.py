@@ -1,0 +1,146 @@
+"""`findings_of`: what a recording found, in sentences made from the summary's verdicts, head
+types and snap steps: the first lines of the report and of the command line.
+
+>>> summary = pd.DataFrame({"layer": [0, 0], "head": [0, 1], "scans": [False, False],
+...     "verdict": ["no scan (could have seen AUROC >= 0.62)", "no scan (could have seen"
+...                 " AUROC >= 0.7)"], "auroc_mde": [0.62, 0.7],
+...     "snap_step": [120.0, 130.0], "snap_step_lo": [118.0, 126.0],
+...     "snap_step_hi": [123.0, 131.0], "previous_token": [0.31, 0.02],
+...     "previous_token_step": [95.0, float("nan")], "previous_token_step_lo": [90.0, None],
+...     "previous_token_step_hi": [99.0, None]})
+>>> for line in findings_of(summary):
+...     print(line)
+No head scans (each could have seen AUROC >= 0.62 to 0.7).
+Layer 0 head 0 became a previous-token head (score 0.31) at step 95 [90, 99].
+Layer 0 snapped near step 125 (its 2 heads: 120 to 130).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+
+from scansnap_lens.measures.catalog import MEASURES, Measure, columns
+from scansnap_lens.measures.uncertainty import VERDICTS
+
+__all__ = ["findings_of"]
+
+MOST = 4  # heads named in one sentence; the rest are counted
+
+
+def _num(value: float) -> str:
+    return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def _interval(row, column: str) -> str:
+    lo, hi = row.get(f"{column}_lo", math.nan), row.get(f"{column}_hi", math.nan)
+    if pd.isna(lo) or pd.isna(hi):
+        return _num(row[column])
+    return f"{_num(row[column])} [{_num(lo)}, {_num(hi)}]"
+
+
+def _heads(rows: pd.DataFrame) -> str:
+    names = [f"layer {int(r.layer)} head {int(r.head)}" for r in rows.head(MOST).itertuples()]
+    more = len(rows) - len(names)
+    text = ", ".join(names) + (f" and {more} more" if more > 0 else "")
+    return text[0].upper() + text[1:]
+
+
+def _scan(summary: pd.DataFrame, step_unit: str) -> list[str]:
+    if "scans" not in summary or "verdict" not in summary:
+        return []
+    scanning = summary[summary["scans"].astype(bool)]
+    if len(scanning):
+        order = scanning.sort_values("auroc", ascending=False) if "auroc" in summary else scanning
+        best = order.iloc[0]
+        said = f"{_heads(order)} scan{'s' if len(order) == 1 else ''}"
+        said += f" ({len(order)} of {len(summary)} heads;" if len(order) > 1 else " ("
+        said += f" the strongest, layer {int(best['layer'])} head {int(best['head'])}: AUROC"
+        return [said + f" {_interval(best, 'auroc')})."]
+    kinds = summary["verdict"].fillna("").str.split(" \\(").str[0]
+    if (kinds == VERDICTS["no_scan"]).all() and "auroc_mde" in summary:
+        mde = summary["auroc_mde"].astype(float)
+        mde = mde[mde < 1]
+        if len(mde) == 0:
+            return ["No head scans, and none could have been seen (no power: see the verdicts)."]
+        span = _num(mde.min()) + ("" if mde.min() == mde.max() else f" to {_num(mde.max())}")
+        return [f"No head scans (each could have seen AUROC >= {span})."]
+    counts = kinds.value_counts()
+    parts = [f"{n} {'head' if n == 1 else 'heads'}: {kind or 'no verdict'}"
+             for kind, n in counts.items()]  # fmt: skip
+    return [f"No head scans ({'; '.join(parts)})."]
+
+
+def _head_types(summary: pd.DataFrame, entries: Sequence[Measure]) -> list[str]:
+    said, none = [], []
+    for step in columns("formed", entries):
+        if step not in summary:
+            continue
+        name = step.removesuffix("_step")
+        kind = name.replace("_", "-") + " head"
+        formed = summary[summary[step].notna()].sort_values(step)
+        if formed.empty:
+            none.append(kind)
+            continue
+        for row in formed.head(MOST).to_dict("records"):
+            said.append(
+                f"Layer {int(row['layer'])} head {int(row['head'])} became a {kind} (score"
+                f" {_num(row[name])}) at step {_interval(row, step)}."
+            )
+        if len(formed) > MOST:
+            said.append(f"{len(formed) - MOST} more heads became {kind}s (see the heads table).")
+    if none:
+        kinds = [k.removesuffix(" head") for k in none]
+        kinds = ", ".join(kinds[:-1]) + " or " + kinds[-1] if len(kinds) > 1 else kinds[0]
+        said.append(f"No head became a {kinds} head (no significant rise of its score).")
+    return said
+
+
+def _snaps(summary: pd.DataFrame) -> list[str]:
+    if "snap_step" not in summary:
+        return []
+    said = []
+    for layer, rows in summary.groupby("layer", sort=True):
+        steps = rows["snap_step"].astype(float).dropna()
+        if steps.empty:
+            reasons = rows.get("snap_reason", pd.Series(dtype=str)).dropna().unique()
+            why = f" ({'; '.join(map(str, reasons))})" if len(reasons) else ""
+            said.append(f"Layer {layer}: no head snapped{why}.")
+            continue
+        heads = f"its {len(steps)} heads" if len(steps) == len(rows) else f"{len(steps)} of its"
+        heads += "" if len(steps) == len(rows) else f" {len(rows)} heads"
+        spread = (
+            f"{_num(steps.min())} to {_num(steps.max())}"
+            if len(steps) > 1
+            else _interval(rows.loc[steps.index[0]], "snap_step")
+        )
+        said.append(f"Layer {layer} snapped near step {_num(steps.median())} ({heads}: {spread}).")
+    return said
+
+
+def _theory(summary: pd.DataFrame) -> list[str]:
+    if "population_snap" not in summary or summary["population_snap"].isna().all():
+        return []
+    predicted = float(summary["population_snap"].median())
+    said = (
+        f"The paper's population dynamics on the corpus statistics snap near step {_num(predicted)}"
+    )
+    if "snap_ratio" in summary and summary["snap_ratio"].notna().any():
+        said += f"; measured over predicted, median {_num(summary['snap_ratio'].median())}"
+    return [said + "."]
+
+
+def findings_of(
+    summary: pd.DataFrame, entries: Sequence[Measure] = MEASURES, step_unit: str = "steps"
+) -> list[str]:
+    """Sentences of what the summary (`summary.summarize`, one row per head) shows: which heads
+    scan (or what each could have seen), which became one of the head types of `entries`
+    (`catalog.measures_of` a trajectory; their "formed" columns) and when, when each layer
+    snapped, and the theory's snap where it was fit."""
+    said = [*_scan(summary, step_unit), *_head_types(summary, entries), *_snaps(summary)]
+    said += _theory(summary)
+    if step_unit != "steps":
+        said = [s.replace(" step ", f" {step_unit.removesuffix('s')} ") for s in said]
+    return said
