@@ -272,6 +272,7 @@ def _run_names(paths: list[Path]) -> list[str]:
 
 
 def _report_runs(args, trajs, groups, why, training, out) -> int:
+    from scansnap_lens.measures.findings import runs_findings_of
     from scansnap_lens.measures.runs import measure_runs
     from scansnap_lens.report import number, write_runs_report
 
@@ -283,11 +284,15 @@ def _report_runs(args, trajs, groups, why, training, out) -> int:
     print(f"{len(comparison.runs)} runs: {', '.join(comparison.runs)}")
     if comparison.layers is not None:
         layers = comparison.layers
-        print("per layer, mean over runs [interval over runs]:")
+        print("per layer, mean over runs (with the interval over runs on the page):")
         print(layers[["layer", *[c for c in layers if c.endswith("_mean")]]].to_string(
             index=False, float_format=number))  # fmt: skip
-    print("per head (matched by index):")
+    matched = "by index" if comparison.matching is None else "by their attention"
+    print(f"per head (matched {matched}):")
     print(table[[c for c in shown if c in table]].to_string(index=False, float_format=number))
+    print("across the runs:")
+    for line in runs_findings_of(comparison):
+        print(f"  {cli_text(line)}")
     for name, reason in why.items():
         print(f"not measured in {name}: token groups: {cli_text(reason)}")
     for what, reason in report.not_measured.items():

@@ -593,14 +593,16 @@ figcaption { font-size: 0.9em; color: #444; }
 
 
 # ------------------------------------------------------------------ several runs
-RUNS_COLUMNS = ["layer", "head", "scans_share", "bias_mean", "bias_within", "auroc_mean",
-                "auroc_within", "snap_step_mean", "snap_step_within", "reason"]  # fmt: skip
+RUNS_COLUMNS = ["layer", "head", "scans_share", "bias", "bias_within", "auroc", "auroc_within",
+                "snap_step", "snap_step_within"]  # fmt: skip
 HOW_TO_READ_RUNS = (
     "Each run is one unit.  A run's own interval (<i>within</i>: the median half-width of the"
     " runs' intervals) resamples the queries and context tokens of that one trained model; the"
-    " interval over runs (<i>_mean [lo, hi]</i>) is Student's t on the runs' estimates with"
+    " interval over runs (<i>mean [lo, hi]</i>) is Student's t on the runs' estimates with"
     " runs - 1 degrees of freedom, for the mean of runs of this recipe (another seed, the"
-    " deduped twin), the snap step's on the log-step axis (a geometric mean).  Where the"
+    " deduped twin), steps on the log-step axis (a geometric mean), each kept within what the"
+    " figure can be (AUROC and head-type scores in [0, 1], steps within the runs, counts"
+    " within the layer's heads).  Where the"
     " interval over runs is much wider than the within-run one, the runs differ beyond what"
     " each knows of itself: a figure of one run is that run's, not the recipe's.  scans_share"
     ' is the share of runs whose verdict is "scans", with its Clopper-Pearson interval;'
@@ -611,18 +613,35 @@ HOW_TO_READ_RUNS = (
 
 def write_runs_report(comparison, out: str | Path, title: str | None = None) -> Report:
     """Write several runs' comparison (`measures.measure_runs`) into the folder `out`:
-    ``runs.html`` (the across-run table, each run's verdicts, the figures), the comparison's
-    CSVs (`RunComparison.save`) and the figures as PNG files."""
-    from scansnap_lens.viz.figures import plot_runs, plot_runs_maps
-
+    ``runs.html`` (what survives across the runs, the across-run tables, how heads were
+    matched, each run's verdicts, the figures), the comparison's CSVs (`RunComparison.save`)
+    and the figures as PNG files.  Made beside `out` and moved in, as `write_report`."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} is a file: the report needs a folder (give another out=)")
     check_writable(out)
+    with staged_folder(out) as stage:
+        report = _write_runs_report(comparison, stage, title)
+    files = {k: out / v.relative_to(stage) for k, v in report.files.items()}
+    return Report(files["report"], report.summary, files, report.not_measured)
+
+
+def _over_runs(frame: pd.DataFrame, figures: list[str]) -> pd.DataFrame:
+    """`frame` with each figure's mean over runs as "mean [lo, hi]" under the figure's name."""
+    renamed = frame.rename(columns={f"{f}_mean": f for f in figures})
+    dropped = ("_lo", "_hi", "_sd", "_n")
+    kept = [c for c in renamed.columns if not c.endswith(dropped) and "verdict_" not in c]
+    return with_intervals(renamed, kept)
+
+
+def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
+    from scansnap_lens.viz.figures import plot_runs, plot_runs_maps
+
     make_folder(out / "figures")
     folder = _Folder(out)
     comparison.save(out)
-    for name in ("runs.json", "per_run.csv", "across_runs.csv", "across_runs_layers.csv"):
+    for name in ("runs.json", "per_run.csv", "across_runs.csv", "across_runs_layers.csv",
+                 "matching.csv"):  # fmt: skip
         if (out / name).is_file():
             folder.files[name.split(".")[0]] = out / name
     for column in ("bias", "auroc", "snap_step"):
@@ -640,40 +659,49 @@ def write_runs_report(comparison, out: str | Path, title: str | None = None) -> 
     title = title or f"scansnap_lens: {len(comparison.runs)} runs compared"
     table = comparison.table
     verdicts = table[["layer", "head", *[c for c in table if c.startswith("verdict_")]]]
-    shown = with_intervals(table, RUNS_COLUMNS)
+    figures = [c.removesuffix("_mean") for c in table.columns if c.endswith("_mean")]
+    shown = _over_runs(table, figures)
     if "scans_share" in table:
         shown["scans_share"] = [
             f"{int(k)}/{int(n)} [{number(a)}, {number(b)}]"
             for k, n, a, b in zip(table["scans_runs"], table["runs"], table["scans_share_lo"],
                                   table["scans_share_hi"])
         ]  # fmt: skip
+    order = [c for c in RUNS_COLUMNS if c in shown]
+    shown = shown[order + [c for c in shown.columns if c not in order and c != "scans_runs"]]
     layers = comparison.layers
     layer_html = []
     if layers is not None and len(layers):
-        figures = [f[: -len("_mean")] for f in layers.columns if f.endswith("_mean")]
+        per_layer = [f.removesuffix("_mean") for f in layers.columns if f.endswith("_mean")]
         layer_html = [
             "<h2>Across runs, per layer (whichever heads they are)</h2>",
-            table_html(with_intervals(
-                layers.rename(columns={f"{f}_mean": f for f in figures}).assign(
-                    **{f"{f}_lo": layers[f"{f}_lo"] for f in figures},
-                    **{f"{f}_hi": layers[f"{f}_hi"] for f in figures},
-                ),
-                ["layer", "runs", *figures],
-            )),
-            "<p>Heads are matched by index in the table above: the same heads only where the"
-            " runs share their initialisation (a model and its deduped twin, two rates or data"
-            " orders from one start).  Seeds of the initialisation permute the heads; for"
-            " them this table is the comparison: per layer, the heads that scan, the best"
-            " AUROC, the median snap step and the heads that became previous-token, induction"
-            " or first-token heads, each run's in <code>across_runs_layers.csv</code>.</p>",
-        ]  # fmt: skip
+            table_html(_over_runs(layers, per_layer)[["layer", "runs", *per_layer]]),
+        ]
+    matched = "<p>Heads are compared by index.</p>"
+    if comparison.matching is not None:
+        matched = (
+            "<h2>How heads were matched</h2><p>Each head of a run is compared with the head of"
+            f" {html.escape(comparison.runs[0])} whose attention on the example prompt at the"
+            " last checkpoint is closest (mean total variation over positions, one head each:"
+            " the Hungarian method per layer).  <i>similarity</i> is 1 minus that distance;"
+            " <i>chance</i> the mean similarity of all pairs of the layer's heads: a match"
+            " near chance says the heads do nothing this prompt tells apart.</p>"
+            + table_html(comparison.matching[comparison.matching["run"] != comparison.runs[0]])
+        )
+    found = measures.runs_findings_of(comparison)
     body = [
         f"<h1>{html.escape(title)}</h1>",
         "<p>Runs: " + ", ".join(html.escape(r) for r in comparison.runs) + "</p>",
+        "<div class='findings'><div><h2>What holds across the runs</h2><ul>"
+        + "".join(f"<li>{html.escape(line)}</li>" for line in found)
+        + "</ul></div>"
+        + folder.figures.pop("runs_map_bias", "")
+        + "</div>",
         *layer_html,
-        "<h2>Across runs (one row per layer and head)</h2>",
+        "<h2>Across runs (one row per matched head)</h2>",
         table_html(shown),
         f"<p>{HOW_TO_READ_RUNS}</p>",
+        matched,
         "<h2>Each run's verdict</h2>",
         table_html(verdicts),
         "<h2>Figures</h2>",

@@ -30,6 +30,7 @@ P(l|m, n), common tokens of each query), and returns a `Measurement`: a table wi
 - `runs`: `measure_runs` / `compare_runs`, several runs of one recipe head by head (verdict per
   run, bias, AUROC and snap step with an interval over runs beside the within-run one,
   the share of runs scanning), `RunComparison`;
+- `matching`: `match_heads`, the heads of several runs matched by their attention;
 - `head_types`: `head_type`, the field's head types over training (previous-token,
   first-token, induction): scores with intervals over rows, and `formation_step`;
 - `uncertainty`: `scan_uncertainty`, every head's intervals, p-values, the untrained baseline
@@ -84,6 +85,7 @@ _NAMES = {
     "discriminative_bias": "discriminative",
     "effective_rate": "rates",
     "findings_of": "findings",
+    "runs_findings_of": "findings",
     "frequency_bias": "frequency",
     "growth_bounds": "fit",
     "growth_factor": "growth",
@@ -95,6 +97,7 @@ _NAMES = {
     "MIN_RISE": "head_types",
     "MIN_ROWS": "head_types",
     "known_rates": "rates",
+    "match_heads": "matching",
     "measure_all": "summary",
     "position_entropy": "entropy",
     "predicted_snap": "rates",
@@ -120,7 +123,8 @@ _NAMES = {
     "training_of": "rates",
 }
 _MODULES = set(
-    "catalog discriminative entropy findings fit frequency growth heads head_types measurement "
+    "catalog discriminative entropy findings fit frequency growth heads head_types matching "
+    "measurement "
     "rates resampling runs snap summary uncertainty".split()
 )
 

@@ -25,7 +25,7 @@ import pandas as pd
 from scansnap_lens.measures.catalog import MEASURES, Measure, columns
 from scansnap_lens.measures.uncertainty import VERDICTS
 
-__all__ = ["findings_of"]
+__all__ = ["findings_of", "runs_findings_of"]
 
 MOST = 4  # heads named in one sentence; the rest are counted
 
@@ -143,4 +143,75 @@ def findings_of(
     said += _theory(summary)
     if step_unit != "steps":
         said = [s.replace(" step ", f" {step_unit.removesuffix('s')} ") for s in said]
+    return said
+
+
+def runs_findings_of(comparison, entries: Sequence[Measure] = MEASURES) -> list[str]:
+    """Sentences of what survives across the runs of a `runs.RunComparison`: its warnings,
+    the heads that scan in every run or some, per layer the head types formed in every run
+    or some (with each run's formation step), each layer's snap step over runs, and how well
+    the heads were matched."""
+    runs, table, per_run = comparison.runs, comparison.table, comparison.per_run
+    n = len(runs)
+    said = list(comparison.warnings)
+    if "scans_runs" in table:
+        scanning = table[table["scans_runs"] > 0].sort_values("scans_runs", ascending=False)
+        if scanning.empty:
+            said.append(f"No head scans in any of the {n} runs.")
+        for row in scanning.head(MOST).to_dict("records"):
+            said.append(
+                f"Layer {int(row['layer'])} head {int(row['head'])} scans in"
+                f" {int(row['scans_runs'])} of {n} runs."
+            )
+    layers = comparison.layers if comparison.layers is not None else pd.DataFrame()
+    none = []
+    for step in columns("formed", entries):
+        name = step.removesuffix("_step")
+        kind = name.replace("_", "-") + " head"
+        formed_any = False
+        for row in layers.to_dict("records"):
+            counts = [row.get(f"{name}_heads_{run}", math.nan) for run in runs]
+            having = [run for run, c in zip(runs, counts) if c > 0]
+            if not having:
+                continue
+            formed_any = True
+            at = per_run[(per_run["layer"] == row["layer"]) & per_run[step].notna()]
+            when = ", ".join(
+                f"{run} at step {_num(at[at['run'] == run][step].min())}" for run in having
+            )
+            every = "every run" if len(having) == n else f"{len(having)} of {n} runs"
+            said.append(f"Layer {int(row['layer'])} has a {kind} in {every} ({when}).")
+        if not formed_any and f"{name}_heads_mean" in layers:
+            none.append(kind.removesuffix(" head"))
+    if none:
+        kinds = ", ".join(none[:-1]) + " or " + none[-1] if len(none) > 1 else none[0]
+        said.append(f"No head became a {kinds} head in any run.")
+    for row in layers.to_dict("records"):
+        if pd.isna(row.get("snap_step_median_mean", math.nan)):
+            continue
+        each = ", ".join(
+            f"{run}: {_num(row[f'snap_step_median_{run}'])}"
+            for run in runs
+            if pd.notna(row.get(f"snap_step_median_{run}"))
+        )
+        over = ""
+        if pd.notna(row.get("snap_step_median_lo")):
+            over = f" [{_num(row['snap_step_median_lo'])}, {_num(row['snap_step_median_hi'])}]"
+        said.append(
+            f"Layer {int(row['layer'])} snaps near step {_num(row['snap_step_median_mean'])}"
+            f"{over} over runs ({each})."
+        )
+    matching = comparison.matching
+    if matching is not None:
+        others = matching[matching["run"] != runs[0]]
+        quality = others.groupby("layer").agg(similarity=("similarity", "mean"),
+                                              chance=("chance", "mean"))  # fmt: skip
+        parts = [
+            f"layer {layer}: {_num(q.similarity)} against {_num(q.chance)} by chance"
+            for layer, q in quality.iterrows()
+        ]
+        said.append(
+            f"Heads are matched to {runs[0]}'s by their attention on the example prompt"
+            f" (similarity {'; '.join(parts)})."
+        )
     return said

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,7 @@ from torch import Tensor
 
 from scansnap_lens._io import make_folder, write_text
 from scansnap_lens.measures.catalog import MEASURES, columns, measures_of
+from scansnap_lens.measures.matching import match_heads
 from scansnap_lens.measures.resampling import interval_over_runs, share_interval
 from scansnap_lens.measures.summary import measure_all, summarize
 from scansnap_lens.recording.trajectory import Trajectory
@@ -62,10 +63,14 @@ LAYER = {
     "best_auroc": ("auroc", lambda v: float(v.max()) if v.notna().any() else math.nan),
     "snap_step_median": ("snap_step", lambda v: float(v.median()) if v.notna().any() else math.nan),
 }
-ACROSS = ("bias", "auroc", "snap_step")  # figures with an interval over runs
-LOG_SCALE = {"snap_step", "snap_step_median"}  # averaged on the log-step axis
+ACROSS = ("bias", "auroc", "snap_step")  # figures with an interval over runs (and head types)
+LOG_SCALE = {"snap_step", "snap_step_median"}  # averaged on the log-step axis (and formation)
 RANGE = {"auroc": (0.0, 1.0)}  # an interval over runs stays where the figure can be
 TOO_FEW = "too few runs"
+TWO_RUNS = (
+    "Only 2 runs: an interval over runs rests on 1 degree of freedom (t = 12.7 at 95 %), so it"
+    " says little beyond the two values; each more seed narrows it"
+)
 
 
 @dataclass
@@ -82,15 +87,20 @@ class RunComparison:
     layers: one row per layer: per run (``<figure>_<run>``) and over runs (``_mean``, ``_lo``,
     ``_hi``) the figures that hold whichever head it is: heads that scan, the best AUROC, the
     median snap step, and the heads that became previous-token, induction and first-token
-    heads (a formation step).  Heads are matched by index in `table`: the same heads where
-    runs share their initialisation (Pythia and its deduped twin, two rates or data orders
-    from one start); for seeds of the initialisation, `layers` is the comparison.
+    heads (a formation step).  Every interval over runs is kept within what the figure can
+    be (AUROC and head-type scores in [0, 1], steps within the runs, counts within the
+    layer's heads).  matching: which head of each run is compared with which head of the first
+    (`matching.match_heads`), or None where heads are compared by index (the same heads where
+    runs share their initialisation: Pythia and its deduped twin); warnings: what the reader
+    must know first (two runs say little; heads matched by index, and why).
     """
 
     runs: list[str]
     per_run: pd.DataFrame
     table: pd.DataFrame
     layers: pd.DataFrame | None = None
+    matching: pd.DataFrame | None = None  # `matching.match_heads`, where heads were matched
+    warnings: list[str] = field(default_factory=list)
 
     def to_dataframe(self) -> pd.DataFrame:
         return self.table
@@ -109,7 +119,10 @@ class RunComparison:
         """A folder with ``runs.json``, ``per_run.csv`` and ``across_runs.csv``."""
         path = Path(path)
         make_folder(path)
-        write_text(path / "runs.json", json.dumps({"runs": self.runs}, indent=1))
+        said = {"runs": self.runs, "warnings": self.warnings}
+        write_text(path / "runs.json", json.dumps(said, indent=1))
+        if self.matching is not None:
+            write_text(path / "matching.csv", self.matching.to_csv(index=False))
         write_text(path / "per_run.csv", self.per_run.to_csv(index=False))
         write_text(path / "across_runs.csv", self.table.to_csv(index=False))
         if self.layers is not None:
@@ -119,13 +132,18 @@ class RunComparison:
     @classmethod
     def load(cls, path: str | Path) -> RunComparison:
         path = Path(path)
-        runs = json.loads((path / "runs.json").read_text())["runs"]
+        said = json.loads((path / "runs.json").read_text())
+        runs = said["runs"]
+        matching = None
+        if (path / "matching.csv").is_file():
+            matching = pd.read_csv(path / "matching.csv")
         per_run = pd.read_csv(path / "per_run.csv", keep_default_na=False, na_values=[""])
         table = pd.read_csv(path / "across_runs.csv", keep_default_na=False, na_values=[""])
         layers = None
         if (path / "across_runs_layers.csv").is_file():
             layers = pd.read_csv(path / "across_runs_layers.csv")
-        return cls([str(r) for r in runs], per_run, table, layers)
+        return cls([str(r) for r in runs], per_run, table, layers, matching,
+                   said.get("warnings", []))  # fmt: skip
 
     def __repr__(self) -> str:
         scanning = int((self.table["scans_runs"] > 0).sum()) if len(self.table) else 0
@@ -143,10 +161,17 @@ def compare_runs(summaries: Mapping[str, pd.DataFrame], entries=None) -> RunComp
         raise ValueError("no runs to compare")
     entries = entries or MEASURES
     runs = [str(r) for r in summaries]
+    formed = columns("formed", entries)  # head types: their score and formation step
+    across = [*ACROSS, *[c for f in formed for c in (f.removesuffix("_step"), f)]]
+    last = max((float(s["final_step"].max()) for s in summaries.values() if "final_step" in s),
+               default=math.inf)  # fmt: skip
+    ranges = {**RANGE, **{c: (0.0, 1.0) for c in across if c not in ACROSS and c not in formed}}
+    ranges.update({c: (0.0, last) for c in ("snap_step", *formed)})
     frames = []
     for index, (run, summary) in enumerate(summaries.items()):
         kept = [c for c in columns("runs", entries) if c in summary]
-        frame = summary[["layer", "head", *kept]].copy()
+        own = ["own_head"] if "own_head" in summary else []
+        frame = summary[["layer", "head", *own, *kept]].copy()
         frame.insert(0, "run", str(run))
         frame.insert(1, "run_index", index)
         frames.append(frame)
@@ -160,13 +185,13 @@ def compare_runs(summaries: Mapping[str, pd.DataFrame], entries=None) -> RunComp
             row["scans_runs"] = k
             row["scans_share"] = k / n if n else math.nan
             row["scans_share_lo"], row["scans_share_hi"] = share_interval(k, n)
-        for name in ACROSS:
+        for name in across:
             if name not in group:
                 continue
             values = group[name].astype(float).to_numpy()
-            mean, sd, lo, hi = interval_over_runs(values, name in LOG_SCALE)
-            if name in RANGE and not math.isnan(lo):
-                lo, hi = max(lo, RANGE[name][0]), min(hi, RANGE[name][1])
+            mean, sd, lo, hi = interval_over_runs(values, name in LOG_SCALE or name in formed)
+            if name in ranges and not math.isnan(lo):
+                lo, hi = max(lo, ranges[name][0]), min(hi, ranges[name][1])
             row[f"{name}_mean"], row[f"{name}_sd"] = mean, sd
             row[f"{name}_lo"], row[f"{name}_hi"] = lo, hi
             row[f"{name}_n"] = int(np.isfinite(values).sum())
@@ -184,7 +209,9 @@ def compare_runs(summaries: Mapping[str, pd.DataFrame], entries=None) -> RunComp
         for run, verdict in zip(group["run"], group.get("verdict", [""] * len(group))):
             row[f"verdict_{run}"] = verdict
         rows.append(row)
-    return RunComparison(runs, per_run, pd.DataFrame(rows), _by_layer(per_run, runs, entries))
+    warnings = [TWO_RUNS] if len(runs) == 2 else []
+    return RunComparison(runs, per_run, pd.DataFrame(rows), _by_layer(per_run, runs, entries),
+                         warnings=warnings)  # fmt: skip
 
 
 def _by_layer(per_run: pd.DataFrame, runs: list[str], entries) -> pd.DataFrame:
@@ -196,6 +223,7 @@ def _by_layer(per_run: pd.DataFrame, runs: list[str], entries) -> pd.DataFrame:
     rows = []
     for layer, group in per_run.groupby("layer", sort=True):
         row = {"layer": int(layer), "runs": len(runs)}
+        heads = group["head"].nunique()
         for figure, (column, reduce) in {**LAYER, **formed}.items():
             if column not in group:
                 continue
@@ -203,8 +231,8 @@ def _by_layer(per_run: pd.DataFrame, runs: list[str], entries) -> pd.DataFrame:
             for run, value in zip(runs, values):
                 row[f"{figure}_{run}"] = value
             mean, _, lo, hi = interval_over_runs(values, figure in LOG_SCALE)
-            if figure in counts and not math.isnan(lo):  # a count of heads is never below 0
-                lo = max(lo, 0.0)
+            if figure in counts and not math.isnan(lo):  # a count of the layer's heads
+                lo, hi = max(lo, 0.0), min(hi, float(heads))
             row[f"{figure}_mean"], row[f"{figure}_lo"], row[f"{figure}_hi"] = mean, lo, hi
         rows.append(row)
     return pd.DataFrame(rows)
@@ -248,13 +276,19 @@ def measure_runs(
     *,
     source=None,
     training: dict | None = None,
+    match: str = "behaviour",
 ) -> RunComparison:
     """Measure every run (`RUN_MEASURES`) and compare them.
 
     trajs: {run name: trajectory}, runs of one architecture and plan (`check_same_runs`).
     groups: one `TokenGroups` for all runs (one corpus), or one per run (deduped or not).
-    source, training: as `measures.measure_all` takes them (one for all runs).
+    source, training: as `measures.measure_all` takes them (one for all runs).  match:
+    "behaviour" compares each head with the head of the first run that does what it does
+    (`matching.match_heads`: the table's ``head`` is the first run's, `per_run`'s
+    ``own_head`` the run's own), or "index" (runs from one initialisation).
     """
+    if match not in ("behaviour", "index"):
+        raise ValueError(f"match must be 'behaviour' or 'index', got {match!r}")
     if len(trajs) < 1:
         raise ValueError("no runs to compare")
     check_same_runs(trajs)
@@ -265,4 +299,15 @@ def measure_runs(
         names = [m.name for m in entries if m.shown.get("runs")]
         results, _ = measure_all(traj, run_groups, source=source, training=training, names=names)
         summaries[name] = summarize(traj, run_groups, training=training, results=results)
-    return compare_runs(summaries, entries)
+    matching, why = match_heads(trajs) if match == "behaviour" and len(trajs) > 1 else (None, "")
+    if matching is not None:
+        for name, summary in summaries.items():
+            own = matching[matching["run"] == name].set_index(["layer", "head"])
+            keys = list(zip(summary["layer"], summary["head"]))
+            summary.insert(2, "own_head", summary["head"])
+            summary["head"] = own["reference_head"].reindex(keys).to_numpy()
+    comparison = compare_runs(summaries, entries)
+    comparison.matching = matching
+    if why:
+        comparison.warnings.append(f"heads matched by index: {why}")
+    return comparison

@@ -120,3 +120,87 @@ def test_saves_and_loads(three_runs, tmp_path):
     assert loaded.runs == comparison.runs
     pd.testing.assert_frame_equal(loaded.table, comparison.table, check_dtype=False)
     assert "3 runs, 4 heads" in repr(loaded)
+
+
+def _permuted(traj, order):
+    """The trajectory a model with each layer's heads permuted by `order` [L, H] records:
+    every per-head value moves with its head (head h of the copy is head order[l][h])."""
+    index = torch.as_tensor(order)  # [L, H]
+
+    def move(values):
+        values = values[:] if not isinstance(values, torch.Tensor) else values  # a StepStack
+        shape = index.shape + (1,) * (values.dim() - 3)
+        return values.gather(2, index[None].reshape(1, *shape).expand_as(values))
+
+    changes = {name: move(v) for name, v in traj.values.items()}
+    return traj.replace(prompt_pattern=move(traj.prompt_pattern), **changes)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A real recording of a trained-looking model (peaked attention), with its groups."""
+    from _tiny import QUIET, V, tiny_model
+
+    from scansnap_lens.models.checkpoints import in_memory
+    from scansnap_lens.recording.recorder import record_trajectory
+    from scansnap_lens.statistics.corpus import cooccurrence
+    from scansnap_lens.statistics.groups import TokenGroups
+
+    tokens = torch.randint(0, V, (16, 24), generator=torch.Generator().manual_seed(0))
+    models = in_memory({0: tiny_model(seed=0), 10: tiny_model(seed=1), 40: tiny_model(seed=2)})
+    traj = record_trajectory(models, tokens, tmp_path_factory.mktemp("t") / "t", QUIET)
+    groups = TokenGroups.from_statistics(cooccurrence(tokens, V), guard=False, purity=0.5)
+    return traj, groups
+
+
+def test_heads_of_a_permuted_run_are_matched_by_what_they_do(recorded):
+    """Seeds permute a layer's heads: a run whose heads are a known permutation of another's
+    is matched back exactly (similarity 1, above chance), and compared head to head its
+    figures agree (no spread over runs); compared by index they do not."""
+    from scansnap_lens.measures.matching import match_heads
+
+    traj, groups = recorded
+    order = [[2, 0, 1], [1, 2, 0]]  # layer 0: the copy's head 0 is head 2, ...
+    runs = {"a": traj, "b": _permuted(traj, order)}
+    matching, why = match_heads(runs)
+    assert why == ""
+    b = matching[matching["run"] == "b"]
+    for li, layer in enumerate(traj.layers):
+        got = b[b["layer"] == layer].set_index("head")["reference_head"]
+        assert [int(got[h]) for h in range(3)] == order[li]
+        rows = b[b["layer"] == layer]
+        assert (rows["similarity"] > 1 - 1e-9).all() and (rows["chance"] < 0.99).all()
+    by_behaviour = measure_runs(runs, groups).table
+    assert np.allclose(by_behaviour["bias_sd"].dropna(), 0, atol=1e-9)
+    assert np.allclose(by_behaviour["previous_token_sd"].dropna(), 0, atol=1e-9)
+    by_index = measure_runs(runs, groups, match="index").table
+    assert by_index["previous_token_sd"].max() > 0.01
+    assert by_behaviour is not None and "heads matched by index" not in " ".join(
+        measure_runs(runs, groups).warnings
+    )
+
+
+def test_two_runs_warn_and_intervals_over_runs_stay_possible():
+    """With 2 runs the t interval (1 degree of freedom) passes the possible: counts of heads
+    below 0 or above the layer's heads, snap steps past the run's end, AUROC outside
+    [0, 1]; each is kept within, and the comparison says two runs say little."""
+    runs = {}
+    for r, (auroc, snap, count) in enumerate([(0.05, 700.0, 0), (0.98, 80.0, 2)]):
+        runs[f"s{r}"] = pd.DataFrame({
+            "layer": [0, 0], "head": [0, 1], "auroc": [auroc, 0.5], "snap_step": [snap, 100.0],
+            "scans": [False, False], "final_step": [800, 800],
+            "previous_token": [0.9 * (r == 1), 0.1], "previous_token_step": [
+                300.0 if count else math.nan, 10.0 + 700 * r],
+        })  # fmt: skip
+    comparison = compare_runs(runs)
+    table, layers = comparison.table, comparison.layers
+    assert comparison.warnings and "2 runs" in comparison.warnings[0]
+    assert (table["auroc_lo"] >= 0).all() and (table["auroc_hi"] <= 1).all()
+    for column in ("snap_step", "previous_token_step"):
+        assert (table[f"{column}_hi"].dropna() <= 800).all()
+        assert (table[f"{column}_lo"].dropna() >= 0).all()
+    assert (table["previous_token_hi"] <= 1).all() and (table["previous_token_lo"] >= 0).all()
+    assert table["snap_step_hi"].max() == 800  # the t interval reached past the run's end
+    assert (layers["previous_token_heads_hi"] <= 2).all()
+    assert (layers["previous_token_heads_lo"] >= 0).all()
+    assert compare_runs({**runs, "s2": runs["s0"]}).warnings == []
