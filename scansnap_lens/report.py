@@ -320,6 +320,14 @@ def _model_figures(traj, groups, summary, results, folder, layer, head, training
                 path=p,
             ),
         )
+    folder.figure(
+        "loss",
+        "Loss over training (the evaluation loss the recording measured on its first"
+        " evaluation rows at each checkpoint, and a training log's where the run has one) with"
+        " each layer's snap step (dashed: the median over its heads) and the steps at which"
+        " heads became one of the head types (dotted)",
+        lambda p: _loss_figure(traj, summary, p),
+    )
     order = _shown_classes(traj, groups)
     if groups is not None:
         folder.figure(
@@ -356,6 +364,38 @@ def _model_figures(traj, groups, summary, results, folder, layer, head, training
                 path=p,
             ),
         )  # fmt: skip
+
+
+def _loss_curves(traj: Trajectory) -> dict[str, tuple[list, list]]:
+    """{label: (steps, losses)}: the recorded evaluation loss, and the training log's losses
+    a Trainer run's meta holds (``train_loss``, ``eval_loss``: [[step, loss], ...])."""
+    from scansnap_lens.recording.hooks import LOSS_ROWS
+
+    curves = {}
+    if torch.isfinite(traj.loss).any():
+        curves[f"evaluation loss (first {LOSS_ROWS} rows)"] = (traj.steps.tolist(),
+                                                               traj.loss.tolist())  # fmt: skip
+    for key, label in (("train_loss", "training loss (log)"), ("eval_loss", "eval loss (log)")):
+        logged = traj.meta.get(key)
+        if isinstance(logged, list) and logged:
+            curves[label] = ([float(a) for a, _ in logged], [float(b) for _, b in logged])
+    return curves
+
+
+def _loss_figure(traj: Trajectory, summary: pd.DataFrame, path: Path):
+    from scansnap_lens.viz.figures import plot_loss_with_steps
+
+    marks = {}
+    if "snap_step" in summary:
+        for layer, rows in summary.groupby("layer"):
+            if rows["snap_step"].notna().any():
+                marks[f"layer {layer} snap"] = float(rows["snap_step"].median())
+    for step in columns("formed", measures_of(traj)):
+        if step in summary and summary[step].notna().any():
+            first = summary.loc[summary[step].idxmin()]
+            kind = step.removesuffix("_step").replace("_", "-")
+            marks[f"{int(first['layer'])}.{int(first['head'])} {kind}"] = float(first[step])
+    return plot_loss_with_steps(_loss_curves(traj), marks, traj.step_unit, path=path)
 
 
 def _shown_classes(traj: Trajectory, groups: TokenGroups | None, most: int | None = 4) -> list:
@@ -408,14 +448,17 @@ def _page(
     from scansnap_lens.viz import views as cv
 
     found = measures.findings_of(summary, measures_of(traj), traj.step_unit)
-    heads_map = folder.figures.pop("heads", "")
+    heads_map = folder.figures.pop("heads", "")  # none for one head: the loss takes its place
+    loss = folder.figures.pop("loss", "")
+    beside, below = (heads_map, loss) if heads_map else (loss, "")
     body = [
         f"<h1>{html.escape(title)}</h1>",
         "<div class='findings'><div><h2>Findings</h2><ul>"
         + "".join(f"<li>{html.escape(line)}</li>" for line in found)
         + "</ul><p>Each is measured below; the settings are at the end.</p></div>"
-        + heads_map
+        + beside
         + "</div>",
+        below,
         "<h2>Summary (one row per layer and head, at the last checkpoint)</h2>",
         table_html(with_intervals(summary, columns("key", measures_of(traj))).head(50)),
         _legend(results),
@@ -634,6 +677,20 @@ def _over_runs(frame: pd.DataFrame, figures: list[str]) -> pd.DataFrame:
     return with_intervals(renamed, kept)
 
 
+def _runs_loss_figure(comparison, path: Path):
+    from scansnap_lens.viz.figures import plot_loss_with_steps
+
+    losses = comparison.losses
+    curves = {run: (rows["step"].tolist(), rows["loss"].tolist())
+              for run, rows in losses.groupby("run", sort=False)}  # fmt: skip
+    marks = {}
+    layers = comparison.layers if comparison.layers is not None else pd.DataFrame()
+    for row in layers.to_dict("records"):
+        if pd.notna(row.get("snap_step_median_mean")):
+            marks[f"layer {int(row['layer'])} snap"] = float(row["snap_step_median_mean"])
+    return plot_loss_with_steps(curves, marks, path=path)
+
+
 def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
     from scansnap_lens.viz.figures import plot_runs, plot_runs_maps
 
@@ -650,6 +707,13 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
             f"{column} of every head in every run (colours, with each run's own interval) and"
             " the mean over runs with its interval over runs (black)",
             partial(plot_runs, comparison, column),
+        )
+    if comparison.losses is not None:
+        folder.figure(
+            "runs_loss",
+            "Each run's evaluation loss at its checkpoints, with each layer's snap step (the"
+            " median over its heads, averaged over runs; dashed)",
+            partial(_runs_loss_figure, comparison),
         )
     folder.figure(
         "runs_map_bias",
@@ -689,14 +753,17 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
             + table_html(comparison.matching[comparison.matching["run"] != comparison.runs[0]])
         )
     found = measures.runs_findings_of(comparison)
+    maps, loss = folder.figures.pop("runs_map_bias", ""), folder.figures.pop("runs_loss", "")
+    beside, below = (maps, loss) if maps else (loss, "")
     body = [
         f"<h1>{html.escape(title)}</h1>",
         "<p>Runs: " + ", ".join(html.escape(r) for r in comparison.runs) + "</p>",
         "<div class='findings'><div><h2>What holds across the runs</h2><ul>"
         + "".join(f"<li>{html.escape(line)}</li>" for line in found)
         + "</ul></div>"
-        + folder.figures.pop("runs_map_bias", "")
+        + beside
         + "</div>",
+        below,
         *layer_html,
         "<h2>Across runs (one row per matched head)</h2>",
         table_html(shown),

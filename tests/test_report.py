@@ -351,3 +351,87 @@ def test_a_report_to_step_ten_to_the_twelve_does_not_hang(tmp_path):
     report = write_report(traj, None, tmp_path / "r", source=stats, views=False)
     assert "theory_fit" not in report.not_measured
     assert report.summary["rank_agreement"].notna().all()
+
+
+@pytest.fixture(scope="module")
+def trainer_runs(tmp_path_factory):
+    """Two seeds of a user's Hugging Face Trainer run (GPT-NeoX, 2 layers x 2 heads, 12 steps,
+    a checkpoint every 4, the loss logged every step), recorded and reported through the
+    command line, and their runs report: {name: page}."""
+    import transformers
+
+    from scansnap_lens.cli import main
+    from scansnap_lens.inputs.tokens import save_tokens
+    from scansnap_lens.statistics.corpus import cooccurrence
+
+    root = tmp_path_factory.mktemp("trainer")
+    V = 50
+    rows = torch.randint(1, V, (64, 16), generator=torch.Generator().manual_seed(0))
+    rows[:, 1::2] = (rows[:, 0::2] * 7) % V  # a next token the context tells
+    save_tokens(root / "eval.safetensors", rows[:32])
+    cooccurrence(rows, V).save(root / "stats.safetensors")
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(rows)
+
+        def __getitem__(self, i):
+            return {"input_ids": rows[i], "labels": rows[i]}
+
+    trajs = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        config = transformers.GPTNeoXConfig(
+            vocab_size=V, max_position_embeddings=16, hidden_size=16, num_hidden_layers=2,
+            num_attention_heads=2, intermediate_size=32, bos_token_id=0, eos_token_id=0,
+        )  # fmt: skip
+        args = transformers.TrainingArguments(
+            str(root / f"run_s{seed}"), max_steps=12, save_steps=4, logging_steps=1,
+            per_device_train_batch_size=8, learning_rate=1e-2, report_to=[], use_cpu=True,
+            disable_tqdm=True, seed=seed, data_seed=seed,
+        )  # fmt: skip
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        transformers.Trainer(model=model, args=args, train_dataset=Rows()).train()
+        traj = root / f"traj_s{seed}"
+        assert main(["record", "--checkpoints", str(root / f"run_s{seed}"), "--tokens",
+                     str(root / "eval.safetensors"), "--stats", str(root / "stats.safetensors"),
+                     "--out", str(traj)]) == 0  # fmt: skip
+        trajs.append(str(traj))
+    stats = str(root / "stats.safetensors")
+    assert main(["report", trajs[0], "--stats", stats, "--out", str(root / "report")]) == 0
+    assert main(["report", *trajs, "--stats", stats, "--out", str(root / "runs")]) == 0
+    return {"trainer": root / "report" / "report.html", "runs": root / "runs" / "runs.html"}
+
+
+def test_each_page_opens_with_its_findings_and_fits_1300_pixels(demo_out, trainer_runs):
+    """Read at 1,300 x 900 as a reader's browser shows them (the demo, a Trainer run and its
+    two seeds): the first screen holds the findings and the heads map, nothing is wider than
+    the page (wide tables scroll inside their own box), and the loss figure is there."""
+    from _browser import layout
+
+    pages = {"demo": demo_out[0] / "report" / "report.html", **trainer_runs}
+    for name, path in pages.items():
+        seen = layout(path, (1300, 900))
+        assert seen["wide"] == [] and seen["page_width"] <= 1300, (name, seen["wide"][:5])
+        assert seen["findings"] is not None and seen["findings_items"] >= 3, name
+        assert seen["findings"]["top"] < seen["height"], name
+        assert seen["map"] is not None and seen["map"]["bottom"] <= seen["height"], (name, seen)
+        assert "Loss over training" in path.read_text() or "evaluation loss" in path.read_text()
+    assert "Only 2 runs" in trainer_runs["runs"].read_text()
+
+
+def test_the_loss_figure_marks_the_snap_and_formation_steps(trainer_runs):
+    """The loss of a Trainer run: the recorded evaluation loss at each checkpoint and the
+    Trainer's logged loss (log_history), with each layer's snap step as a line."""
+    from scansnap_lens.report import _loss_curves, _loss_figure
+
+    traj = Trajectory.load(trainer_runs["trainer"].parent.parent / "traj_s0")
+    summary = pd.read_csv(trainer_runs["trainer"].parent / "summary.csv")
+    curves = _loss_curves(traj)
+    assert traj.steps.tolist() == [4, 8, 12] and torch.isfinite(traj.loss).all()
+    logged = dict(zip(*curves["training loss (log)"]))
+    assert sorted(logged) == list(range(1, 13))  # the Trainer logged every step
+    figure = _loss_figure(traj, summary, None)
+    labels = [line.get_label() for line in figure.axes[0].get_lines()]
+    snapped = sorted(summary.dropna(subset=["snap_step"])["layer"].unique())
+    assert [f"layer {layer} snap" for layer in snapped] == [x for x in labels if "snap" in x]

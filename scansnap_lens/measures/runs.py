@@ -101,6 +101,7 @@ class RunComparison:
     layers: pd.DataFrame | None = None
     matching: pd.DataFrame | None = None  # `matching.match_heads`, where heads were matched
     warnings: list[str] = field(default_factory=list)
+    losses: pd.DataFrame | None = None  # run, step, loss: each run's recorded evaluation loss
 
     def to_dataframe(self) -> pd.DataFrame:
         return self.table
@@ -121,8 +122,9 @@ class RunComparison:
         make_folder(path)
         said = {"runs": self.runs, "warnings": self.warnings}
         write_text(path / "runs.json", json.dumps(said, indent=1))
-        if self.matching is not None:
-            write_text(path / "matching.csv", self.matching.to_csv(index=False))
+        for name, frame in (("matching", self.matching), ("losses", self.losses)):
+            if frame is not None:
+                write_text(path / f"{name}.csv", frame.to_csv(index=False))
         write_text(path / "per_run.csv", self.per_run.to_csv(index=False))
         write_text(path / "across_runs.csv", self.table.to_csv(index=False))
         if self.layers is not None:
@@ -134,16 +136,17 @@ class RunComparison:
         path = Path(path)
         said = json.loads((path / "runs.json").read_text())
         runs = said["runs"]
-        matching = None
-        if (path / "matching.csv").is_file():
-            matching = pd.read_csv(path / "matching.csv")
+        matching, losses = (
+            pd.read_csv(path / f"{name}.csv") if (path / f"{name}.csv").is_file() else None
+            for name in ("matching", "losses")
+        )
         per_run = pd.read_csv(path / "per_run.csv", keep_default_na=False, na_values=[""])
         table = pd.read_csv(path / "across_runs.csv", keep_default_na=False, na_values=[""])
         layers = None
         if (path / "across_runs_layers.csv").is_file():
             layers = pd.read_csv(path / "across_runs_layers.csv")
         return cls([str(r) for r in runs], per_run, table, layers, matching,
-                   said.get("warnings", []))  # fmt: skip
+                   said.get("warnings", []), losses)  # fmt: skip
 
     def __repr__(self) -> str:
         scanning = int((self.table["scans_runs"] > 0).sum()) if len(self.table) else 0
@@ -308,6 +311,11 @@ def measure_runs(
             summary["head"] = own["reference_head"].reindex(keys).to_numpy()
     comparison = compare_runs(summaries, entries)
     comparison.matching = matching
+    comparison.losses = pd.DataFrame(
+        [(name, step, loss) for name, traj in trajs.items()
+         for step, loss in zip(traj.steps.tolist(), traj.loss.tolist())],
+        columns=["run", "step", "loss"],
+    )  # fmt: skip
     if why:
         comparison.warnings.append(f"heads matched by index: {why}")
     return comparison

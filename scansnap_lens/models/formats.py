@@ -275,10 +275,12 @@ def trainer_training(states: list[Path]) -> dict:
     """What the Trainer's ``trainer_state.json`` files (of its checkpoints) say of how the
     model was trained, as the trajectory's meta takes it: the peak learning rate as ``lr_y``
     and ``lr_z`` (the Trainer has one rate for all parameters), ``lr_schedule`` ([step, rate]
-    of its log, the warmup and decay), and the optimizer, AdamW (``adam``): the Trainer's
+    of its log, the warmup and decay), ``train_loss`` and ``eval_loss`` ([step, loss] of its
+    log, where it logged them), and the optimizer, AdamW (``adam``): the Trainer's
     default, which the file does not name (``training_from`` says so).  {} where no file has a
     logged rate."""
     rates: dict[int, float] = {}
+    losses: dict[str, dict[int, float]] = {"loss": {}, "eval_loss": {}}
     for state in states:
         try:
             log = json.loads(state.read_text()).get("log_history", [])
@@ -301,12 +303,21 @@ def trainer_training(states: list[Path]) -> dict:
         for entry in read:
             if "learning_rate" in entry:
                 rates[int(entry.get("step", 0))] = float(entry["learning_rate"])
+            for key in ("loss", "eval_loss"):
+                if isinstance(entry.get(key), int | float):
+                    losses[key][int(entry.get("step", 0))] = float(entry[key])
     if not rates:
         return {}
     steps = sorted(rates)
     keep = steps[:: max(1, len(steps) // 64)] + steps[-1:]  # the shape of it, not every log
     peak = max(rates.values())
+    logged = {
+        name: [[s, losses[key][s]] for s in dict.fromkeys(at[:: max(1, len(at) // 200)] + at[-1:])]
+        for key, name in (("loss", "train_loss"), ("eval_loss", "eval_loss"))
+        if (at := sorted(losses[key]))
+    }  # the logged losses, at most about 200 points each
     return {
+        **logged,
         "lr_y": peak,
         "lr_z": peak,
         "optimizer": "adam",

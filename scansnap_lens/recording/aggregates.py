@@ -75,7 +75,7 @@ RESERVED = frozenset({
     "plan", "steps", "layers", "heads", "step_unit", "skipped", "meta", "prompt",
     "prompt_pattern", "aggregates", "rows", "values", "step", "num_steps", "replace", "holds",
     "from_records", "class_slot", "class_attention", "attention", "logits", "select",
-    "to_dataframe", "entropy_dataframe", "save", "load", "entries",
+    "to_dataframe", "entropy_dataframe", "save", "load", "entries", "loss",
 })  # fmt: skip
 
 AXES = {
@@ -221,12 +221,14 @@ class CheckpointRecord:
 
     values: {aggregate name: [L, H, slots]} (`AGGREGATES`), each readable as an attribute
     (``record.zbar``); prompt_pattern: [L, H, T, T] attention weights of one example prompt,
-    or None.
+    or None; loss: the model's mean next-token loss (nats) on the first evaluation rows
+    (`hooks.LOSS_ROWS`), or None.
     """
 
     step: int
     values: dict[str, Tensor]
     prompt_pattern: Tensor | None = None
+    loss: float | None = None
 
     def __getattr__(self, name: str) -> Tensor:
         values = self.__dict__.get("values", {})

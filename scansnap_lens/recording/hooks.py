@@ -217,6 +217,7 @@ class _HookAggregator:
         self.sums = _Sums(sizes, len(self.layers), len(self.heads), device)
         self.row_counts = {a.name: torch.zeros(rows, dtype=torch.long) for a in self.on_rows}
         self.rows_done = 0
+        self.loss_sum, self.loss_tokens = torch.zeros((), dtype=torch.float64, device=device), 0
         self.batch: _Batch | None = None
         self.positions: dict[str, _Positions] = {}
         # what the checkpoints of one run share: per layer, whether hook_attn_scores carries
@@ -440,9 +441,10 @@ class _HookAggregator:
         is_event = (self.query_slot[x] >= 0) & (pos >= first + 1) & (pos <= T - 2)
         return (is_event * n_ctx).sum(1)
 
-    def run(self, x: Tensor) -> None:
+    def run(self, x: Tensor, loss: bool = False) -> None:
         """Aggregate the rows `x` [B, T] (on the host: they are indexed there, and only the
-        indices and the tokens go to the device, so the host never waits for it)."""
+        indices and the tokens go to the device, so the host never waits for it); with
+        `loss`, the whole forward pass runs and its next-token loss is summed as well."""
         x = x.cpu()
         if self.read_scores and len(self.scores_from_qk) < len(self.layers):
             self.probe(x[:1].to(self.device))
@@ -456,7 +458,16 @@ class _HookAggregator:
             stop = min(max(stop, start + 1), start + most_rows)
             part = x[start:stop]
             self.batch, self.positions = self._indices(part)
-            run_until(self.model, _to_device(part, self.device), max(self.layers), self.hooks())
+            if loss:  # the whole forward, to the unembedding: its loss per next token
+                per_token = self.model.run_with_hooks(
+                    _to_device(part, self.device), return_type="loss", loss_per_token=True,
+                    fwd_hooks=self.hooks(),
+                )  # fmt: skip
+                self.loss_sum += per_token.detach().double().sum()
+                self.loss_tokens += per_token.numel()
+            else:
+                run_until(self.model, _to_device(part, self.device), max(self.layers),
+                          self.hooks())  # fmt: skip
             self.batch, self.positions = None, {}
             self.qk.clear()
             self.rows_done += part.shape[0]
@@ -485,6 +496,10 @@ class _HookAggregator:
             self.row_counts[name].index_add_(0, rows, torch.ones_like(rows))
         return batch, positions
 
+    def mean_loss(self) -> float | None:
+        """The mean next-token loss of the rows run with ``loss`` (one read from the device)."""
+        return float(self.loss_sum) / self.loss_tokens if self.loss_tokens else None
+
     def means(self) -> dict[str, Tensor]:
         """{name: [L, H, slots]} float32 on the host: each slot's sum over its count (the
         plan's for plan aggregates, each row's query positions for position aggregates; NaN
@@ -507,6 +522,11 @@ class _HookAggregator:
 
 class _Enough(Exception):
     """Raised by the last hook a recording needs, so that the forward pass goes no further."""
+
+
+# the evaluation rows whose next-token loss each checkpoint records (the first ones): the
+# whole forward pass runs for them, to the unembedding, which the other rows skip
+LOSS_ROWS = 16
 
 
 def run_until(model: HookedModel, x: Tensor, last_layer: int, hooks: list) -> None:
@@ -723,7 +743,7 @@ def record_checkpoint(
             fingerprint = (
                 fingerprint + rows_fingerprint(list(x.cpu().numpy().astype(np.int64)))
             ) & ((1 << 64) - 1)
-            aggregator.run(x)
+            aggregator.run(x, loss=aggregator.rows_done < LOSS_ROWS)
             if on_batch is not None:
                 on_batch(done, len(batches), time.perf_counter() - start)
         if fingerprint != plan.fingerprint:
@@ -741,6 +761,7 @@ def record_checkpoint(
         step=int(step),
         values={a.name: values[a.name] for a in aggregates},
         prompt_pattern=None if prompt is None else prompt_attention(model, prompt, layers, heads),
+        loss=aggregator.mean_loss(),
     )
 
 

@@ -60,7 +60,8 @@ if TYPE_CHECKING:
 __all__ = ["Recorder", "RecordingRun", "record_trajectory", "trainer_callback"]
 
 # the meta a Trainer's trainer_state.json gives (`formats.trainer_training`)
-TRAINER_KEYS = {"lr_y", "lr_z", "optimizer", "momentum", "lr_schedule", "training_from"}
+TRAINER_KEYS = {"lr_y", "lr_z", "optimizer", "momentum", "lr_schedule", "training_from",
+                "train_loss", "eval_loss"}  # fmt: skip
 _PLANNING = ("queries", "exclude_bos", "tokenizer", "window")  # what a plan is made from
 
 

@@ -223,7 +223,10 @@ class TrajectoryWriter:
         name = checkpoint_name(record.step, self._suffix)
         tensors = record_tensors(record, manifest_aggregates(self.manifest))
         write_tensors(self.path / name, tensors, {"format": FORMAT, "step": str(record.step)})
-        self._update(record.step, {"step": int(record.step), "file": name}, None)
+        entry = {"step": int(record.step), "file": name}
+        if record.loss is not None:  # the evaluation loss: one number, in the manifest
+            entry["loss"] = float(record.loss)
+        self._update(record.step, entry, None)
 
     def skip(self, step: int, source: str, error: str) -> None:
         self._update(step, None, {"step": int(step), "source": source, "error": error})

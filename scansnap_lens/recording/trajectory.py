@@ -56,7 +56,9 @@ class Trajectory:
     rows aggregate read.
     skipped: checkpoints that could not be read: dicts with step, source and error.
     prompt: [T] ids of an example prompt, and prompt_pattern [S, L, H, T, T] its attention
-    weights at every checkpoint (None where no prompt was recorded).
+    weights at every checkpoint (None where no prompt was recorded).  loss: [S] the model's
+    mean next-token loss on the first evaluation rows (`hooks.LOSS_ROWS`), NaN where a
+    checkpoint has none (folders written before it was recorded).
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class Trajectory:
         prompt_pattern: Tensor | StepStack | None = None,
         aggregates: dict[str, Aggregate] | None = None,
         rows: dict[str, str] | None = None,
+        loss: Tensor | None = None,
         **values: Tensor | StepStack,
     ):
         self.plan, self.steps = plan, steps
@@ -80,6 +83,9 @@ class Trajectory:
         self.skipped = [] if skipped is None else skipped
         self.meta = {} if meta is None else meta
         self.prompt, self.prompt_pattern = prompt, prompt_pattern
+        # [S] the evaluation loss at each checkpoint (NaN where not recorded)
+        self.loss = (torch.full((len(steps),), math.nan, dtype=torch.float64) if loss is None
+                     else torch.as_tensor(loss, dtype=torch.float64))  # fmt: skip
         aggregates = dict(aggregates or {})
         for name in values:
             if name not in aggregates:
@@ -112,7 +118,7 @@ class Trajectory:
             "plan": self.plan, "steps": self.steps, "layers": self.layers, "heads": self.heads,
             "step_unit": self.step_unit, "skipped": self.skipped, "meta": self.meta,
             "prompt": self.prompt, "prompt_pattern": self.prompt_pattern,
-            "aggregates": self.aggregates, "rows": self.rows,
+            "aggregates": self.aggregates, "rows": self.rows, "loss": self.loss,
         }  # fmt: skip
         values = dict(self.values)
         for key, value in changes.items():
@@ -147,6 +153,8 @@ class Trajectory:
             raise ValueError("the records hold different aggregates")
         stacked = {k: torch.stack([r.values[k] for r in records]) for k in names}
         steps = torch.tensor([r.step for r in records], dtype=torch.long)
+        losses = [math.nan if r.loss is None else r.loss for r in records]
+        kwargs.setdefault("loss", torch.tensor(losses, dtype=torch.float64))
         patterns = [r.prompt_pattern for r in records]
         if kwargs.get("prompt") is not None and all(p is not None for p in patterns):
             kwargs["prompt_pattern"] = torch.stack(patterns)
@@ -211,6 +219,7 @@ class Trajectory:
             skipped=list(self.skipped),
             meta=dict(self.meta),
             prompt_pattern=None if self.prompt_pattern is None else cut(self.prompt_pattern),
+            loss=self.loss[s],
             **out,
         )
 
@@ -276,7 +285,8 @@ class Trajectory:
         for i, step in enumerate(self.steps.tolist()):
             pattern = None if self.prompt_pattern is None else self.prompt_pattern[i]
             values = {k: torch.as_tensor(v[i]) for k, v in self.values.items()}
-            writer.write(CheckpointRecord(step, values, pattern))
+            loss = None if math.isnan(self.loss[i]) else float(self.loss[i])
+            writer.write(CheckpointRecord(step, values, pattern, loss))
         for item in self.skipped:
             writer.skip(item["step"], item["source"], item["error"])
         writer.finish()
@@ -308,7 +318,9 @@ class Trajectory:
             prompt_pattern=pattern,
             aggregates={e["name"]: Aggregate.from_entry(e) for e in entries},
             rows={e["name"]: e["rows"] for e in entries if "rows" in e},
-        )
+            loss=torch.tensor([c.get("loss", math.nan) for c in manifest["checkpoints"]],
+                              dtype=torch.float64),
+        )  # fmt: skip
 
     def entries(self) -> list[dict]:
         """The manifest entries of the aggregates held (`Aggregate.entry`)."""

@@ -35,6 +35,7 @@ __all__ = [
     "plot_head_grid",
     "plot_logit_change",
     "plot_loss",
+    "plot_loss_with_steps",
     "plot_over_steps",
     "plot_runs",
     "plot_runs_maps",
@@ -174,6 +175,36 @@ def plot_loss(runs: dict[str, YZRun], path: str | Path | None = None) -> Figure:
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy")
     ax.legend(fontsize=8)
+    return _finish(fig, path)
+
+
+def plot_loss_with_steps(
+    curves: dict[str, tuple[Sequence[float], Sequence[float]]],
+    marks: dict[str, float],
+    step_unit: str = "steps",
+    path: str | Path | None = None,
+) -> Figure:
+    """Loss over training, `curves` {label: (steps, losses)} (the recorded evaluation loss
+    with its checkpoints as points, a training log's loss as a line), with the steps of
+    `marks` {label: step} (snap and formation steps) as vertical lines: does attention snap
+    where the loss drops (the induction bump)?"""
+    if not any(np.isfinite(np.asarray(y, dtype=float)).any() for _, y in curves.values()):
+        raise ValueError("no loss was recorded or logged (folders recorded before it was)")
+    fig = Figure(figsize=(7, 3.4))
+    ax = fig.subplots()
+    for i, (label, (x, y)) in enumerate(curves.items()):
+        y = np.asarray(y, dtype=float)
+        dots = "o-" if len(y) <= 200 else "-"
+        ax.plot(np.asarray(x, dtype=float), y, dots, label=label, color=f"C{i % 10}",
+                markersize=3, linewidth=1.2)  # fmt: skip
+    for j, (label, step) in enumerate(marks.items()):
+        ax.axvline(step, color=f"C{(j + len(curves)) % 10}", linestyle="--" if "snap" in label
+                   else ":", linewidth=1.2, label=label)  # fmt: skip
+    ax.set_xlabel(step_unit)
+    ax.set_ylabel("loss (nats per token)")
+    if all(min(np.asarray(x, dtype=float)) > 0 for x, _ in curves.values()):
+        ax.set_xscale("log")
+    ax.legend(fontsize=7, loc="upper right")
     return _finish(fig, path)
 
 

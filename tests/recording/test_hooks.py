@@ -48,12 +48,16 @@ def test_aggregates_equal_brute_force(exclude_bos, include_self, window, backend
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_recording_stops_after_the_last_watched_attention(backend):
     """Recording the last layer runs neither its MLP nor the unembedding (a bridge's
-    stop_at_layer does not stop after its last block), and leaves no hook behind: the model's
-    logits are the same before and after."""
+    stop_at_layer does not stop after its last block) but for the first `LOSS_ROWS` rows,
+    whose loss it records (the model's own), and leaves no hook behind: the model's logits
+    are the same before and after."""
+    from scansnap_lens.recording.hooks import LOSS_ROWS
+
     model = tiny_model(backend=backend)
-    tokens = torch.randint(0, V, (3, 10), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, V, (LOSS_ROWS + 6, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         before = model(tokens)
+        truth = model(tokens[:LOSS_ROWS], return_type="loss")
     modules = {"unembed": model.unembed, "last mlp": model.blocks[1].mlp}
     calls = {name: 0 for name in modules}
     handles = [
@@ -61,10 +65,12 @@ def test_recording_stops_after_the_last_watched_attention(backend):
         for name, module in modules.items()
     ]
     plan = plan_recording(tokens, V)
-    record_checkpoint(model, tokens, plan, progress=False)
+    record = record_checkpoint(model, tokens, plan, batch_size=LOSS_ROWS // 2, progress=False)
+    assert calls == {"unembed": 2, "last mlp": 2}  # the two batches of the loss rows only
+    assert abs(record.loss - float(truth)) < 1e-5 * max(1.0, float(truth))  # float32 means
     prompt_attention(model, tokens[0], layers=[1], heads=[0])
     position_entropy(model, tokens)
-    assert calls == {"unembed": 0, "last mlp": 0}
+    assert calls == {"unembed": 2, "last mlp": 2}
     for handle in handles:
         handle.remove()
     with torch.no_grad():
@@ -300,6 +306,7 @@ def test_the_forward_passes_wait_for_the_host_no_more_than_the_bare_forward(monk
             return original(model, x, last_layer, hook_list)
 
     monkeypatch.setattr(hooks, "run_until", counted)
+    monkeypatch.setattr(hooks, "LOSS_ROWS", 0)  # every pass stops at the watched layers
     monkeypatch.setattr(hooks._HookAggregator, "MAX_PAIRS", 40)  # several parts per batch
     means = []
     monkeypatch.setattr(hooks._HookAggregator, "means", _spy(hooks._HookAggregator.means, means))
