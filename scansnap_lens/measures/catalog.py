@@ -73,6 +73,7 @@ class Plot:
     column: str | None = None
     title: str = ""
     snaps: bool = False
+    limits: tuple[float, float] | None = None  # the value axis's, where it has bounds
 
 
 @dataclass(frozen=True)
@@ -169,8 +170,8 @@ MEASURES: tuple[Measure, ...] = (
         ),
         explains="<b>spearman</b>: rank correlation of the change of distinct tokens with"
         " P(l|m, n); &gt; 0 is the frequency bias (frequent co-occurrence gains more).",
-        shown="key: spearman; heads: spearman; runs: spearman; atlas: spearman spearman_lo"
-        " spearman_hi spearman_p spearman_classes",
+        shown="key: spearman spearman_p; heads: spearman; runs: spearman; atlas: spearman"
+        " spearman_lo spearman_hi spearman_p spearman_classes",
     ),
     Measure(
         "sparsity",
@@ -309,7 +310,7 @@ def _head_type(name: str, title: str, caption: str, explains: str) -> Measure:
     with the interval over rows, and its formation step, beside the snap step."""
     columns = ("", "_lo", "_hi", "_rise_p", "_step", "_step_lo", "_step_hi", "_reason")
     plot = Plot(name, caption + "; dotted: snap_step", "paint_over_steps", name, title,
-                snaps=True)  # fmt: skip
+                snaps=True, limits=(0.0, 1.0))  # a share of attention  # fmt: skip
     step = f"{name}_step"
     return Measure(
         name,

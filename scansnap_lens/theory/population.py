@@ -65,8 +65,13 @@ class Population:
             raise ValueError("class weights must be positive")
         if (self.triple_p <= 0).any():
             raise ValueError("triples hold the support: every P(l|m, n) must be positive")
-        if torch.unique(self.triple_class).numel() != K:
-            raise ValueError("every class needs at least one context token")
+        held = torch.unique(self.triple_class).numel()
+        if held != K:
+            raise ValueError(
+                f"every class needs at least one context token, and {K - held} of {K} have none"
+                " in the statistics (counted with another window=, or pruned?): count them"
+                " with the recording's window"
+            )
 
     @classmethod
     def from_dense(cls, query, next_token, weight, probs, tokens, vocab_size) -> Population:

@@ -307,10 +307,12 @@ def plot_over_steps(
     snaps: pd.DataFrame | None = None,
     title: str = "",
     path: str | Path | None = None,
+    limits: tuple[float, float] | None = None,
 ) -> Figure:
     """A measurement table (step, layer, head, column) as one line per layer and head, steps on
-    a log axis; with ``snaps`` (a `snapping` table) a marker at each head's snap step.
-    ValueError where the column holds no number (nothing was measured: no empty figure)."""
+    a log axis; with ``snaps`` (a `snapping` table) a marker at each head's snap step; `limits`
+    the value axis's (a share of attention: (0, 1), so that a change of 0.0004 is not drawn
+    as a cliff).  ValueError where the column holds no number (nothing was measured)."""
     if column not in table or not table[column].notna().any():
         raise ValueError(f"{column} is not measured at any checkpoint: nothing to draw")
     fig = Figure(figsize=(6, 3.6))
@@ -325,6 +327,8 @@ def plot_over_steps(
             for s in match["snap_step"].dropna():
                 ax.axvline(s + 1, color=line.get_color(), ls=":", lw=1)
     ax.set_xscale("log")
+    if limits is not None:
+        ax.set_ylim(*limits)
     ax.set_xlabel("step + 1")
     ax.set_ylabel(column)
     ax.set_title(title or column)
@@ -496,7 +500,7 @@ def plot_runs_maps(comparison, column: str = "bias", path: str | Path | None = N
 # a measurement as its plot says, called as ``painter(result, plot, snaps, path)``.
 def paint_over_steps(result, plot, snaps, path) -> Figure:
     return plot_over_steps(result.table, plot.column, snaps=snaps if plot.snaps else None,
-                           title=plot.title, path=path)  # fmt: skip
+                           title=plot.title, path=path, limits=plot.limits)  # fmt: skip
 
 
 def paint_logit_change(result, plot, snaps, path) -> Figure:

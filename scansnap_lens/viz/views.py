@@ -178,7 +178,8 @@ def attention_over_checkpoints(
     token_strings: Sequence[str] | None = None,
 ) -> View:
     """The example prompt's attention pattern at several checkpoints (circuitsvis
-    ``attention_heads``: one panel per checkpoint and head, labelled by step).
+    ``attention_heads``: one panel per checkpoint and head, labelled by step, the last
+    checkpoint first: the view opens on its first panel, and at step 0 attention is uniform).
 
     layer: default the first recorded; heads: default all recorded; steps: default up to 8
     spread over the trajectory.
@@ -189,7 +190,7 @@ def attention_over_checkpoints(
     steps = spread_steps(traj, steps)
     panels, names = [], []
     for head in heads:
-        for step in steps:
+        for step in reversed(steps):
             panels.append(prompt_pattern(traj, step, layer, head))
             names.append(f"step {step}" if len(heads) == 1 else f"H{head} step {step}")
     return View(
@@ -200,7 +201,8 @@ def attention_over_checkpoints(
             "attentionHeadNames": names,
             "maskUpperTri": True,
         },
-        f"Attention of the example prompt over training (layer {layer})",
+        f"Attention of the example prompt over training (layer {layer}; each panel a"
+        " checkpoint, the last first: circuitsvis's selector calls them heads)",
     )
 
 
