@@ -1,0 +1,119 @@
+"""A report's time on a user's own run, against the recording's: a researcher's second day.
+
+    python analyses/benchmarks/bench_report.py                # about 6 minutes on 2 cores
+    python analyses/benchmarks/bench_report.py --quick        # small: it runs, no goal
+
+The run is the shape a new user's first Trainer run has: GPT-NeoX (2 layers x 4 heads,
+d_model 128) trained with the Hugging Face Trainer on WikiText-2 valid with a byte-level BPE
+tokenizer of its own (4,096 tokens), rows of 128 tokens, 800 steps, 12 checkpoints; statistics
+of WikiText-2 valid (window 64), evaluation tokens of WikiText-2 test, `record` of 256 rows
+with `--stats`, then `report` through the command line, each timed as its own process.  One
+JSON line: the seconds of each, the classes recorded and fit, and report / record (the
+goal: a report within about a minute, not more than the recording took).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+SAVE_AT = (1, 10, 25, 50, 80, 120, 170, 240, 330, 450, 600, 800)
+
+
+def train(out: Path, tokenizer: Path, data: Path, steps: int, rows_seq: int = 128) -> None:
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train([str(data / "valid.txt")], trainers.BpeTrainer(
+        vocab_size=4096, special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    ))  # fmt: skip
+    tok.save(str(tokenizer))
+    ids = tok.encode((data / "valid.txt").read_text()).ids
+    n = len(ids) // rows_seq
+    rows = torch.tensor(ids[: n * rows_seq]).view(n, rows_seq)
+    torch.manual_seed(0)
+    config = transformers.GPTNeoXConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=128, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=512, max_position_embeddings=rows_seq,
+        rotary_pct=0.25, use_parallel_residual=True, tie_word_embeddings=False, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    save_at = sorted({s for s in SAVE_AT if s <= steps} | {steps})
+
+    class SaveAt(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_save = state.global_step in save_at
+
+    args = transformers.TrainingArguments(
+        str(out), max_steps=steps, per_device_train_batch_size=16, learning_rate=1e-3,
+        warmup_steps=min(40, steps // 10), lr_scheduler_type="cosine", weight_decay=0.01,
+        save_strategy="steps", save_steps=10**9, save_only_model=True, logging_steps=10,
+        report_to=[], use_cpu=True, disable_tqdm=True, seed=0, data_seed=0,
+    )  # fmt: skip
+    dataset = [{"input_ids": r, "labels": r} for r in rows]
+    transformers.Trainer(model=model, args=args, train_dataset=dataset,
+                         callbacks=[SaveAt()]).train()  # fmt: skip
+
+
+def timed(*args: str) -> float:
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "scansnap_lens.cli", *args],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        sys.exit(f"scansnap {args[0]} failed:\n{done.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="40 steps, 16 rows: it runs")
+    parser.add_argument("--shared", type=Path, default=SHARED)
+    args = parser.parse_args()
+    steps, rows = (40, 16) if args.quick else (800, 256)
+    data = args.shared / "data" / "wikitext-2"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        tok, stats, ev = root / "tokenizer.json", root / "stats.safetensors", root / "eval"
+        start = time.perf_counter()
+        train(root / "run", tok, data, steps)
+        train_s = time.perf_counter() - start
+        timed("stats", str(data / "valid.txt"), "--documents", "wikitext", "--tokenizer",
+              str(tok), "--out", str(stats), "--window", "64")  # fmt: skip
+        timed("tokens", str(data / "test.txt"), "--tokenizer", str(tok), "--documents",
+              "wikitext", "--seq-len", "128", "--out", f"{ev}.safetensors")  # fmt: skip
+        record_s = timed("record", "--checkpoints", str(root / "run"), "--tokens",
+                         f"{ev}.safetensors", "--out", str(root / "traj"), "--tokenizer",
+                         str(tok), "--stats", str(stats), "--max-rows", str(rows))  # fmt: skip
+        report_s = timed("report", str(root / "traj"), "--stats", str(stats), "--out",
+                         str(root / "report"))  # fmt: skip
+        summary = json.loads((root / "report" / "summary.json").read_text())
+        theory = next((r for r in summary["summary"] if "population_snap" in r), {})
+        manifest = json.loads((root / "traj" / "manifest.json").read_text())
+        from scansnap_lens.recording.trajectory import Trajectory
+
+        traj = Trajectory.load(root / "traj")
+        print(json.dumps({
+            "bench": "report", "steps": steps, "checkpoints": len(manifest["checkpoints"]),
+            "rows": rows, "classes": traj.plan.num_classes,
+            "theory_fit": "population_snap" in theory, "train_s": round(train_s, 1),
+            "record_s": round(record_s, 1), "report_s": round(report_s, 1),
+            "report_over_record": round(report_s / record_s, 2),
+        }), flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
