@@ -27,6 +27,7 @@ QUICK = {  # the arguments that make each one small
     "bench_runs.py": ["--quick"],
     "bench_scale.py": ["--sizes", "2e4", "--shards", "2"],
     "bench_sweep.py": ["--quick", "--revisions", "2", "--rows", "2"],
+    "bench_time_resolution.py": ["--quick"],
     "bench_uncertainty.py": ["--layers", "1", "--heads", "2"],
 }
 

@@ -108,6 +108,7 @@ _NAMES = {
     "interval_over_runs": "resampling",
     "share_interval": "resampling",
     "widened": "resampling",
+    "with_grid": "resampling",
     "compare_runs": "runs",
     "measure_runs": "runs",
     "check_same_runs": "runs",

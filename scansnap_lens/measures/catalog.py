@@ -318,7 +318,8 @@ def _head_type(name: str, title: str, caption: str, explains: str) -> Measure:
         needs_groups=False,
         summary=tuple(name + c for c in columns),
         plots=(plot,),
-        shown=f"key: {step}; heads: {name} {step}; grid: {name}; runs: {name} {step}; atlas:"
+        shown=f"key: {step}; heads: {name} {step}; grid: {name}; runs: {name} {step} {step}_lo"
+        f" {step}_hi; atlas:"
         f" {name} {name}_lo {name}_hi {step} {step}_lo {step}_hi; formed: {step}",
         explains=explains
         + f"  <b>{name}_step</b>: when it formed, the step by which the score has covered half"

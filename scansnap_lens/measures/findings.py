@@ -116,6 +116,11 @@ def _snaps(summary: pd.DataFrame) -> list[str]:
             if len(steps) > 1
             else _interval(rows.loc[steps.index[0]], "snap_step")
         )
+        if "snap_step_grid_lo" in rows and rows["snap_step_grid_lo"].notna().any():
+            spread += (
+                f"; the checkpoints place them within {_num(rows['snap_step_grid_lo'].min())}"
+                f" to {_num(rows['snap_step_grid_hi'].max())}"
+            )
         said.append(f"Layer {layer} snapped near step {_num(steps.median())} ({heads}: {spread}).")
     return said
 

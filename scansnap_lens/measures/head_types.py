@@ -33,7 +33,7 @@ The intervals cover other rows of the same text for this trained model, not anot
 >>> [round(v, 2) for v in final["induction"]], final["induction_reason"].tolist()
 ([0.72, 0.11], ['', 'no rise'])
 >>> final[["induction_step", "induction_step_lo", "induction_step_hi"]].round(1).values[0].tolist()
-[40.2, 39.5, 40.7]
+[40.2, 39.5, 50.0]
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from scansnap_lens.measures.resampling import (
     kish,
     mean_over_units,
     widened,
+    with_grid,
 )
 from scansnap_lens.recording.aggregates import HEAD_TYPES
 from scansnap_lens.recording.trajectory import Trajectory
@@ -80,16 +81,20 @@ def head_type_scores(traj: Trajectory, name: str) -> Tensor:
     return torch.as_tensor(values[:]).double()
 
 
-def formation_step(steps: Tensor, score: Tensor, fraction: float = 0.5) -> Tensor:
+def formation_step(steps: Tensor, score: Tensor, fraction: float = 0.5, grid: bool = False):
     """[...] the step at which `score` [..., S] over `steps` [S] first covers `fraction` of
     its rise from the first checkpoint to the last: a fraction crossing interpolated on
     log(1 + step), as `snap.snap_step` finds its crossing; NaN where it does not rise.  For a
     phase change (a sigmoid rise) it is the change's midpoint.  (The last checkpoint, not the
-    highest: a maximum over noisy checkpoints is biased upwards, and its step with it.)
+    highest: a maximum over noisy checkpoints is biased upwards, and its step with it.)  With
+    `grid`, (step, lo, hi): lo and hi the checkpoints that bracket the crossing.
 
     >>> steps = torch.tensor([0, 10, 20, 30, 40])
     >>> round(formation_step(steps, torch.tensor([0.0, 0.05, 0.5, 0.6, 0.6])).item(), 1)
     14.8
+    >>> [t.item() for t in formation_step(steps, torch.tensor([0.0, 0.05, 0.5, 0.6, 0.6]),
+    ...                                   grid=True)[1:]]
+    [10.0, 20.0]
     """
     t = steps.double()
     s = score.double()
@@ -102,7 +107,15 @@ def formation_step(steps: Tensor, score: Tensor, fraction: float = 0.5) -> Tenso
     s_h, s_i = s.gather(-1, h), s.gather(-1, i)
     share = ((level - s_h) / (s_i - s_h).clamp_min(1e-300)).clamp(0, 1)
     out = torch.expm1(x[h] + share * (x[i] - x[h])) + t[0]
-    return torch.where(top > first, out, math.nan)[..., 0]
+    rose = top > first
+    step = torch.where(rose, out, math.nan)[..., 0]
+    if not grid:
+        return step
+    return (
+        step,
+        torch.where(rose, t[h], math.nan)[..., 0],
+        torch.where(rose, t[i], math.nan)[..., 0],
+    )
 
 
 def _mean_rows(values: Tensor, counts: Tensor) -> Tensor:
@@ -148,13 +161,14 @@ def head_type(traj: Trajectory, name: str, num: int = 200, level: float = LEVEL,
     if S >= 2:
         rise = mean_over_units((values[-1] - values[0]).permute(2, 0, 1), torch.ones(N))
         p = adjust(rise.p_value())
-        step = formation_step(traj.steps, per_step.value.permute(1, 2, 0))
+        step, grid_lo, grid_hi = formation_step(traj.steps, per_step.value.permute(1, 2, 0),
+                                                grid=True)  # fmt: skip
         generator = generator or torch.Generator().manual_seed(0)
         lo_s, hi_s, _ = bootstrap_percentile(
             lambda counts: formation_step(traj.steps, _mean_rows(values, counts)), N, num,
             level, generator,
         )  # fmt: skip
-        lo_s, hi_s = widened(step, lo_s, hi_s, N, level)
+        lo_s, hi_s = with_grid(*widened(step, lo_s, hi_s, N, level), grid_lo, grid_hi)
         risen = (p < ALPHA) & (rise.value >= MIN_RISE)
         enough = rise.enough
         rise_lo, rise_hi = rise.interval(level)

@@ -71,8 +71,11 @@ def atlas(summary: pd.DataFrame, entries=None) -> pd.DataFrame:
     table = summary[[c for c in columns("atlas", entries or MEASURES) if c in summary]].copy()
     if "snap_step" in summary:
         reason = summary.get("snap_reason", pd.Series([""] * len(summary)))
+        nan = pd.Series([math.nan] * len(summary))
+        lo, hi = (summary.get(f"snap_step_grid_{e}", nan).astype(float) for e in ("lo", "hi"))
         table["snap"] = [
-            f"{v:.4g}" if not math.isnan(v) else (r or "none")
-            for v, r in zip(summary["snap_step"].astype(float), reason.fillna(""))
-        ]
+            (r or "none") if math.isnan(v) else f"{v:.4g}" if math.isnan(a)
+            else f"{v:.4g} (checkpoints {a:.4g} to {b:.4g})"
+            for v, r, a, b in zip(summary["snap_step"].astype(float), reason.fillna(""), lo, hi)
+        ]  # fmt: skip
     return table.sort_values(["layer", "head"], kind="stable").reset_index(drop=True)

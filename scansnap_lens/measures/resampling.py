@@ -67,6 +67,7 @@ __all__ = [
     "sum_of_squares",
     "too_few",
     "widened",
+    "with_grid",
 ]
 
 LEVEL = 0.95  # every interval's coverage
@@ -287,6 +288,21 @@ def widened(point: Tensor, lo: Tensor, hi: Tensor, num_units: int, level: float 
     factor = float(scipy_stats.t.ppf((1 + level) / 2, max(num_units - 1, 1))) / z
     factor *= math.sqrt(num_units / max(num_units - 1, 1))
     return point - factor * (point - lo), point + factor * (hi - point)
+
+
+def with_grid(lo: Tensor, hi: Tensor, grid_lo: Tensor, grid_hi: Tensor) -> tuple[Tensor, Tensor]:
+    """A step's interval that holds what the checkpoints allow as well: the hull of its
+    resampling interval [lo, hi] and the checkpoints that bracket it [grid_lo, grid_hi] (a
+    crossing between two checkpoints is known no better than they place it, however sure the
+    resampling is); NaN where the resampling gave none ("too few units" stays so).
+
+    >>> [t.item() for t in with_grid(torch.tensor([345.0]), torch.tensor([346.0]),
+    ...                              torch.tensor([256.0]), torch.tensor([500.0]))]
+    [256.0, 500.0]
+    """
+    none = torch.isnan(lo) | torch.isnan(hi)
+    return (torch.where(none, math.nan, torch.fmin(lo, grid_lo)),
+            torch.where(none, math.nan, torch.fmax(hi, grid_hi)))  # fmt: skip
 
 
 def interval_over_runs(values: np.ndarray, log: bool = False, level: float = LEVEL):

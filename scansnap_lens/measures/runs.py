@@ -192,7 +192,16 @@ def compare_runs(summaries: Mapping[str, pd.DataFrame], entries=None) -> RunComp
             if name not in group:
                 continue
             values = group[name].astype(float).to_numpy()
-            mean, sd, lo, hi = interval_over_runs(values, name in LOG_SCALE or name in formed)
+            steps = name in LOG_SCALE or name in formed
+            mean, sd, lo, hi = interval_over_runs(values, steps)
+            if steps and not math.isnan(lo) and f"{name}_lo" in group:
+                # each run's step is known only within its own interval (its checkpoints
+                # bracket it): the mean of the runs' steps within the mean of those bounds
+                bounds = group[[f"{name}_lo", f"{name}_hi"]].astype(float).to_numpy()
+                bounds = bounds[np.isfinite(bounds).all(1) & (bounds > 0).all(1)]
+                if len(bounds):
+                    low, high = np.exp(np.log(bounds).mean(0))
+                    lo, hi = min(lo, low), max(hi, high)
             if name in ranges and not math.isnan(lo):
                 lo, hi = max(lo, ranges[name][0]), min(hi, ranges[name][1])
             row[f"{name}_mean"], row[f"{name}_sd"] = mean, sd

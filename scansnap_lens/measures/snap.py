@@ -16,7 +16,13 @@ import torch
 from torch import Tensor
 
 from scansnap_lens.measures.measurement import Measurement
-from scansnap_lens.measures.resampling import LEVEL, MIN_UNITS, bootstrap_percentile, kish
+from scansnap_lens.measures.resampling import (
+    LEVEL,
+    MIN_UNITS,
+    bootstrap_percentile,
+    kish,
+    with_grid,
+)
 from scansnap_lens.recording.plan import find_sorted
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
@@ -36,9 +42,7 @@ NOT_YET_SNAPPED = "not yet snapped"
 NO_SCAN = "no scan"
 
 
-def snap_step(
-    steps: Tensor, moves: Tensor, fraction: float = 0.5
-) -> tuple[Tensor, Tensor, list[str]]:
+def snap_step(steps: Tensor, moves: Tensor, fraction: float = 0.5, grid: bool = False) -> tuple:
     """The snapping time as a property of the dynamics: the step at which the attention's
     rate of movement per step, past its peak, has fallen to `fraction` of that peak.
 
@@ -50,7 +54,11 @@ def snap_step(
     steps: [S] ascending; moves: [..., S - 1] movement between consecutive checkpoints.
     Returns (snap [...], peak [...], reasons): the snap step and the step of peak rate (NaN
     where undefined), and per entry (flattened) "" or why the snap is NaN: "no scan" (the map
-    never moves), "not yet snapped" (the run ends before the rate has fallen that far).
+    never moves), "not yet snapped" (the run ends before the rate has fallen that far).  With
+    `grid`, also (lo [...], hi [...]): what the checkpoints allow for a rate that rises to one
+    peak and falls: up to the end of the first interval below the level, from the start of
+    the last interval above the highest level the true peak allows (an interval's mean rate
+    underestimates its peak; see the code), else from the start of the peak's interval.
 
     >>> steps = torch.tensor([0, 10, 20, 30, 40, 50])
     >>> snap, peak, why = snap_step(steps, torch.tensor([1.0, 4.0, 3.0, 1.0, 0.5]))
@@ -58,6 +66,8 @@ def snap_step(
     (29.3, 14.5, [''])
     >>> snap_step(steps, torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))[2]
     ['not yet snapped']
+    >>> [t.item() for t in snap_step(steps, torch.tensor([1.0, 4.0, 3.0, 1.0, 0.5]), grid=True)[3:]]
+    [10.0, 40.0]
     """
     steps, moves = torch.as_tensor(steps), torch.as_tensor(moves)
     if steps.ndim != 1 or steps.numel() < 2:
@@ -101,6 +111,22 @@ def snap_step(
         "" if ok else (NO_SCAN if not moved else NOT_YET_SNAPPED)
         for ok, moved in zip(snapped.tolist(), scanned.tolist())
     ]
+    # what the checkpoints allow.  The rate falls past the level before the end of the first
+    # interval below it.  The level is half the true peak, which an interval's mean rate
+    # underestimates (most where the peak's interval is wide): at most the peak interval's
+    # mean plus its step down to the lower neighbour (a missing one counts 0).  The crossing
+    # comes after the start of the last interval above half of that, else of the peak's.
+    n = r.shape[-1]
+    left = torch.where(p > 0, r.gather(-1, (p - 1).clamp_min(0)[:, None])[:, 0], 0.0)
+    right = torch.where(p < n - 1, r.gather(-1, (p + 1).clamp_max(n - 1)[:, None])[:, 0], 0.0)
+    highest = fraction * (2 * top - torch.minimum(left, right))
+    index = torch.arange(n)[None, :]
+    surely = after & (index < i[:, None]) & (r > highest[:, None])
+    last_above = torch.where(surely.any(-1), (index * surely).amax(-1), p)
+    grid_lo = torch.where(snapped, t[last_above], math.nan).reshape(shape)
+    grid_hi = torch.where(snapped, t[(i + 1).clamp_max(t.numel() - 1)], math.nan).reshape(shape)
+    if grid:
+        return snap.reshape(shape), peak.reshape(shape), reasons, grid_lo, grid_hi
     return snap.reshape(shape), peak.reshape(shape), reasons
 
 
@@ -165,17 +191,20 @@ def class_movement(traj: Trajectory) -> Tensor:
 def snap_step_interval(
     traj: Trajectory, num: int = 200, level: float = LEVEL, generator=None
 ) -> dict[str, Tensor]:
-    """[L, H] the percentile interval of `snapping`'s snap_step with the tracked classes as the
-    units (resampled with replacement, each weighted by its events as `snapping` weighs
-    them): ``snap_step_lo``, ``snap_step_hi`` over the resamples that snapped, ``snap_share``
-    (the share that did) and ``snap_step_n_eff`` (Kish's n_eff of the class events); no
-    interval below `resampling.MIN_UNITS` effective classes or three checkpoints."""
+    """[L, H] the interval of `snapping`'s snap_step: the percentile interval with the tracked
+    classes as the units (resampled with replacement, each weighted by its events as
+    `snapping` weighs them) over the resamples that snapped, widened to the checkpoints that
+    bracket the crossing (`resampling.with_grid`; ``snap_step_grid_lo``/``_hi``):
+    ``snap_step_lo``, ``snap_step_hi``, ``snap_share`` (the share of resamples that snapped)
+    and ``snap_step_n_eff`` (Kish's n_eff of the class events); no interval below
+    `resampling.MIN_UNITS` effective classes or three checkpoints."""
     L, H = len(traj.layers), len(traj.heads)
     nan = torch.full((L, H), math.nan, dtype=torch.float64)
     w = traj.plan.class_events.double()
     n_eff = kish(w).expand(L, H).clone()
     out = {"snap_step_lo": nan, "snap_step_hi": nan.clone(), "snap_share": nan.clone(),
-           "snap_step_n_eff": n_eff}  # fmt: skip
+           "snap_step_n_eff": n_eff, "snap_step_grid_lo": nan.clone(),
+           "snap_step_grid_hi": nan.clone()}  # fmt: skip
     if traj.num_steps < 3 or float(n_eff[0, 0]) < MIN_UNITS:
         return out
     move = class_movement(traj)  # [S-1, L, H, K]
@@ -186,7 +215,11 @@ def snap_step_interval(
         return snap_step(traj.steps, head_move)[0]  # [B, L, H]
 
     lo, hi, share = bootstrap_percentile(statistic, move.shape[-1], num, level, generator)
-    out.update(snap_step_lo=lo, snap_step_hi=hi, snap_share=share)
+    head_move = torch.einsum("slhk,k->lhs", move, w) / w.sum()
+    _, _, _, grid_lo, grid_hi = snap_step(traj.steps, head_move, grid=True)
+    lo, hi = with_grid(lo, hi, grid_lo, grid_hi)
+    out.update(snap_step_lo=lo, snap_step_hi=hi, snap_share=share, snap_step_grid_lo=grid_lo,
+               snap_step_grid_hi=grid_hi)  # fmt: skip
     return out
 
 
@@ -201,7 +234,8 @@ def snapping(
     """Snap steps per head (table) and per class (detail).
 
     Columns: ``snap_step`` (primary, `snap_step`: the rate of movement per step has fallen to
-    `snap_fraction` of its peak; horizon-independent), ``rate_peak_step`` (where that rate
+    `snap_fraction` of its peak; horizon-independent), ``snap_step_grid_lo``/``_hi`` (the
+    checkpoints that bracket it: the grid knows it no better), ``rate_peak_step`` (where that rate
     peaks), ``snap_reason`` (why ``snap_step`` is NaN), and the secondary, horizon-dependent
     ``snap_path`` and ``snap_rate`` (`secondary_snap_steps`).  The movement of a class between
     checkpoints is the total variation of its c_hat; a head's movement is the events-weighted
@@ -232,7 +266,8 @@ def snapping(
     w = plan.class_events[slots].double()
     head_move = torch.einsum("klhs,k->lhs", move, w) / w.sum()  # [L, H, S-1]
     path, rate = secondary_snap_steps(traj.steps, head_move, fraction, rate_fraction)
-    snap, peak, reasons = snap_step(traj.steps, head_move, snap_fraction)
+    snap, peak, reasons, grid_lo, grid_hi = snap_step(traj.steps, head_move, snap_fraction,
+                                                      grid=True)  # fmt: skip
     K, L, H = snap_k.shape
     detail = pd.DataFrame(
         {
@@ -249,6 +284,8 @@ def snapping(
         index=False
     )
     table["snap_step"] = snap.reshape(-1).numpy()
+    table["snap_step_grid_lo"] = grid_lo.reshape(-1).numpy()
+    table["snap_step_grid_hi"] = grid_hi.reshape(-1).numpy()
     table["rate_peak_step"] = peak.reshape(-1).numpy()
     table["snap_reason"] = reasons
     table["snap_path"] = path.reshape(-1).numpy()

@@ -146,7 +146,8 @@ def scan_uncertainty(
     tested = int((~torch.isnan(out["auroc_p"])).sum())
     out["auroc_mde"] = 0.5 + estimates["auroc"].mde(alpha / max(tested, 1))
     out.update(snap_step_interval(traj, snap_resamples, level, g))
-    out.pop("snap_step_n_eff")
+    for name in ("snap_step_n_eff", "snap_step_grid_lo", "snap_step_grid_hi"):  # `snapping`'s
+        out.pop(name)
 
     adjusted = {name: adjust(out[f"{name}_p"], correction) for name in nulls}
     adjusted["spearman"] = adjust(spearman_p, correction)

@@ -326,6 +326,9 @@ def plot_over_steps(
                 match = match[match[b] == k]
             for s in match["snap_step"].dropna():
                 ax.axvline(s + 1, color=line.get_color(), ls=":", lw=1)
+            if "snap_step_grid_lo" in match:  # the checkpoints that bracket it
+                for a, b in match[["snap_step_grid_lo", "snap_step_grid_hi"]].dropna().values:
+                    ax.axvspan(a + 1, b + 1, color=line.get_color(), alpha=0.06, lw=0)
     ax.set_xscale("log")
     if limits is not None:
         ax.set_ylim(*limits)

@@ -149,3 +149,41 @@ def test_class_movement_is_the_total_variation_of_each_class():
     move = measures.class_movement(traj)  # [S - 1, L, H, K]
     expected = [0.3, 0.5, 0.05, 0.0]  # c_hat is float32
     assert move[:, 0, 0].reshape(-1).tolist() == pytest.approx(expected, abs=1e-7)
+
+
+def test_step_intervals_hold_what_the_checkpoints_allow():
+    """A population Y/Z run kept at every step, seen at Pythia's schedule (0, 1, 2, ..., 512,
+    then every 250) as a hub model is: the snap step's interval held the truth with zero
+    width before ([345.8, 345.8] against 309.6); now it spans the checkpoints around the
+    crossing, holds the truth and its own value.  A planted head type seen every 20 steps
+    likewise: its formation step's interval reaches the checkpoints that bracket it."""
+    from scansnap_lens.lab.calibration import head_type_run
+    from scansnap_lens.lab.synthetic import sequence_classes
+    from scansnap_lens.lab.yz import train_yz
+    from scansnap_lens.measures.head_types import formation_step, head_type
+    from scansnap_lens.measures.snap import snap_step_interval, snapping
+
+    classes = sequence_classes(num_queries=3, next_per_query=2)
+    run = train_yz(classes, lr_z=[2.0, 6.0], lr_y=[0.2, 0.6], seeds=[0, 1], momentum=0.0,
+                   num_steps=1000, snapshot_every=1, population=True)  # fmt: skip
+    dense = run.to_trajectory()
+    truth = snapping(dense).table["snap_step"].to_numpy()
+    pythia = sorted({0, *(2**k for k in range(10)), *range(750, 1001, 250)})
+    seen = dense.select(steps=pythia)
+    value = snapping(seen).table
+    interval = snap_step_interval(seen, generator=torch.Generator().manual_seed(0))
+    lo, hi = (interval[f"snap_step_{e}"].reshape(-1).numpy() for e in ("lo", "hi"))
+    assert ((lo <= truth) & (truth <= hi)).all(), (lo, truth, hi)
+    assert ((lo <= value["snap_step"]) & (value["snap_step"] <= hi)).all()
+    assert (hi - lo > 0).all()
+    assert ((value["snap_step_grid_lo"] >= lo) & (value["snap_step_grid_hi"] <= hi)).all()
+    assert set(value["snap_step_grid_lo"]) | set(value["snap_step_grid_hi"]) <= set(pythia)
+
+    traj = head_type_run(rows=32, heads=1, rise=(0.6,), formed=181.5, steps=11, spacing=20.0)
+    final = head_type(traj, "induction").final()
+    every = torch.arange(2001, dtype=torch.float64) * 0.1  # the rows' mean every 0.1 steps
+    mean = 0.1 + 0.6 * torch.sigmoid((every - 181.5) / 10.0)  # E Beta(1, 9) = 0.1
+    true_step = float(formation_step(every, mean))
+    value, lo, hi = (final[f"induction_step{e}"].iloc[0] for e in ("", "_lo", "_hi"))
+    assert lo <= 20 * math.floor(value / 20) and hi >= 20 * math.ceil(value / 20)
+    assert lo <= true_step <= hi

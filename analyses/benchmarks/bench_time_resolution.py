@@ -1,0 +1,140 @@
+"""Do the step intervals hold what the checkpoints allow?  Coverage of the snap step's and the
+formation step's intervals where the truth is known at every step, seen through the
+checkpoint grids users have.
+
+    python analyses/benchmarks/bench_time_resolution.py          # about 6 minutes on 2 cores
+    python analyses/benchmarks/bench_time_resolution.py --quick  # small: it runs, no goal
+
+- **Snap steps**: population Y/Z runs of the lab (`lab.yz.train_yz`, 3 queries x 2 next
+  tokens with random distinct and common weights per batch of runs, eta_Z drawn log-uniform
+  in [1, 12], eta_Y = eta_Z / 10), kept at every step to 1,500; the truth is `snapping`'s
+  snap step on every step.  (Sampled runs jitter from step to step, which a per-step rate
+  counts as movement: their "truth at every step" would depend on the grid.)
+- **Formation steps**: planted head-type scores over 32 rows (row effects Beta(1, 9) x 0.3,
+  noise sd 0.03), rising by 0.2-0.6 along a sigmoid in log(1 + step) centred at a step drawn
+  log-uniform in [20, 800]; the truth is `formation_step` of the rows' population mean at
+  every step.
+
+Each run is then seen only at the checkpoints of five grids over [0, 1500]: ``uniform``
+(every 125), ``log`` (0 and 12 log-spaced), ``pythia`` (0, 1, 2, 4, ..., 512, then every 250:
+Pythia's schedule, scaled), ``gap`` (every 25 but none in (100, 500)) and ``dense`` (every 10:
+how narrow the intervals are where the checkpoints resolve the steps).  One JSON line per
+quantity and grid: the coverage of the 95 % interval (goal >= 0.9), the runs the grid resolved
+(a snap seen, a rise significant), and the median width over the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import numpy as np
+import torch
+
+from scansnap_lens.lab.synthetic import sequence_classes
+from scansnap_lens.lab.yz import train_yz
+from scansnap_lens.measures.head_types import formation_step, head_type
+from scansnap_lens.measures.snap import snap_step_interval, snapping
+from scansnap_lens.recording.plan import RecordPlan
+from scansnap_lens.recording.trajectory import Trajectory
+
+LAST = 1500
+
+
+def grids() -> dict[str, list[int]]:
+    log = sorted({0, *np.unique(np.geomspace(1, LAST, 12).round().astype(int)).tolist()})
+    pythia = sorted({0, *(2**k for k in range(10)), *range(750, LAST + 1, 250)})
+    gap = [s for s in range(0, LAST + 1, 25) if not 100 < s < 500]
+    return {"uniform": list(range(0, LAST + 1, 125)), "log": log, "pythia": pythia, "gap": gap,
+            "dense": list(range(0, LAST + 1, 10))}  # fmt: skip
+
+
+def snap_runs(runs: int, seed: int) -> tuple[Trajectory, torch.Tensor]:
+    """A trajectory of `runs` Y/Z runs (one "head" each) at every step, and each one's truth."""
+    g = torch.Generator().manual_seed(seed)
+    weights = torch.sort(torch.rand(10, generator=g) + 0.05).values
+    classes = sequence_classes(num_queries=3, next_per_query=2, distinct_weights=weights,
+                               common_weight=float(0.5 + torch.rand(1, generator=g)))  # fmt: skip
+    lr_z = torch.exp(torch.rand(runs, generator=g) * math.log(12.0))
+    run = train_yz(classes, lr_z=lr_z, lr_y=lr_z / 10, seeds=list(range(seed, seed + runs)),
+                   momentum=0.0, num_steps=LAST, snapshot_every=1,
+                   population=True)  # fmt: skip
+    traj = run.to_trajectory()
+    keep = [s for s in traj.steps.tolist() if s <= LAST]
+    traj = traj.select(steps=keep)
+    truth = torch.as_tensor(snapping(traj).table["snap_step"].to_numpy())
+    return traj, truth
+
+
+def planted(runs: int, seed: int, steps: list[int], rows: int = 32):
+    """Head-type scores of `runs` planted heads at `steps` and every head's truth."""
+    rng = np.random.default_rng(seed)
+    formed = np.exp(rng.uniform(math.log(20), math.log(800), runs))
+    width = rng.uniform(0.3, 0.8, runs)
+    rise = rng.uniform(0.2, 0.6, runs)
+    every = np.arange(LAST + 1, dtype=np.float64)
+
+    def curve(t):  # [S, H] the rise's shape
+        return 1 / (1 + np.exp(-(np.log1p(t)[:, None] - np.log1p(formed)[None]) / width))
+
+    mean = 0.3 * 0.1 + rise * curve(every)  # the rows' population mean, Beta(1, 9) x 0.3
+    truth = formation_step(torch.arange(LAST + 1), torch.from_numpy(mean.T))
+    t = np.asarray(steps, dtype=np.float64)
+    base = 0.3 * rng.beta(1, 9, (rows, runs))
+    noise = rng.normal(0, 0.03, (len(t), rows, runs))
+    score = np.clip(base[None] + rise * curve(t)[:, None] + noise, 0, 1)  # [S, N, H]
+    plan = RecordPlan.from_counts(
+        2, torch.tensor([0]), torch.tensor([1]), torch.tensor([1]), torch.tensor([0]),
+        torch.tensor([0]), torch.tensor([1]),
+    )  # fmt: skip
+    values = torch.from_numpy(score).permute(0, 2, 1)[:, None].float()  # [S, 1, H, N]
+    traj = Trajectory(plan, torch.tensor(steps), [0], list(range(runs)), induction=values)
+    return traj, truth
+
+
+def summary(name: str, grid: str, truth, value, lo, hi) -> dict:
+    ok = np.isfinite(truth) & np.isfinite(value) & np.isfinite(lo) & np.isfinite(hi)
+    covered = (lo[ok] <= truth[ok]) & (truth[ok] <= hi[ok])
+    inside = (lo[ok] <= value[ok]) & (value[ok] <= hi[ok])
+    return {
+        "bench": "time_resolution", "quantity": name, "grid": grid, "runs": len(truth),
+        "resolved": int(ok.sum()), "coverage": round(float(covered.mean()), 3) if ok.any()
+        else None, "value_inside": bool(inside.all()), "goal": 0.9,
+        "median_width_over_step": round(float(np.median((hi - lo)[ok] / truth[ok])), 3)
+        if ok.any() else None,
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="8 runs a quantity: it runs")
+    args = parser.parse_args()
+    batches, per_batch = (1, 8) if args.quick else (10, 20)
+    torch.manual_seed(0)
+    found = {g: {"truth": [], "value": [], "lo": [], "hi": []} for g in grids()}
+    for b in range(batches):
+        dense, truth = snap_runs(per_batch, seed=1000 * b)
+        for grid, steps in grids().items():
+            sub = dense.select(steps=steps)
+            interval = snap_step_interval(sub, generator=torch.Generator().manual_seed(b))
+            found[grid]["truth"].append(truth.numpy())
+            found[grid]["value"].append(snapping(sub).table["snap_step"].to_numpy())
+            found[grid]["lo"].append(interval["snap_step_lo"].reshape(-1).numpy())
+            found[grid]["hi"].append(interval["snap_step_hi"].reshape(-1).numpy())
+    for grid, f in found.items():
+        print(json.dumps(summary("snap_step", grid, *(np.concatenate(f[k]) for k in f))),
+              flush=True)  # fmt: skip
+    for grid, steps in grids().items():
+        parts = []
+        for b in range(batches):
+            traj, truth = planted(per_batch, 5000 + b, steps)
+            final = head_type(traj, "induction").final()
+            parts.append([truth.numpy(), *(final[f"induction_step{e}"].to_numpy()
+                                           for e in ("", "_lo", "_hi"))])  # fmt: skip
+        print(json.dumps(summary("formation_step", grid, *map(np.concatenate, zip(*parts)))),
+              flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
