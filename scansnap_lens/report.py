@@ -715,10 +715,13 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
             " median over its heads, averaged over runs; dashed)",
             partial(_runs_loss_figure, comparison),
         )
+    mapped = next((c for c in ("bias", "snap_step") if c in comparison.per_run
+                   and comparison.per_run[c].notna().any()), "bias")  # fmt: skip
     folder.figure(
-        "runs_map_bias",
-        "bias over [layer, head], one panel per run on one scale (heads that scan ringed)",
-        partial(plot_runs_maps, comparison, "bias"),
+        f"runs_map_{mapped}",
+        f"{mapped} over [layer, head], one panel per run on one scale (heads matched as the"
+        " table below says; heads that scan ringed)",
+        partial(plot_runs_maps, comparison, mapped),
     )
     title = title or f"scansnap_lens: {len(comparison.runs)} runs compared"
     table = comparison.table
@@ -753,7 +756,9 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
             + table_html(comparison.matching[comparison.matching["run"] != comparison.runs[0]])
         )
     found = measures.runs_findings_of(comparison)
-    maps, loss = folder.figures.pop("runs_map_bias", ""), folder.figures.pop("runs_loss", "")
+    maps = next((folder.figures.pop(k) for k in list(folder.figures) if k.startswith("runs_map")),
+                "")  # fmt: skip
+    loss = folder.figures.pop("runs_loss", "")
     beside, below = (maps, loss) if maps else (loss, "")
     body = [
         f"<h1>{html.escape(title)}</h1>",

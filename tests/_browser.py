@@ -76,7 +76,9 @@ window.addEventListener("load", () => setTimeout(() => {
   const out = {width, height, page_width: document.documentElement.scrollWidth, wide,
                findings: found ? box(found) : null,
                findings_items: found ? found.querySelectorAll("li").length : 0,
-               map: found && found.querySelector("img") ? box(found.querySelector("img")) : null};
+               map: found && found.querySelector("img") ? box(found.querySelector("img")) : null,
+               beside: found && found.querySelector("figcaption") ?
+                 found.querySelector("figcaption").textContent : ""};
   const pre = document.createElement("pre");
   pre.id = "layout-probe"; pre.textContent = JSON.stringify(out);
   document.body.appendChild(pre);

@@ -416,6 +416,13 @@ def test_each_page_opens_with_its_findings_and_fits_1300_pixels(demo_out, traine
         assert seen["findings"] is not None and seen["findings_items"] >= 3, name
         assert seen["findings"]["top"] < seen["height"], name
         assert seen["map"] is not None and seen["map"]["bottom"] <= seen["height"], (name, seen)
+        # the [layer, head] map beside the findings (the demo's one head has none: its loss)
+        beside = seen["beside"]
+        assert (
+            "Loss over training" in beside
+            if name == "demo"
+            else ("Head atlas" in beside or "[layer, head]" in beside)
+        ), (name, beside)
         assert "Loss over training" in path.read_text() or "evaluation loss" in path.read_text()
     assert "Only 2 runs" in trainer_runs["runs"].read_text()
 
