@@ -101,8 +101,9 @@ def test_views_hold_the_recorded_attention(demo_out, tmp_path):
     view = attention_over_checkpoints(traj, steps=[steps[0], steps[-1]])
     attention = view.props["attention"]
     assert attention.shape == (2, traj.prompt.numel(), traj.prompt.numel())
-    assert torch.equal(attention[1], traj.prompt_pattern[-1, 0, 0])
-    assert view.props["attentionHeadNames"] == [f"step {steps[0]}", f"step {steps[-1]}"]
+    assert torch.equal(attention[0], traj.prompt_pattern[-1, 0, 0])  # the last opens the view
+    assert torch.equal(attention[1], traj.prompt_pattern[0, 0, 0])
+    assert view.props["attentionHeadNames"] == [f"step {steps[-1]}", f"step {steps[0]}"]
     saved = view.save(tmp_path / "view.html")
     assert saved.read_text().count("var CircuitsVis=") == 1
 

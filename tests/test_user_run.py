@@ -49,7 +49,7 @@ def test_the_report_of_a_users_run_is_written_and_names_what_it_could_not_measur
     assert code == 0, out
     folder = user_run / "traj" / "report"
     summary = json.loads((folder / "summary.json").read_text())
-    assert summary["title"] == f"scansnap_lens: {user_run / 'ckpt'}"  # not the meta dict
+    assert summary["title"] == "scansnap_lens: ckpt"  # the run's folder, not its path or meta
     why = summary["not_measured"]
     assert "guard=False" in why["token groups"] and "min_distinct=" in why["token groups"]
     assert "guard=False, --no-guard" in out and "min_distinct=, --min-distinct" in out  # CLI

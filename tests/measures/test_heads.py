@@ -75,7 +75,12 @@ def test_the_atlas_gives_every_head_its_verdict_interval_and_snap():
     for column in ["bias", "auroc", "auroc_mde", "spearman", "spearman_p", "snap_step"]:
         assert table[column].equals(summary[column]), column
     assert (table["spearman_classes"] == classes.num_classes).all()
-    assert table["snap"].tolist() == [f"{v:.4g}" for v in summary["snap_step"]]
+    assert table["snap"].tolist() == [  # the value, and the checkpoints that bracket it
+        f"{v:.4g} (checkpoints {a:.4g} to {b:.4g})"
+        for v, a, b in summary[["snap_step", "snap_step_grid_lo", "snap_step_grid_hi"]].values
+    ]
+    assert (summary["snap_step_grid_lo"] <= summary["snap_step"]).all()
+    assert (summary["snap_step"] <= summary["snap_step_grid_hi"]).all()
 
     traj, groups, _ = runs(3)
     verdicts = heads.atlas(measures.summarize(traj, groups))["verdict"]
