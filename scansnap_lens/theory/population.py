@@ -349,8 +349,9 @@ def predict(
     snaps, losses = [], []
     step, h, at = 0, 1, 0  # the optimizer step reached, steps per update, next checkpoint
     last = None  # (attention, its rate of change per step, the steps since the one before)
-    bar = tqdm(total=wanted[-1], desc="population dynamics", unit="step", disable=not progress,
-               delay=2)  # fmt: skip
+    # made once the cost is said: `tqdm.write` redraws an open bar before its delay is up,
+    # and a bar never redrawn after that ends without its newline
+    bar = None
     started = time.perf_counter()
     while True:
         loss, attention = _loss(Y, Z, pop, q, target, log_mult)
@@ -379,12 +380,17 @@ def predict(
                 p.sub_(rate_ * change)
         if progress and step == 1:  # the second gradient: the first pays for warming up
             _say_cost(pop, outputs.numel(), wanted, time.perf_counter() - started, exact)
+        if bar is None and (step == 1 or not progress):
+            bar = tqdm(total=wanted[-1], initial=step, desc="population dynamics", unit="step",
+                       disable=not progress, delay=2)  # fmt: skip
         started = time.perf_counter()
         previous_rate = None if last is None else (attention - last[0]) / last[2]
         last = (attention, previous_rate, n)
         step += n
-        bar.update(n)
-    bar.close()
+        if bar is not None:
+            bar.update(n)
+    if bar is not None:
+        bar.close()
     training = {"lr_y": lr_y, "lr_z": lr_z, "optimizer": optimizer, "momentum": momentum}
     Z_snaps = torch.stack(snaps).double()
     return PopulationRun(
