@@ -37,7 +37,10 @@ def _print_summary(summary, traj) -> None:
     from scansnap_lens.report import number
 
     columns = [c for c in shown("key", measures_of(traj)) if c in summary]
-    print(summary[columns].to_string(index=False, float_format=number))
+    table = summary[columns].copy()
+    if "verdict" in table:  # its kind: the reasons are in the findings and uncertainty.csv
+        table["verdict"] = table["verdict"].astype(str).str.split(" \\(").str[0]
+    print(table.to_string(index=False, float_format=number))
     print("findings:")  # below the table: the last lines a terminal shows
     for line in findings_of(summary, measures_of(traj), traj.step_unit):
         print(f"  {line}")

@@ -4,8 +4,9 @@
   Syn-Medium) and a sampler of training rows;
 - `yz`: the Y/Z model of Lemma 1 and its trainer;
 - `experiments`: Figs. 4-6 and 11-12 as library calls;
-- `calibration`: trajectories whose truth is known, shaped like real text, that the scan's
-  intervals, p-values and verdict are checked against.
+- `calibration`: trajectories whose truth is known, shaped like real text (or counted from a
+  corpus whose truth is known), that the scan's intervals, p-values and verdict are checked
+  against.
 """
 
 from scansnap_lens._lazy import exports
@@ -20,6 +21,9 @@ _NAMES = {
     "Scenario": "calibration",
     "SequenceClasses": "synthetic",
     "YZRun": "yz",
+    "CorpusScenario": "calibration",
+    "corpus_run": "calibration",
+    "corpus_text": "calibration",
     "crossed_run": "calibration",
     "distinct_entropy": "experiments",
     "distinct_recall": "experiments",

@@ -45,7 +45,10 @@ from scansnap_lens.statistics.groups import TokenGroups
 __all__ = [
     "HEAD_TYPE_SCENARIOS",
     "SCENARIOS",
+    "CorpusScenario",
     "Scenario",
+    "corpus_run",
+    "corpus_text",
     "crossed_run",
     "effect_for_auroc",
     "head_type_run",
@@ -271,3 +274,126 @@ def _head_type(rows, rise, formed, steps, spacing, seed, name, base, noise, head
         **{name: values},
     )  # fmt: skip
     return traj, None
+
+
+@dataclass(frozen=True)
+class CorpusScenario:
+    """A corpus and a head whose truth is known, counted and classified by the real pipeline
+    (`corpus_run`).
+
+    The corpus: ``rows`` rows of ``seq_len`` tokens; each row has a topic of ``topics``; a
+    position holds, with probability 0.1, one of ``queries`` query tokens followed by one of its
+    4 next tokens, else with probability 0.2 one of the topic's 5 words, else a background
+    word drawn Zipf-like from ``vocab`` (the frequent words are common for every query, a rare
+    one is distinct for the query it happened to meet).  With ``tied`` the next token of a
+    query is the one its row's topic gives it (the topic's words are truly distinct for it),
+    else any of its 4 (nothing ties a word to a next token).  The evaluation text is the first
+    ``eval_rows`` rows, as a recording takes them.
+
+    The head: dz = a[m] + b[l] + rarity + count + effect * distinct(m, l) + noise, with a token
+    effect of variance ``token_share``, ``rarity_share`` of the variance following the word's
+    rarity in the corpus (standardised -log count as context; negative: following its
+    frequency), ``count_share`` following the pair's rarity in the evaluation text
+    (standardised -log count), and the noise the rest."""
+
+    vocab: int = 600
+    rows: int = 400
+    seq_len: int = 64
+    eval_rows: int = 64
+    window: int = 16
+    queries: int = 12
+    topics: int = 24
+    tied: bool = False
+    token_share: float = 0.2
+    rarity_share: float = 0.0
+    count_share: float = 0.0
+
+
+def corpus_text(scenario: CorpusScenario, seed: int = 0):
+    """([rows, seq_len] token ids, query ids [Q]) of `CorpusScenario`'s corpus."""
+    import numpy as np
+
+    s = scenario
+    rng = np.random.default_rng(seed)
+    Q, K = s.queries, s.topics
+    queries = np.arange(Q)
+    nexts = Q + np.arange(4 * Q).reshape(Q, 4)  # each query's 4 next tokens
+    topic_words = Q + 4 * Q + np.arange(5 * K).reshape(K, 5)
+    first = Q + 4 * Q + 5 * K
+    if first >= s.vocab:
+        raise ValueError(f"vocab {s.vocab} leaves no background words (vocab=)")
+    zipf = 1.0 / np.arange(1, s.vocab - first + 1)
+    zipf /= zipf.sum()
+    tie = rng.integers(0, 4, (K, Q))  # the next token a topic gives each query
+    topic = rng.integers(0, K, s.rows)
+    draw = rng.random((s.rows, s.seq_len))
+    text = first + rng.choice(s.vocab - first, (s.rows, s.seq_len), p=zipf)
+    words = topic_words[topic[:, None], rng.integers(0, 5, (s.rows, s.seq_len))]
+    text = np.where(draw < 0.3, words, text)
+    is_query = draw < 0.1
+    is_query[:, -1] = False
+    is_query[:, 1:] &= ~is_query[:, :-1]  # a query's next token is no query
+    r, t = np.nonzero(is_query)
+    m = rng.integers(0, Q, r.size)
+    k = tie[topic[r], m] if s.tied else rng.integers(0, 4, r.size)
+    text[r, t] = queries[m]
+    text[r, t + 1] = nexts[m, k]
+    return torch.from_numpy(text).long(), torch.from_numpy(queries).long()
+
+
+def corpus_run(
+    scenario: CorpusScenario,
+    classification=None,
+    heads: int = 8,
+    auroc: Tensor | float = 0.5,
+    seed: int = 0,
+    values_seed: int | None = None,
+):
+    """A two-checkpoint trajectory of one layer of `heads` heads on `CorpusScenario`'s
+    evaluation text, its token groups from the corpus statistics under `classification`
+    (`statistics.groups.Classification`, default the report's), and the truth ``auroc`` [1, H]
+    of the planted kind effect (one value, or one per head).  The structure comes from `seed`,
+    the values from `values_seed` (default `seed`)."""
+    from scansnap_lens.recording.plan import plan_recording
+    from scansnap_lens.statistics.corpus import cooccurrence
+    from scansnap_lens.statistics.groups import Classification
+
+    s = scenario
+    text, queries = corpus_text(s, seed)
+    stats = cooccurrence(text, s.vocab, window=s.window)
+    groups = TokenGroups.from_statistics(stats, queries=queries,
+                                         settings=classification or Classification())  # fmt: skip
+    plan = plan_recording(text[: s.eval_rows], s.vocab, queries=queries, window=s.window)
+    g = torch.Generator().manual_seed(seed if values_seed is None else values_seed)
+    H = heads
+    target = torch.as_tensor(auroc, dtype=torch.float64).expand(1, H)
+    effect = torch.tensor([effect_for_auroc(float(a)) for a in target.reshape(-1)],
+                          dtype=torch.float64)  # fmt: skip
+    q, t = plan.pair_query, plan.pair_token
+    sizes = torch.tensor([d.numel() for d in groups.distinct])
+    keys = torch.repeat_interleave(groups.query, sizes) * s.vocab + torch.cat(groups.distinct)
+    distinct = torch.isin(q * s.vocab + t, keys)
+
+    def standard(x: Tensor) -> Tensor:
+        return (x - x.mean()) / x.std().clamp_min(1e-12)
+
+    rarity = standard(-groups.token_count[t].double().clamp_min(1).log())
+    count = standard(-plan.pair_count.double().clamp_min(1).log())
+    rest = 1 - s.token_share - abs(s.rarity_share) - s.count_share
+    if rest <= 0:
+        raise ValueError("token_share + |rarity_share| + count_share must stay below 1")
+    N = q.numel()
+    a = torch.randn(H, s.vocab, generator=g, dtype=torch.float64)[:, q]
+    b = torch.randn(H, s.vocab, generator=g, dtype=torch.float64)[:, t] * math.sqrt(s.token_share)
+    noise = torch.randn(H, N, generator=g, dtype=torch.float64) * math.sqrt(rest)
+    dz = (a + b + noise + math.copysign(math.sqrt(abs(s.rarity_share)), s.rarity_share) * rarity
+          + math.sqrt(s.count_share) * count + effect[:, None] * distinct)  # fmt: skip
+    z0 = torch.randn(H, N, generator=g, dtype=torch.float64)
+    zbar = torch.stack([z0, z0 + dz])[:, None]  # [2, 1, H, P]
+    c_hat = torch.full((2, 1, H, plan.num_triples), 1.0 / max(1, plan.num_triples))
+    traj = Trajectory(
+        plan, torch.tensor([0, 1000]), [0], list(range(H)), zbar=zbar.float(),
+        c_hat=c_hat.float(), entropy=torch.zeros(2, 1, H, plan.num_classes),
+        meta={"source": "lab.calibration"},
+    )  # fmt: skip
+    return traj, groups, {"auroc": target.clone(), "bias": effect.reshape(1, H)}

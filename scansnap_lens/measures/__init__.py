@@ -59,6 +59,7 @@ _NAMES = {
     "adjust": "resampling",
     "bootstrap_percentile": "resampling",
     "crossed": "resampling",
+    "joint_mde": "resampling",
     "kish": "resampling",
     "mean_over_units": "resampling",
     "normal_p": "resampling",

@@ -293,12 +293,15 @@ MEASURES: tuple[Measure, ...] = (
         " p-values (spearman: against P(l|m, n) shuffled within each class).  <b>_baseline</b>:"
         " bias and AUROC of the logit levels at the first checkpoint (the untrained head)."
         "  <b>matched_auroc</b>: each distinct token against the common tokens of its query"
-        " about as frequent; <b>frequency_auroc</b>: how well the counts alone separate the"
+        " about as frequent in the corpus the kinds came from (the counts that made a rare"
+        " word distinct); <b>frequency_auroc</b>: how well those counts alone separate the"
         " kinds.  <b>verdict</b>: <i>scans</i> where bias &gt; 0 and AUROC &gt; 0.5 are"
-        " significant after Holm's correction over the heads and token frequency is ruled out"
+        " significant after Holm's correction over the heads and so is the matched AUROC"
         " (<b>frequency_control</b>); else why not: <i>no scan (could have seen AUROC &gt;="
-        " auroc_mde)</i>, <i>too few units</i>, <i>cannot tell from frequency</i> or <i>not"
-        " beyond frequency</i>.  The intervals cover other queries and tokens of this text for"
+        " auroc_mde</i>, the AUROC at which the whole verdict says scans with 80 % power<i>)"
+        "</i>, <i>too few units</i>, <i>not beyond frequency</i>, or <i>cannot tell from"
+        " frequency</i> (scans or prefers rarer tokens: too few frequency-matched pairs to tell"
+        " them apart).  The intervals cover other queries and tokens of this text for"
         " this trained model, not another training run.",
         shown="key: scans; heads: scans; atlas: scans verdict; runs: scans verdict",
     ),

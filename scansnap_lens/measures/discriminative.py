@@ -48,7 +48,8 @@ class QueryTokens:
     query, events: [U] the query ids and their events N(m); unit, slot, token, count,
     distinct: [N] the query index, zbar slot, token id, count in the evaluation contexts
     (`RecordPlan.pair_count`) and kind of each entry; start: [U + 1] where each query's
-    entries begin (and the end).
+    entries begin (and the end); corpus_count: [N] each entry's token's count as context in
+    the corpus the kinds came from (`TokenGroups.token_count`), None without one.
     """
 
     query: Tensor
@@ -59,6 +60,7 @@ class QueryTokens:
     count: Tensor
     distinct: Tensor
     start: Tensor
+    corpus_count: Tensor | None = None
 
     @classmethod
     def of(cls, traj: Trajectory, groups: TokenGroups) -> QueryTokens:
@@ -100,7 +102,12 @@ class QueryTokens:
                 " queries the statistics give distinct tokens (record with stats=) or relax the"
                 " classification (see statistics.groups.Classification)"
             )
-        return cls(ids, events, unit, slot, token, count, kind == 0, start)
+        corpus = None
+        if groups.token_count is not None:  # a token the corpus never held counts 1
+            known = groups.token_count.numel()
+            corpus = torch.where(token < known, groups.token_count[token.clamp_max(known - 1)], 0)
+            corpus = corpus.double().clamp_min(1)
+        return cls(ids, events, unit, slot, token, count, kind == 0, start, corpus)
 
     # -- design: counts and segments, the same for every head ---------------------------
     @cached_property
@@ -159,9 +166,20 @@ class QueryTokens:
     @cached_property
     def matched_pairs(self) -> tuple[Tensor, Tensor]:
         """(d [P], c [P]) entry indices: each distinct token with the (at most
-        `MATCH_NEIGHBOURS`) common tokens of its query nearest in count, within a factor
+        `MATCH_NEIGHBOURS`) common tokens of its query nearest in its count in the evaluation
+        text, within a factor `MATCH_RATIO` (`pairs_matched_on`)."""
+        return self.pairs_matched_on(self.count)
+
+    @cached_property
+    def corpus_matched_pairs(self) -> tuple[Tensor, Tensor] | None:
+        """`matched_pairs` on the tokens' counts in the corpus (`corpus_count`); None without."""
+        return None if self.corpus_count is None else self.pairs_matched_on(self.corpus_count)
+
+    def pairs_matched_on(self, count: Tensor) -> tuple[Tensor, Tensor]:
+        """(d [P], c [P]) entry indices: each distinct token with the (at most
+        `MATCH_NEIGHBOURS`) common tokens of its query nearest in `count` [N], within a factor
         `MATCH_RATIO`.  Sorted by query; one sort and one search, no loop over queries."""
-        f = self.count.double().log()
+        f = count.double().log()
         common = (~self.distinct).nonzero().flatten()
         key = self.unit[common].double() * 1e3 + f[common]  # log counts stay far below 1e3
         order = torch.argsort(key, stable=True)
@@ -229,10 +247,13 @@ class QueryTokens:
         return self._crossed(per_query, placement / self._kind_size, common / self._kind_size,
                              1 / self._kind_size, self._kind_coefficient)  # fmt: skip
 
-    def matched_auroc_estimate(self, values: Tensor) -> Estimate:
-        """The AUROC of `values` [..., N] over frequency-matched pairs (`matched_pairs`), per
-        query and averaged over the queries; queries without a matched pair are left out."""
-        d, c = self.matched_pairs
+    def matched_auroc_estimate(
+        self, values: Tensor, pairs: tuple[Tensor, Tensor] | None = None
+    ) -> Estimate:
+        """The AUROC of `values` [..., N] over frequency-matched `pairs` (default
+        `matched_pairs`), per query and averaged over the queries; queries without a matched
+        pair are left out."""
+        d, c = self.matched_pairs if pairs is None else pairs
         U = self.query.numel()
         pair_unit = self.unit[d]
         pairs = torch.bincount(pair_unit, minlength=U).double()

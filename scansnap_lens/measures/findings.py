@@ -70,7 +70,18 @@ def _scan(summary: pd.DataFrame, step_unit: str) -> list[str]:
     counts = kinds.value_counts()
     parts = [f"{n} {'head' if n == 1 else 'heads'}: {kind or 'no verdict'}"
              for kind, n in counts.items()]  # fmt: skip
-    return [f"No head scans ({'; '.join(parts)})."]
+    said = [f"No head scans ({'; '.join(parts)})."]
+    untold = summary["verdict"][kinds == VERDICTS["cannot_tell"]].astype(str)
+    if len(untold):
+        side = "rarer" if untold.str.contains("rarer").any() else "more frequent"
+        said.append(
+            f"{len(untold)} {'head gains' if len(untold) == 1 else 'heads gain'} attention on"
+            f" distinct tokens (bias and AUROC significant), but the distinct tokens are {side}"
+            f" than the common ones, with too few of equal frequency to compare: this text"
+            f" cannot tell scanning from a preference for {side} tokens.  The theory fit against"
+            " the corpus statistics is the evidence that can."
+        )
+    return said
 
 
 def _head_types(summary: pd.DataFrame, entries: Sequence[Measure]) -> list[str]:

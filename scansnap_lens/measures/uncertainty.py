@@ -18,12 +18,19 @@ correction over the heads (or `correction="fdr"`), every part at level `alpha`:
 1. its AUROC rests on at least `resampling.MIN_UNITS` effective units, else "too few units";
 2. bias > 0 and AUROC > 0.5, each significant (two-sided, so that a head that scans never
    shows a bias or AUROC interval holding the null), else "no scan (could have seen AUROC >=
-   its minimal detectable effect)";
+   the verdict's minimal detectable effect)";
 3. not token frequency: the frequency-matched AUROC (each distinct token against the common
-   tokens of its query about as frequent) is above 0.5, significant; or, where the distinct
-   tokens are the rarer ones, the frequency bias among them is positive, significant (a head
-   that merely prefers rare tokens would make it negative).  Else "cannot tell from frequency"
-   (no matched pairs to compare) or "not beyond frequency".
+   tokens of its query about as frequent *in the corpus the kinds came from*, the counts that
+   made a rare word distinct; in the evaluation text where the groups carry no corpus counts)
+   is above 0.5, significant.  Else "not beyond frequency", or, where too few units of
+   matched pairs are left (every distinct token rarer than every common one: the paper's
+   Syn-Medium by construction), "cannot tell from frequency": the head scans or prefers
+   rarer tokens, and this text cannot tell which.  No figure with fewer than `MIN_UNITS`
+   units decides.
+
+The minimal detectable effect (``auroc_mde``) is the verdict's: the AUROC of a pure kind effect
+at which stages 2 and 3 both pass with 80 % power (`resampling.joint_mde`), NaN where the
+matched pairs are too few for any effect to be called scanning.
 
 Shape letters (docs/shapes.md): L layers, H heads.
 """
@@ -46,6 +53,7 @@ from scansnap_lens.measures.resampling import (
     MIN_UNITS,
     Estimate,
     adjust,
+    joint_mde,
     too_few,
 )
 from scansnap_lens.measures.snap import snap_step_interval
@@ -71,7 +79,7 @@ VERDICTS = {
     "scans": "scans",
     "too_few": "too few units",
     "no_scan": "no scan",
-    "cannot_tell": "cannot tell from frequency",
+    "cannot_tell": "cannot tell from frequency",  # scans or prefers rarer tokens
     "not_beyond": "not beyond frequency",
 }
 
@@ -91,13 +99,15 @@ def scan_uncertainty(
     ``auroc``, ``spearman``, ``entropy``, ``attention_entropy``, as their measurements give
     them) and `UNCERTAINTY_COLUMNS` (what the summary takes): ``bias_lo``, ``bias_hi``, ``bias_p``
     (two-sided), ``bias_n_eff``, ``bias_baseline``; the same for ``auroc`` with ``auroc_mde``
-    (the AUROC this recording could have detected with 80 % power at the first step's level
-    of the correction) and for ``matched_auroc``; ``frequency_auroc`` (how well the evaluation
-    counts alone separate the kinds: below 0.5 the distinct tokens are the rarer); the
+    (the AUROC of a pure kind effect the verdict would have called "scans" with 80 % power at
+    the first step's level of the correction) and for ``matched_auroc``; ``frequency_auroc``
+    (how well the counts matched on alone separate the kinds: below 0.5 the distinct tokens
+    are the rarer); the
     intervals of ``spearman``, ``entropy``, ``attention_entropy`` and ``snap_step``; the
     ``verdict``, ``frequency_control`` (how frequency was ruled out) and ``scans``.
-    ``table.attrs`` holds the level, alpha, correction, number of heads tested and
-    `MIN_UNITS`.  Seeded (`seed`, for the snap step's bootstrap).
+    ``table.attrs`` holds the level, alpha, correction, number of heads tested, `MIN_UNITS`
+    and ``matched_on`` (corpus or evaluation counts).  Seeded (`seed`, for the snap step's
+    bootstrap).
     """
     if not 0 < alpha < 1 or not 0 < level < 1:
         raise ValueError(f"alpha and level must lie in (0, 1), got {alpha} and {level}")
@@ -106,19 +116,21 @@ def scan_uncertainty(
     z0 = traj.zbar[0][..., units.slot].double()  # [L, H, N]
     dz = traj.zbar[-1][..., units.slot].double() - z0
     ranks = units.ranks(dz)  # shared by the AUROC and its interval
+    corpus = units.corpus_count is not None  # match on the counts the kinds came from
     estimates = {
         "bias": units.bias_estimate(dz),
         "auroc": units.auroc_estimate(dz, ranks),
-        "matched_auroc": units.matched_auroc_estimate(dz),
+        "matched_auroc": units.matched_auroc_estimate(
+            dz, units.corpus_matched_pairs if corpus else None
+        ),
     }
     nulls = {"bias": 0.0, "auroc": 0.5, "matched_auroc": 0.5}
+    frequency = (units.corpus_count if corpus else units.count).double().log()
     out: dict[str, Tensor] = {
         "bias_baseline": units.bias_estimate(z0).value,
         "auroc_baseline": units.auroc_estimate(z0).value,
         "matched_auroc": estimates["matched_auroc"].value,
-        "frequency_auroc": units.auroc_estimate(units.count.double().log()).value.expand_as(
-            dz[..., 0]
-        ),
+        "frequency_auroc": units.auroc_estimate(frequency).value.expand_as(dz[..., 0]),
     }
     spearman_p = torch.full_like(dz[..., 0], math.nan)
     classes = ClassTokens.of(traj, groups)
@@ -126,8 +138,8 @@ def scan_uncertainty(
         z = traj.zbar[..., classes.slot]
         d_class = z[-1].double() - z[0].double()
         estimates["spearman"] = classes.estimate(d_class)
-        spearman_p = torch.where(estimates["spearman"].n_eff > 0, classes.null_p(d_class),
-                                 math.nan)  # fmt: skip
+        spearman_p = torch.where(estimates["spearman"].n_eff >= MIN_UNITS,
+                                 classes.null_p(d_class), math.nan)  # fmt: skip
     try:
         estimates["entropy"] = distinct_entropy_estimate(traj, groups)
     except ValueError:
@@ -144,14 +156,14 @@ def scan_uncertainty(
     if "spearman" in estimates:
         out["spearman_p"] = spearman_p
     tested = int((~torch.isnan(out["auroc_p"])).sum())
-    out["auroc_mde"] = 0.5 + estimates["auroc"].mde(alpha / max(tested, 1))
+    out["auroc_mde"] = 0.5 + joint_mde([estimates["auroc"], estimates["matched_auroc"]],
+                                       alpha / max(tested, 1))  # fmt: skip
     out.update(snap_step_interval(traj, snap_resamples, level, g))
     for name in ("snap_step_n_eff", "snap_step_grid_lo", "snap_step_grid_hi"):  # `snapping`'s
         out.pop(name)
 
     adjusted = {name: adjust(out[f"{name}_p"], correction) for name in nulls}
-    adjusted["spearman"] = adjust(spearman_p, correction)
-    verdict, control = _verdicts(estimates, out, adjusted, alpha)
+    verdict, control = _verdicts(estimates, out, adjusted, alpha, corpus)
 
     table = pd.MultiIndex.from_product([traj.layers, traj.heads], names=["layer", "head"])
     table = table.to_frame(index=False)
@@ -165,12 +177,19 @@ def scan_uncertainty(
             value = out.get(name, torch.full_like(dz[..., 0], math.nan))
             table[name] = value.reshape(-1).numpy()
     table.attrs.update(level=level, alpha=alpha, correction=correction, heads=tested,
-                       min_units=MIN_UNITS)  # fmt: skip
+                       min_units=MIN_UNITS, matched_on=_MATCHED_ON[corpus])  # fmt: skip
     return Measurement("uncertainty", table)
 
 
+_MATCHED_ON = {True: "corpus counts", False: "evaluation counts"}
+
+
 def _verdicts(
-    est: dict[str, Estimate], out: dict[str, Tensor], adj: dict[str, Tensor], alpha: float
+    est: dict[str, Estimate],
+    out: dict[str, Tensor],
+    adj: dict[str, Tensor],
+    alpha: float,
+    corpus: bool,
 ) -> tuple[list[str], list[str]]:
     """Per head (flattened [L * H]) the verdict and how frequency was ruled out."""
 
@@ -180,35 +199,36 @@ def _verdicts(
     bias, auroc, matched = (flat(est[k].value) for k in ("bias", "auroc", "matched_auroc"))
     n_eff, matched_n = flat(est["auroc"].n_eff), flat(est["matched_auroc"].n_eff)
     p_bias, p_auroc, p_matched = (flat(adj[k]) for k in ("bias", "auroc", "matched_auroc"))
-    p_rho = flat(adj["spearman"])
-    rho = flat(est["spearman"].value) if "spearman" in est else [math.nan] * len(bias)
     rarer = flat(out["frequency_auroc"])
     mde = flat(out["auroc_mde"])
+    counts = _MATCHED_ON[corpus]
     verdicts, controls = [], []
     for h in range(len(bias)):
         control = ""
         if not n_eff[h] >= MIN_UNITS:
             verdict = f"{VERDICTS['too_few']} (n_eff = {n_eff[h]:.3g} < {MIN_UNITS:g})"
         elif not (bias[h] > 0 and auroc[h] > 0.5 and p_bias[h] < alpha and p_auroc[h] < alpha):
-            seen = (
-                f"could have seen AUROC >= {mde[h]:.3g}"
-                if mde[h] < 1
-                else "no power: not even an AUROC of 1 was within reach"
-            )
+            if math.isnan(mde[h]):
+                seen = f"no power: {too_few(matched_n[h])} of frequency-matched pairs"
+            elif mde[h] < 1:
+                seen = f"could have seen AUROC >= {mde[h]:.3g}"
+            else:
+                seen = "no power: not even an AUROC of 1 was within reach"
             verdict = f"{VERDICTS['no_scan']} ({seen})"
-        elif matched[h] > 0.5 and p_matched[h] < alpha:
-            verdict, control = VERDICTS["scans"], "matched AUROC"
-        elif rarer[h] < 0.5 and rho[h] > 0 and p_rho[h] < alpha:
-            verdict, control = VERDICTS["scans"], "frequency bias"
         elif not matched_n[h] >= MIN_UNITS:
             side = "rarer" if rarer[h] < 0.5 else "more frequent"
             verdict = (
-                f"{VERDICTS['cannot_tell']} (distinct tokens {side} than common ones: "
-                f"{too_few(matched_n[h])} of frequency-matched pairs)"
+                f"{VERDICTS['cannot_tell']} (scans, or prefers {side} tokens: the distinct"
+                f" tokens are {side} than the common ones in the {counts}, and the"
+                f" frequency-matched pairs that would tell them apart are"
+                f" {too_few(matched_n[h])})"
             )
+        elif matched[h] > 0.5 and p_matched[h] < alpha:
+            verdict, control = VERDICTS["scans"], f"matched AUROC ({counts})"
         else:
             verdict = (
-                f"{VERDICTS['not_beyond']} (matched AUROC {matched[h]:.3g}, p = {p_matched[h]:.3g})"
+                f"{VERDICTS['not_beyond']} (matched AUROC {matched[h]:.3g}, p = {p_matched[h]:.3g}"
+                f", {counts})"
             )
         verdicts.append(verdict)
         controls.append(control)

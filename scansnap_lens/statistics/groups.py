@@ -143,7 +143,9 @@ def check_vocabulary(stats_vocab: int, plan) -> None:
 class TokenGroups:
     """Per class k = (query[k], next_token[k]) with weight events[k]:
     distinct[k] ([D_k] token ids) and distinct_p[k] (P(l|m, n) of each); per query m:
-    common[m] ([C_m] token ids).  source: "synthetic" or "corpus"."""
+    common[m] ([C_m] token ids).  source: "synthetic" or "corpus".  token_count [V]: how often
+    each token occurs as context in the corpus the kinds came from (sum over m, n of
+    C(m, n, l): the frequency the scan's control matches on); None for groups made by hand."""
 
     query: Tensor
     next_token: Tensor
@@ -154,6 +156,7 @@ class TokenGroups:
     source: str = "corpus"
     context: Context | None = None  # of the statistics the groups came from (None: the lab)
     settings: Classification | None = None  # how they were classified (None: by hand, the lab)
+    token_count: Tensor | None = None  # [V] each token's count as context in the corpus
 
     def __repr__(self) -> str:
         sizes = [t.numel() for t in self.distinct]
@@ -291,6 +294,9 @@ class TokenGroups:
             common,
             source="corpus",
             context=stats.context,
+            token_count=torch.bincount(
+                stats.token, weights=stats.count.double(), minlength=stats.vocab_size
+            ),
         )
 
 
