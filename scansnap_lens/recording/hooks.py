@@ -743,7 +743,12 @@ def record_checkpoint(
             fingerprint = (
                 fingerprint + rows_fingerprint(list(x.cpu().numpy().astype(np.int64)))
             ) & ((1 << 64) - 1)
-            aggregator.run(x, loss=aggregator.rows_done < LOSS_ROWS)
+            need = LOSS_ROWS - aggregator.rows_done  # rows whose loss is still wanted
+            if 0 < need < x.shape[0]:  # only they run to the unembedding
+                aggregator.run(x[:need], loss=True)
+                aggregator.run(x[need:])
+            else:
+                aggregator.run(x, loss=need > 0)
             if on_batch is not None:
                 on_batch(done, len(batches), time.perf_counter() - start)
         if fingerprint != plan.fingerprint:

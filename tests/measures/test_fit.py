@@ -145,9 +145,8 @@ def test_growth_bounds_count_next_tokens_not_classes(tmp_path):
 def test_the_fit_ends_on_a_trajectory_at_step_ten_to_the_twelve(tmp_path, monkeypatch):
     """A model trained by `train` at rates 0.5 / 1.0 (2 layers x 2 heads, vocabulary 29),
     recorded at steps 0 and 10^12: uniform tokens never let the population settle, so the
-    merged steps stay short unless bounded (it ran for hours); now a few thousand gradients."""
-    import time
-
+    merged steps stay short unless bounded (it ran for hours); now a few thousand gradients
+    (counted, not timed: a busy machine's clock says nothing about the work)."""
     from _tiny import QUIET
 
     from scansnap_lens.models.checkpoints import in_memory
@@ -167,9 +166,7 @@ def test_the_fit_ends_on_a_trajectory_at_step_ten_to_the_twelve(tmp_path, monkey
     calls = []
     loss = population._loss
     monkeypatch.setattr(population, "_loss", lambda *a: calls.append(1) or loss(*a))
-    start = time.perf_counter()
     fit = measures.theory_fit(traj, stats, training={"lr_y": 0.5, "lr_z": 1.0}, progress=False)
-    assert time.perf_counter() - start < 60
     assert len(calls) < population.EXACT_STEPS + population.RESOLUTION * 42, len(calls)
     assert fit.table["step"].max() == 10**12
 
