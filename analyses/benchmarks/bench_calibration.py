@@ -17,6 +17,18 @@ Prints JSON lines:
 - one per effect (AUROC 0.6, 0.7, 0.8) and head count (48, 144): the power, the share of
   scanning heads (a quarter of all) called "scans", over 100 queries of the shared pool, with
   the median minimal detectable AUROC;
+- one per classification of a corpus's tokens (the paper's kinds without the guard, the
+  default guard, purity 0.9 with min_support 2) and head that follows frequency only, counted
+  and classified by the real pipeline (`lab.calibration.corpus_run`: 8 heads, 12 queries):
+  a head whose logit change follows the word's rarity in the corpus at 10 % and 25 % of the
+  variance, one that follows its frequency at 10 %, and one that follows the pair's rarity in
+  the evaluation text at 25 %, on a corpus whose topic words are tied to next tokens and (the
+  paper's kinds) one where nothing is: the family-wise rate of "scans", at most alpha plus its
+  margin;
+- one per classification: a pure kind effect planted in one head of 8 at the minimal
+  detectable AUROC the verdict printed for that layout (a run of the same corpus without it):
+  the verdict's detection rate, which must lie in [0.7, 0.9];
+- the demo's Syn-Medium recipe (`scansnap demo`) over 10 seeds: one verdict;
 - one per row-effect scenario of the head types (skewed, very skewed, near one) and number of
   rows (5, 8, 16, 64): the coverage of the score's and the rise's 95 % intervals, the
   family-wise rate of "formed" among heads that never rise, and the coverage of the
@@ -38,6 +50,8 @@ import torch
 from scansnap_lens.lab.calibration import (
     HEAD_TYPE_SCENARIOS,
     SCENARIOS,
+    CorpusScenario,
+    corpus_run,
     crossed_run,
     head_type_run,
     head_type_truth,
@@ -45,6 +59,19 @@ from scansnap_lens.lab.calibration import (
 from scansnap_lens.measures import scan_uncertainty
 from scansnap_lens.measures.head_types import formation_step, head_type
 from scansnap_lens.measures.resampling import ALPHA
+from scansnap_lens.statistics.groups import Classification
+
+CLASSIFICATIONS = {
+    "paper_kinds": Classification(guard=False),
+    "default_guard": Classification(),
+    "purity_0.9_support_2": Classification(purity=0.9, min_support=2),
+}
+CORPUS_NULLS = {  # heads that follow frequency only
+    "corpus_rarity_10": {"rarity_share": 0.10},
+    "corpus_rarity_25": {"rarity_share": 0.25},
+    "corpus_frequency_10": {"rarity_share": -0.10},
+    "evaluation_rarity_25": {"count_share": 0.25},
+}
 
 
 def _tables(scenario, reps: int, heads: int, auroc=0.5, seed0: int = 0):
@@ -171,6 +198,83 @@ def head_types(reps: int, heads: int = 8) -> None:
             }), flush=True)  # fmt: skip
 
 
+def corpus_nulls(reps: int, heads: int = 8) -> None:
+    margin = 2 * math.sqrt(ALPHA * (1 - ALPHA) / reps)
+    for cname, classification in CLASSIFICATIONS.items():
+        for tied in (True, False) if cname == "paper_kinds" else (True,):
+            for name, shares in CORPUS_NULLS.items():
+                start = time.perf_counter()
+                scenario = CorpusScenario(tied=tied, **shares)
+                family, tested, passed = [], 0, []
+                for seed in range(reps):
+                    try:
+                        traj, groups, _ = corpus_run(scenario, classification, heads, seed=seed)
+                        table = scan_uncertainty(traj, groups).table
+                    except ValueError:  # no query with both kinds: no verdict, no "scans"
+                        family.append(False)
+                        continue
+                    tested += 1
+                    family.append(bool(table["scans"].any()))
+                    passed.append(float((table["auroc_p"] < ALPHA / heads).mean()))
+                rate = float(np.mean(family))
+                print(json.dumps({
+                    "corpus_null": name, "classification": cname, "tied": tied,
+                    "trajectories": reps, "with_verdict": tested, "heads": heads,
+                    "familywise_scans": round(rate, 4), "alpha": ALPHA,
+                    "margin": round(margin, 4), "within": rate <= ALPHA + margin,
+                    "auroc_p_below_alpha_over_heads": _share(passed),
+                    "s": round(time.perf_counter() - start, 1),
+                }), flush=True)  # fmt: skip
+
+
+def power_at_mde(reps: int, heads: int = 8) -> None:
+    for cname, classification in CLASSIFICATIONS.items():
+        start = time.perf_counter()
+        found, mdes = [], []
+        for seed in range(reps):
+            scenario = CorpusScenario(tied=True)
+            null, groups, _ = corpus_run(scenario, classification, heads, seed=seed,
+                                         values_seed=10**6 + seed)  # fmt: skip
+            mde = float(scan_uncertainty(null, groups).table["auroc_mde"].median())
+            if not 0.5 < mde < 1:
+                continue
+            auroc = torch.full((1, heads), 0.5)
+            auroc[0, 0] = mde
+            traj, groups, _ = corpus_run(scenario, classification, heads, auroc, seed=seed)
+            found.append(bool(scan_uncertainty(traj, groups).table["scans"][0]))
+            mdes.append(mde)
+        rate = _share(found)
+        print(json.dumps({
+            "power_at_mde": cname, "trajectories": reps, "planted": len(found),
+            "median_mde_auroc": round(float(np.median(mdes)), 4) if mdes else None,
+            "detection": rate, "within": rate is not None and 0.7 <= rate <= 0.9,
+            "s": round(time.perf_counter() - start, 1),
+        }), flush=True)  # fmt: skip
+
+
+def syn_medium_seeds(seeds: int) -> None:
+    """The demo (`run_demo`: Syn-Medium, its recipe and statistics) per seed: its verdict."""
+    import tempfile
+    from pathlib import Path
+
+    import pandas as pd
+
+    from scansnap_lens.demo import run_demo
+
+    start = time.perf_counter()
+    verdicts = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(seeds):
+            run_demo(Path(tmp) / f"seed{seed}", seed=seed, progress=False)
+            table = pd.read_csv(Path(tmp) / f"seed{seed}" / "report" / "uncertainty.csv")
+            verdicts += [v.split(" (")[0] for v in table["verdict"]]
+    kinds = sorted(set(verdicts))
+    print(json.dumps({
+        "syn_medium_demo_seeds": seeds, "verdicts": {k: verdicts.count(k) for k in kinds},
+        "one_verdict": len(kinds) == 1, "s": round(time.perf_counter() - start, 1),
+    }), flush=True)  # fmt: skip
+
+
 def _share(hits: list) -> float | None:
     return round(float(np.mean(hits)), 4) if hits else None
 
@@ -185,6 +289,9 @@ def main() -> None:
     null_rates(reps, heads=48, queries=30)
     coverage(reps)
     power(max(reps // 4, min(reps, 10)), queries=100)  # 10 at least, unless asked for fewer
+    corpus_nulls(reps)
+    power_at_mde(reps)
+    syn_medium_seeds(min(reps, 10))
     head_types(reps)
 
 
