@@ -369,12 +369,12 @@ def _model_figures(traj, groups, summary, results, folder, layer, head, training
 def _loss_curves(traj: Trajectory) -> dict[str, tuple[list, list]]:
     """{label: (steps, losses)}: the recorded evaluation loss, and the training log's losses
     a Trainer run's meta holds (``train_loss``, ``eval_loss``: [[step, loss], ...])."""
-    from scansnap_lens.recording.hooks import LOSS_ROWS
+    from scansnap_lens.recording.hooks import LOSS_TOKENS
 
     curves = {}
     if torch.isfinite(traj.loss).any():
-        curves[f"evaluation loss (first {LOSS_ROWS} rows)"] = (traj.steps.tolist(),
-                                                               traj.loss.tolist())  # fmt: skip
+        curves[f"evaluation loss (first rows, about {LOSS_TOKENS:,} tokens)"] = (
+            traj.steps.tolist(), traj.loss.tolist())  # fmt: skip
     for key, label in (("train_loss", "training loss (log)"), ("eval_loss", "eval loss (log)")):
         logged = traj.meta.get(key)
         if isinstance(logged, list) and logged:

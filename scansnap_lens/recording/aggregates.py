@@ -222,7 +222,7 @@ class CheckpointRecord:
     values: {aggregate name: [L, H, slots]} (`AGGREGATES`), each readable as an attribute
     (``record.zbar``); prompt_pattern: [L, H, T, T] attention weights of one example prompt,
     or None; loss: the model's mean next-token loss (nats) on the first evaluation rows
-    (`hooks.LOSS_ROWS`), or None.
+    (`hooks.loss_rows`), or None.
     """
 
     step: int

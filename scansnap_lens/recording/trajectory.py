@@ -57,8 +57,9 @@ class Trajectory:
     skipped: checkpoints that could not be read: dicts with step, source and error.
     prompt: [T] ids of an example prompt, and prompt_pattern [S, L, H, T, T] its attention
     weights at every checkpoint (None where no prompt was recorded).  loss: [S] the model's
-    mean next-token loss on the first evaluation rows (`hooks.LOSS_ROWS`), NaN where a
-    checkpoint has none (folders written before it was recorded).
+    mean next-token loss on the first evaluation rows (`hooks.loss_rows`: about
+    `hooks.LOSS_TOKENS` tokens), NaN where a checkpoint has none (folders written before it
+    was recorded).
     """
 
     def __init__(

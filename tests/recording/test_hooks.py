@@ -47,19 +47,23 @@ def test_aggregates_equal_brute_force(exclude_bos, include_self, window, backend
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("in_one_batch", [False, True])
-def test_recording_stops_after_the_last_watched_attention(backend, in_one_batch):
+def test_recording_stops_after_the_last_watched_attention(backend, in_one_batch, monkeypatch):
     """Recording the last layer runs neither its MLP nor the unembedding (a bridge's
-    stop_at_layer does not stop after its last block) but for the first `LOSS_ROWS` rows,
-    whose loss it records (the model's own), even where they share a batch with other rows
-    (the unembedding of Pythia's 50k tokens on every row of the first batch cost 30 % of the
-    recording); and leaves no hook behind: the model's logits are the same before and after."""
-    from scansnap_lens.recording.hooks import LOSS_ROWS
+    stop_at_layer does not stop after its last block) but for the first rows that hold
+    `LOSS_TOKENS` tokens, whose loss it records (the model's own), even where they share a
+    batch with other rows (with Pythia's 50k tokens, the unembedding of 16 rows of 64 made the
+    recording 1.45x the forward); and leaves no hook behind: the model's logits are the same
+    before and after."""
+    from scansnap_lens.recording import hooks
 
+    monkeypatch.setattr(hooks, "LOSS_TOKENS", 75)  # 8 rows of 10 tokens (7.5 rounded up)
+    loss_rows = hooks.loss_rows(10)
+    assert loss_rows == 8
     model = tiny_model(backend=backend)
-    tokens = torch.randint(0, V, (LOSS_ROWS + 6, 10), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, V, (loss_rows + 6, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         before = model(tokens)
-        truth = model(tokens[:LOSS_ROWS], return_type="loss")
+        truth = model(tokens[:loss_rows], return_type="loss")
     modules = {"unembed": model.unembed, "last mlp": model.blocks[1].mlp}
     rows = {name: [] for name in modules}
     handles = [
@@ -68,9 +72,9 @@ def test_recording_stops_after_the_last_watched_attention(backend, in_one_batch)
         for name, module in modules.items()
     ]  # fmt: skip
     plan = plan_recording(tokens, V)
-    batch = LOSS_ROWS + 6 if in_one_batch else LOSS_ROWS // 2
+    batch = loss_rows + 6 if in_one_batch else loss_rows // 2
     record = record_checkpoint(model, tokens, plan, batch_size=batch, progress=False)
-    seen = [LOSS_ROWS] if in_one_batch else [LOSS_ROWS // 2] * 2  # the loss rows only
+    seen = [loss_rows] if in_one_batch else [loss_rows // 2] * 2  # the loss rows only
     assert rows == {"unembed": seen, "last mlp": seen}
     assert abs(record.loss - float(truth)) < 1e-5 * max(1.0, float(truth))  # float32 means
     prompt_attention(model, tokens[0], layers=[1], heads=[0])
@@ -311,7 +315,7 @@ def test_the_forward_passes_wait_for_the_host_no_more_than_the_bare_forward(monk
             return original(model, x, last_layer, hook_list)
 
     monkeypatch.setattr(hooks, "run_until", counted)
-    monkeypatch.setattr(hooks, "LOSS_ROWS", 0)  # every pass stops at the watched layers
+    monkeypatch.setattr(hooks, "LOSS_TOKENS", 0)  # every pass stops at the watched layers
     monkeypatch.setattr(hooks._HookAggregator, "MAX_PAIRS", 40)  # several parts per batch
     means = []
     monkeypatch.setattr(hooks._HookAggregator, "means", _spy(hooks._HookAggregator.means, means))
