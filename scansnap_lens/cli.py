@@ -114,6 +114,7 @@ def _stats(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ record
 SEQ_LEN = 64  # the rows record --text cuts, by default
 MAX_ROWS = 64  # and how many: rows x checkpoints drive a recording's time
+BUDGET = 40  # checkpoints record --steps auto records, by default
 
 
 def _eval_tokens(args: argparse.Namespace):
@@ -165,17 +166,21 @@ def _record(args: argparse.Namespace) -> int:
     if bool(args.checkpoints) == bool(args.model):
         raise ValueError("give either --checkpoints DIR or --model NAME")
     tokens = _eval_tokens(args)
+    auto = args.steps == "auto"
+    steps = None if auto else args.steps
+    if args.budget is not None and not auto:
+        raise ValueError("--budget chooses how many checkpoints --steps auto records: give both")
     if args.checkpoints:
         source = checkpoints.folder(
             args.checkpoints,
-            steps=args.steps,
+            steps=steps,
             trust_pickle=args.trust_pickle,
             device=args.device,
             backend=args.backend,
         )
     else:
         source = checkpoints.pretrained(
-            args.model, steps=args.steps, backend=args.backend, device=args.device
+            args.model, steps=steps, backend=args.backend, device=args.device
         )
     if len(source) == 0:
         raise ValueError(f"{source.name}: no checkpoint selected")
@@ -192,7 +197,15 @@ def _record(args: argparse.Namespace) -> int:
         from scansnap_lens.distributed import ray_execute
 
         execute = ray_execute(address=args.ray or None)
-    traj = recorder.record(source, execute=execute)
+    if auto:
+        from scansnap_lens.measures.placement import PLACEMENT_FILE, record_placed
+
+        budget = BUDGET if args.budget is None else args.budget
+        traj = record_placed(recorder, source, budget, execute=execute)
+        print(f"--steps auto: {traj.num_steps} of {len(source)} checkpoints (budget {budget});"
+              f" each step and why: {Path(args.out).resolve() / PLACEMENT_FILE}")  # fmt: skip
+    else:
+        traj = recorder.record(source, execute=execute)
     print(
         f"{traj.num_steps} checkpoints recorded ({traj.num_steps - before} new,"
         f" {len(traj.skipped)} skipped), layers {traj.layers}, heads {traj.heads},"
@@ -412,7 +425,7 @@ def _queries(text: str):
 
 
 def _steps(text: str):
-    if text in ("all",):
+    if text in ("all", "auto"):
         return text
     if text.startswith("log:"):
         if not text[4:].isdigit() or int(text[4:]) < 2:
@@ -562,8 +575,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps",
         type=_steps,
         default="all",
-        help="all, every k-th (k), log:N, or a,b,c (a single step: 'a,') (default: %(default)s)",
+        help="all, every k-th (k), log:N, a,b,c (a single step: 'a,'), or auto: a coarse pass,"
+        " then the checkpoints that place each head's snap and formation steps within 10 %%,"
+        " --budget in all (default: %(default)s)",
     )
+    record.add_argument(
+        "--budget", type=_count(2, 10**6),
+        help=f"checkpoints --steps auto records at most (default {BUDGET})",
+    )  # fmt: skip
     record.add_argument("--tokens", type=Path, help="evaluation token file [rows, positions]")
     record.add_argument("--text", type=Path, help="evaluation text file (with --tokenizer)")
     record.add_argument(

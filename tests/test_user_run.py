@@ -166,3 +166,48 @@ def test_the_identical_record_command_resumes_an_interrupted_and_a_finished_run(
     assert main([*args, "--max-checkpoint-mb", "8"]) == 2
     err = capsys.readouterr().err
     assert "max_checkpoint_bytes=, --max-checkpoint-mb 64000000 there, 8000000 here" in err
+
+
+def test_record_steps_auto_places_its_budget_and_resumes_with_the_identical_command(
+    syn_medium_run, tmp_path, capsys, monkeypatch
+):
+    """`--steps auto --budget 4` over six checkpoints: a coarse pass, then the checkpoints
+    that split the snap's bracket, four at most, each with why in placement.json; interrupted
+    in its second round, the identical command goes on from the folder and records nothing
+    again; --budget without --steps auto is refused naming both."""
+    from scansnap_lens.inputs.tokens import save_tokens
+    from scansnap_lens.recording.recorder import RecordingRun
+    from scansnap_lens.recording.trajectory import Trajectory
+
+    folder, rows, _ = syn_medium_run
+    save_tokens(tmp_path / "eval.safetensors", rows)
+    args = ["record", "--checkpoints", str(folder), "--tokens",
+            str(tmp_path / "eval.safetensors"), "--out", str(tmp_path / "traj"),
+            "--steps", "auto", "--budget", "4"]  # fmt: skip
+    calls = []
+    record_model = RecordingRun.record_model
+
+    def interrupted(self, step, model, *args, **kwargs):
+        calls.append(step)
+        if len(calls) == 4:  # the coarse pass records 3
+            raise KeyboardInterrupt
+        return record_model(self, step, model, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(RecordingRun, "record_model", interrupted)
+        assert main(args) == 130
+    assert len(Trajectory.load(tmp_path / "traj").steps) == 3
+    capsys.readouterr()
+    assert main(args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    traj = Trajectory.load(tmp_path / "traj")
+    assert "--steps auto: 4 of 6 checkpoints (budget 4)" in out, out
+    placed = json.loads((tmp_path / "traj" / "placement.json").read_text())
+    assert sorted(map(int, placed["steps"])) == traj.steps.tolist()
+    reasons = list(placed["steps"].values())
+    assert reasons.count("coarse pass: log-spaced, a third of the budget") == 3
+    assert any("between checkpoints" in r for r in reasons), reasons
+    assert main(args) == 0
+    assert "4 checkpoints recorded (0 new, 0 skipped)" in capsys.readouterr().out
+    assert main([*args[:-4], "--budget", "4"]) == 2
+    assert "--budget" in capsys.readouterr().err

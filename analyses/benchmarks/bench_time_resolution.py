@@ -21,6 +21,15 @@ Pythia's schedule, scaled), ``gap`` (every 25 but none in (100, 500)) and ``dens
 how narrow the intervals are where the checkpoints resolve the steps).  One JSON line per
 quantity and grid: the coverage of the 95 % interval (goal >= 0.9), the runs the grid resolved
 (a snap seen, a rise significant), and the median width over the step.
+
+**Placed recordings** (`measures.placement`), each run alone, at a budget of 40 recordings
+against the log grid of 40 (``log40``): ``placed`` (checkpoints at every step exist, as hub
+revisions or a folder would hold them: a coarse pass, then the checkpoints that split each
+unresolved bracket, `record --steps auto`) and ``online`` (a training run's
+`AdaptiveSchedule`, which cannot go back; snap steps only).  One JSON line each: the coverage
+of the 95 % interval and of the checkpoints' bracket alone, the share of runs whose bracket
+places the step within 10 % of itself (``within_10pct``, the goal of placement), the median
+bracket width over the step and the recordings used.
 """
 
 from __future__ import annotations
@@ -35,7 +44,14 @@ import torch
 from scansnap_lens.lab.synthetic import sequence_classes
 from scansnap_lens.lab.yz import train_yz
 from scansnap_lens.measures.head_types import formation_step, head_type
-from scansnap_lens.measures.snap import snap_step_interval, snapping
+from scansnap_lens.measures.placement import (
+    AdaptiveSchedule,
+    coarse_steps,
+    next_steps,
+    step_brackets,
+)
+from scansnap_lens.measures.snap import head_movement, snap_step_interval, snapping
+from scansnap_lens.models.steps import select_steps
 from scansnap_lens.recording.plan import RecordPlan
 from scansnap_lens.recording.trajectory import Trajectory
 
@@ -106,6 +122,74 @@ def summary(name: str, grid: str, truth, value, lo, hi) -> dict:
     }  # fmt: skip
 
 
+BUDGET = 40
+
+
+def placed(one: Trajectory, budget: int = BUDGET) -> list[int]:
+    """The steps `record_placed` chooses among every step of `one`, within `budget`."""
+    available = one.steps.tolist()
+    chosen = set(coarse_steps(available, budget))
+    while picks := next_steps(step_brackets(one.select(steps=sorted(chosen))), available,
+                              chosen, budget - len(chosen)):  # fmt: skip
+        chosen |= {s for s, _ in picks}
+    return sorted(chosen)
+
+
+def online(one: Trajectory, budget: int = BUDGET) -> list[int]:
+    """The steps an `AdaptiveSchedule` records in a run whose every step is `one`'s."""
+    schedule = AdaptiveSchedule(recorder=None, budget=budget, last_step=LAST)
+    steps, moves = [0], []
+    while steps[-1] < LAST:
+        nxt, _ = schedule.choose(steps, moves)
+        moves.append(head_movement(one.plan, one.c_hat[steps[-1]], one.c_hat[nxt]))
+        steps.append(nxt)
+    return steps
+
+
+def placement_lines(batches: int, per_batch: int) -> None:
+    """The snap and formation steps of runs recorded by placement against the log grid."""
+    rows: dict = {}
+    for b in range(batches):
+        dense, truth = snap_runs(per_batch, seed=1000 * b)
+        for h in range(per_batch):
+            one = dense.select(heads=[dense.heads[h]])
+            for how, steps in (("log40", select_steps(one.steps.tolist(), f"log:{BUDGET}")),
+                               ("placed", placed(one)), ("online", online(one))):  # fmt: skip
+                sub = one.select(steps=steps)
+                table = snapping(sub).table
+                iv = snap_step_interval(sub, generator=torch.Generator().manual_seed(b))
+                rows.setdefault(("snap_step", how), []).append([
+                    float(truth[h]), float(table["snap_step"][0]),
+                    float(iv["snap_step_lo"][0, 0]), float(iv["snap_step_hi"][0, 0]),
+                    float(table["snap_step_grid_lo"][0]), float(table["snap_step_grid_hi"][0]),
+                    len(steps)])  # fmt: skip
+        traj, truth = planted(per_batch, 5000 + b, list(range(LAST + 1)))
+        for h in range(per_batch):
+            one = traj.select(heads=[traj.heads[h]])
+            for how, steps in (("log40", select_steps(one.steps.tolist(), f"log:{BUDGET}")),
+                               ("placed", placed(one))):  # fmt: skip
+                sub = one.select(steps=steps)
+                final = head_type(sub, "induction").final()
+                score = torch.as_tensor(sub.induction[:]).double().nanmean(-1).permute(1, 2, 0)
+                _, lo, hi = formation_step(sub.steps, score, grid=True)
+                rows.setdefault(("formation_step", how), []).append([
+                    float(truth[h]), *(float(final[f"induction_step{e}"].iloc[0])
+                                       for e in ("", "_lo", "_hi")),
+                    float(lo.reshape(-1)[0]), float(hi.reshape(-1)[0]), len(steps)])  # fmt: skip
+    for (quantity, how), found in rows.items():
+        truth, value, lo, hi, glo, ghi, used = np.array(found).T
+        line = summary(quantity, how, truth, value, lo, hi)
+        ok = np.isfinite(value) & np.isfinite(glo)
+        line.update({
+            "budget": BUDGET, "recordings_median": int(np.median(used)),
+            "grid_coverage": round(float(((glo <= truth) & (truth <= ghi))[ok].mean()), 3),
+            "within_10pct": round(float(((value - glo <= 0.1 * value)
+                                         & (ghi - value <= 0.1 * value))[ok].mean()), 3),
+            "median_grid_width_over_step": round(float(np.median(((ghi - glo) / value)[ok])), 3),
+        })  # fmt: skip
+        print(json.dumps(line), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="8 runs a quantity: it runs")
@@ -134,6 +218,7 @@ def main() -> None:
                                            for e in ("", "_lo", "_hi"))])  # fmt: skip
         print(json.dumps(summary("formation_step", grid, *map(np.concatenate, zip(*parts)))),
               flush=True)  # fmt: skip
+    placement_lines(batches, per_batch)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,9 @@ P(l|m, n), common tokens of each query), and returns a `Measurement`: a table wi
 - `matching`: `match_heads`, the heads of several runs matched by their attention;
 - `head_types`: `head_type`, the field's head types over training (previous-token,
   first-token, induction): scores with intervals over rows, and `formation_step`;
+- `placement`: where to record so the checkpoints resolve those steps: `record_placed` (a
+  coarse pass, then the checkpoints that split each unresolved bracket) and
+  `AdaptiveSchedule` (a training run's next step from the movement it saw);
 - `uncertainty`: `scan_uncertainty`, every head's intervals, p-values, the untrained baseline
   and its verdict (`scans`), each figure from its own module and `resampling`.
 """
@@ -76,6 +79,14 @@ _NAMES = {
     "ClassTokens": "frequency",
     "DistinctAttention": "entropy",
     "snap_step_interval": "snap",
+    "head_movement": "snap",
+    "PLACEMENT_FILE": "placement",
+    "TOLERANCE": "placement",
+    "AdaptiveSchedule": "placement",
+    "coarse_steps": "placement",
+    "next_steps": "placement",
+    "record_placed": "placement",
+    "step_brackets": "placement",
     "segment_ranks": "measurement",
     "segment_starts": "measurement",
     "NOT_YET_SNAPPED": "snap",

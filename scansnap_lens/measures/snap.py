@@ -31,6 +31,7 @@ __all__ = [
     "NOT_YET_SNAPPED",
     "NO_SCAN",
     "class_movement",
+    "head_movement",
     "secondary_snap_steps",
     "snap_step",
     "snap_step_interval",
@@ -58,7 +59,10 @@ def snap_step(steps: Tensor, moves: Tensor, fraction: float = 0.5, grid: bool = 
     `grid`, also (lo [...], hi [...]): what the checkpoints allow for a rate that rises to one
     peak and falls: up to the end of the first interval below the level, from the start of
     the last interval above the highest level the true peak allows (an interval's mean rate
-    underestimates its peak; see the code), else from the start of the peak's interval.
+    underestimates its peak; see the code), else from the start of the peak's interval; and
+    (peak_lo [...], peak_hi [...]): where such a rate can peak, from the start of the interval
+    before the highest to the end of the one after it (a peak further off would make a
+    neighbour's mean rate the highest).
 
     >>> steps = torch.tensor([0, 10, 20, 30, 40, 50])
     >>> snap, peak, why = snap_step(steps, torch.tensor([1.0, 4.0, 3.0, 1.0, 0.5]))
@@ -67,7 +71,7 @@ def snap_step(steps: Tensor, moves: Tensor, fraction: float = 0.5, grid: bool = 
     >>> snap_step(steps, torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))[2]
     ['not yet snapped']
     >>> [t.item() for t in snap_step(steps, torch.tensor([1.0, 4.0, 3.0, 1.0, 0.5]), grid=True)[3:]]
-    [10.0, 40.0]
+    [10.0, 40.0, 0.0, 30.0]
     """
     steps, moves = torch.as_tensor(steps), torch.as_tensor(moves)
     if steps.ndim != 1 or steps.numel() < 2:
@@ -125,8 +129,10 @@ def snap_step(steps: Tensor, moves: Tensor, fraction: float = 0.5, grid: bool = 
     last_above = torch.where(surely.any(-1), (index * surely).amax(-1), p)
     grid_lo = torch.where(snapped, t[last_above], math.nan).reshape(shape)
     grid_hi = torch.where(snapped, t[(i + 1).clamp_max(t.numel() - 1)], math.nan).reshape(shape)
+    peak_lo = torch.where(scanned, t[(p - 1).clamp_min(0)], math.nan).reshape(shape)
+    peak_hi = torch.where(scanned, t[(p + 2).clamp_max(t.numel() - 1)], math.nan).reshape(shape)
     if grid:
-        return snap.reshape(shape), peak.reshape(shape), reasons, grid_lo, grid_hi
+        return snap.reshape(shape), peak.reshape(shape), reasons, grid_lo, grid_hi, peak_lo, peak_hi
     return snap.reshape(shape), peak.reshape(shape), reasons
 
 
@@ -183,9 +189,23 @@ def class_movement(traj: Trajectory) -> Tensor:
     before = traj.c_hat[0].double() if S else None
     for s in range(1, S):
         now = traj.c_hat[s].double()
-        out[s - 1].index_add_(-1, plan.triple_class, (now - before).abs_())
+        out[s - 1] = _moved(plan, before, now)
         before = now
+    return out
+
+
+def _moved(plan, before: Tensor, now: Tensor) -> Tensor:
+    """[..., K] each class's total variation between two checkpoints' c_hat [..., Pc]."""
+    out = torch.zeros(*now.shape[:-1], plan.num_classes, dtype=torch.float64)
+    out.index_add_(-1, plan.triple_class, (now.double() - before.double()).abs_())
     return out.mul_(0.5)
+
+
+def head_movement(plan, before: Tensor, now: Tensor) -> Tensor:
+    """[...] a head's movement between two checkpoints' c_hat [..., Pc]: the events-weighted
+    mean of its classes' total variation (`snapping`'s movement over every tracked class)."""
+    w = plan.class_events.double()
+    return (_moved(plan, before, now) * w).sum(-1) / w.sum().clamp_min(1e-300)
 
 
 def snap_step_interval(
@@ -216,7 +236,7 @@ def snap_step_interval(
 
     lo, hi, share = bootstrap_percentile(statistic, move.shape[-1], num, level, generator)
     head_move = torch.einsum("slhk,k->lhs", move, w) / w.sum()
-    _, _, _, grid_lo, grid_hi = snap_step(traj.steps, head_move, grid=True)
+    grid_lo, grid_hi = snap_step(traj.steps, head_move, grid=True)[3:5]
     lo, hi = with_grid(lo, hi, grid_lo, grid_hi)
     out.update(snap_step_lo=lo, snap_step_hi=hi, snap_share=share, snap_step_grid_lo=grid_lo,
                snap_step_grid_hi=grid_hi)  # fmt: skip
@@ -235,8 +255,9 @@ def snapping(
 
     Columns: ``snap_step`` (primary, `snap_step`: the rate of movement per step has fallen to
     `snap_fraction` of its peak; horizon-independent), ``snap_step_grid_lo``/``_hi`` (the
-    checkpoints that bracket it: the grid knows it no better), ``rate_peak_step`` (where that rate
-    peaks), ``snap_reason`` (why ``snap_step`` is NaN), and the secondary, horizon-dependent
+    checkpoints that bracket it: the grid knows it no better), ``rate_peak_step`` (where that
+    rate peaks) with ``rate_peak_step_grid_lo``/``_hi`` (where the checkpoints allow the peak),
+    ``snap_reason`` (why ``snap_step`` is NaN), and the secondary, horizon-dependent
     ``snap_path`` and ``snap_rate`` (`secondary_snap_steps`).  The movement of a class between
     checkpoints is the total variation of its c_hat; a head's movement is the events-weighted
     mean over classes (the classes of `groups` if given, or `classes`, pairs (m, n), else every
@@ -266,8 +287,9 @@ def snapping(
     w = plan.class_events[slots].double()
     head_move = torch.einsum("klhs,k->lhs", move, w) / w.sum()  # [L, H, S-1]
     path, rate = secondary_snap_steps(traj.steps, head_move, fraction, rate_fraction)
-    snap, peak, reasons, grid_lo, grid_hi = snap_step(traj.steps, head_move, snap_fraction,
-                                                      grid=True)  # fmt: skip
+    snap, peak, reasons, grid_lo, grid_hi, peak_lo, peak_hi = snap_step(
+        traj.steps, head_move, snap_fraction, grid=True
+    )
     K, L, H = snap_k.shape
     detail = pd.DataFrame(
         {
@@ -287,6 +309,8 @@ def snapping(
     table["snap_step_grid_lo"] = grid_lo.reshape(-1).numpy()
     table["snap_step_grid_hi"] = grid_hi.reshape(-1).numpy()
     table["rate_peak_step"] = peak.reshape(-1).numpy()
+    table["rate_peak_step_grid_lo"] = peak_lo.reshape(-1).numpy()
+    table["rate_peak_step_grid_hi"] = peak_hi.reshape(-1).numpy()
     table["snap_reason"] = reasons
     table["snap_path"] = path.reshape(-1).numpy()
     table["snap_rate"] = rate.reshape(-1).numpy()

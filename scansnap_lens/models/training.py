@@ -349,7 +349,9 @@ def train(
     optimizer: "sgd" (with `momentum`) or "adam".
     loss_on: "all" positions, or "last": only the prediction of the final token (the paper's
         setup, where the final token is the next token n of the query before it).
-    save_steps: the steps to save (see `schedule`); step 0 is the initial model.
+    save_steps: the steps to save (see `schedule`); step 0 is the initial model.  Or an object
+        that chooses as training goes (``wants(step) -> bool``, e.g.
+        `measures.placement.AdaptiveSchedule`, also passed as `on_checkpoint`).
     clip_grad_norm: clip the gradients' global norm to this before each step.
     lr_by_name: {name pattern: rate} for parameters whose name matches (``re.search``; the
         first pattern wins), beyond the eta_Y / eta_Z split, e.g. ``{r"mlp\.W_in": 10.0}``.
@@ -381,7 +383,8 @@ def train(
         raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
     generator = torch.Generator().manual_seed(seed)
     sample = _sampler(data, batch_size, generator, bptt)
-    save_at = set(schedule(num_steps, save_steps))
+    chooses = hasattr(save_steps, "wants")
+    save_at = set() if chooses else set(schedule(num_steps, save_steps))
     result = TrainResult(loss=[], out=None if out is None else str(out))
     training = {
         **rates.to_dict(),
@@ -410,7 +413,7 @@ def train(
             model.train()
 
     model.train()
-    if 0 in save_at:
+    if 0 in save_at or chooses:
         checkpoint(0)
     bar = tqdm(range(1, num_steps + 1), desc="train", unit="step", disable=not progress)
     for step in bar:
@@ -433,7 +436,7 @@ def train(
         result.loss.append(loss.item())
         if step % 10 == 0:
             bar.set_postfix(loss=f"{result.loss[-1]:.3f}")
-        if step in save_at:
+        if step in save_at or (chooses and save_steps.wants(step)):
             checkpoint(step)
     model.eval()
     return result

@@ -630,7 +630,10 @@ def _recordable(model: HookedModel | torch.nn.Module) -> HookedModel:
 def trainer_callback(recorder: Recorder, steps=None):
     """A ``transformers.TrainerCallback`` that records at the start and at every save, and,
     with `steps` (optimizer steps, e.g. Pythia's 0, 1, 2, 4, ..., 512, 1000, ...), at each of
-    them whether or not the Trainer saves there (no weights are written for those).  The
+    them whether or not the Trainer saves there (no weights are written for those); `steps`
+    may choose as training goes (``wants(step)`` and called as the recorder's
+    `on_checkpoint`: `measures.placement.AdaptiveSchedule`), and then every recording,
+    saves included, goes through it.  The
     Trainer's rate, optimizer and schedule go into the trajectory's meta (what the recorder's
     `meta` already says stays).
 
@@ -638,7 +641,9 @@ def trainer_callback(recorder: Recorder, steps=None):
     """
     from transformers import TrainerCallback
 
-    wanted = None if steps is None else {int(s) for s in steps}
+    chooses = hasattr(steps, "wants")
+    wanted = None if steps is None or chooses else {int(s) for s in steps}
+    record = steps if chooses else recorder.on_checkpoint
 
     class ScanSnapCallback(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -647,15 +652,17 @@ def trainer_callback(recorder: Recorder, steps=None):
             for key, value in training_arguments(args).items():  # what you set stays
                 recorder.meta.setdefault(key, value)
             if model is not None and state.global_step == 0:
-                recorder.on_checkpoint(0, model)
+                record(0, model)
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
-            if model is not None and wanted is not None and state.global_step in wanted:
-                recorder.on_checkpoint(state.global_step, model)
+            step = state.global_step
+            if model is not None and (step in wanted if wanted is not None else
+                                      chooses and steps.wants(step)):  # fmt: skip
+                record(step, model)
 
         def on_save(self, args, state, control, model=None, **kwargs):
             if model is not None and state.global_step not in recorder.done:
-                recorder.on_checkpoint(state.global_step, model)
+                record(state.global_step, model)
 
     return ScanSnapCallback()
 

@@ -136,6 +136,25 @@ def test_trainer_callback_records_at_chosen_steps_between_saves(tmp_path):
     assert recorder.trajectory().steps.tolist() == [0, 1, 2, 3, 4]
 
 
+def test_trainer_callback_records_where_an_adaptive_schedule_says(tmp_path):
+    """`steps=AdaptiveSchedule(...)`: it records at the start, at the steps it chooses and at
+    the Trainer's saves, all through the schedule (placement.json names each and why); the
+    training is unchanged."""
+    import json
+
+    from scansnap_lens.measures.placement import PLACEMENT_FILE, AdaptiveSchedule
+
+    plain = trainer_run("gpt2", tmp_path / "plain")
+    recorder = Recorder(tmp_path / "traj", EVAL, QUIET, plan=plan_recording(EVAL, V))
+    schedule = AdaptiveSchedule(recorder, budget=4, last_step=4)
+    callback = trainer_callback(recorder, steps=schedule)
+    assert trainer_run("gpt2", tmp_path / "run", callbacks=[callback]) == plain
+    steps = recorder.trajectory().steps.tolist()
+    assert steps[0] == 0 and {2, 4} <= set(steps) and steps == schedule.steps
+    why = json.loads((tmp_path / "traj" / PLACEMENT_FILE).read_text())["steps"]
+    assert sorted(map(int, why)) == steps
+
+
 def test_trainer_step_must_agree_with_trainer_state(tmp_path):
     trainer_run("gpt2", tmp_path / "run")
     os.rename(tmp_path / "run" / "checkpoint-2", tmp_path / "run" / "checkpoint-3")
