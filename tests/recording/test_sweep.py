@@ -402,6 +402,34 @@ def _bound(server, revisions) -> None:
     assert server.watch.peak <= 2 * one, (server.watch.peak, one)
 
 
+def test_placed_steps_sweep_within_the_bound_and_leave_the_users_cache(
+    revisions, cache, tmp_path, kept
+):
+    """`record --steps auto` over hub revisions (`placement.record_placed`): each round is a
+    sweep of its own steps, within the disk bound, reading the user's cached revision and
+    deleting its own downloads; the values equal the kept recording's at the steps chosen,
+    at most the budget, each with why."""
+    from scansnap_lens.measures.placement import PLACEMENT_FILE, record_placed
+
+    out = tmp_path / "placed"
+    server = _watched({NAME: revisions}, out)
+    with server:
+        _precache(server, "step2")
+        before = _contents(cache)
+        with server.use():
+            source = checkpoints.pretrained(NAME, steps=STEPS, backend="bridge")  # the hub's
+            recorder = Recorder(out, _tokens(), QUIET.replace(on_disk=1))
+            traj = record_placed(recorder, source, budget=4)
+    steps = traj.steps.tolist()
+    assert 3 <= len(steps) <= 4 and set(steps) <= set(STEPS) and {0, 8} <= set(steps)
+    _same_trajectory(traj, kept.select(steps=steps))
+    assert server.watch.peak <= max(_revision_bytes(f) for f in revisions.values())
+    assert _contents(cache) == before
+    assert not (out / sweep.CACHE).exists()
+    why = json.loads((out / PLACEMENT_FILE).read_text())["steps"]
+    assert sorted(map(int, why)) == steps
+
+
 def test_a_revision_pinned_by_hash_is_read_from_the_users_cache(revisions, cache, tmp_path, kept):
     """snapshot_download(revision=<sha>) leaves no ref: the sweep finds the commit from the
     hub's listing, reads it where it is, downloads it no second time and deletes nothing."""
