@@ -122,6 +122,9 @@ MEASURES: tuple[Measure, ...] = (
         " dependent on the run's length: <b>snap_path</b>, the first checkpoint by which"
         " 90&nbsp;% of the attention's movement is done, and <b>snap_rate</b>, the checkpoint"
         " after which its movement per log-step stays under 10&nbsp;% of its peak."
+        "  <b>straightness</b>: the movement over two intervals over the sum of the two (1 for"
+        " a steady drift, 0.71 for step-to-step noise); under 0.85 the snap step depends on"
+        " how far apart the checkpoints are."
         "  <b>predicted_snap</b>: the theory's t0 at the effective rates (SGD: lr / (1 -"
         " momentum); none for Adam) where the training is known.",
         shown="key: snap_step predicted_snap; heads: snap_step; grid: snap_step; atlas:"

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from scansnap_lens.measures.catalog import MEASURES, Measure, columns
+from scansnap_lens.measures.snap import NOISY_BELOW
 from scansnap_lens.measures.uncertainty import VERDICTS
 
 __all__ = ["findings_of", "runs_findings_of"]
@@ -132,8 +133,22 @@ def _snaps(summary: pd.DataFrame) -> list[str]:
                 f"; the checkpoints place them within {_num(rows['snap_step_grid_lo'].min())}"
                 f" to {_num(rows['snap_step_grid_hi'].max())}"
             )
-        said.append(f"Layer {layer} snapped near step {_num(steps.median())} ({heads}: {spread}).")
+        said.append(f"Layer {layer} snapped near step {_num(steps.median())} ({heads}: {spread})"
+                    + _noisy(rows) + ".")  # fmt: skip
     return said
+
+
+def _noisy(rows: pd.DataFrame) -> str:
+    """What a layer's snap steps are worth where its attention moved mostly by noise."""
+    if "straightness" not in rows or rows["straightness"].isna().all():
+        return ""
+    straight = float(rows["straightness"].median())
+    if straight >= NOISY_BELOW:
+        return ""
+    return (f"; but its attention moved mostly by step-to-step noise between checkpoints"
+            f" (straightness {straight:.2f}: a steady drift gives 1, noise 0.71), so these"
+            " snap steps depend on how far apart the checkpoints are: compare runs only at"
+            " the same checkpoints")  # fmt: skip
 
 
 def _theory(summary: pd.DataFrame) -> list[str]:

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from scansnap_lens._io import write_text
 from scansnap_lens.measures.head_types import formation_step, head_type, head_type_scores
-from scansnap_lens.measures.snap import head_movement, snapping
+from scansnap_lens.measures.snap import NOISY_BELOW, head_movement, snapping
 from scansnap_lens.models.steps import select_steps
 from scansnap_lens.recording.trajectory import Trajectory
 
@@ -55,10 +55,13 @@ def step_brackets(traj: Trajectory, tolerance: float = TOLERANCE) -> pd.DataFram
     """One row per head and step quantity the checkpoints bracket: ``layer``, ``head``,
     ``quantity`` (``snap_step``, ``rate_peak_step``, ``<head type>_step``), ``step``, ``lo``,
     ``hi`` (the checkpoints that bracket it) and ``resolved`` (both within `tolerance` x
-    step of it).  Heads that never snapped, and head types that did not rise, have no row."""
+    step of it).  Heads that never snapped, heads whose attention moves mostly by noise
+    (`snap.straightness` under `snap.NOISY_BELOW`: more checkpoints measure more noise) and
+    head types that did not rise have no row."""
     rows = []
     if traj.num_steps >= 2 and "c_hat" in traj.aggregates:
         table = snapping(traj).table
+        table = table[~(table["straightness"] < NOISY_BELOW)]  # more checkpoints: more noise
         for quantity in ("snap_step", "rate_peak_step"):
             part = table[["layer", "head"]].assign(
                 quantity=quantity, step=table[quantity],
@@ -86,9 +89,10 @@ def step_brackets(traj: Trajectory, tolerance: float = TOLERANCE) -> pd.DataFram
 
 
 def coarse_steps(available, budget: int) -> list[int]:
-    """The first pass: a third of `budget` (at least 3) log-spaced among `available`."""
+    """The first pass: a third of `budget` (at least 3, at most the budget) log-spaced among
+    `available`."""
     available = sorted({int(s) for s in available})
-    n = min(len(available), max(3, budget // 3))
+    n = min(len(available), budget, max(3, budget // 3))
     return select_steps(available, f"log:{n}") if n >= 2 else available
 
 
@@ -133,12 +137,15 @@ def record_placed(recorder, source, budget: int, tolerance: float = TOLERANCE, e
         part = dataclasses.replace(source, checkpoints=[c for c in source if c.step in wanted])
         return recorder.record(part, execute=execute)
 
-    first = [s for s in coarse_steps(available, budget) if s not in placed]
-    placed.update({s: "coarse pass: log-spaced, a third of the budget" for s in first})
-    _write_placement(Path(recorder.out), placed, budget, tolerance)
-    traj = record(coarse_steps(available, budget))
+    first = coarse_steps(available, budget)
+    placed.update({s: "coarse pass: log-spaced, a third of the budget"
+                   for s in first if s not in placed})  # fmt: skip
+    traj = record(first)
     while True:
+        _write_placement(Path(recorder.out), placed, budget, tolerance)
         done = set(recorder.done) | {int(s["step"]) for s in traj.skipped}
+        for step in done - set(placed):
+            placed[step] = "recorded before (not by this placement)"
         room = budget - len(done & set(available))
         picks = next_steps(step_brackets(traj, tolerance), available, done, room)
         if not picks:
@@ -149,10 +156,15 @@ def record_placed(recorder, source, budget: int, tolerance: float = TOLERANCE, e
 
 
 def _read_placement(out: Path) -> dict[int, str]:
+    """The steps and reasons a placement wrote before; none where it wrote none (it is the
+    placement's own log: an unreadable one is written again)."""
     path = out / PLACEMENT_FILE
     if not path.is_file() or path.is_symlink():
         return {}
-    return {int(k): str(v) for k, v in json.loads(path.read_text())["steps"].items()}
+    try:
+        return {int(k): str(v) for k, v in json.loads(path.read_text())["steps"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}
 
 
 def _write_placement(out: Path, placed: dict, budget: int, tolerance: float, **extra) -> None:
@@ -189,6 +201,10 @@ class AdaptiveSchedule:
     _c_hat: Tensor | None = field(default=None, init=False, repr=False)
     _moves: list[Tensor] = field(default_factory=list, init=False, repr=False)
     _fine: int = field(default=0, init=False, repr=False)
+    _before: Tensor | None = field(default=None, init=False, repr=False)
+    _straight: Tensor | float = field(default=0.0, init=False, repr=False)
+    _path: Tensor | float = field(default=0.0, init=False, repr=False)
+    noisy: Tensor | None = field(default=None, init=False)  # [L, H] heads that set no pace
 
     def __post_init__(self) -> None:
         if self.budget < 2:
@@ -213,9 +229,15 @@ class AdaptiveSchedule:
 
     def observe(self, step: int, c_hat: Tensor) -> int:
         """Take the c_hat [L, H, Pc] recorded at `step`; returns the next step to record."""
+        plan = self.recorder.run.plan
+        c_hat = c_hat.detach().double().cpu()
         if self._c_hat is not None:
-            self._moves.append(head_movement(self.recorder.run.plan, self._c_hat, c_hat))
-        self._c_hat = c_hat.detach().double().cpu()
+            self._moves.append(head_movement(plan, self._c_hat, c_hat))
+        if self._before is not None:  # `snap.straightness`, as it goes
+            self._straight = self._straight + head_movement(plan, self._before, c_hat)
+            self._path = self._path + self._moves[-2] + self._moves[-1]
+            self.noisy = self._straight < NOISY_BELOW * self._path
+        self._before, self._c_hat = self._c_hat, c_hat
         self.steps.append(step)
         self._next, why = self.choose(self.steps, self._moves)
         self.reasons.setdefault(self._next, why)
@@ -235,7 +257,10 @@ class AdaptiveSchedule:
         elsewhere the log spacing that reaches the last step with the budget left beyond a
         reserve for those (a third of the budget, until every head has snapped).  The next
         step is the soonest any head wants, never closer than a third (on the log axis) of the
-        budget's pace.  The reserve spent so far is the schedule's state."""
+        budget's pace.  The reserve spent so far is the schedule's state; heads whose
+        movement so far is mostly noise (`noisy`: `snap.straightness` under
+        `snap.NOISY_BELOW`, from what `observe` saw) set no pace: on them, closer
+        checkpoints only measure more noise."""
         t = steps[-1]
         left = self.budget - len(steps)
         if left <= 1 or t >= self.last_step:
@@ -254,6 +279,8 @@ class AdaptiveSchedule:
             mid = (s[1:] + s[:-1]) / 2
             top, at = rate.max(0)
             live = top >= 0.01 * top.max()  # a head that never moves sets no pace
+            if self.noisy is not None:  # nor one whose movement is mostly noise
+                live &= ~self.noisy.reshape(-1)
             last, before = rate[-1], rate[-2]
             n = rate.shape[0] - 1
             after = torch.arange(n + 1)[:, None] > at[None]
@@ -266,9 +293,9 @@ class AdaptiveSchedule:
                 ((at == n) & (last < 1.25 * before)) | ((at < n) & (last > 0.9 * top))
             )
             a = torch.log(before / last) / torch.log(mid[-1] / mid[-2])  # rate ~ t^-a
-            foreseen = mid[-1] * (last / (0.5 * top)) ** (1 / a.clamp_min(1e-3))
+            foreseen = torch.where(a > 0.05, mid[-1] * (last / (0.5 * top)) ** (1 / a), math.inf)
             close_in = (1 - 4 * self.fine) * foreseen - t  # from 20 % before it, at 0.05
-            until = torch.where((last > 0.8 * top) & (a > 0), close_in, fine)
+            until = torch.where((last > 0.8 * top) & torch.isfinite(foreseen), close_in, fine)
             wish = torch.full_like(last, math.inf)
             wish = torch.where(falling, until.clamp_min(fine), wish)
             wish = torch.where(
@@ -278,7 +305,8 @@ class AdaptiveSchedule:
             i = int(wish.argmin())
             what = (f"{_head_name(self.recorder, moves[-1].shape, i)} "
                     + ("crossed half its peak rate" if bool(crossed[i]) else
-                       f"foreseen to snap near step {float(foreseen[i]):.0f}"
+                       (f"foreseen to snap near step {float(foreseen[i]):.0f}"
+                        if float(foreseen[i]) <= self.last_step else "past its peak rate")
                        if bool(falling[i]) else "its rate rising fast" if bool(rising[i])
                        else "near its peak rate"))  # fmt: skip
             wish = float(wish.min())

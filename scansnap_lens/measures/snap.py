@@ -28,14 +28,17 @@ from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
 __all__ = [
+    "NOISY_BELOW",
     "NOT_YET_SNAPPED",
     "NO_SCAN",
     "class_movement",
+    "comparable_intervals",
     "head_movement",
     "secondary_snap_steps",
     "snap_step",
     "snap_step_interval",
     "snapping",
+    "straightness",
 ]
 
 
@@ -64,6 +67,13 @@ def snap_step(steps: Tensor, moves: Tensor, fraction: float = 0.5, grid: bool = 
     before the highest to the end of the one after it (a peak further off would make a
     neighbour's mean rate the highest).
 
+    An interval far shorter than both its neighbours on the log-step axis (under a quarter of
+    the shorter, `comparable_intervals`) is merged with the shorter neighbour first: in a
+    stochastic run the movement over a few steps is mostly step-to-step noise, which per step
+    is the larger the shorter the interval (Pythia's schedule pairs 250 with 256 and 500 with
+    512: there the rate of every head of a small run was 7 times its neighbours' and took the
+    peak; see docs/glossary.md).
+
     >>> steps = torch.tensor([0, 10, 20, 30, 40, 50])
     >>> snap, peak, why = snap_step(steps, torch.tensor([1.0, 4.0, 3.0, 1.0, 0.5]))
     >>> round(snap.item(), 1), round(peak.item(), 1), why
@@ -83,6 +93,10 @@ def snap_step(steps: Tensor, moves: Tensor, fraction: float = 0.5, grid: bool = 
             f"moves must be [..., S - 1] = [..., {steps.numel() - 1}] (one per interval between"
             f" the {steps.numel()} steps), got shape {tuple(moves.shape)}"
         )
+    keep = comparable_intervals(steps)
+    if not bool(keep.all()):  # movement over the merged intervals: the sum of their parts
+        cum = torch.cat([torch.zeros_like(moves[..., :1]), moves.cumsum(-1)], -1)
+        moves, steps = torch.diff(cum[..., keep], dim=-1), steps[keep]
     t = steps.double()
     rate = moves.double() / torch.diff(t).clamp_min(1e-300)
     # Each interval's mean rate is placed at the logarithmic mean of its ends (in 1 + t): for a
@@ -136,6 +150,30 @@ def snap_step(steps: Tensor, moves: Tensor, fraction: float = 0.5, grid: bool = 
     return snap.reshape(shape), peak.reshape(shape), reasons
 
 
+def comparable_intervals(steps: Tensor, ratio: float = 0.25) -> Tensor:
+    """[S] bool: the checkpoints `snap_step` keeps, dropping the inner end of each interval
+    whose width on the log(1 + step) axis is under `ratio` times both its neighbours' (merged
+    with the shorter neighbour; the first and last checkpoints stay).
+
+    >>> comparable_intervals(torch.tensor([0, 128, 250, 256, 500, 512, 750])).tolist()
+    [True, True, False, True, True, False, True]
+    """
+    t = torch.as_tensor(steps).double()
+    keep = torch.ones(t.numel(), dtype=torch.bool)
+    if t.numel() < 4:
+        return keep
+    x = torch.log1p(t - t[0])
+    width = torch.diff(x)
+    left = torch.cat([width.new_full((1,), math.inf), width[:-1]])
+    right = torch.cat([width[1:], width.new_full((1,), math.inf)])
+    short = width < ratio * torch.minimum(left, right)
+    for i in torch.nonzero(short).reshape(-1).tolist():  # one per short interval: few
+        end = i if left[i] <= right[i] else i + 1  # the boundary shared with the shorter one
+        if 0 < end < t.numel() - 1 and keep[end - 1 : end + 2].all():
+            keep[end] = False
+    return keep
+
+
 def secondary_snap_steps(
     steps: Tensor, moves: Tensor, fraction: float = 0.9, rate_fraction: float = 0.1
 ) -> tuple[Tensor, Tensor]:
@@ -180,18 +218,29 @@ def secondary_snap_steps(
 
 def class_movement(traj: Trajectory) -> Tensor:
     """[S - 1, L, H, K] the total variation of each class's c_hat between consecutive
-    checkpoints, 0.5 * sum_l |c_hat(s + 1) - c_hat(s)|: one pass over the steps, two
+    checkpoints, 0.5 * sum_l |c_hat(s + 1) - c_hat(s)|: one pass over the steps, three
     checkpoints in memory at a time."""
+    return _movements(traj)[0]
+
+
+def _movements(traj: Trajectory, w: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """`class_movement`, and with class weights `w` [K] also [L, H] the weighted total
+    variation between every checkpoint and the one after next, summed (`straightness`), in
+    the same pass."""
     plan = traj.plan
     S = traj.num_steps
     out = torch.zeros(max(S - 1, 0), len(traj.layers), len(traj.heads), plan.num_classes,
                       dtype=torch.float64)  # fmt: skip
-    before = traj.c_hat[0].double() if S else None
+    straight = None if w is None else torch.zeros(*out.shape[1:3], dtype=torch.float64)
+    c = [traj.c_hat[0].double()] if S else []
     for s in range(1, S):
-        now = traj.c_hat[s].double()
-        out[s - 1] = _moved(plan, before, now)
-        before = now
-    return out
+        c.append(traj.c_hat[s].double())
+        out[s - 1] = _moved(plan, c[-2], c[-1])
+        if w is not None and len(c) == 3:
+            straight += _moved(plan, c[0], c[2]) @ w
+        if len(c) == 3:
+            c.pop(0)
+    return out, straight
 
 
 def _moved(plan, before: Tensor, now: Tensor) -> Tensor:
@@ -206,6 +255,36 @@ def head_movement(plan, before: Tensor, now: Tensor) -> Tensor:
     mean of its classes' total variation (`snapping`'s movement over every tracked class)."""
     w = plan.class_events.double()
     return (_moved(plan, before, now) * w).sum(-1) / w.sum().clamp_min(1e-300)
+
+
+NOISY_BELOW = 0.85  # straightness under which the movement is mostly step-to-step noise
+
+
+def straightness(traj: Trajectory, slots: Tensor | None = None, moves=None) -> Tensor:
+    """[L, H] how straight the attention moves between checkpoints: over every two
+    consecutive intervals (a, b), (b, c), the movement from a to c over the movement a to b
+    plus b to c, each the events-weighted total variation of the classes' c_hat (the
+    classes `slots`, default all), summed over the pairs.  1 where every class drifts one
+    way; about 0.71 (1 / sqrt 2) where it moves by step-to-step noise between equally spaced
+    checkpoints (a random walk).  Under `NOISY_BELOW` the rate of movement between
+    checkpoints is mostly noise, which per step grows as intervals shrink: the snap step
+    then depends on the checkpoints' spacing.  NaN below three checkpoints.  `moves`: the
+    pair `_movements` returns for these weights, where already computed."""
+    L, H, S = len(traj.layers), len(traj.heads), traj.num_steps
+    if S < 3:
+        return torch.full((L, H), math.nan, dtype=torch.float64)
+    w = _weights(traj, slots)
+    move, straight = moves if moves is not None else _movements(traj, w)
+    path = ((move[:-1] + move[1:]) @ w).sum(0)  # [L, H]
+    return torch.where(path > 0, straight / path.clamp_min(1e-300), math.nan)
+
+
+def _weights(traj: Trajectory, slots: Tensor | None) -> Tensor:
+    """[K] the classes' event counts, zero outside `slots`."""
+    w = traj.plan.class_events.double()
+    if slots is None:
+        return w
+    return torch.zeros_like(w).index_fill_(0, slots, 1.0) * w
 
 
 def snap_step_interval(
@@ -257,7 +336,9 @@ def snapping(
     `snap_fraction` of its peak; horizon-independent), ``snap_step_grid_lo``/``_hi`` (the
     checkpoints that bracket it: the grid knows it no better), ``rate_peak_step`` (where that
     rate peaks) with ``rate_peak_step_grid_lo``/``_hi`` (where the checkpoints allow the peak),
-    ``snap_reason`` (why ``snap_step`` is NaN), and the secondary, horizon-dependent
+    ``snap_reason`` (why ``snap_step`` is NaN), ``straightness`` (`straightness`: under
+    `NOISY_BELOW` the movement is mostly noise and the snap step depends on the checkpoints'
+    spacing), and the secondary, horizon-dependent
     ``snap_path`` and ``snap_rate`` (`secondary_snap_steps`).  The movement of a class between
     checkpoints is the total variation of its c_hat; a head's movement is the events-weighted
     mean over classes (the classes of `groups` if given, or `classes`, pairs (m, n), else every
@@ -281,7 +362,8 @@ def snapping(
     if not slots:
         raise ValueError("no tracked class to measure")
     slots = torch.as_tensor(slots, dtype=torch.long)
-    move = class_movement(traj)[..., slots].permute(3, 1, 2, 0)  # [K', L, H, S-1]
+    both = _movements(traj, _weights(traj, slots))
+    move = both[0][..., slots].permute(3, 1, 2, 0)  # [K', L, H, S-1]
     path_k, rate_k = secondary_snap_steps(traj.steps, move, fraction, rate_fraction)
     snap_k, _, _ = snap_step(traj.steps, move, snap_fraction)
     w = plan.class_events[slots].double()
@@ -312,6 +394,7 @@ def snapping(
     table["rate_peak_step_grid_lo"] = peak_lo.reshape(-1).numpy()
     table["rate_peak_step_grid_hi"] = peak_hi.reshape(-1).numpy()
     table["snap_reason"] = reasons
+    table["straightness"] = straightness(traj, slots, both).reshape(-1).numpy()
     table["snap_path"] = path.reshape(-1).numpy()
     table["snap_rate"] = rate.reshape(-1).numpy()
     table["step_unit"] = traj.step_unit

@@ -187,3 +187,68 @@ def test_step_intervals_hold_what_the_checkpoints_allow():
     value, lo, hi = (final[f"induction_step{e}"].iloc[0] for e in ("", "_lo", "_hi"))
     assert lo <= 20 * math.floor(value / 20) and hi >= 20 * math.ceil(value / 20)
     assert lo <= true_step <= hi
+
+
+def test_a_noisy_run_at_pythias_schedule_does_not_peak_in_its_short_intervals():
+    """Movement between checkpoints of a stochastic run: the drift's integral plus
+    step-to-step noise growing as the square root of the interval (per step, the larger the
+    shorter the interval).  At Pythia's schedule (..., 128, 250, 256, 500, 512, 750, ...) the
+    6- and 12-step intervals then carry a rate several times their neighbours' and took the
+    peak; merged with their neighbours, the rate peaks and snaps where the drift's does on a
+    grid of equal log-width intervals, and the grid's bracket holds it."""
+    from scansnap_lens.measures.snap import comparable_intervals, snap_step
+
+    def drift(t):  # a rate rising to a peak near 300 and falling like 1 / t
+        return t / (1 + (t / 300.0) ** 2)
+
+    def moves(steps, noise):
+        t = torch.as_tensor(steps, dtype=torch.float64)
+        fine = torch.linspace(0, 1, 201, dtype=torch.float64)
+        a, b = t[:-1, None], t[1:, None]
+        integral = (drift(a + (b - a) * fine).mean(-1, keepdim=True) * (b - a))[:, 0]
+        return integral + noise * torch.sqrt(b - a)[:, 0]
+
+    pythia = [0, 1, 2, 4, 8, 16, 32, 64, 128, 250, 256, 500, 512, 750, 1000, 1250, 1500, 2000]
+    assert comparable_intervals(torch.tensor(pythia)).sum() == len(pythia) - 2
+    even = torch.unique(torch.logspace(0, math.log10(2000), 60).round()).long().tolist()
+    truth = float(snap_step(torch.tensor([0, *even]), moves([0, *even], 0.0))[0])
+    noisy = moves(pythia, noise=60.0)
+    rate = noisy / torch.diff(torch.tensor(pythia, dtype=torch.float64))
+    assert int(rate.argmax()) in (9, 11)  # the short intervals: the artifact merged away
+    snap, peak, _, lo, hi, _, _ = snap_step(torch.tensor(pythia), noisy, grid=True)
+    assert float(lo) <= truth <= float(hi), (float(lo), truth, float(hi))
+    assert 256 < float(peak) < 1000 and abs(float(snap) - truth) < 0.35 * truth
+
+
+def test_straightness_tells_a_drift_from_step_to_step_noise():
+    """1 where every class's c_hat drifts one way; about 1 / sqrt 2 where it walks at random
+    between equally spaced checkpoints; in between for a drift under noise.  The findings
+    say a noisy layer's snap steps depend on the checkpoints' spacing."""
+    import pandas as pd
+
+    from scansnap_lens.measures.findings import findings_of
+
+    steps = list(range(0, 400, 10))
+    g = torch.Generator().manual_seed(0)
+    walk = torch.randn(len(steps), 300, generator=g, dtype=torch.float64).cumsum(0) * 0.01
+    drift = torch.linspace(0, 1, len(steps), dtype=torch.float64)[:, None] * torch.rand(
+        1, 300, generator=g, dtype=torch.float64
+    )
+
+    def straightness_of(values):
+        c_hat = {(1, 2): {l: values[:, l - 3].tolist() for l in range(3, 303)}}
+        traj = hand_trajectory(steps, zbar={(1, 3): [0.0] * len(steps)}, c_hat=c_hat, vocab=400)
+        return float(measures.straightness(traj)), measures.snapping(traj).table
+
+    straight, _ = straightness_of(drift)
+    noise, table = straightness_of(walk)
+    mixed, _ = straightness_of(drift * 0.1 + walk)
+    assert straight == pytest.approx(1.0, abs=1e-6)
+    assert noise == pytest.approx(1 / math.sqrt(2), abs=0.03)  # E|a + b| / (E|a| + E|b|)
+    assert noise < mixed < straight
+    assert table["straightness"][0] == pytest.approx(noise)
+    summary = pd.DataFrame({"layer": [0, 0], "head": [0, 1], "snap_step": [300.0, 320.0],
+                            "straightness": [noise, noise]})  # fmt: skip
+    said = " ".join(findings_of(summary))
+    assert "moved mostly by step-to-step noise" in said and "0.71" in said
+    assert "step-to-step noise" not in " ".join(findings_of(summary.assign(straightness=1.0)))
