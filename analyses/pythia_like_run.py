@@ -91,6 +91,24 @@ def model_config(vocab_size: int):
     )
 
 
+def prepare(out: Path, shared: Path):
+    """(tokenizer, training rows, evaluation rows, statistics) of the recipe, the tokenizer
+    and statistics saved in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    wiki = shared / "data" / "wikitext-2"
+    test = read_documents(wiki / "test.txt", "wikitext")
+    held = max(1, len(test) // 10)
+    train_docs = read_documents(wiki / "valid.txt", "wikitext") + test[:-held]
+    tok = train_tokenizer(train_docs, out / "tokenizer.json")
+    train_ids = encode(tok, train_docs)
+    rows = rows_of(train_ids, SEQ_LEN, join=True)
+    eval_rows = rows_of(encode(tok, test[-held:]), SEQ_LEN, max_rows=64, join=True)
+    stats = count_corpus(Corpus.of(rows=train_ids), Context(window=SEQ_LEN), progress=True)
+    stats.tokenizer = str(out / "tokenizer.json")
+    stats.save(out / "stats.safetensors")
+    return tok, rows, eval_rows, stats
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("out/pythia_like"))
@@ -101,18 +119,7 @@ def main() -> None:
     from transformers import GPTNeoXForCausalLM, Trainer, TrainingArguments
 
     start = time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
-    wiki = args.shared / "data" / "wikitext-2"
-    test = read_documents(wiki / "test.txt", "wikitext")
-    held = max(1, len(test) // 10)
-    train_docs = read_documents(wiki / "valid.txt", "wikitext") + test[:-held]
-    tok = train_tokenizer(train_docs, args.out / "tokenizer.json")
-    train_ids = encode(tok, train_docs)
-    rows = rows_of(train_ids, SEQ_LEN, join=True)
-    eval_rows = rows_of(encode(tok, test[-held:]), SEQ_LEN, max_rows=64, join=True)
-    stats = count_corpus(Corpus.of(rows=train_ids), Context(window=SEQ_LEN), progress=True)
-    stats.tokenizer = str(args.out / "tokenizer.json")
-    stats.save(args.out / "stats.safetensors")
+    tok, rows, eval_rows, stats = prepare(args.out, args.shared)
 
     num_steps = 300 if args.quick else 2000
     every = 50 if args.quick else 250

@@ -22,18 +22,13 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from pythia_like_run import SEQ_LEN, model_config, pythia_steps, train_tokenizer
+from pythia_like_run import model_config, prepare, pythia_steps
 
-from scansnap_lens.inputs.corpus import Corpus
-from scansnap_lens.inputs.text import read_documents
-from scansnap_lens.inputs.tokens import encode, rows_of
 from scansnap_lens.measures.head_types import head_type
 from scansnap_lens.measures.placement import AdaptiveSchedule
 from scansnap_lens.measures.snap import snapping
 from scansnap_lens.recording.recorder import Recorder, trainer_callback
 from scansnap_lens.recording.settings import RecordingSettings
-from scansnap_lens.statistics.context import Context
-from scansnap_lens.statistics.corpus import count_corpus
 
 EVERY = 10
 
@@ -64,16 +59,7 @@ def main() -> None:
     from transformers import GPTNeoXForCausalLM, Trainer, TrainingArguments
 
     start = time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
-    wiki = args.shared / "data" / "wikitext-2"
-    test = read_documents(wiki / "test.txt", "wikitext")
-    held = max(1, len(test) // 10)
-    train_docs = read_documents(wiki / "valid.txt", "wikitext") + test[:-held]
-    tok = train_tokenizer(train_docs, args.out / "tokenizer.json")
-    train_ids = encode(tok, train_docs)
-    rows = rows_of(train_ids, SEQ_LEN, join=True)
-    eval_rows = rows_of(encode(tok, test[-held:]), SEQ_LEN, max_rows=64, join=True)
-    stats = count_corpus(Corpus.of(rows=train_ids), Context(window=SEQ_LEN), progress=False)
+    tok, rows, eval_rows, stats = prepare(args.out, args.shared)
     num_steps, lr = args.num_steps, 1e-3
     schedule = pythia_steps(num_steps, 250)
     dense = sorted(set(range(0, num_steps + 1, EVERY)) | set(schedule))
