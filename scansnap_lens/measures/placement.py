@@ -255,7 +255,8 @@ class AdaptiveSchedule:
         peak (the rate rising by under 25 % an interval, or within 10 % below it), and while
         it rises by 60 % or more an interval (a transition may be coming), `fine` x 2;
         elsewhere the log spacing that reaches the last step with the budget left beyond a
-        reserve for those (a third of the budget, until every head has snapped).  The next
+        reserve for those (a third of the budget, until every head has snapped), and only that
+        once half the budget went to closing in.  The next
         step is the soonest any head wants, never closer than a third (on the log axis) of the
         budget's pace.  The reserve spent so far is the schedule's state; heads whose
         movement so far is mostly noise (`noisy`: `snap.straightness` under
@@ -313,7 +314,9 @@ class AdaptiveSchedule:
         # a reserve for closing in on snaps still to come
         reserve = 0 if snapped else max(0, min(self.budget // 3 - self._fine, left - 2))
         gap, why = pace(left - 1 - reserve), "log spacing within the budget"
-        if wish is not None and wish < gap:
+        if wish is not None and wish < gap and self._fine >= self.budget // 2:
+            why = "log spacing within the budget (half of it spent closing in)"
+        elif wish is not None and wish < gap:
             gap, why = wish, what
             self._fine += 1
         closest = max(1.0, pace(3 * (left - 1)))
