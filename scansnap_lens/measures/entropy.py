@@ -15,7 +15,12 @@ from torch import Tensor
 
 from scansnap_lens.measures.measurement import Measurement, _frame, segment_starts
 from scansnap_lens.measures.resampling import Estimate, mean_over_units
-from scansnap_lens.recording.hooks import check_tokens, model_vocab_size, run_until
+from scansnap_lens.recording.hooks import (
+    check_tokens,
+    evaluating,
+    model_vocab_size,
+    run_until,
+)
 from scansnap_lens.recording.plan import find_sorted
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
@@ -253,13 +258,9 @@ def position_entropy(
         return hook
 
     hooks = [(f"blocks.{layer}.attn.hook_pattern", keep(layer)) for layer in layers]
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         for start in range(0, tokens.shape[0], batch_size):
             batch = tokens[start : start + batch_size].to(device)
             run_until(model, batch, max(layers), hooks)
-    finally:
-        model.train(was_training)
     count = tokens.shape[0] * int(rows.sum())
     return torch.stack([totals[layer] / count for layer in layers])

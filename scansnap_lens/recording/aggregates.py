@@ -368,7 +368,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
         "the events N(m, n) of the class",
         optional=False,
         gather=lambda g: (
-            g.batch.event_class[g.batch.tracked_events],
+            g.batch.tracked_class,
             g.entropy[g.batch.tracked_events],
         ),
         count=lambda plan: plan.class_events,

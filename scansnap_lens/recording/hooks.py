@@ -17,6 +17,7 @@ HookedTransformer and the dtype's minimum on TransformerBridge.  Where a bridge 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import time
@@ -117,17 +118,13 @@ def _to_host(t: Tensor) -> Tensor:
 
 
 def _index_bytes(kept) -> int:
+    """The bytes of a batch's kept index tensors (views of one storage counted once)."""
     batch, positions, counts = kept
     tensors = [*(vars(batch).values() if batch is not None else ()), *counts.values(),
-               *(t for p in positions.values() for t in (p.flat, p.slot))]  # fmt: skip
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, Tensor))
-
-
-def _event_sums(values: Tensor, batch) -> Tensor:
-    """[E, H] the sums of `values` [J, H] over each event's pairs: a scatter whose output
-    size the host knows (a segmented sum by lengths reads them back from a GPU)."""
-    out = values.new_zeros(batch.num_events, values.shape[1])
-    return out.index_add_(0, batch.event, values)
+               positions.reads, positions.slot]  # fmt: skip
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in tensors if isinstance(t, Tensor)}  # fmt: skip
+    return sum(storages.values())
 
 
 @dataclass
@@ -135,8 +132,8 @@ class _Batch:
     """Index tensors of the tracked position pairs of one batch (J pairs, E events)."""
 
     flat: Tensor  # [J, H] flat index into a [B, n_heads, T, T] tensor ([J]: of head 0)
-    q_pos: Tensor  # [J] flat index (b * T + T_query) of each pair's query position
-    k_pos: Tensor  # [J] flat index (b * T + t) of each pair's key position
+    q_pos: Tensor  # [J''] flat index (b * T + T_query) of the query position of each pair
+    k_pos: Tensor  # [J''] flat index (b * T + t) of its key position (pairs the plan holds)
     event: Tensor  # [J] event of each pair (each event's pairs one run, in event order)
     n_ctx: Tensor  # [E] the pairs of each event
     zbar_flat: Tensor | None  # [J'', H] `flat` at the pairs the plan holds (all J: `flat`)
@@ -148,14 +145,14 @@ class _Batch:
     event_query: Tensor  # [E] query slot of each event
     event_class: Tensor  # [E] class slot, -1 when the class is not tracked
     tracked_events: Tensor  # [E'] the events whose class is tracked
+    tracked_class: Tensor  # [E'] their class slot
     num_events: int
 
-    def to(self, device, head_offsets: Tensor) -> _Batch:
-        """This batch (as `index` makes it, head 0's flat indices) on `device`, copied
-        without the host waiting; the watched heads' indices, [J, H], made there."""
+    def to(self, device, flat: Tensor) -> _Batch:
+        """This batch (as `index` makes it) on `device`, copied without the host waiting,
+        with `flat` [J, H] the watched heads' indices, made there."""
         moved = {k: _to_device(v, device) if isinstance(v, Tensor) else v
                  for k, v in vars(self).items()}  # fmt: skip
-        flat = moved["flat"][:, None] + head_offsets[None, :]
         pairs = moved["zbar_pairs"]
         return _Batch(**{**moved, "flat": flat,
                          "zbar_flat": flat if pairs is None else flat[pairs]})  # fmt: skip
@@ -163,34 +160,49 @@ class _Batch:
 
 @dataclass
 class _Positions:
-    """A position aggregate's reads in one batch: n (row, query, key) positions."""
+    """What the hook_pattern hook reads in one batch: n position aggregates' reads, then
+    (where the plan's weights are read) the J tracked pairs, in one index tensor."""
 
-    flat: Tensor  # [n, H] flat index into a [B, n_heads, T, T] tensor
-    slot: Tensor  # [n] the row of each read, among all rows of the pass
+    reads: Tensor  # [n + J, H] flat indices into a [B, n_heads, T, T] tensor
+    slot: Tensor  # [n] each position read's slot among the sums' (its aggregate's row)
+    n: int
 
 
 class _Sums:
-    """Sums laid out [layer, slot, head], so that index_add_ adds contiguous head rows.
+    """Every aggregate's sums in one [layer, slot, head] tensor, each aggregate a run of
+    slots (`region`), so that one index_add_ adds contiguous head rows wherever they go.
 
-    Each layer of a batch adds into one float32 buffer per aggregate, which is then added to
-    the totals: a two-level sum, so rounding grows with the number of batches, not of
-    positions, and the scatter stays in cheap float32.
+    A forward pass adds into a float32 buffer of the same layout, which is then added to the
+    totals: a two-level sum, so rounding grows with the number of passes, not of positions,
+    the scatter stays in cheap float32, and each hook adds with one call per aggregate and
+    none more (a GPU's hooks are bound by how many calls they launch).
     """
 
     def __init__(self, sizes: dict[str, int], n_layers: int, n_heads: int, device):
-        self.total = {
-            k: torch.zeros(n_layers, n, n_heads, dtype=torch.float32, device=device)
-            for k, n in sizes.items()
-        }
-        self.buffer = {
-            k: torch.zeros(n, n_heads, dtype=torch.float32, device=device) for k, n in sizes.items()
-        }
+        starts = np.cumsum([0, *sizes.values()])
+        self.region = {k: (int(a), int(b)) for k, a, b in zip(sizes, starts[:-1], starts[1:])}
+        shape = (n_layers, int(starts[-1]), n_heads)
+        self.total = torch.zeros(shape, dtype=torch.float32, device=device)
+        self.buffer = torch.zeros(shape, dtype=torch.float32, device=device)
 
     def add(self, name: str, layer: int, slot: Tensor, values: Tensor) -> None:
-        buffer = self.buffer[name]
-        buffer.index_add_(0, slot, values)
-        self.total[name][layer] += buffer
-        buffer.zero_()
+        """Add `values` [n, H] into slots `slot` [n] of aggregate `name` at `layer`."""
+        start, stop = self.region[name]
+        self.buffer[layer, start:stop].index_add_(0, slot, values)
+
+    def add_at(self, layer: int, slot: Tensor, values: Tensor) -> None:
+        """Add `values` [n, H] into `slot` [n] of the whole layout (offsets included)."""
+        self.buffer[layer].index_add_(0, slot, values)
+
+    def flush(self) -> None:
+        """Add the buffer into the totals (after each forward pass)."""
+        self.total += self.buffer
+        self.buffer.zero_()
+
+    def of(self, name: str) -> Tensor:
+        """[L, slots, H] aggregate `name`'s totals."""
+        start, stop = self.region[name]
+        return self.total[:, start:stop]
 
 
 class _HookAggregator:
@@ -214,17 +226,21 @@ class _HookAggregator:
         self.read_scores = [a for a in self.on_plan if a.reads == "scores"]
         self.read_weights = [a for a in self.on_plan if a.reads == "weights"]
         sizes = {a.name: a.slots(plan, rows) for a in aggregates}
-        self.sums = _Sums(sizes, len(self.layers), len(self.heads), device)
+        # position aggregates first: their regions depend only on the rows (kept indices)
+        order = [*self.on_rows, *self.on_plan]
+        self.sums = _Sums({a.name: sizes[a.name] for a in order}, len(self.layers),
+                          len(self.heads), device)  # fmt: skip
         self.row_counts = {a.name: torch.zeros(rows, dtype=torch.long) for a in self.on_rows}
         self.rows_done = 0
         self.loss_sum, self.loss_tokens = torch.zeros((), dtype=torch.float64, device=device), 0
         self.batch: _Batch | None = None
-        self.positions: dict[str, _Positions] = {}
+        self.positions: _Positions | None = None
         # what the checkpoints of one run share: per layer, whether hook_attn_scores carries
         # the pattern (`probe`), and each batch's index tensors (they depend on the tokens)
         self.state = RunState() if state is None else state
         self.scores_from_qk = self.state.scores_from_qk
         self.qk: dict[int, dict[str, Tensor]] = {}
+        self.kv_heads: dict[int, Tensor] = {}  # by key heads: each watched head's
         if not self.on_plan:
             return
         # the lookups index the tokens on the host: they depend on the text, not the model
@@ -270,6 +286,7 @@ class _HookAggregator:
                 )
             zbar_pairs = torch.nonzero(pair_slot >= 0, as_tuple=True)[0]  # a sampled plan
             pair_slot = pair_slot[zbar_pairs]
+        held = slice(None) if zbar_pairs is None else zbar_pairs
         base = (b * self.n_heads * T + tq) * T + t
         cls_p = event_class[event]
         c_hat_pairs = torch.nonzero(cls_p >= 0, as_tuple=True)[0]
@@ -282,8 +299,8 @@ class _HookAggregator:
             flat=base,
             n_ctx=n_ctx,
             zbar_flat=None,
-            q_pos=b * T + tq,
-            k_pos=b * T + t,
+            q_pos=(b * T + tq)[held],
+            k_pos=(b * T + t)[held],
             event=event,
             pair_slot=pair_slot,
             zbar_pairs=zbar_pairs,
@@ -293,14 +310,16 @@ class _HookAggregator:
             event_query=qslot[b_e, t_e],
             event_class=event_class,
             tracked_events=torch.nonzero(tracked, as_tuple=True)[0],
+            tracked_class=event_class[tracked],
             num_events=E,
         )
 
-    def index_positions(self, x: Tensor) -> tuple[dict[str, _Positions], dict[str, Tensor]]:
-        """Each position aggregate's reads in batch `x` (on the device), and its query
-        positions' rows (on the host, for `row_counts`)."""
+    def index_positions(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """The position aggregates' reads in batch `x` (host): head 0's flat indices [n],
+        their slots [n] in the sums' layout, and each aggregate's query positions' rows
+        (for `row_counts`)."""
         B, T = x.shape
-        out, counts = {}, {}
+        flats, slots, counts = [torch.zeros(0, dtype=torch.long)], [], {}
         for agg in self.on_rows:
             row, q, k = (torch.as_tensor(t).cpu().long() for t in agg.positions(x))
             if agg not in AGGREGATES and row.numel() and (  # a user's: checked (one sync)
@@ -311,12 +330,11 @@ class _HookAggregator:
                     f"aggregate {agg.name}: positions(x) lists positions outside the batch"
                     f" [{B}, {T}]"
                 )
-            base = (row * self.n_heads * T + q) * T + k
             queries = torch.unique(row * T + q) // T  # each query position counts once
             counts[agg.name] = queries + self.rows_done
-            flat = _to_device(base, self.device)[:, None] + self._head_offsets(T)[None, :]
-            out[agg.name] = _Positions(flat, _to_device(row + self.rows_done, self.device))
-        return out, counts
+            flats.append((row * self.n_heads * T + q) * T + k)
+            slots.append(row + self.rows_done + self.sums.region[agg.name][0])
+        return torch.cat(flats), torch.cat([torch.zeros(0, dtype=torch.long), *slots]), counts
 
     def _head_offsets(self, T: int) -> Tensor:
         """[H] on the device: where each watched head starts in a flat [B, n_heads, T, T]."""
@@ -348,23 +366,31 @@ class _HookAggregator:
                     f"layer {layer}: hook_pattern has {pattern.shape[1]} heads,"
                     f" the config says {self.n_heads}"
                 )
-            flat_pattern = pattern.reshape(-1)
-            for name, reads in self.positions.items():
-                self.sums.add(name, i, reads.slot, flat_pattern[reads.flat].float())
-            if not self.on_plan:
-                return None
-            bt = self.batch
+            bt, pos = self.batch, self.positions
             if self.read_scores and self.scores_from_qk.get(layer):
                 self._scores_from_qk(i, layer)
-            if not self.read_weights or bt.num_events == 0:
+            weights = bool(self.read_weights) and bt.num_events > 0
+            if not weights and pos.n == 0:
                 return None
-            a = flat_pattern[bt.flat].float()  # [J, H]
-            den = _event_sums(a, bt)  # [E, H]
-            a_log_a = _event_sums(torch.special.xlogy(a, a), bt)
-            # the entropy of a / den is log den - sum(a log a) / den, without dividing all J
-            # pairs; an event whose context weights all underflow to 0 contributes zeros
+            # one gather for every read of the layer (a GPU's hooks cost what they launch)
+            read = pos.reads if weights else pos.reads[: pos.n]
+            gathered = pattern.reshape(-1)[read].float()  # [n + J, H]
+            if pos.n:
+                self.sums.add_at(i, pos.slot, gathered[: pos.n])
+            if not weights:
+                return None
+            a = gathered[pos.n :]  # [J, H]
+            H = a.shape[1]
+            # each event's context weight and sum of a log a in one scatter: [E, 2H]
+            sums = a.new_zeros(bt.num_events, 2 * H).index_add_(
+                0, bt.event, torch.cat([a, torch.special.xlogy(a, a)], 1)
+            )
+            den, a_log_a = sums[:, :H], sums[:, H:]
+            # the entropy of a / den is log den - sum(a log a) / den, written (den log den -
+            # sum a log a) / den so that an event whose context weights all underflow to 0
+            # contributes 0 without a comparison and a select
             context = den.clamp_min(1e-30)
-            ent = torch.where(den > 0, context.log() - a_log_a / context, 0.0)
+            ent = torch.special.xlogy(den, den).sub_(a_log_a).div_(context)
             self._add(i, self.read_weights, Gathered(bt, pattern=a, context=context, entropy=ent))
             return None
 
@@ -383,17 +409,18 @@ class _HookAggregator:
                 " hook_q/hook_k fired to rebuild the scores"
             )
         bt = self.batch
-        # [B, T, heads, d] -> [B*T, H, d]; keys may have fewer heads (grouped-query
+        # [B, T, heads, d] -> [B*T, heads, d]; keys may have fewer heads (grouped-query
         # attention), each shared by n_heads / n_kv consecutive query heads
-        q = rearrange(acts["q"], "b t h d -> (b t) h d")[:, self.heads_on_device]
+        q = rearrange(acts["q"], "b t h d -> (b t) h d")
         k = rearrange(acts["k"], "b t h d -> (b t) h d")
-        group = self.n_heads // k.shape[1]
-        k = k[:, torch.div(self.heads_on_device, group, rounding_mode="floor")]
-        q_pos, k_pos = bt.q_pos, bt.k_pos
-        if bt.zbar_pairs is not None:
-            q_pos, k_pos = q_pos[bt.zbar_pairs], k_pos[bt.zbar_pairs]
-        vals = (q[q_pos].float() * k[k_pos].float()).sum(-1)  # [J, H]
-        vals = vals / _attn_scale(self.model, layer)
+        kv_heads = self.kv_heads.get(k.shape[1])
+        if kv_heads is None:
+            kv_heads = self.kv_heads[k.shape[1]] = torch.div(
+                self.heads_on_device, self.n_heads // k.shape[1], rounding_mode="floor"
+            )
+        q = q[bt.q_pos[:, None], self.heads_on_device].float()  # [J'', H, d], one gather each
+        k = k[bt.k_pos[:, None], kv_heads].float()
+        vals = torch.linalg.vecdot(q, k).div_(_attn_scale(self.model, layer))  # [J'', H]
         self._add(i, self.read_scores, Gathered(bt, scores=vals))
 
     def hooks(self) -> list[tuple[str, object]]:
@@ -441,10 +468,21 @@ class _HookAggregator:
         is_event = (self.query_slot[x] >= 0) & (pos >= first + 1) & (pos <= T - 2)
         return (is_event * n_ctx).sum(1)
 
-    def run(self, x: Tensor, loss: bool = False) -> None:
+    def run_batch(self, x: Tensor) -> None:
+        """Aggregate evaluation batch `x` [B, T], the next-token loss of its rows among the
+        first `loss_rows` as well (`_loss_rows_alone`)."""
+        need = max(0, loss_rows(x.shape[1]) - self.rows_done)
+        if 0 < need < x.shape[0] and _loss_rows_alone(self.device, need, x.shape[0]):
+            self.run(x[:need], loss_rows=need)
+            self.run(x[need:])
+        else:
+            self.run(x, loss_rows=need)
+
+    def run(self, x: Tensor, loss_rows: int = 0) -> None:
         """Aggregate the rows `x` [B, T] (on the host: they are indexed there, and only the
-        indices and the tokens go to the device, so the host never waits for it); with
-        `loss`, the whole forward pass runs and its next-token loss is summed as well."""
+        indices and the tokens go to the device, so the host never waits for it); where the
+        first `loss_rows` rows are in a pass, it runs to the unembedding and their next-token
+        loss is summed as well."""
         x = x.cpu()
         if self.read_scores and len(self.scores_from_qk) < len(self.layers):
             self.probe(x[:1].to(self.device))
@@ -458,17 +496,19 @@ class _HookAggregator:
             stop = min(max(stop, start + 1), start + most_rows)
             part = x[start:stop]
             self.batch, self.positions = self._indices(part)
-            if loss:  # the whole forward, to the unembedding: its loss per next token
+            with_loss = min(stop, loss_rows) - start  # of this pass's rows
+            if with_loss > 0:  # the whole forward, to the unembedding: its loss per next token
                 per_token = self.model.run_with_hooks(
                     _to_device(part, self.device), return_type="loss", loss_per_token=True,
                     fwd_hooks=self.hooks(),
-                )  # fmt: skip
+                )[:with_loss]  # fmt: skip
                 self.loss_sum += per_token.detach().double().sum()
                 self.loss_tokens += per_token.numel()
             else:
                 run_until(self.model, _to_device(part, self.device), max(self.layers),
                           self.hooks())  # fmt: skip
-            self.batch, self.positions = None, {}
+            self.sums.flush()
+            self.batch, self.positions = None, None
             self.qk.clear()
             self.rows_done += part.shape[0]
             start = stop
@@ -477,16 +517,24 @@ class _HookAggregator:
     # the same at every checkpoint); batches past it are indexed again at each.
     KEEP_INDEX_BYTES = 1 << 30
 
-    def _indices(self, part: Tensor) -> tuple[_Batch | None, dict[str, _Positions]]:
+    def _indices(self, part: Tensor) -> tuple[_Batch | None, _Positions]:
         """`part`'s index tensors on the device: made on the host, or kept from an earlier
         checkpoint of the run (`RunState.indices`)."""
         key = (bool(self.on_plan), tuple(a.name for a in self.on_rows), self.rows_done,
+               tuple(self.sums.region[a.name] for a in self.on_rows),
                hashlib.blake2b(part.numpy().tobytes(), digest_size=16).digest())  # fmt: skip
         kept = self.state.indices.get(key)
         if kept is None:
-            offsets = self._head_offsets(part.shape[1])
-            batch = self.index(part).to(self.device, offsets) if self.on_plan else None
-            kept = (batch, *self.index_positions(part))
+            batch = self.index(part) if self.on_plan else None
+            flat, slot, counts = self.index_positions(part)
+            n = flat.numel()
+            if batch is not None:
+                flat = torch.cat([flat, batch.flat])
+            # head 0's flat indices to the device once, every watched head's made there
+            reads = _to_device(flat, self.device)[:, None] + self._head_offsets(part.shape[1])
+            if batch is not None:
+                batch = batch.to(self.device, reads[n:])
+            kept = (batch, _Positions(reads, _to_device(slot, self.device), n), counts)
             size = _index_bytes(kept)
             if self.state.index_bytes + size <= self.KEEP_INDEX_BYTES:
                 self.state.indices[key] = kept
@@ -506,7 +554,7 @@ class _HookAggregator:
         for a row with none)."""
         out = {}
         for agg in [*self.on_plan, *self.on_rows]:
-            total = self.sums.total[agg.name].double()  # the division in float64
+            total = self.sums.of(agg.name).double()  # the division in float64
             if agg.axis == "rows":
                 count = _to_device(self.row_counts[agg.name], self.device).double()
                 avg = torch.where(count[None, :, None] > 0, total / count.clamp_min(1)[None, :,
@@ -535,6 +583,34 @@ def loss_rows(seq_len: int) -> int:
     """How many first rows of `seq_len` tokens the loss is recorded on: enough to hold
     `LOSS_TOKENS` tokens, one at least (none where `LOSS_TOKENS` is 0)."""
     return 0 if LOSS_TOKENS <= 0 else max(1, -(-LOSS_TOKENS // max(seq_len, 1)))
+
+
+@contextlib.contextmanager
+def evaluating(model: HookedModel):
+    """`model` in eval mode inside; after, each module that was training trains again.
+
+    Only a model with a module in training mode (a bridge's wrapped model counted) is
+    switched: a bridge's ``eval()`` walks its whole module tree, which takes longer than a
+    small model's forward pass on a GPU, and a checkpoint is recorded with several."""
+    roots = [model, getattr(model, "original_model", None)]
+    training = [m for r in roots if isinstance(r, torch.nn.Module) for m in r.modules()
+                if m.training]  # fmt: skip
+    if training:
+        model.eval()
+    try:
+        yield model
+    finally:
+        for module in training:
+            module.training = True
+
+
+def _loss_rows_alone(device, rows: int, batch: int) -> bool:
+    """Whether the first `rows` of a batch of `batch`, whose loss is recorded, run in a pass
+    of their own: where compute costs (the CPU: a row's unembedding costs more than its
+    body), or where the rest of their batch outnumbers them; else (a GPU, where a pass costs
+    its launches and a few rows' unembedding little) their whole batch runs to the
+    unembedding (docs/scale.md)."""
+    return torch.device(device).type == "cpu" or batch > 2 * rows
 
 
 def run_until(model: HookedModel, x: Tensor, last_layer: int, hooks: list) -> None:
@@ -736,12 +812,10 @@ def record_checkpoint(
     main = [a for a in aggregates if a not in own]
     rows = sum(x.shape[0] for x in batches)
     aggregator = _HookAggregator(model, plan, layers, heads, device, main, rows, state)
-    was_training = model.training
-    model.eval()
     fingerprint = 0
     start = time.perf_counter()
     values = {}
-    try:
+    with evaluating(model):
         for done, x in enumerate(
             tqdm(batches, desc=f"record step {step}", unit="batch", disable=not progress,
                  leave=False),
@@ -751,12 +825,7 @@ def record_checkpoint(
             fingerprint = (
                 fingerprint + rows_fingerprint(list(x.cpu().numpy().astype(np.int64)))
             ) & ((1 << 64) - 1)
-            need = loss_rows(x.shape[1]) - aggregator.rows_done  # rows whose loss is wanted
-            if 0 < need < x.shape[0]:  # only they run to the unembedding
-                aggregator.run(x[:need], loss=True)
-                aggregator.run(x[need:])
-            else:
-                aggregator.run(x, loss=need > 0)
+            aggregator.run_batch(x)
             if on_batch is not None:
                 on_batch(done, len(batches), time.perf_counter() - start)
         if fingerprint != plan.fingerprint:
@@ -768,8 +837,6 @@ def record_checkpoint(
         for agg in own:  # an aggregate that reads rows of its own: one pass over them
             values.update(_own_rows_means(model, plan, layers, heads, device, agg,
                                           sources[agg.name][0], batch_size, state))  # fmt: skip
-    finally:
-        model.train(was_training)
     return CheckpointRecord(
         step=int(step),
         values={a.name: values[a.name] for a in aggregates},
@@ -806,10 +873,6 @@ def prompt_attention(
         return hook
 
     hooks = [(f"blocks.{layer}.attn.hook_pattern", keep(layer)) for layer in layers]
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         run_until(model, prompt.to(device), max(layers), hooks)
-    finally:
-        model.train(was_training)
     return torch.stack([kept[layer] for layer in layers])

@@ -47,15 +47,19 @@ def test_aggregates_equal_brute_force(exclude_bos, include_self, window, backend
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("in_one_batch", [False, True])
-def test_recording_stops_after_the_last_watched_attention(backend, in_one_batch, monkeypatch):
+@pytest.mark.parametrize("alone", [True, False], ids=["cpu", "gpu"])
+def test_recording_stops_after_the_last_watched_attention(backend, in_one_batch, alone,
+                                                          monkeypatch):  # fmt: skip
     """Recording the last layer runs neither its MLP nor the unembedding (a bridge's
     stop_at_layer does not stop after its last block) but for the first rows that hold
     `LOSS_TOKENS` tokens, whose loss it records (the model's own), even where they share a
     batch with other rows (with Pythia's 50k tokens, the unembedding of 16 rows of 64 made the
     recording 1.45x the forward); and leaves no hook behind: the model's logits are the same
-    before and after."""
+    before and after.  Where launches cost more than compute (a GPU), the loss rows' batch
+    runs whole to the unembedding in one pass instead, and the loss is the same."""
     from scansnap_lens.recording import hooks
 
+    monkeypatch.setattr(hooks, "_loss_rows_alone", lambda device, rows, batch: alone)
     monkeypatch.setattr(hooks, "LOSS_TOKENS", 75)  # 8 rows of 10 tokens (7.5 rounded up)
     loss_rows = hooks.loss_rows(10)
     assert loss_rows == 8
@@ -75,6 +79,8 @@ def test_recording_stops_after_the_last_watched_attention(backend, in_one_batch,
     batch = loss_rows + 6 if in_one_batch else loss_rows // 2
     record = record_checkpoint(model, tokens, plan, batch_size=batch, progress=False)
     seen = [loss_rows] if in_one_batch else [loss_rows // 2] * 2  # the loss rows only
+    if in_one_batch and not alone:
+        seen = [tokens.shape[0]]  # their batch, in one pass
     assert rows == {"unembed": seen, "last mlp": seen}
     assert abs(record.loss - float(truth)) < 1e-5 * max(1.0, float(truth))  # float32 means
     prompt_attention(model, tokens[0], layers=[1], heads=[0])
@@ -84,6 +90,14 @@ def test_recording_stops_after_the_last_watched_attention(backend, in_one_batch,
         handle.remove()
     with torch.no_grad():
         assert torch.equal(model(tokens), before)
+
+
+def test_the_loss_rows_share_their_pass_only_where_launches_cost_more_than_compute():
+    from scansnap_lens.recording.hooks import _loss_rows_alone
+
+    assert _loss_rows_alone("cpu", 4, 8)  # the CPU: a row's unembedding costs
+    assert not _loss_rows_alone("cuda", 4, 8)  # a GPU: a pass costs its launches
+    assert _loss_rows_alone(torch.device("cuda:0"), 4, 32)  # 28 more rows' unembedding
 
 
 def test_tracked_queries_classes_layers_heads():
@@ -215,6 +229,14 @@ def test_dropout_is_off_while_recording():
     a, b = (record_checkpoint(bridge, tokens, plan, progress=False) for _ in range(2))
     assert torch.equal(a.zbar, b.zbar) and torch.equal(a.entropy, b.entropy)
     assert bridge.training
+    # a bridge in eval mode whose wrapped model alone trains: evaluated, each flag restored
+    bridge.eval()
+    hf.train()
+    with torch.no_grad():
+        assert not torch.equal(bridge(tokens), bridge(tokens))
+    c = record_checkpoint(bridge, tokens, plan, progress=False)
+    assert torch.equal(a.zbar, c.zbar) and torch.equal(a.entropy, c.entropy)
+    assert not bridge.training and all(m.training for m in hf.modules())
 
 
 @pytest.mark.parametrize("window", [None, 3])
@@ -379,3 +401,67 @@ def test_a_runs_later_checkpoints_reuse_the_index_of_its_tokens(monkeypatch):
     for _ in range(2):
         hooks.record_checkpoint(second, tokens, plan, batch_size=4, progress=False, state=small)
     assert len(calls) == 4 * made and small.indices == {}  # fresh, then 2 checkpoints
+
+
+class _CountKernels(TorchDispatchMode):
+    """Counts the aten calls that launch work (views and allocations left out)."""
+
+    FREE = ("view", "_unsafe_view", "reshape", "_reshape_alias", "slice", "select", "expand",
+            "as_strided", "unsqueeze", "squeeze", "t", "transpose", "permute", "alias",
+            "detach", "split", "split_with_sizes", "narrow", "unbind", "lift_fresh", "empty",
+            "empty_strided", "_to_copy", "to")  # fmt: skip
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.overloadpacket.__name__ not in self.FREE
+        return func(*args, **(kwargs or {}))
+
+
+def _hook_kernels(monkeypatch, aggregates) -> float:
+    """The calls the recorder's hooks make per watched layer and forward pass."""
+    import scansnap_lens.recording.hooks as hooks
+
+    model = tiny_model()
+    tokens = torch.randint(0, V, (8, 12), generator=torch.Generator().manual_seed(6))
+    plan = plan_recording(tokens, V)
+    bare = _CountKernels()
+    with torch.no_grad(), bare:
+        hooks.run_until(model, tokens[:4], 1, [])
+    inside, passes = _CountKernels(), []
+    original = hooks.run_until
+
+    def counted(model, x, last_layer, hook_list):
+        passes.append(x.shape[0])
+        with inside:
+            return original(model, x, last_layer, hook_list)
+
+    monkeypatch.setattr(hooks, "run_until", counted)
+    monkeypatch.setattr(hooks, "LOSS_TOKENS", 0)
+    state = hooks.RunState()
+    hooks.record_checkpoint(model, tokens, plan, batch_size=4, progress=False, state=state,
+                            aggregates=aggregates)  # fmt: skip
+    inside.count, passes[:] = 0, []  # the run's second checkpoint: indices kept, probe done
+    hooks.record_checkpoint(model, tokens, plan, batch_size=4, progress=False, state=state,
+                            aggregates=aggregates)  # fmt: skip
+    return (inside.count - bare.count * len(passes)) / (len(passes) * 2)
+
+
+def test_the_hooks_launch_few_calls_per_layer_whatever_the_position_aggregates(monkeypatch):
+    """A GPU's recording is bound by the calls its hooks launch (the forward of a small model
+    takes tens of milliseconds, each call some microseconds): every default aggregate costs
+    few calls per layer and pass, and more position aggregates cost none (one gather and one
+    scatter read them all)."""
+    from scansnap_lens.recording.aggregates import Aggregate, earlier_copies
+
+    scan = ["zbar", "c_hat", "entropy", "query_entropy"]
+    heads = ["previous_token", "first_token"]
+    mine = Aggregate("same_token", axis="rows", positions=earlier_copies)
+    per_layer = _hook_kernels(monkeypatch, [*scan, *heads])
+    # 51 on TL 4's bridge (scores rebuilt from q and k) and 44 on TL 3's tiny model before
+    # the reads were fused; 22 and 18 after
+    assert per_layer <= 23, per_layer
+    assert _hook_kernels(monkeypatch, [*scan, *heads, mine]) == per_layer
+    assert _hook_kernels(monkeypatch, scan) == per_layer - 1  # the positions' scatter
