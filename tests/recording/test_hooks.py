@@ -322,22 +322,7 @@ def test_the_forward_passes_wait_for_the_host_no_more_than_the_bare_forward(monk
     bare forward's, and the copy back to the host happens once per checkpoint."""
     import scansnap_lens.recording.hooks as hooks
 
-    model = tiny_model()
-    tokens = torch.randint(0, V, (8, 12), generator=torch.Generator().manual_seed(6))
-    plan = plan_recording(tokens, V)
-    bare = _CountSyncs()
-    with bare:
-        hooks.run_until(model, tokens[:2], 1, [])
-    inside, passes = _CountSyncs(), []
-    original = hooks.run_until
-
-    def counted(model, x, last_layer, hook_list):
-        passes.append(x.shape[0])
-        with inside:
-            return original(model, x, last_layer, hook_list)
-
-    monkeypatch.setattr(hooks, "run_until", counted)
-    monkeypatch.setattr(hooks, "LOSS_TOKENS", 0)  # every pass stops at the watched layers
+    model, tokens, plan, bare, inside, passes = _counted_passes(monkeypatch, _CountSyncs)
     monkeypatch.setattr(hooks._HookAggregator, "MAX_PAIRS", 40)  # several parts per batch
     means = []
     monkeypatch.setattr(hooks._HookAggregator, "means", _spy(hooks._HookAggregator.means, means))
@@ -350,6 +335,30 @@ def test_the_forward_passes_wait_for_the_host_no_more_than_the_bare_forward(monk
         inside.calls
     )
     assert len(means) == 1  # the sums come back to the host once per checkpoint
+
+
+def _counted_passes(monkeypatch, mode):
+    """A tiny model, rows and plan, a `mode` run over one bare forward pass of 2 rows, and
+    one, with the batch sizes, that counts inside the recorder's passes from now on."""
+    import scansnap_lens.recording.hooks as hooks
+
+    model = tiny_model()
+    tokens = torch.randint(0, V, (8, 12), generator=torch.Generator().manual_seed(6))
+    plan = plan_recording(tokens, V)
+    bare = mode()
+    with torch.no_grad(), bare:
+        hooks.run_until(model, tokens[:2], 1, [])
+    inside, passes = mode(), []
+    original = hooks.run_until
+
+    def counted(model, x, last_layer, hook_list):
+        passes.append(x.shape[0])
+        with inside:
+            return original(model, x, last_layer, hook_list)
+
+    monkeypatch.setattr(hooks, "run_until", counted)
+    monkeypatch.setattr(hooks, "LOSS_TOKENS", 0)  # every pass stops at the watched layers
+    return model, tokens, plan, bare, inside, passes
 
 
 def _spy(method, calls: list):
@@ -424,22 +433,7 @@ def _hook_kernels(monkeypatch, aggregates) -> float:
     """The calls the recorder's hooks make per watched layer and forward pass."""
     import scansnap_lens.recording.hooks as hooks
 
-    model = tiny_model()
-    tokens = torch.randint(0, V, (8, 12), generator=torch.Generator().manual_seed(6))
-    plan = plan_recording(tokens, V)
-    bare = _CountKernels()
-    with torch.no_grad(), bare:
-        hooks.run_until(model, tokens[:4], 1, [])
-    inside, passes = _CountKernels(), []
-    original = hooks.run_until
-
-    def counted(model, x, last_layer, hook_list):
-        passes.append(x.shape[0])
-        with inside:
-            return original(model, x, last_layer, hook_list)
-
-    monkeypatch.setattr(hooks, "run_until", counted)
-    monkeypatch.setattr(hooks, "LOSS_TOKENS", 0)
+    model, tokens, plan, bare, inside, passes = _counted_passes(monkeypatch, _CountKernels)
     state = hooks.RunState()
     hooks.record_checkpoint(model, tokens, plan, batch_size=4, progress=False, state=state,
                             aggregates=aggregates)  # fmt: skip
