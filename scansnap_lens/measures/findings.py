@@ -177,6 +177,17 @@ def findings_of(
     return said
 
 
+def _scanning_runs(per_run: pd.DataFrame, row) -> str:
+    """The runs in which head (layer, head) of the first run's numbering scans, each with its
+    own number where the heads were matched by behaviour and it has another."""
+    at = per_run[(per_run["layer"] == row["layer"]) & (per_run["head"] == row["head"])]
+    names = []
+    for run in at[at["scans"].astype(bool)].to_dict("records"):
+        own = run.get("own_head", run["head"])
+        names.append(run["run"] + (f", its head {int(own)}" if own != run["head"] else ""))
+    return "; ".join(names)
+
+
 def runs_findings_of(comparison, entries: Sequence[Measure] = MEASURES) -> list[str]:
     """Sentences of what survives across the runs of a `runs.RunComparison`: its warnings,
     the heads that scan in every run or some, per layer the head types formed in every run
@@ -192,7 +203,7 @@ def runs_findings_of(comparison, entries: Sequence[Measure] = MEASURES) -> list[
         for row in scanning.head(MOST).to_dict("records"):
             said.append(
                 f"Layer {int(row['layer'])} head {int(row['head'])} scans in"
-                f" {int(row['scans_runs'])} of {n} runs."
+                f" {int(row['scans_runs'])} of {n} runs ({_scanning_runs(per_run, row)})."
             )
     layers = comparison.layers if comparison.layers is not None else pd.DataFrame()
     none = []

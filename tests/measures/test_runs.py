@@ -204,3 +204,19 @@ def test_two_runs_warn_and_intervals_over_runs_stay_possible():
     assert (layers["previous_token_heads_hi"] <= 2).all()
     assert (layers["previous_token_heads_lo"] >= 0).all()
     assert compare_runs({**runs, "s2": runs["s0"]}).warnings == []
+
+
+def test_a_scanning_head_is_named_in_each_run_by_its_own_number_too():
+    """Matched by behaviour, a run's heads take the first run's numbers: the sentence names
+    the runs in which the head scans and, where a run numbers it otherwise, its own number
+    (the one that run's own report shows)."""
+    from scansnap_lens.measures.findings import runs_findings_of
+
+    runs = {}
+    for r, own in enumerate([[0, 1], [1, 0]]):  # run s1's heads swapped
+        runs[f"s{r}"] = pd.DataFrame({
+            "layer": [0, 0], "head": [0, 1], "own_head": own, "auroc": [0.5, 0.9],
+            "snap_step": [100.0, 100.0], "scans": [False, True], "final_step": [800, 800],
+        })  # fmt: skip
+    said = runs_findings_of(compare_runs(runs))
+    assert "Layer 0 head 1 scans in 2 of 2 runs (s0; s1, its head 0)." in said, said
