@@ -111,10 +111,11 @@ def run_mode(mode: str, folder: Path, batch_size: int, repeats: int) -> dict:
             rec.scores_from_qk.update({0: False, 1: False})
             for j, cache in enumerate(caches):
                 rows = tokens[j * batch_size : (j + 1) * batch_size]
-                rec.batch = rec.index(rows).to("cpu", rec._head_offsets(SEQ))
+                rec.batch, rec.positions = rec._indices(rows)
                 for layer in range(2):
                     rec.scores_hook(layer, layer)(cache[f"blocks.{layer}.attn.hook_attn_scores"])
                     rec.pattern_hook(layer, layer)(cache[f"blocks.{layer}.attn.hook_pattern"])
+                rec.sums.flush()
             del caches
         times.append(time.perf_counter() - start)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
