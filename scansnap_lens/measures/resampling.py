@@ -341,9 +341,16 @@ def with_grid(lo: Tensor, hi: Tensor, grid_lo: Tensor, grid_hi: Tensor) -> tuple
             torch.where(none, math.nan, torch.fmax(hi, grid_hi)))  # fmt: skip
 
 
-def interval_over_runs(values: np.ndarray, log: bool = False, level: float = LEVEL):
+def interval_over_runs(
+    values: np.ndarray, log: bool = False, level: float = LEVEL, bounds: np.ndarray | None = None
+):
     """(mean, sd, lo, hi) of the runs' values, each run one unit: t with n - 1 degrees of
-    freedom (on the log axis with `log`, mapped back: a geometric mean); NaN below 2 runs."""
+    freedom (on the log axis with `log`, mapped back: a geometric mean); NaN below 2 runs.
+
+    bounds: [R, 2] each run's own interval of a step (the checkpoints bracket it): a run's step
+    is known only within it, so the interval holds the mean of those bounds as well (on the
+    log axis with `log`), however alike the runs' values are; rows not finite and positive
+    are left out."""
     values = values[np.isfinite(values)]
     if log:
         values = np.log(values[values > 0])
@@ -357,7 +364,13 @@ def interval_over_runs(values: np.ndarray, log: bool = False, level: float = LEV
     half = float(scipy_stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
     lo, hi = mean - half, mean + half
     if log:
-        return math.exp(mean), sd, math.exp(lo), math.exp(hi)
+        mean, lo, hi = math.exp(mean), math.exp(lo), math.exp(hi)
+    if bounds is not None:
+        bounds = np.asarray(bounds, dtype=float).reshape(-1, 2)
+        bounds = bounds[np.isfinite(bounds).all(1) & ((bounds > 0).all(1) if log else True)]
+        if len(bounds):
+            low, high = np.exp(np.log(bounds).mean(0)) if log else bounds.mean(0)
+            lo, hi = min(lo, float(low)), max(hi, float(high))
     return mean, sd, lo, hi
 
 

@@ -193,15 +193,10 @@ def compare_runs(summaries: Mapping[str, pd.DataFrame], entries=None) -> RunComp
                 continue
             values = group[name].astype(float).to_numpy()
             steps = name in LOG_SCALE or name in formed
-            mean, sd, lo, hi = interval_over_runs(values, steps)
-            if steps and not math.isnan(lo) and f"{name}_lo" in group:
-                # each run's step is known only within its own interval (its checkpoints
-                # bracket it): the mean of the runs' steps within the mean of those bounds
+            bounds = None  # a run's step is known only within its own interval
+            if steps and f"{name}_lo" in group:
                 bounds = group[[f"{name}_lo", f"{name}_hi"]].astype(float).to_numpy()
-                bounds = bounds[np.isfinite(bounds).all(1) & (bounds > 0).all(1)]
-                if len(bounds):
-                    low, high = np.exp(np.log(bounds).mean(0))
-                    lo, hi = min(lo, low), max(hi, high)
+            mean, sd, lo, hi = interval_over_runs(values, steps, bounds=bounds)
             if name in ranges and not math.isnan(lo):
                 lo, hi = max(lo, ranges[name][0]), min(hi, ranges[name][1])
             row[f"{name}_mean"], row[f"{name}_sd"] = mean, sd
@@ -222,13 +217,14 @@ def compare_runs(summaries: Mapping[str, pd.DataFrame], entries=None) -> RunComp
             row[f"verdict_{run}"] = verdict
         rows.append(row)
     warnings = [TWO_RUNS] if len(runs) == 2 else []
-    return RunComparison(runs, per_run, pd.DataFrame(rows), _by_layer(per_run, runs, entries),
-                         warnings=warnings)  # fmt: skip
+    layers = _by_layer(per_run, runs, entries, last)
+    return RunComparison(runs, per_run, pd.DataFrame(rows), layers, warnings=warnings)
 
 
-def _by_layer(per_run: pd.DataFrame, runs: list[str], entries) -> pd.DataFrame:
+def _by_layer(per_run: pd.DataFrame, runs: list[str], entries, last: float) -> pd.DataFrame:
     """Per layer: each run's layer figures (`LAYER`, and the heads that formed each head type
-    of `entries`) and their interval over runs."""
+    of `entries`) and their interval over runs; a step figure's holds the runs' own bounds
+    (the median of the heads' bounds bounds their median step), within [0, `last`]."""
     formed = {c.removesuffix("_step") + "_heads": (c, lambda v: float(v.notna().sum()))
               for c in columns("formed", entries)}  # fmt: skip
     counts = {"scanning_heads", *formed}
@@ -239,15 +235,30 @@ def _by_layer(per_run: pd.DataFrame, runs: list[str], entries) -> pd.DataFrame:
         for figure, (column, reduce) in {**LAYER, **formed}.items():
             if column not in group:
                 continue
-            values = np.array([reduce(g[column]) for _, g in group.groupby("run_index")])
+            by_run = [g for _, g in group.groupby("run_index")]
+            values = np.array([reduce(g[column]) for g in by_run])
             for run, value in zip(runs, values):
                 row[f"{figure}_{run}"] = value
-            mean, _, lo, hi = interval_over_runs(values, figure in LOG_SCALE)
+            bounds = None
+            if figure in LOG_SCALE and f"{column}_lo" in group:
+                bounds = np.array([_median_bounds(g, column) for g in by_run])
+            mean, _, lo, hi = interval_over_runs(values, figure in LOG_SCALE, bounds=bounds)
             if figure in counts and not math.isnan(lo):  # a count of the layer's heads
                 lo, hi = max(lo, 0.0), min(hi, float(heads))
+            if figure in LOG_SCALE and not math.isnan(lo):
+                lo, hi = max(lo, 0.0), min(hi, last)
             row[f"{figure}_mean"], row[f"{figure}_lo"], row[f"{figure}_hi"] = mean, lo, hi
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _median_bounds(heads: pd.DataFrame, column: str) -> np.ndarray:
+    """[2] the medians of the own bounds (``_lo``, ``_hi``) of the heads with a `column`: they
+    bound the median of the heads' values; NaN where a head's bound is unknown."""
+    known = heads.loc[heads[column].notna(), [f"{column}_lo", f"{column}_hi"]].astype(float)
+    if known.empty or known.isna().any().any():
+        return np.full(2, math.nan)
+    return known.median().to_numpy()
 
 
 def check_same_runs(trajs: Mapping[str, Trajectory]) -> None:

@@ -594,10 +594,10 @@ def _check_same_text(out: Path, saved: RecordPlan, plan: RecordPlan) -> None:
     differ = [
         what
         for what, a, b in (
-            ("the evaluation tokens (tokens=, max_rows=)", saved.fingerprint, plan.fingerprint),
+            ("evaluation tokens (tokens=, max_rows=)", saved.fingerprint, plan.fingerprint),
             ("exclude_bos (exclude_bos=)", saved.exclude_bos, plan.exclude_bos),
             ("window (window=, or the statistics' window)", saved.window, plan.window),
-            ("the vocabulary", saved.vocab_size, plan.vocab_size),
+            ("vocabulary", saved.vocab_size, plan.vocab_size),
         )
         if a != b
     ]

@@ -220,3 +220,43 @@ def test_a_scanning_head_is_named_in_each_run_by_its_own_number_too():
         })  # fmt: skip
     said = runs_findings_of(compare_runs(runs))
     assert "Layer 0 head 1 scans in 2 of 2 runs (s0; s1, its head 0)." in said, said
+
+
+PYTHIA = np.array([0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, *range(1000, 143001, 1000)])
+
+
+def test_step_intervals_over_runs_hold_what_the_checkpoints_allow_by_head_and_by_layer():
+    """Pythia's checkpoint schedule: each run's snap lies between two checkpoints that its
+    estimate cannot see inside (the estimate sits near their log-middle, its interval is
+    their bracket, as `snap.snap_step` gives it).  Over seeds alike to a few per cent, the t
+    interval of the estimates is narrow around the bracket's middle and misses the recipe's
+    true step; the head's and the layer's interval over runs hold the runs' brackets as well
+    and cover it (recipes whose step lies anywhere from 270 to 900, straddling 512)."""
+    from scansnap_lens.measures.resampling import interval_over_runs
+
+    rng = np.random.default_rng(0)
+    trials, hits, narrow = 300, {"head": 0, "layer": 0}, 0
+    for _ in range(trials):
+        mu = np.exp(rng.uniform(np.log(270), np.log(900), size=2))  # two heads of one layer
+        true = mu * np.exp(rng.normal(0.0, 0.03, size=(4, 2)))  # 4 runs
+        summaries = {}
+        for r in range(4):
+            hi = PYTHIA[np.searchsorted(PYTHIA, true[r])]
+            lo = PYTHIA[np.searchsorted(PYTHIA, true[r]) - 1]
+            est = np.sqrt(lo * hi) * np.exp(rng.normal(0.0, 0.02, size=2))
+            summaries[f"s{r}"] = pd.DataFrame({
+                "layer": [0, 0], "head": [0, 1], "snap_step": est, "snap_step_lo": lo,
+                "snap_step_hi": hi, "final_step": [143000, 143000],
+            })  # fmt: skip
+        comparison = compare_runs(summaries)
+        head = comparison.table.iloc[0]
+        truth = float(np.exp(np.log(true[:, 0]).mean()))
+        hits["head"] += head["snap_step_lo"] <= truth <= head["snap_step_hi"]
+        _, _, lo, hi = interval_over_runs(comparison.per_run.query("head == 0")[
+            "snap_step"].to_numpy(), log=True)  # fmt: skip
+        narrow += lo <= truth <= hi
+        layer = comparison.layers.iloc[0]
+        median = float(np.exp(np.log(np.median(true, axis=1)).mean()))
+        hits["layer"] += layer["snap_step_median_lo"] <= median <= layer["snap_step_median_hi"]
+    assert narrow / trials < 0.3  # the estimates alone: sure of a step they cannot see
+    assert hits["head"] / trials >= 0.95 and hits["layer"] / trials >= 0.95, hits

@@ -162,6 +162,8 @@ def test_a_recorder_plans_for_queries_from_the_first_model_and_resumes_without_o
         Recorder(
             tmp_path / "q", tokens, RecordingSettings(exclude_bos=True, progress=False)
         )  # another convention
+    with pytest.raises(ValueError, match=r"recorded with other evaluation tokens \(tokens="):
+        Recorder(tmp_path / "q", tokens[:3], QUIET)  # fewer rows (--max-rows)
     with pytest.raises(ValueError, match="give a plan, or the settings to plan for"):
         Recorder(
             tmp_path / "r", tokens, RecordingSettings(queries=[3], progress=False), plan=explicit
