@@ -216,6 +216,8 @@ def _write_report(traj, groups, out, title, prediction, views, token_strings, so
     folder = _Folder(out)
     if groups is None:  # said once; each measurement that needs them points here
         folder.not_measured["token groups"] = groups_reason or "none were given"
+    for skip in traj.skipped:  # a step the recording could not read
+        folder.not_measured[f"step {skip['step']}"] = f"not recorded: {skip['error']}"
     skip = set(results or {}) | ({"theory_fit"} if not theory else set())
     made, why = measures.measure_all(
         traj, groups, source=source, training=training, loss_positions=loss_positions,

@@ -4,6 +4,7 @@ opened in headless Chromium (views mounted, no console errors, a screenshot)."""
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import os
 import re
@@ -143,6 +144,12 @@ def test_report_without_prompt_says_what_is_missing(demo_out, tmp_path):
     assert "circuitsvis-view" not in report.path.read_text()
     with pytest.raises(ValueError, match="no example prompt"):
         attention_over_checkpoints(traj)
+    # a checkpoint the recording could not read (on_error="skip") is a step not measured
+    error = "run/checkpoint-50/model.safetensors is truncated or corrupt"
+    traj.skipped = [{"step": 50, "source": "run/checkpoint-50", "error": error}]
+    report = write_report(traj, groups, tmp_path / "s", views=False)
+    assert report.not_measured["step 50"] == f"not recorded: {error}"
+    assert html.escape(f"step 50: not recorded: {error}") in report.path.read_text()
 
 
 # Token strings a hostile or careless tokenizer can hold.  circuitsvis turns spaces into

@@ -133,7 +133,6 @@ class RecordingRun:
                 f"{where + ': ' if where else ''}checkpoint {step} has {n_layers} layers of"
                 f" {n_heads} heads, but the recording watches layers {self.layers} and heads"
                 f" {self.heads} (as its first checkpoint had them): another architecture"
-                " (on_error='skip' passes it over)"
             )
 
 
@@ -476,7 +475,10 @@ class Recorder:
     def _note_skip(self, step: int, source: str, error: str) -> None:
         """A checkpoint that could not be recorded: raised, or noted (on_error="skip")."""
         if self.settings.on_error == "raise":
-            raise CheckpointError(error)
+            raise CheckpointError(
+                f"{error}; what is recorded is kept: fix or remove the checkpoint and record"
+                " again to go on, or note it and go on (on_error='skip')"
+            )
         self._skips.append((step, source, error))
         self._run_for()
 

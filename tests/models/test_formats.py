@@ -461,6 +461,7 @@ def test_a_truncated_weights_file_is_a_checkpoint_error_in_every_format(make, tm
     assert main([*args, "--out", str(tmp_path / "a"), *flags]) == 2
     err = capsys.readouterr().err
     assert weights.name in err and "Traceback" not in err, err
+    assert "--on-error skip" in err, err  # the way on, named
     assert main([*args, "--out", str(tmp_path / "b"), "--on-error", "skip", *flags]) == 0
     traj = Trajectory.load(tmp_path / "b")
     assert traj.steps.tolist() == steps[:-1]
