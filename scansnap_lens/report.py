@@ -148,6 +148,12 @@ class _Folder:
         self.files[f"figure_{name}"] = path
         self.figures[name] = _figure_tag(path, caption)
 
+    def missing(self, heading: str) -> str:
+        """The page's list of what was left out and why (nothing where nothing was)."""
+        items = "".join(f"<li>{html.escape(k)}: {html.escape(v)}</li>"
+                        for k, v in self.not_measured.items())  # fmt: skip
+        return f"<h2>{heading}</h2><ul>{items}</ul>" if items else ""
+
 
 def _draw(plot: Plot, result, snaps, path: Path) -> None:
     """A `catalog.Plot` of a measurement, by its painter."""
@@ -501,12 +507,7 @@ def _page(
     if view_html:
         body += ["<h2>circuitsvis views</h2>", view_html]
     body += ["<h2>Settings</h2>", _overview(traj, groups, settings)]
-    if folder.not_measured:
-        body.append("<h2>Not measured</h2><ul>")
-        body += [
-            f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in folder.not_measured.items()
-        ]
-        body.append("</ul>")
+    body.append(folder.missing("Not measured"))
     return cv.page(title, "\n".join(body), head=_STYLE)
 
 
@@ -696,6 +697,7 @@ def _runs_loss_figure(comparison, path: Path):
 
 
 def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
+    from scansnap_lens.viz import views as cv
     from scansnap_lens.viz.figures import plot_runs, plot_runs_maps
 
     make_folder(out / "figures")
@@ -783,18 +785,7 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
         "<h2>Figures</h2>",
         *folder.figures.values(),
     ]
-    if folder.not_measured:
-        body.append("<h2>Not drawn</h2><ul>")
-        body += [
-            f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in folder.not_measured.items()
-        ]
-        body.append("</ul>")
+    body.append(folder.missing("Not drawn"))
     folder.files["report"] = out / "runs.html"
-    write_text(
-        folder.files["report"],
-        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{html.escape(title)}</title>\n{_STYLE}\n</head>\n<body>\n"
-        + "\n".join(body)
-        + "\n</body></html>\n",
-    )
+    write_text(folder.files["report"], cv.page(title, "\n".join(body), _STYLE, script=False))
     return Report(folder.files["report"], table, folder.files, folder.not_measured)

@@ -101,11 +101,13 @@ def circuitsvis_script() -> str:
     return "<script>" + source.replace("</script>", "<\\/script>") + "</script>"
 
 
-def page(title: str, body: str, head: str = "") -> str:
-    """A whole HTML page: the circuitsvis script once in <head>, then `body` (fragments)."""
+def page(title: str, body: str, head: str = "", script: bool = True) -> str:
+    """A whole HTML page: the circuitsvis script once in <head> (unless not `script`: a page
+    without views), then `body` (fragments)."""
+    scripts = circuitsvis_script() if script else ""
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{html.escape(title)}</title>\n{head}\n{circuitsvis_script()}\n</head>\n"
+        f"<title>{html.escape(title)}</title>\n{head}\n{scripts}\n</head>\n"
         f"<body>\n{body}\n</body></html>\n"
     )
 
