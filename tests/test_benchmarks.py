@@ -16,7 +16,7 @@ from scansnap_lens.models.backend import tl_major
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "analyses" / "benchmarks"
 QUICK = {  # the arguments that make each one small
-    "bench_calibration.py": ["--trajectories", "4"],
+    "bench_calibration.py": ["--trajectories", "2"],
     "bench_classify.py": ["--quick"],
     "bench_cooccurrence.py": ["--quick", "--reference-tokens", "2000"],
     "bench_device.py": ["--quick", "--rounds", "1", "--device", "cpu"],
