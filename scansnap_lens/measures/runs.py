@@ -338,4 +338,7 @@ def measure_runs(
     )  # fmt: skip
     if why:
         comparison.warnings.append(f"heads matched by index: {why}")
+    for name, traj in trajs.items():  # a run's steps are read between the checkpoints it has
+        comparison.warnings += [f"{name}: step {s['step']} not recorded ({s['error']})"
+                                for s in traj.skipped]  # fmt: skip
     return comparison

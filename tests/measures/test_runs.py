@@ -60,6 +60,7 @@ def test_the_interval_over_runs_shows_a_difference_the_within_run_ones_do_not(th
             per.loc[(f"seed{r}", head), "verdict"] for r in range(3)
         ]
     assert table.loc[1, "scans_runs"] == 3 and table.loc[2, "scans_runs"] == 0
+    assert not any("not recorded" in w for w in comparison.warnings)
     # per layer, whichever heads they are: each run's count of scanning heads
     layer = comparison.layers.iloc[0]
     for r in range(3):
@@ -260,3 +261,17 @@ def test_step_intervals_over_runs_hold_what_the_checkpoints_allow_by_head_and_by
         hits["layer"] += layer["snap_step_median_lo"] <= median <= layer["snap_step_median_hi"]
     assert narrow / trials < 0.3  # the estimates alone: sure of a step they cannot see
     assert hits["head"] / trials >= 0.95 and hits["layer"] / trials >= 0.95, hits
+
+
+def test_a_runs_skipped_step_is_said_first(three_runs):
+    """A run with a checkpoint it could not read (on_error="skip") has its steps bracketed by
+    the checkpoints it has: the comparison says so before anything else."""
+    from scansnap_lens.measures.findings import runs_findings_of
+
+    runs, groups = three_runs
+    error = "run/checkpoint-50/model.safetensors is truncated or corrupt"
+    damaged = runs["seed1"].replace()
+    damaged.skipped = [{"step": 50, "source": "run/checkpoint-50", "error": error}]
+    comparison = measure_runs({**runs, "seed1": damaged}, groups, match="index")
+    said = runs_findings_of(comparison)
+    assert f"seed1: step 50 not recorded ({error})" in said[: len(comparison.warnings)], said
