@@ -29,6 +29,7 @@ from scansnap_lens import measures
 from scansnap_lens._io import check_writable, make_folder, staged_folder, write_text
 from scansnap_lens.measures.catalog import Plot, columns, measures_of
 from scansnap_lens.measures.fit import THEORY_CLASSES
+from scansnap_lens.measures.runs import median_bounds
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.context import require_same
 from scansnap_lens.statistics.groups import TokenGroups
@@ -332,8 +333,9 @@ def _model_figures(traj, groups, summary, results, folder, layer, head, training
         "loss",
         "Loss over training (the evaluation loss the recording measured on its first"
         " evaluation rows at each checkpoint, and a training log's where the run has one) with"
-        " each layer's snap step (dashed: the median over its heads) and the steps at which"
-        " heads became one of the head types (dotted)",
+        " each layer's snap step (dashed: the median over its heads; shaded: the median of"
+        " their intervals, where the checkpoints place it) and the steps at which heads became"
+        " one of the head types (dotted)",
         lambda p: _loss_figure(traj, summary, p),
     )
     order = _shown_classes(traj, groups)
@@ -396,8 +398,9 @@ def _loss_figure(traj: Trajectory, summary: pd.DataFrame, path: Path):
     marks = {}
     if "snap_step" in summary:
         for layer, rows in summary.groupby("layer"):
-            if rows["snap_step"].notna().any():
-                marks[f"layer {layer} snap"] = float(rows["snap_step"].median())
+            if rows["snap_step"].notna().any():  # the median, within its heads' bounds
+                marks[f"layer {layer} snap"] = (float(rows["snap_step"].median()),
+                                                *median_bounds(rows, "snap_step"))  # fmt: skip
     for step in columns("formed", measures_of(traj)):
         if step in summary and summary[step].notna().any():
             first = summary.loc[summary[step].idxmin()]
@@ -692,7 +695,10 @@ def _runs_loss_figure(comparison, path: Path):
     layers = comparison.layers if comparison.layers is not None else pd.DataFrame()
     for row in layers.to_dict("records"):
         if pd.notna(row.get("snap_step_median_mean")):
-            marks[f"layer {int(row['layer'])} snap"] = float(row["snap_step_median_mean"])
+            ends = ("_mean", "_lo", "_hi")  # the step over runs within its interval
+            marks[f"layer {int(row['layer'])} snap"] = tuple(
+                float(row.get(f"snap_step_median{end}", math.nan)) for end in ends
+            )
     return plot_loss_with_steps(curves, marks, path=path)
 
 
@@ -718,7 +724,8 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
         folder.figure(
             "runs_loss",
             "Each run's evaluation loss at its checkpoints, with each layer's snap step (the"
-            " median over its heads, averaged over runs; dashed)",
+            " median over its heads, averaged over runs; dashed) and its interval over runs"
+            " (shaded)",
             partial(_runs_loss_figure, comparison),
         )
     mapped = next((c for c in ("bias", "snap_step") if c in comparison.per_run

@@ -450,3 +450,19 @@ def test_the_loss_figure_marks_the_snap_and_formation_steps(trainer_runs):
     labels = [line.get_label() for line in figure.axes[0].get_lines()]
     snapped = sorted(summary.dropna(subset=["snap_step"])["layer"].unique())
     assert [f"layer {layer} snap" for layer in snapped] == [x for x in labels if "snap" in x]
+    # each layer's snap shaded where the checkpoints place it: the median of its heads' own
+    # bounds (their interval, or the checkpoints around it where resampling had too few units)
+    spans = [
+        p.get_path().transformed(p.get_patch_transform()).vertices[:, 0]
+        for p in figure.axes[0].patches
+    ]  # x in data (a Polygon or Rectangle)
+    assert len(spans) == len(snapped)
+    for layer, xy in zip(snapped, spans):
+        heads = summary[summary["layer"] == layer].dropna(subset=["snap_step"])
+        ends = heads.reindex(columns=["snap_step_lo", "snap_step_grid_lo", "snap_step_hi",
+                                      "snap_step_grid_hi"])  # fmt: skip
+        own_lo = ends.iloc[:, :2].min(axis=1)
+        own_hi = ends.iloc[:, 2:].max(axis=1)
+        lo, hi = xy.min(), xy.max()
+        assert (lo, hi) == (own_lo.median(), own_hi.median())
+        assert 4 <= lo <= heads["snap_step"].median() <= hi <= 12  # within the checkpoints

@@ -126,6 +126,8 @@ _NAMES = {
     "with_grid": "resampling",
     "compare_runs": "runs",
     "measure_runs": "runs",
+    "median_bounds": "runs",
+    "own_bounds": "runs",
     "check_same_runs": "runs",
     "class_movement": "snap",
     "snap_step": "snap",

@@ -129,7 +129,7 @@ MEASURES: tuple[Measure, ...] = (
         " momentum); none for Adam) where the training is known.",
         shown="key: snap_step predicted_snap; heads: snap_step; grid: snap_step; atlas:"
         " snap_step snap_step_lo snap_step_hi; runs: snap_step snap_step_lo"
-        " snap_step_hi snap_reason",
+        " snap_step_hi snap_step_grid_lo snap_step_grid_hi snap_reason",
     ),
     Measure(
         "discriminative_bias",

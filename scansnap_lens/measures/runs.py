@@ -51,6 +51,8 @@ __all__ = [
     "check_same_runs",
     "compare_runs",
     "measure_runs",
+    "median_bounds",
+    "own_bounds",
 ]
 
 # the measurements a comparison needs: those that show columns per run (`catalog.ROLES`; the
@@ -193,9 +195,7 @@ def compare_runs(summaries: Mapping[str, pd.DataFrame], entries=None) -> RunComp
                 continue
             values = group[name].astype(float).to_numpy()
             steps = name in LOG_SCALE or name in formed
-            bounds = None  # a run's step is known only within its own interval
-            if steps and f"{name}_lo" in group:
-                bounds = group[[f"{name}_lo", f"{name}_hi"]].astype(float).to_numpy()
+            bounds = own_bounds(group, name) if steps else None  # a run knows no better
             mean, sd, lo, hi = interval_over_runs(values, steps, bounds=bounds)
             if name in ranges and not math.isnan(lo):
                 lo, hi = max(lo, ranges[name][0]), min(hi, ranges[name][1])
@@ -241,7 +241,7 @@ def _by_layer(per_run: pd.DataFrame, runs: list[str], entries, last: float) -> p
                 row[f"{figure}_{run}"] = value
             bounds = None
             if figure in LOG_SCALE and f"{column}_lo" in group:
-                bounds = np.array([_median_bounds(g, column) for g in by_run])
+                bounds = np.array([median_bounds(g, column) for g in by_run])
             mean, _, lo, hi = interval_over_runs(values, figure in LOG_SCALE, bounds=bounds)
             if figure in counts and not math.isnan(lo):  # a count of the layer's heads
                 lo, hi = max(lo, 0.0), min(hi, float(heads))
@@ -252,13 +252,28 @@ def _by_layer(per_run: pd.DataFrame, runs: list[str], entries, last: float) -> p
     return pd.DataFrame(rows)
 
 
-def _median_bounds(heads: pd.DataFrame, column: str) -> np.ndarray:
-    """[2] the medians of the own bounds (``_lo``, ``_hi``) of the heads with a `column`: they
-    bound the median of the heads' values; NaN where a head's bound is unknown."""
-    known = heads.loc[heads[column].notna(), [f"{column}_lo", f"{column}_hi"]].astype(float)
-    if known.empty or known.isna().any().any():
+def own_bounds(rows: pd.DataFrame, column: str) -> np.ndarray:
+    """[n, 2] each row's own bounds of a step `column`: its interval (``_lo``, ``_hi``) and the
+    checkpoints that bracket it (``_grid_lo``, ``_grid_hi``), the hull of those it has (the
+    bracket holds where resampling had too few units); NaN where it has neither."""
+    ends = [[f"{column}{k}{end}" for k in ("", "_grid")] for end in ("_lo", "_hi")]
+    lo, hi = (rows.reindex(columns=e).astype(float) for e in ends)
+    return np.stack([lo.min(axis=1).to_numpy(), hi.max(axis=1).to_numpy()], axis=1)
+
+
+def median_bounds(heads: pd.DataFrame, column: str) -> np.ndarray:
+    """[2] the medians of the own bounds (`own_bounds`) of the heads with a `column`: they
+    bound the median of the heads' values; NaN where a head's bound is unknown.
+
+    >>> heads = pd.DataFrame({"snap_step": [90.0, 300.0, 100.0], "snap_step_lo": [50.0, 256, 80],
+    ...                       "snap_step_hi": [120.0, 512, 120]})
+    >>> median_bounds(heads, "snap_step").tolist()  # the median 100 lies within
+    [80.0, 120.0]
+    """
+    known = own_bounds(heads[heads[column].notna()], column)
+    if not len(known) or np.isnan(known).any():
         return np.full(2, math.nan)
-    return known.median().to_numpy()
+    return np.median(known, axis=0)
 
 
 def check_same_runs(trajs: Mapping[str, Trajectory]) -> None:

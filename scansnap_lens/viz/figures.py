@@ -180,14 +180,14 @@ def plot_loss(runs: dict[str, YZRun], path: str | Path | None = None) -> Figure:
 
 def plot_loss_with_steps(
     curves: dict[str, tuple[Sequence[float], Sequence[float]]],
-    marks: dict[str, float],
+    marks: dict[str, float | tuple[float, float, float]],
     step_unit: str = "steps",
     path: str | Path | None = None,
 ) -> Figure:
     """Loss over training, `curves` {label: (steps, losses)} (the recorded evaluation loss
     with its checkpoints as points, a training log's loss as a line), with the steps of
-    `marks` {label: step} (snap and formation steps) as vertical lines: does attention snap
-    where the loss drops (the induction bump)?"""
+    `marks` {label: step, or (step, lo, hi): its interval shaded} (snap and formation steps)
+    as vertical lines: does attention snap where the loss drops (the induction bump)?"""
     if not any(np.isfinite(np.asarray(y, dtype=float)).any() for _, y in curves.values()):
         raise ValueError("no loss was recorded or logged (folders recorded before it was)")
     fig = Figure(figsize=(7, 3.4))
@@ -197,9 +197,13 @@ def plot_loss_with_steps(
         dots = "o-" if len(y) <= 200 else "-"
         ax.plot(np.asarray(x, dtype=float), y, dots, label=label, color=f"C{i % 10}",
                 markersize=3, linewidth=1.2)  # fmt: skip
-    for j, (label, step) in enumerate(marks.items()):
-        ax.axvline(step, color=f"C{(j + len(curves)) % 10}", linestyle="--" if "snap" in label
-                   else ":", linewidth=1.2, label=label)  # fmt: skip
+    for j, (label, mark) in enumerate(marks.items()):
+        step, *interval = np.atleast_1d(np.asarray(mark, dtype=float))
+        color = f"C{(j + len(curves)) % 10}"
+        ax.axvline(step, color=color, linestyle="--" if "snap" in label else ":",
+                   linewidth=1.2, label=label)  # fmt: skip
+        if interval and np.isfinite(interval).all():  # where the checkpoints place it
+            ax.axvspan(*interval, color=color, alpha=0.08, linewidth=0)
     ax.set_xlabel(step_unit)
     ax.set_ylabel("loss (nats per token)")
     if all(min(np.asarray(x, dtype=float)) > 0 for x, _ in curves.values()):

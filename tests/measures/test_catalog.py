@@ -78,6 +78,8 @@ def test_every_role_names_columns_a_measurement_gives():
         "top_share",
         "attention_entropy",
         "snap_step",
+        "snap_step_grid_lo",
+        "snap_step_grid_hi",
         "snap_reason",
     }  # whole tables
     for role in ROLES:

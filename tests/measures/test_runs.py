@@ -275,3 +275,19 @@ def test_a_runs_skipped_step_is_said_first(three_runs):
     comparison = measure_runs({**runs, "seed1": damaged}, groups, match="index")
     said = runs_findings_of(comparison)
     assert f"seed1: step 50 not recorded ({error})" in said[: len(comparison.warnings)], said
+
+
+def test_a_run_with_too_few_units_still_knows_its_checkpoints():
+    """Where resampling had too few units (no snap_step_lo/_hi), a run's step is still known
+    only within the checkpoints that bracket it: the interval over runs holds them."""
+    nan = [math.nan]
+    runs = {f"s{r}": pd.DataFrame({"layer": [0], "head": [0], "snap_step": [360.0 + r],
+                                   "snap_step_lo": nan, "snap_step_hi": nan,
+                                   "snap_step_grid_lo": [256.0], "snap_step_grid_hi": [512.0],
+                                   "final_step": [143000]})
+            for r in range(3)}  # fmt: skip
+    comparison = compare_runs(runs)
+    head, layer = comparison.table.iloc[0], comparison.layers.iloc[0]
+    exact = pytest.approx((256.0, 512.0), rel=1e-12)  # a geometric mean: exp(mean(log))
+    assert (head["snap_step_lo"], head["snap_step_hi"]) == exact
+    assert (layer["snap_step_median_lo"], layer["snap_step_median_hi"]) == exact
