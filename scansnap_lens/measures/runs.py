@@ -239,8 +239,8 @@ def _by_layer(per_run: pd.DataFrame, runs: list[str], entries, last: float) -> p
             values = np.array([reduce(g[column]) for g in by_run])
             for run, value in zip(runs, values):
                 row[f"{figure}_{run}"] = value
-            bounds = None
-            if figure in LOG_SCALE and f"{column}_lo" in group:
+            bounds = None  # a step: each run's median within its heads' own bounds
+            if figure in LOG_SCALE:
                 bounds = np.array([median_bounds(g, column) for g in by_run])
             mean, _, lo, hi = interval_over_runs(values, figure in LOG_SCALE, bounds=bounds)
             if figure in counts and not math.isnan(lo):  # a count of the layer's heads

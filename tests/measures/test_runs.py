@@ -291,3 +291,7 @@ def test_a_run_with_too_few_units_still_knows_its_checkpoints():
     exact = pytest.approx((256.0, 512.0), rel=1e-12)  # a geometric mean: exp(mean(log))
     assert (head["snap_step_lo"], head["snap_step_hi"]) == exact
     assert (layer["snap_step_median_lo"], layer["snap_step_median_hi"]) == exact
+    # and where no interval was measured at all (no uncertainty columns)
+    bare = {r: s.drop(columns=["snap_step_lo", "snap_step_hi"]) for r, s in runs.items()}
+    layer = compare_runs(bare).layers.iloc[0]
+    assert (layer["snap_step_median_lo"], layer["snap_step_median_hi"]) == exact
