@@ -65,20 +65,8 @@ _NAMES = {
     "read_tokens": "inputs.tokens",
     "save_tokens": "inputs.tokens",
 }
-_MODULES = {  # ``ss.<module>`` for each stage and tool, never dependent on import order
-    "inputs",
-    "models",
-    "statistics",
-    "recording",
-    "theory",
-    "measures",
-    "lab",
-    "viz",
-    "report",
-    "demo",
-    "distributed",
-    "testing",
-}
-__all__ = sorted(set(_NAMES) | _MODULES)
-
-__getattr__, __dir__ = exports(__name__, _NAMES, _MODULES)
+# ``ss.<module>`` for each stage and tool, never dependent on import order
+_MODULES = (
+    "inputs models statistics recording theory measures lab viz report demo distributed testing"
+)
+__all__, __getattr__, __dir__ = exports(__name__, _MODULES, _NAMES)

@@ -880,7 +880,7 @@ def _main(argv: list[str] | None) -> int:
     _Interrupts.load_libraries()
     args = build_parser().parse_args(argv)
     from scansnap_lens.models.backend import BackendError
-    from scansnap_lens.models.checkpoints import CheckpointError
+    from scansnap_lens.models.formats import CheckpointError
 
     try:
         return args.func(args)

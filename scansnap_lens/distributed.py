@@ -32,7 +32,8 @@ from dataclasses import fields, replace
 import torch
 from tqdm.auto import tqdm
 
-from scansnap_lens.models.checkpoints import CheckpointError, CheckpointSource
+from scansnap_lens.models.checkpoints import CheckpointSource
+from scansnap_lens.models.formats import CheckpointError
 from scansnap_lens.statistics.corpus import CooccurrenceStats, cooccurrence
 
 __all__ = ["connect", "ray_cooccurrence", "ray_execute", "ray_record"]

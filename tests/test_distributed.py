@@ -178,7 +178,7 @@ def test_record_on_ray_resumes_and_skips(local_ray, own_checkpoints, tmp_path, c
     first checkpoint, recorded by the driver); an unreadable checkpoint is skipped or stops."""
     from scansnap_lens.distributed import ray_record
     from scansnap_lens.models import checkpoints
-    from scansnap_lens.models.checkpoints import CheckpointError
+    from scansnap_lens.models.formats import CheckpointError
     from scansnap_lens.recording.recorder import Recorder
 
     root, tokens, plan, sequential = own_checkpoints

@@ -85,21 +85,36 @@ def test_the_package_is_typed():
     assert importlib.resources.files("scansnap_lens").joinpath("py.typed").is_file()
 
 
-@pytest.mark.parametrize("stage", [s for s in STAGES if s != "viz"])
-def test_each_stage_lists_every_public_name_of_its_modules(stage):
-    """A stage's ``__init__`` lists each name once, so ``ss.<stage>.<name>`` exists for every
-    name its modules export, and for nothing else."""
+@pytest.mark.parametrize("stage", STAGES)
+def test_each_stage_exports_every_public_name_of_its_modules(stage):
+    """``ss.<stage>.<name>`` is the object of every name a module of the stage lists in its
+    ``__all__`` (read from its source), and nothing else: each name has one home."""
     package = importlib.import_module(f"scansnap_lens.{stage}")
-    exported = {}
+    exported, modules = {}, set()
     for path in (PACKAGE / stage).glob("*.py"):
         if not path.stem.startswith("_"):
+            modules.add(path.stem)
             module = importlib.import_module(f"scansnap_lens.{stage}.{path.stem}")
-            exported.update(dict.fromkeys(module.__all__, path.stem))
-    assert set(package._NAMES) == set(exported)
-    for name, module in package._NAMES.items():
-        assert getattr(package, name) is getattr(
-            importlib.import_module(f"scansnap_lens.{stage}.{module}"), name
-        )
+            assert not set(module.__all__) & set(exported), f"{path.stem} exports a name twice"
+            exported.update(dict.fromkeys(module.__all__, module))
+    assert set(package.__all__) == set(exported) | modules
+    assert dir(package) == sorted(package.__all__)
+    for name, module in exported.items():
+        assert getattr(package, name) is getattr(module, name)
+
+
+def test_a_name_two_modules_of_a_stage_export_is_refused(tmp_path, monkeypatch):
+    from scansnap_lens._lazy import exports
+
+    (tmp_path / "stage").mkdir()
+    (tmp_path / "stage" / "__init__.py").write_text("")
+    for module in ("a", "b"):
+        (tmp_path / "stage" / f"{module}.py").write_text(f'__all__ = ["X"]\nX = "{module}"\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportError, match="stage: X is exported by a and b"):
+        exports("stage", "a b")
+    names, getattr_, _ = exports("stage", "a")
+    assert names == ["X", "a"] and getattr_("X") == "a"
 
 
 def test_the_objects_a_notebook_holds_have_short_reprs():

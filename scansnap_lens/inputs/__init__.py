@@ -10,27 +10,4 @@
 
 from scansnap_lens._lazy import exports
 
-_NAMES = {
-    "Codec": "tokens",
-    "Corpus": "corpus",
-    "DOCUMENT_SPLITS": "text",
-    "IndexedTokens": "indexed",
-    "TokenizerLike": "tokens",
-    "codec": "tokens",
-    "dataset_batches": "corpus",
-    "encode": "tokens",
-    "encode_documents": "text",
-    "load_tokenizer": "tokens",
-    "open_dataset": "corpus",
-    "read_documents": "text",
-    "read_tokens": "tokens",
-    "rows_of": "tokens",
-    "save_tokens": "tokens",
-    "text_rows": "text",
-    "wikitext_documents": "text",
-    "word_level_tokenizer": "text",
-}
-_MODULES = {"corpus", "indexed", "text", "tokens"}
-
-__all__ = sorted(set(_NAMES) | _MODULES)
-__getattr__, __dir__ = exports(__name__, _NAMES, _MODULES)
+__all__, __getattr__, __dir__ = exports(__name__, "corpus indexed text tokens")

@@ -60,7 +60,7 @@ from scansnap_lens.measures.snap import snap_step_interval
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
-__all__ = ["ALPHA", "LEVEL", "UNCERTAINTY_COLUMNS", "VERDICTS", "scan_uncertainty"]
+__all__ = ["UNCERTAINTY_COLUMNS", "VERDICTS", "scan_uncertainty"]
 
 # the columns `scan_uncertainty` adds to the one-row-per-head summary
 UNCERTAINTY_COLUMNS = (

@@ -13,64 +13,6 @@
 
 from scansnap_lens._lazy import exports
 
-_NAMES = {
-    "BACKENDS": "backend",
-    "BackendError": "backend",
-    "Checkpoint": "checkpoints",
-    "CheckpointError": "checkpoints",
-    "CheckpointSource": "checkpoints",
-    "FIRST_FEED_FORWARD": "tutorial",
-    "HookedModel": "backend",
-    "Steps": "steps",
-    "TrainResult": "training",
-    "attention_only_model": "training",
-    "build_model": "backend",
-    "checkpoint_labels": "hub",
-    "config_fields": "backend",
-    "default_backend": "backend",
-    "folder": "checkpoints",
-    "hf_bridge": "backend",
-    "hf_folder_model": "formats",
-    "in_memory": "checkpoints",
-    "is_bridge": "backend",
-    "is_hf_folder": "formats",
-    "is_hf_model": "backend",
-    "label_of_file": "hub",
-    "load_file_object": "formats",
-    "load_labelled": "hub",
-    "load_state_dict": "checkpoints",
-    "load_weights": "backend",
-    "make_config": "backend",
-    "nanogpt_model": "formats",
-    "pretrained": "checkpoints",
-    "Rates": "training",
-    "read_tl_config": "formats",
-    "resolve_backend": "backend",
-    "revision_of": "hub",
-    "cache_dir": "hub",
-    "cached_commit": "hub",
-    "delete_snapshot": "hub",
-    "refuse_linked": "hub",
-    "fetch_revision": "hub",
-    "offline": "hub",
-    "remove_orphans": "hub",
-    "revision_files": "hub",
-    "revision_info": "hub",
-    "RevisionInfo": "hub",
-    "snapshot_in": "hub",
-    "schedule": "training",
-    "select_steps": "steps",
-    "sinusoidal_positions": "tutorial",
-    "state_layout": "backend",
-    "scratch_dir": "backend",
-    "tensor_dict": "formats",
-    "tl_major": "backend",
-    "tl_model": "formats",
-    "tl_to_native": "backend",
-    "train": "training",
-    "tutorial_model": "tutorial",
-}
-_MODULES = {"backend", "checkpoints", "formats", "hub", "steps", "training", "tutorial"}
-
-__all__ = sorted(set(_NAMES) | _MODULES)
-__getattr__, __dir__ = exports(__name__, _NAMES, _MODULES)
+__all__, __getattr__, __dir__ = exports(
+    __name__, "backend checkpoints formats hub steps training tutorial"
+)

@@ -29,7 +29,7 @@ import torch
 
 from scansnap_lens.models import formats, hub
 from scansnap_lens.models.backend import BackendError, config_fields, load_weights, resolve_backend
-from scansnap_lens.models.formats import WEIGHT_SUFFIXES, CheckpointError, load_state_dict
+from scansnap_lens.models.formats import WEIGHT_SUFFIXES, CheckpointError
 from scansnap_lens.models.steps import select_steps
 from scansnap_lens.models.training import Rates
 
@@ -39,11 +39,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Checkpoint",
-    "CheckpointError",
     "CheckpointSource",
     "folder",
     "in_memory",
-    "load_state_dict",
     "pretrained",
 ]
 

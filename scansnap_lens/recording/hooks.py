@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from scansnap_lens.models.backend import HookedModel
 
 __all__ = [
-    "CheckpointRecord",
     "RunState",
     "count_rows",
     "model_vocab_size",

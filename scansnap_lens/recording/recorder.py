@@ -25,7 +25,8 @@ from tqdm.auto import tqdm
 
 from scansnap_lens._io import check_writable
 from scansnap_lens.models.backend import hf_bridge, is_hf_model
-from scansnap_lens.models.checkpoints import CheckpointError, CheckpointSource
+from scansnap_lens.models.checkpoints import CheckpointSource
+from scansnap_lens.models.formats import CheckpointError
 from scansnap_lens.recording.aggregates import Aggregate, CheckpointRecord, resolve
 from scansnap_lens.recording.budget import BYTES_PER_VALUE, duration, size_text
 from scansnap_lens.recording.hooks import (

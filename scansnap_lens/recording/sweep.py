@@ -36,8 +36,8 @@ from tqdm.auto import tqdm
 
 from scansnap_lens._io import make_folder, open_lock, refuse_link, write_text
 from scansnap_lens.models import hub
-from scansnap_lens.models.checkpoints import Checkpoint, CheckpointError, CheckpointSource
-from scansnap_lens.models.formats import WEIGHT_SUFFIXES
+from scansnap_lens.models.checkpoints import Checkpoint, CheckpointSource
+from scansnap_lens.models.formats import WEIGHT_SUFFIXES, CheckpointError
 from scansnap_lens.recording.budget import size_text
 from scansnap_lens.recording.settings import ON_DISK
 

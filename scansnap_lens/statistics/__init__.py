@@ -12,23 +12,4 @@
 
 from scansnap_lens._lazy import exports
 
-_NAMES = {
-    "COMMON": "kinds",
-    "Classification": "groups",
-    "Context": "context",
-    "CooccurrenceStats": "corpus",
-    "DISTINCT": "kinds",
-    "TokenGroups": "groups",
-    "TokenKind": "kinds",
-    "TokenKinds": "kinds",
-    "UNDETERMINED": "kinds",
-    "cooccurrence": "corpus",
-    "count_corpus": "corpus",
-    "rows_fingerprint": "corpus",
-    "require_same": "context",
-    "token_kinds": "kinds",
-}
-_MODULES = {"context", "corpus", "groups", "kinds"}
-
-__all__ = sorted(set(_NAMES) | _MODULES)
-__getattr__, __dir__ = exports(__name__, _NAMES, _MODULES)
+__all__, __getattr__, __dir__ = exports(__name__, "context corpus groups kinds")

@@ -7,21 +7,4 @@
 
 from scansnap_lens._lazy import exports
 
-_NAMES = {
-    "B": "transition",
-    "B_integral": "transition",
-    "PhaseTransition": "transition",
-    "Population": "population",
-    "PopulationRun": "population",
-    "big_gamma": "transition",
-    "gamma": "transition",
-    "h": "transition",
-    "omega1": "transition",
-    "predict": "population",
-    "rho0": "transition",
-    "xi": "transition",
-}
-_MODULES = {"population", "transition"}
-
-__all__ = sorted(set(_NAMES) | _MODULES)
-__getattr__, __dir__ = exports(__name__, _NAMES, _MODULES)
+__all__, __getattr__, __dir__ = exports(__name__, "population transition")

@@ -10,29 +10,9 @@
   query pays them.
 """
 
-from scansnap_lens.viz.figures import (
-    plot_attention_heatmap,
-    plot_attention_maps,
-    plot_class_attention,
-    plot_entropy_sweep,
-    plot_growth_bounds,
-    plot_growth_factor,
-    plot_head_grid,
-    plot_logit_change,
-    plot_loss,
-    plot_loss_with_steps,
-    plot_over_steps,
-    plot_runs,
-    plot_runs_maps,
-    plot_theory_fit,
-)
-from scansnap_lens.viz.views import (
-    View,
-    attention_over_checkpoints,
-    kinds_view,
-    page,
-    query_attention,
-)
+from scansnap_lens._lazy import exports
+
+__all__, __getattr__, __dir__ = exports(__name__, "figures palette views")
 
 
 def _show_figures_inline() -> None:
@@ -50,25 +30,3 @@ def _show_figures_inline() -> None:
 
 
 _show_figures_inline()
-
-__all__ = [
-    "View",
-    "attention_over_checkpoints",
-    "kinds_view",
-    "page",
-    "plot_attention_heatmap",
-    "plot_attention_maps",
-    "plot_class_attention",
-    "plot_entropy_sweep",
-    "plot_growth_bounds",
-    "plot_growth_factor",
-    "plot_head_grid",
-    "plot_logit_change",
-    "plot_loss",
-    "plot_loss_with_steps",
-    "plot_over_steps",
-    "plot_runs",
-    "plot_runs_maps",
-    "plot_theory_fit",
-    "query_attention",
-]

@@ -31,6 +31,7 @@ __all__ = [
     "plot_attention_maps",
     "plot_class_attention",
     "plot_entropy_sweep",
+    "plot_growth_bounds",
     "plot_growth_factor",
     "plot_head_grid",
     "plot_logit_change",
@@ -39,6 +40,7 @@ __all__ = [
     "plot_over_steps",
     "plot_runs",
     "plot_runs_maps",
+    "plot_theory_fit",
 ]
 
 

@@ -11,7 +11,7 @@ from _tiny import QUIET
 
 from scansnap_lens.lab.synthetic import syn_small
 from scansnap_lens.models import checkpoints
-from scansnap_lens.models.checkpoints import CheckpointError, load_state_dict
+from scansnap_lens.models.formats import CheckpointError, load_state_dict
 from scansnap_lens.recording.aggregates import CheckpointRecord
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder

@@ -14,7 +14,7 @@ from _tiny import QUIET
 from scansnap_lens import measures
 from scansnap_lens.lab.synthetic import syn_medium
 from scansnap_lens.models import checkpoints
-from scansnap_lens.models.checkpoints import load_state_dict
+from scansnap_lens.models.formats import load_state_dict
 from scansnap_lens.models.training import attention_only_model, train
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder
@@ -138,7 +138,7 @@ def test_one_typed_value_for_the_rates(tmp_path):
     """`Rates` is what train writes, what a checkpoint folder's training.json must hold and
     what the report reads back: a malformed file is refused by file and field at once."""
     from scansnap_lens.models import checkpoints
-    from scansnap_lens.models.checkpoints import CheckpointError
+    from scansnap_lens.models.formats import CheckpointError
     from scansnap_lens.models.training import Rates
 
     model = attention_only_model(V, d_model=16, n_heads=1, n_ctx=32, seed=1)

@@ -11,7 +11,8 @@ from _tiny import QUIET
 from scansnap_lens.cli import cli_message
 from scansnap_lens.lab.synthetic import syn_small
 from scansnap_lens.models import checkpoints
-from scansnap_lens.models.checkpoints import CheckpointError, in_memory
+from scansnap_lens.models.checkpoints import in_memory
+from scansnap_lens.models.formats import CheckpointError
 from scansnap_lens.models.training import attention_only_model
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder, record_trajectory

@@ -320,7 +320,8 @@ def test_ahead_fetches_while_recording_and_never_holds_more_than_on_disk(on_disk
 
 
 def test_read_ahead_reads_a_folder_checkpoint_and_a_fetch_error_reaches_the_recorder(tmp_path):
-    from scansnap_lens.models.checkpoints import Checkpoint, CheckpointError
+    from scansnap_lens.models.checkpoints import Checkpoint
+    from scansnap_lens.models.formats import CheckpointError
 
     (tmp_path / "checkpoint-1").mkdir()
     (tmp_path / "checkpoint-1" / "model.safetensors").write_bytes(b"x" * 100)
