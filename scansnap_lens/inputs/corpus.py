@@ -25,7 +25,7 @@ import numpy as np
 
 from scansnap_lens.inputs.tokens import TOKEN_SUFFIXES, TokenizerLike, codec, load_tokenizer
 
-__all__ = ["Corpus", "dataset_batches", "open_dataset"]
+__all__ = ["Corpus", "dataset_batches"]
 
 INDEXED_SUFFIXES = (".bin", ".idx")
 

@@ -56,10 +56,9 @@ from scansnap_lens.measures.resampling import (
     widened,
     with_grid,
 )
-from scansnap_lens.recording.aggregates import HEAD_TYPES
 from scansnap_lens.recording.trajectory import Trajectory
 
-__all__ = ["HEAD_TYPES", "MIN_RISE", "MIN_ROWS", "formation_step", "head_type", "head_type_scores"]
+__all__ = ["MIN_RISE", "MIN_ROWS", "formation_step", "head_type", "head_type_scores"]
 
 NO_RISE = "no rise"
 MIN_RISE = 0.1  # a head becomes one of a type when a tenth of its attention moves there

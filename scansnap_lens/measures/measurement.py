@@ -16,7 +16,7 @@ from torch import Tensor
 
 from scansnap_lens.recording.trajectory import Trajectory
 
-__all__ = ["INDEX", "Measurement", "segment_ranks", "segment_starts"]
+__all__ = ["INDEX", "Measurement", "segment_ranks"]
 
 
 def _z(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:

@@ -49,7 +49,6 @@ __all__ = [
     "BackendError",
     "HookedModel",
     "build_model",
-    "config_fields",
     "default_backend",
     "hf_bridge",
     "is_bridge",

@@ -35,17 +35,7 @@ if TYPE_CHECKING:
     from scansnap_lens.inputs.tokens import TokenizerLike
     from scansnap_lens.models.backend import HookedModel
 
-__all__ = [
-    "CheckpointError",
-    "hf_folder_model",
-    "is_hf_folder",
-    "load_file_object",
-    "load_state_dict",
-    "nanogpt_model",
-    "read_tl_config",
-    "tensor_dict",
-    "tl_model",
-]
+__all__ = ["CheckpointError", "hf_folder_model", "load_state_dict", "nanogpt_model", "tl_model"]
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 

@@ -41,14 +41,11 @@ __all__ = [
     "checkpoint_labels",
     "delete_snapshot",
     "fetch_revision",
-    "label_of_file",
     "load_labelled",
     "offline",
     "refuse_linked",
     "remove_orphans",
-    "revision_files",
     "revision_info",
-    "revision_of",
     "snapshot_in",
 ]
 

@@ -13,7 +13,7 @@ share per checkpoint); a run over the run budget is refused before anything is w
 
 from __future__ import annotations
 
-__all__ = ["BYTES_PER_VALUE", "CHECKPOINT_BUDGET", "RUN_BUDGET", "duration", "size_text"]
+__all__ = ["BYTES_PER_VALUE", "CHECKPOINT_BUDGET", "RUN_BUDGET", "duration"]
 
 CHECKPOINT_BUDGET = 64 * 10**6  # bytes of one checkpoint's file, by default
 RUN_BUDGET = 2 * 10**9  # bytes of a whole recording, by default

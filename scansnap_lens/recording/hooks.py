@@ -45,15 +45,7 @@ from scansnap_lens.statistics.corpus import rows_fingerprint
 if TYPE_CHECKING:
     from scansnap_lens.models.backend import HookedModel
 
-__all__ = [
-    "RunState",
-    "count_rows",
-    "model_vocab_size",
-    "prompt_attention",
-    "record_checkpoint",
-    "row_sources",
-    "watched",
-]
+__all__ = ["RunState", "model_vocab_size", "prompt_attention", "record_checkpoint", "watched"]
 
 
 def model_vocab_size(model: HookedModel) -> int:

@@ -60,11 +60,7 @@ __all__ = [
     "StepStack",
     "TrajectoryFolder",
     "TrajectoryWriter",
-    "checkpoint_name",
-    "manifest_aggregates",
     "read_steps",
-    "record_tensors",
-    "remove_trajectory",
 ]
 
 FORMAT = "scansnap_lens.Trajectory/1"

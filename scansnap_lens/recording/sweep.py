@@ -47,7 +47,7 @@ except ImportError:  # not POSIX: one sweep per cache is then the user's to keep
     fcntl = None
 
 __all__ = ["Ahead", "DiskError", "DuplicateWeightsError", "HubRevisions", "ReadAhead",
-           "SweepCache", "fetcher_for", "same_weights"]  # fmt: skip
+           "SweepCache", "same_weights"]  # fmt: skip
 
 CACHE = "hub-cache"  # the sweep's own cache, in the recording folder unless named
 _READ_CHUNK = 1 << 23

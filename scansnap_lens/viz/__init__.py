@@ -12,7 +12,7 @@
 
 from scansnap_lens._lazy import exports
 
-__all__, __getattr__, __dir__ = exports(__name__, "figures palette views")
+__all__, __getattr__, __dir__ = exports(__name__, "figures views")
 
 
 def _show_figures_inline() -> None:

@@ -21,7 +21,7 @@ from scansnap_lens.measures import Measurement
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 from scansnap_lens.theory.transition import PhaseTransition
-from scansnap_lens.viz import palette
+from scansnap_lens.viz import _palette as palette
 
 if TYPE_CHECKING:  # the lab draws its runs with these figures, so viz comes before it
     from scansnap_lens.lab.yz import YZRun

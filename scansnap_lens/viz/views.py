@@ -25,7 +25,7 @@ from scansnap_lens._io import make_folder, write_text
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 from scansnap_lens.statistics.kinds import TokenKind
-from scansnap_lens.viz import palette
+from scansnap_lens.viz import _palette as palette
 
 __all__ = [
     "View",
