@@ -30,10 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SINGLE_DISTINCT",
-    "DistinctAttention",
     "attention_entropy",
-    "attention_entropy_estimate",
-    "distinct_entropy_estimate",
     "position_entropy",
     "restricted_entropy",
     "sparsity",

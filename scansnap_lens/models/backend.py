@@ -55,7 +55,6 @@ __all__ = [
     "is_hf_model",
     "load_weights",
     "make_config",
-    "resolve_backend",
     "scratch_dir",
     "state_layout",
     "tl_major",

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from scansnap_lens.inputs.tokens import TokenizerLike
     from scansnap_lens.models.backend import HookedModel
 
-__all__ = ["CheckpointError", "hf_folder_model", "load_state_dict", "nanogpt_model", "tl_model"]
+__all__ = ["CheckpointError", "load_state_dict"]
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 

@@ -41,7 +41,6 @@ __all__ = [
     "checkpoint_labels",
     "delete_snapshot",
     "fetch_revision",
-    "load_labelled",
     "offline",
     "refuse_linked",
     "remove_orphans",
