@@ -8,6 +8,7 @@ import ast
 import importlib
 import importlib.resources
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,20 @@ def test_the_objects_a_notebook_holds_have_short_reprs():
     for thing in (traj, traj.plan, groups, stats, ss.token_kinds(stats)):
         text = repr(thing)
         assert len(text) < 300 and type(thing).__name__ in text, text
+
+
+def test_library_errors_name_fields_not_command_line_flags():
+    """A library error names a field (``min_support=``); the command line adds its flag
+    (`cli.flag_text`), so a notebook reads no flag and no message names one that does not
+    exist (``--min-events`` was named; the command line has no such flag)."""
+    flagged = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "cli.py":
+            continue
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                text = ast.get_source_segment(source, node.exc) or ""
+                if re.search(r"(?<![\w-])--[a-z{]", text):
+                    flagged.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert not flagged, flagged

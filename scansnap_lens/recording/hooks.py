@@ -687,7 +687,7 @@ def watched(model, layers=None, heads=None) -> tuple[list[int], list[int]]:
     heads = list(range(n_heads)) if heads is None else [int(v) for v in heads]
     for name, values, n in (("layer", layers, n_layers), ("head", heads, n_heads)):
         if len(set(values)) < len(values):
-            raise ValueError(f"{name}s {values} repeat a {name}: give each once (--{name}s)")
+            raise ValueError(f"{name}s {values} repeat a {name}: give each once ({name}s=)")
         bad = [v for v in values if not 0 <= v < n]
         if bad or not values:
             raise ValueError(

@@ -55,8 +55,7 @@ class Classification:
         for name in ("min_support", "min_events"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                flag = name.replace("_", "-")
-                raise ValueError(f"{name} must be an integer >= 1 (--{flag}), got {value!r}")
+                raise ValueError(f"{name} must be an integer >= 1 ({name}=), got {value!r}")
         if (
             isinstance(self.min_distinct, bool)
             or not isinstance(self.min_distinct, int)
