@@ -122,8 +122,8 @@ def test_trainer_callback_records_without_changing_training(tmp_path):
     source = checkpoints.folder(tmp_path / "run")
     from_folder = Recorder(tmp_path / "traj2", EVAL, QUIET, plan=traj.plan).record(source)
     torch.testing.assert_close(from_folder.zbar.full(), traj.zbar[1:], atol=1e-6, rtol=1e-5)
-    plain_keys = set(checkpoints.load_state_dict(tmp_path / "plain" / "checkpoint-4"))
-    assert set(checkpoints.load_state_dict(tmp_path / "run" / "checkpoint-4")) == plain_keys
+    plain_keys = set(formats.load_state_dict(tmp_path / "plain" / "checkpoint-4"))
+    assert set(formats.load_state_dict(tmp_path / "run" / "checkpoint-4")) == plain_keys
 
 
 def test_trainer_callback_records_at_chosen_steps_between_saves(tmp_path):
@@ -364,7 +364,7 @@ def test_trainer_folders_with_pytorch_model_bin_load_weights_only(tmp_path):
     trainer_run("gpt2", tmp_path / "run")
     folder = tmp_path / "run" / "checkpoint-4"
     want = checkpoints.folder(folder).checkpoints[0].load()
-    state = checkpoints.load_state_dict(folder / "model.safetensors")
+    state = formats.load_state_dict(folder / "model.safetensors")
     (folder / "model.safetensors").unlink()
     torch.save(state, folder / "pytorch_model.bin")  # the older Trainer format
     got = checkpoints.folder(folder).checkpoints[0].load()
@@ -417,7 +417,7 @@ def _trainer_bin_folder(tmp_path):
     trainer_run("gpt2", tmp_path)
     for step in (2, 4):  # the older Trainer format, as torch.save writes it
         folder = tmp_path / f"checkpoint-{step}"
-        torch.save(checkpoints.load_state_dict(folder / "model.safetensors"),
+        torch.save(formats.load_state_dict(folder / "model.safetensors"),
                    folder / "pytorch_model.bin")  # fmt: skip
         (folder / "model.safetensors").unlink()
     return tmp_path, [], [2, 4]
