@@ -17,13 +17,16 @@ _ALL = re.compile(r"^__all__ = (\[.*?\])", re.S | re.M)
 
 
 def exports(
-    package: str, modules: str, names: dict[str, str] | None = None
+    package: str, modules: str, chosen: dict[str, str] | None = None
 ) -> tuple[list[str], Callable, Callable]:
     """``__all__``, ``__getattr__`` and ``__dir__`` for `package`: its public `modules`
-    (space-separated, relative to it) and every name in their ``__all__``, or the `names`
-    chosen (name -> module) where given."""
+    (space-separated, relative to it) and every name in their ``__all__``, or, where given,
+    the names `chosen` ({module: space-separated names})."""
     public = set(modules.split())
-    names = _exported(package, public) if names is None else names
+    if chosen is None:
+        names = _exported(package, public)
+    else:
+        names = {name: module for module, some in chosen.items() for name in some.split()}
 
     def __getattr__(name: str):
         if name in names:
