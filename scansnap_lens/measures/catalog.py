@@ -122,13 +122,20 @@ MEASURES: tuple[Measure, ...] = (
         " dependent on the run's length: <b>snap_path</b>, the first checkpoint by which"
         " 90&nbsp;% of the attention's movement is done, and <b>snap_rate</b>, the checkpoint"
         " after which its movement per log-step stays under 10&nbsp;% of its peak."
-        "  <b>straightness</b>: the movement over two intervals over the sum of the two (1 for"
-        " a steady drift, 0.71 for step-to-step noise); under 0.85 the snap step depends on"
-        " how far apart the checkpoints are."
+        "  Rates are read over the checkpoints between which the attention moves as a drift"
+        " (<b>drift_checkpoints</b> of the <b>checkpoints</b>: fewer where step-to-step"
+        " noise dominates the movement between them, as in a run with small batches recorded"
+        " often).  <b>straightness</b>: the movement over two intervals over the sum of the"
+        " two (1 for a steady drift, 0.71 for step-to-step noise).  Functions of the state"
+        " beside the rate, which depend on where the run ends: <b>half_distance_step</b>,"
+        " where the attention's distance to the last checkpoint's has halved, and"
+        " <b>half_displacement_step</b>, where half its net displacement from the first is"
+        " done."
         "  <b>predicted_snap</b>: the theory's t0 at the effective rates (SGD: lr / (1 -"
         " momentum); none for Adam) where the training is known.",
         shown="key: snap_step predicted_snap; heads: snap_step; grid: snap_step; atlas:"
-        " snap_step snap_step_lo snap_step_hi; runs: snap_step snap_step_lo"
+        " snap_step snap_step_lo snap_step_hi drift_checkpoints half_distance_step"
+        " half_displacement_step; runs: snap_step snap_step_lo"
         " snap_step_hi snap_step_grid_lo snap_step_grid_hi snap_reason",
     ),
     Measure(

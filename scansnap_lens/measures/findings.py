@@ -134,12 +134,23 @@ def _snaps(summary: pd.DataFrame) -> list[str]:
                 f" to {_num(rows['snap_step_grid_hi'].max())}"
             )
         said.append(f"Layer {layer} snapped near step {_num(steps.median())} ({heads}: {spread})"
-                    + _noisy(rows) + ".")  # fmt: skip
+                    + _noisy(rows) + _states(rows) + ".")  # fmt: skip
     return said
 
 
 def _noisy(rows: pd.DataFrame) -> str:
     """What a layer's snap steps are worth where its attention moved mostly by noise."""
+    drift = {"drift_checkpoints", "checkpoints"} <= set(rows)
+    if drift and rows["drift_checkpoints"].notna().any():
+        kept = float(rows["drift_checkpoints"].median())
+        total = float(rows["checkpoints"].max())
+        if total - kept < max(1.0, 0.1 * (total - 1)):
+            return ""
+        return (f"; but between its checkpoints its attention moved mostly by step-to-step"
+                f" noise: its drift resolves {kept:.0f} of the {total:.0f} checkpoints (median"
+                " over its heads), and these snap steps are read from the drift between"
+                " those; recording more often will not sharpen them, more seeds (compared"
+                " with scansnap report RUN_A RUN_B ...) or a larger batch will")  # fmt: skip
     if "straightness" not in rows or rows["straightness"].isna().all():
         return ""
     straight = float(rows["straightness"].median())
@@ -149,6 +160,26 @@ def _noisy(rows: pd.DataFrame) -> str:
             f" (straightness {straight:.2f}: a steady drift gives 1, noise 0.71), so these"
             " snap steps depend on how far apart the checkpoints are: compare runs only at"
             " the same checkpoints")  # fmt: skip
+
+
+def _states(rows: pd.DataFrame) -> str:
+    """Where a layer's snap steps and the state functions (`snap.half_steps`) disagree."""
+    need = {"half_distance_step", "snap_step", "snap_step_grid_lo", "snap_step_grid_hi"}
+    if not need <= set(rows):
+        return ""
+    lo = rows.get("snap_step_lo", rows["snap_step_grid_lo"]).fillna(rows["snap_step_grid_lo"])
+    hi = rows.get("snap_step_hi", rows["snap_step_grid_hi"]).fillna(rows["snap_step_grid_hi"])
+    half = rows["half_distance_step"].astype(float)
+    half_lo = rows.get("half_distance_step_lo", half).fillna(half)
+    half_hi = rows.get("half_distance_step_hi", half).fillna(half)
+    both = rows["snap_step"].notna() & half.notna()
+    apart = both & ((half_hi < lo) | (half_lo > hi))
+    if not both.any() or apart.sum() * 2 <= both.sum():
+        return ""
+    return (f"; the attention was half way to its last checkpoint's near step"
+            f" {_num(half[both].median())}, outside these snap steps' intervals in"
+            f" {int(apart.sum())} of {int(both.sum())} heads (the rate and the state disagree:"
+            " the state depends on where the run ends)")  # fmt: skip
 
 
 def _theory(summary: pd.DataFrame) -> list[str]:

@@ -4,6 +4,12 @@
 fallen to half its peak, which nothing after it can move (horizon-independent);
 `secondary_snap_steps` gives the secondary, horizon-dependent path-fraction and
 rate-threshold steps; `snapping` measures every head and class of a trajectory.
+
+In a stochastic run the attention moves by a drift (the expected trajectory's) and by
+step-to-step noise, which moves it as the square root of the steps or, around a stationary
+spread, not at all with them: over a short interval the noise dominates and the rate of the
+interval says nothing of the drift.  `drift_knots` keeps, per head, the checkpoints between
+which the movements add up as a drift, and every step quantity here is read over those.
 """
 
 from __future__ import annotations
@@ -19,8 +25,8 @@ from scansnap_lens.measures.measurement import Measurement
 from scansnap_lens.measures.resampling import (
     LEVEL,
     MIN_UNITS,
-    bootstrap_percentile,
     kish,
+    resample_counts,
     with_grid,
 )
 from scansnap_lens.recording.plan import find_sorted
@@ -28,11 +34,15 @@ from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
 __all__ = [
+    "CLEAN_ABOVE",
+    "DRIFT_ABOVE",
     "NOISY_BELOW",
     "NOT_YET_SNAPPED",
     "NO_SCAN",
     "class_movement",
     "comparable_intervals",
+    "drift_knots",
+    "half_steps",
     "head_movement",
     "secondary_snap_steps",
     "snap_step",
@@ -223,24 +233,57 @@ def class_movement(traj: Trajectory) -> Tensor:
     return _movements(traj)[0]
 
 
-def _movements(traj: Trajectory, w: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-    """`class_movement`, and with class weights `w` [K] also [L, H] the weighted total
-    variation between every checkpoint and the one after next, summed (`straightness`), in
-    the same pass."""
+def _movements(
+    traj: Trajectory, w: Tensor | None = None, keep: Tensor | None = None, classes: bool = False
+):
+    """One pass over the steps: (move [S - 1, L, H, K], straight, path, ends).
+
+    move: each class's total variation between consecutive checkpoints or, with `keep`
+    [L, H, S] (`drift_knots`), between a head's consecutive knots: the entry of interval
+    s - 1 holds the movement from the head's knot before checkpoint s to s where s is a
+    knot, 0 elsewhere.  With class weights `w` [K] also straight and path [L, H], the weighted
+    total variation between every checkpoint and the one after next and over the two
+    intervals between, summed (`straightness`), and ends [2, S, L, H] the weighted total
+    variation from the first checkpoint and to the last (`half_steps`; [2, S, L, H, K] per
+    class with `classes`); else None for those."""
     plan = traj.plan
     S = traj.num_steps
-    out = torch.zeros(max(S - 1, 0), len(traj.layers), len(traj.heads), plan.num_classes,
-                      dtype=torch.float64)  # fmt: skip
-    straight = None if w is None else torch.zeros(*out.shape[1:3], dtype=torch.float64)
-    c = [traj.c_hat[0].double()] if S else []
+    L, H = len(traj.layers), len(traj.heads)
+    out = torch.zeros(max(S - 1, 0), L, H, plan.num_classes, dtype=torch.float64)
+    if w is None or not S:
+        straight = path = ends = None
+    else:
+        straight = torch.zeros(L, H, dtype=torch.float64)
+        path = torch.zeros(L, H, dtype=torch.float64)
+        ends = torch.zeros(2, S, L, H, *((plan.num_classes,) if classes else ()),
+                           dtype=torch.float64)  # fmt: skip
+        total = w.sum().clamp_min(1e-300)
+
+        def weighted(x: Tensor) -> Tensor:
+            return x if classes else (x @ w) / total
+
+    first = traj.c_hat[0].double() if S else None
+    last = traj.c_hat[S - 1].double() if ends is not None else None
+    c, knot = [first], first
     for s in range(1, S):
         c.append(traj.c_hat[s].double())
-        out[s - 1] = _moved(plan, c[-2], c[-1])
-        if w is not None and len(c) == 3:
-            straight += _moved(plan, c[0], c[2]) @ w
+        step = _moved(plan, c[-2], c[-1])
+        if keep is None:
+            out[s - 1] = step
+        else:
+            k = keep[..., s, None]
+            moved = step if bool(keep[..., s - 1].all()) else _moved(plan, knot, c[-1])
+            out[s - 1] = moved * k
+            knot = torch.where(k, c[-1], knot)
+        if w is not None:
+            path += (step @ w) * ((s > 1) + (s < S - 1))
+            if len(c) == 3:
+                straight += _moved(plan, c[0], c[2]) @ w
+            ends[0, s] = weighted(_moved(plan, first, c[-1]))
+            ends[1, s - 1] = weighted(_moved(plan, c[-2], last))
         if len(c) == 3:
             c.pop(0)
-    return out, straight
+    return out, straight, path, ends
 
 
 def _moved(plan, before: Tensor, now: Tensor) -> Tensor:
@@ -267,15 +310,14 @@ def straightness(traj: Trajectory, slots: Tensor | None = None, moves=None) -> T
     classes `slots`, default all), summed over the pairs.  1 where every class drifts one
     way; about 0.71 (1 / sqrt 2) where it moves by step-to-step noise between equally spaced
     checkpoints (a random walk).  Under `NOISY_BELOW` the rate of movement between
-    checkpoints is mostly noise, which per step grows as intervals shrink: the snap step
-    then depends on the checkpoints' spacing.  NaN below three checkpoints.  `moves`: the
-    pair `_movements` returns for these weights, where already computed."""
+    checkpoints is mostly noise; a sum over the whole run, it can stay above that where the
+    noise dominates only the small movements after the snap (`drift_knots` looks at every
+    spacing).  NaN below three checkpoints.  `moves`: what `_movements` returns for these
+    weights, where already computed."""
     L, H, S = len(traj.layers), len(traj.heads), traj.num_steps
     if S < 3:
         return torch.full((L, H), math.nan, dtype=torch.float64)
-    w = _weights(traj, slots)
-    move, straight = moves if moves is not None else _movements(traj, w)
-    path = ((move[:-1] + move[1:]) @ w).sum(0)  # [L, H]
+    _, straight, path, _ = moves if moves is not None else _movements(traj, _weights(traj, slots))
     return torch.where(path > 0, straight / path.clamp_min(1e-300), math.nan)
 
 
@@ -287,15 +329,165 @@ def _weights(traj: Trajectory, slots: Tensor | None) -> Tensor:
     return torch.zeros_like(w).index_fill_(0, slots, 1.0) * w
 
 
+DRIFT_ABOVE = 0.85  # a split's pooled straightness at which its halves move as a drift
+CLEAN_ABOVE = 0.97  # ... at which they move with little noise: finer splits must match it
+_POOL = 6  # splits of the same depth pooled on each side
+_BALANCED = 0.5  # halves within 2x of each other's movement: their straightness shows noise
+
+
+def split_tree(steps: Tensor) -> list[tuple[int, int, int, int]]:
+    """The splits (a, b, c, depth) of checkpoint indices, parents first: [0, S - 1] at the
+    checkpoint b nearest the middle of log(1 + step), then each half likewise down to
+    adjacent checkpoints.
+
+    >>> split_tree(torch.tensor([0, 1, 3, 7, 15]))
+    [(0, 2, 4, 0), (2, 3, 4, 1), (0, 1, 2, 1)]
+    """
+    x = torch.log1p(torch.as_tensor(steps).double() - float(steps[0])).tolist()
+    out, stack = [], [(0, len(x) - 1, 0)]
+    while stack:
+        a, c, depth = stack.pop()
+        if c - a < 2:
+            continue
+        mid = (x[a] + x[c]) / 2
+        b = min(range(a + 1, c), key=lambda i: abs(x[i] - mid))
+        out.append((a, b, c, depth))
+        stack += [(a, b, depth + 1), (b, c, depth + 1)]
+    return out
+
+
+def _pair_distances(traj: Trajectory, pairs, w: Tensor) -> dict:
+    """{(i, j): [L, H]} the w-weighted mean total variation of the classes' c_hat between
+    checkpoints i < j: one pass over the steps, holding each checkpoint until its last pair."""
+    ends: dict[int, list[int]] = {}
+    last_use: dict[int, int] = {}
+    for i, j in pairs:
+        ends.setdefault(j, []).append(i)
+        last_use[i] = max(last_use.get(i, -1), j)
+    total = w.sum().clamp_min(1e-300)
+    held: dict[int, Tensor] = {}
+    out = {}
+    for j in sorted(set(ends) | set(last_use)):
+        c = traj.c_hat[j].double()
+        for i in ends.get(j, []):
+            out[(i, j)] = (_moved(traj.plan, held[i], c) @ w) / total
+        for i in [i for i in held if last_use[i] <= j]:
+            del held[i]
+        if last_use.get(j, -1) > j:
+            held[j] = c
+    return out
+
+
+def drift_knots(traj: Trajectory, slots: Tensor | None = None) -> Tensor:
+    """[L, H, S] bool: per head, the checkpoints between which the attention moves as a drift.
+
+    The checkpoints are split in halves on the log-step axis (`split_tree`); a split is kept
+    where its halves' movements add up (their straightness, pooled over `_POOL` splits of the
+    same depth on each side, at least `DRIFT_ABOVE`: step-to-step noise gives about 0.71), and
+    its halves are split in turn.  Where a coarser, even split was clean (`CLEAN_ABOVE`), a
+    finer one must be clean too: there the noise grows as the intervals shrink, and the
+    largest of many noisy rates would take the snap's peak.  A head whose attention drifts
+    keeps every checkpoint (the same snap steps as without this); one moving by noise at the
+    checkpoints' spacing keeps as few as its drift resolves.  Movement is the events-weighted
+    total variation of the classes `slots` (default all)."""
+    L, H, S = len(traj.layers), len(traj.heads), traj.num_steps
+    keep = torch.ones(L, H, S, dtype=torch.bool)
+    if S < 3:
+        return keep
+    nodes = split_tree(traj.steps)
+    pairs = {p for a, b, c, _ in nodes for p in ((a, c), (a, b), (b, c))}
+    d = _pair_distances(traj, pairs, _weights(traj, slots))
+    pooled, balance = {}, {}
+    for depth in sorted({n[3] for n in nodes}):
+        level = sorted((a, b, c) for a, b, c, n in nodes if n == depth)
+        num = torch.stack([d[(a, c)] for a, _, c in level])  # [n, L, H]
+        den = torch.stack([d[(a, b)] + d[(b, c)] for a, b, c in level])
+        s = torch.where(den > 0, num / den.clamp_min(1e-300), 1.0)  # each split alike
+        cum = torch.cat([torch.zeros_like(s[:1]), s.cumsum(0)])
+        for i, (a, b, c) in enumerate(level):
+            lo, hi = max(0, i - _POOL), min(len(level), i + _POOL + 1)
+            pooled[(a, c)] = (cum[hi] - cum[lo]) / (hi - lo)
+            small = torch.minimum(d[(a, b)], d[(b, c)])
+            large = torch.maximum(d[(a, b)], d[(b, c)])
+            balance[(a, c)] = torch.where(large > 0, small / large.clamp_min(1e-300), 1.0)
+    keep.zero_()
+    keep[..., 0] = keep[..., -1] = True
+    live = {(0, S - 1): torch.ones(L, H, dtype=torch.bool)}
+    clean = {(0, S - 1): torch.zeros(L, H, dtype=torch.bool)}
+    for a, b, c, _ in nodes:  # parents first
+        s = pooled[(a, c)]
+        split = live[(a, c)] & ((s >= CLEAN_ABOVE) | ((s >= DRIFT_ABOVE) & ~clean[(a, c)]))
+        keep[..., b] |= split
+        now = clean[(a, c)] | ((s >= CLEAN_ABOVE) & (balance[(a, c)] >= _BALANCED))
+        live[(a, b)] = live[(b, c)] = split
+        clean[(a, b)] = clean[(b, c)] = now
+    return keep
+
+
+def _knot_groups(keep: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """[(mask [S], heads [n])]: the heads (flat indices into L * H) sharing each set of knots."""
+    flat = keep.reshape(-1, keep.shape[-1])
+    masks, which = torch.unique(flat, dim=0, return_inverse=True)
+    return [(masks[g], torch.nonzero(which == g).reshape(-1)) for g in range(masks.shape[0])]
+
+
+def _noisy_bracket(steps: Tensor, lo: Tensor, hi: Tensor, everything: bool):
+    """A bracket over knots that left checkpoints out, one knot wider on each side: the rate
+    of each knot interval still carries noise up to about the drift's own (`DRIFT_ABOVE`), so
+    the crossing is placed only within a knot either way."""
+    if everything:
+        return lo, hi
+    t = steps.double()
+    before = t[(torch.searchsorted(t, lo.contiguous()) - 1).clamp_min(0)]
+    after = t[(torch.searchsorted(t, hi.contiguous(), right=True)).clamp_max(t.numel() - 1)]
+    return torch.where(torch.isnan(lo), lo, before), torch.where(torch.isnan(hi), hi, after)
+
+
+def half_steps(steps: Tensor, to_first: Tensor, to_last: Tensor) -> dict[str, Tensor]:
+    """Two snap steps that are functions of the attention's state, not of its rate:
+    ``half_displacement_step``, where the distance from the first checkpoint's attention
+    (`to_first` [..., S]) first reaches half its final value, and ``half_distance_step``,
+    where the distance to the last checkpoint's (`to_last` [..., S]) first falls to half its
+    first value; each interpolated on the log(1 + step) axis between the checkpoints around
+    the crossing, which ``..._grid_lo``/``_hi`` give.  Noise moves them far less than it
+    moves a rate, but both depend on where the run ends (a longer run moves the last
+    checkpoint's attention and the net displacement).
+
+    >>> out = half_steps(torch.tensor([0, 10, 20, 40]), torch.tensor([0.0, 1.0, 3.0, 4.0]),
+    ...                  torch.tensor([4.0, 3.0, 1.0, 0.0]))
+    >>> round(out["half_displacement_step"].item(), 1), out["half_distance_step_grid_hi"].item()
+    (14.2, 20.0)
+    """
+    t = torch.as_tensor(steps).double()
+    x = torch.log1p(t - t[0])
+    out = {}
+    for name, value, sign in (("half_displacement_step", to_first, 1.0),
+                              ("half_distance_step", to_last, -1.0)):  # fmt: skip
+        v = sign * value.double()
+        level = sign * 0.5 * (value[..., -1:] if sign > 0 else value[..., :1]).double()
+        reached = (v >= level) & (value.double().amax(-1, keepdim=True) > 0)
+        some = reached[..., 1:].any(-1)
+        i = (reached[..., 1:].double().argmax(-1) + 1).clamp_max(t.numel() - 1)
+        before, at = v.gather(-1, (i - 1)[..., None])[..., 0], v.gather(-1, i[..., None])[..., 0]
+        share = ((level[..., 0] - before) / (at - before).clamp_min(1e-300)).clamp(0, 1)
+        step = torch.expm1(x[i - 1] + share * (x[i] - x[i - 1])) + t[0]
+        out[name] = torch.where(some, step, math.nan)
+        out[f"{name}_grid_lo"] = torch.where(some, t[i - 1], math.nan)
+        out[f"{name}_grid_hi"] = torch.where(some, t[i], math.nan)
+    return out
+
+
 def snap_step_interval(
     traj: Trajectory, num: int = 200, level: float = LEVEL, generator=None
 ) -> dict[str, Tensor]:
-    """[L, H] the interval of `snapping`'s snap_step: the percentile interval with the tracked
-    classes as the units (resampled with replacement, each weighted by its events as
-    `snapping` weighs them) over the resamples that snapped, widened to the checkpoints that
-    bracket the crossing (`resampling.with_grid`; ``snap_step_grid_lo``/``_hi``):
-    ``snap_step_lo``, ``snap_step_hi``, ``snap_share`` (the share of resamples that snapped)
-    and ``snap_step_n_eff`` (Kish's n_eff of the class events); no interval below
+    """[L, H] the intervals of `snapping`'s snap_step and its companions: the percentile
+    interval with the tracked classes as the units (resampled with replacement, each weighted
+    by its events as `snapping` weighs them) over the resamples that give a step, each over
+    the head's `drift_knots`, widened to the knots that bracket the crossing
+    (`resampling.with_grid`; ``snap_step_grid_lo``/``_hi``): ``snap_step_lo``,
+    ``snap_step_hi``, ``snap_share`` (the share of resamples that snapped),
+    ``snap_step_n_eff`` (Kish's n_eff of the class events), and ``half_distance_step_lo``/
+    ``_hi``, ``half_displacement_step_lo``/``_hi`` (`half_steps`); no interval below
     `resampling.MIN_UNITS` effective classes or three checkpoints."""
     L, H = len(traj.layers), len(traj.heads)
     nan = torch.full((L, H), math.nan, dtype=torch.float64)
@@ -304,22 +496,47 @@ def snap_step_interval(
     out = {"snap_step_lo": nan, "snap_step_hi": nan.clone(), "snap_share": nan.clone(),
            "snap_step_n_eff": n_eff, "snap_step_grid_lo": nan.clone(),
            "snap_step_grid_hi": nan.clone()}  # fmt: skip
+    for name in HALF_STEPS:
+        out[f"{name}_lo"], out[f"{name}_hi"] = nan.clone(), nan.clone()
     if traj.num_steps < 3 or float(n_eff[0, 0]) < MIN_UNITS:
         return out
-    move = class_movement(traj)  # [S-1, L, H, K]
+    keep = drift_knots(traj)
+    move, _, _, ends = _movements(traj, w, keep, classes=True)  # [S-1, L, H, K]
+    counts = resample_counts(move.shape[-1], num, generator) * w  # [B, K]
+    S = traj.num_steps
+    flat = {key: value.reshape(L * H) for key, value in out.items()}
+    for mask, heads in _knot_groups(keep):
+        steps = traj.steps[mask]
+        m = move.reshape(S - 1, L * H, -1)[mask[1:]][:, heads]  # [S', n, K]
+        e = ends.reshape(2, S, L * H, -1)[:, mask][:, :, heads]  # [2, S'', n, K]
 
-    def statistic(counts: Tensor) -> Tensor:
-        c = counts * w
-        head_move = torch.einsum("slhk,bk->blhs", move, c) / c.sum(-1)[:, None, None, None]
-        return snap_step(traj.steps, head_move)[0]  # [B, L, H]
+        def mean(x: Tensor, c: Tensor) -> Tensor:  # [..., K] -> [B, ...] per resample
+            return torch.einsum("...k,bk->b...", x, c) / c.sum(-1).reshape(-1, *[1] * (x.ndim - 1))
 
-    lo, hi, share = bootstrap_percentile(statistic, move.shape[-1], num, level, generator)
-    head_move = torch.einsum("slhk,k->lhs", move, w) / w.sum()
-    grid_lo, grid_hi = snap_step(traj.steps, head_move, grid=True)[3:5]
-    lo, hi = with_grid(lo, hi, grid_lo, grid_hi)
-    out.update(snap_step_lo=lo, snap_step_hi=hi, snap_share=share, snap_step_grid_lo=grid_lo,
-               snap_step_grid_hi=grid_hi)  # fmt: skip
-    return out
+        stat = snap_step(steps, mean(m, counts).transpose(-1, -2))[0]  # [B, n]
+        halves = half_steps(steps, mean(e[0], counts).transpose(-1, -2),
+                            mean(e[1], counts).transpose(-1, -2))  # fmt: skip
+        one = w[None]
+        _, _, _, grid_lo, grid_hi = snap_step(steps, mean(m, one).transpose(-1, -2), grid=True)[:5]
+        grid_lo, grid_hi = _noisy_bracket(steps, grid_lo, grid_hi, len(steps) == S)
+        point = half_steps(steps, mean(e[0], one).transpose(-1, -2),
+                           mean(e[1], one).transpose(-1, -2))  # fmt: skip
+        q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
+        for name, values, glo, ghi in (
+            ("snap_step", stat, grid_lo[0], grid_hi[0]),
+            *((n, halves[n], point[f"{n}_grid_lo"][0], point[f"{n}_grid_hi"][0])
+              for n in HALF_STEPS),
+        ):  # fmt: skip
+            lo, hi = torch.nanquantile(values.double(), q, dim=0)
+            lo, hi = with_grid(lo, hi, glo, ghi)
+            flat[f"{name}_lo"][heads], flat[f"{name}_hi"][heads] = lo, hi
+        flat["snap_share"][heads] = (~torch.isnan(stat)).double().mean(0)
+        flat["snap_step_grid_lo"][heads], flat["snap_step_grid_hi"][heads] = grid_lo[0], grid_hi[0]
+    return {key: value.reshape(L, H) for key, value in flat.items()}
+
+
+HALF_STEPS = ("half_distance_step", "half_displacement_step")
+NO_DRIFT = "moved by noise at every spacing: the run cannot place it"
 
 
 def snapping(
@@ -330,15 +547,18 @@ def snapping(
     snap_fraction: float = 0.5,
     classes=None,
 ) -> Measurement:
-    """Snap steps per head (table) and per class (detail).
+    """Snap steps per head (table) and per class (detail), each read over the head's
+    `drift_knots` (every checkpoint where the attention drifts).
 
     Columns: ``snap_step`` (primary, `snap_step`: the rate of movement per step has fallen to
     `snap_fraction` of its peak; horizon-independent), ``snap_step_grid_lo``/``_hi`` (the
-    checkpoints that bracket it: the grid knows it no better), ``rate_peak_step`` (where that
-    rate peaks) with ``rate_peak_step_grid_lo``/``_hi`` (where the checkpoints allow the peak),
-    ``snap_reason`` (why ``snap_step`` is NaN), ``straightness`` (`straightness`: under
-    `NOISY_BELOW` the movement is mostly noise and the snap step depends on the checkpoints'
-    spacing), and the secondary, horizon-dependent
+    knots that bracket it: the checkpoints, and the drift, know it no better),
+    ``rate_peak_step`` (where that rate peaks) with ``rate_peak_step_grid_lo``/``_hi``,
+    ``snap_reason`` (why ``snap_step`` is NaN), ``drift_checkpoints`` (how many of the
+    ``checkpoints`` the drift resolves: fewer where step-to-step noise dominates the movement
+    between them), ``straightness`` (`straightness`), the state functions
+    ``half_distance_step`` and ``half_displacement_step`` with their ``_grid_lo``/``_hi``
+    (`half_steps`: they depend on where the run ends), and the secondary, horizon-dependent
     ``snap_path`` and ``snap_rate`` (`secondary_snap_steps`).  The movement of a class between
     checkpoints is the total variation of its c_hat; a head's movement is the events-weighted
     mean over classes (the classes of `groups` if given, or `classes`, pairs (m, n), else every
@@ -362,40 +582,70 @@ def snapping(
     if not slots:
         raise ValueError("no tracked class to measure")
     slots = torch.as_tensor(slots, dtype=torch.long)
-    both = _movements(traj, _weights(traj, slots))
-    move = both[0][..., slots].permute(3, 1, 2, 0)  # [K', L, H, S-1]
-    path_k, rate_k = secondary_snap_steps(traj.steps, move, fraction, rate_fraction)
-    snap_k, _, _ = snap_step(traj.steps, move, snap_fraction)
+    weights = _weights(traj, slots)
+    keep = drift_knots(traj, slots)
+    both = _movements(traj, weights, keep)
+    S, L, H = traj.num_steps, len(traj.layers), len(traj.heads)
+    K = len(slots)
+    move = both[0][..., slots].reshape(S - 1, L * H, K)  # between each head's knots
+    ends = both[3]  # [2, S, L, H]
     w = plan.class_events[slots].double()
-    head_move = torch.einsum("klhs,k->lhs", move, w) / w.sum()  # [L, H, S-1]
-    path, rate = secondary_snap_steps(traj.steps, head_move, fraction, rate_fraction)
-    snap, peak, reasons, grid_lo, grid_hi, peak_lo, peak_hi = snap_step(
-        traj.steps, head_move, snap_fraction, grid=True
-    )
-    K, L, H = snap_k.shape
+    head = {name: torch.full((L * H,), math.nan, dtype=torch.float64) for name in _HEAD_COLUMNS}
+    per_class = {name: torch.full((K, L * H), math.nan, dtype=torch.float64)
+                 for name in ("snap_step", "snap_path", "snap_rate")}  # fmt: skip
+    reasons = [""] * (L * H)
+    for mask, heads in _knot_groups(keep):
+        steps = traj.steps[mask]
+        m = move[mask[1:]][:, heads].permute(2, 1, 0)  # [K, n, S' - 1]
+        head_move = torch.einsum("kns,k->ns", m, w) / w.sum()
+        snap, peak, why, grid_lo, grid_hi, peak_lo, peak_hi = snap_step(
+            steps, head_move, snap_fraction, grid=True
+        )
+        grid_lo, grid_hi = _noisy_bracket(steps, grid_lo, grid_hi, len(steps) == S)
+        path, rate = secondary_snap_steps(steps, head_move, fraction, rate_fraction)
+        e = ends[:, mask].reshape(2, int(mask.sum()), L * H)[:, :, heads]
+        halves = half_steps(steps, e[0].T, e[1].T)
+        found = dict(snap_step=snap, snap_step_grid_lo=grid_lo, snap_step_grid_hi=grid_hi,
+                     rate_peak_step=peak, rate_peak_step_grid_lo=peak_lo,
+                     rate_peak_step_grid_hi=peak_hi, snap_path=path, snap_rate=rate,
+                     **halves)  # fmt: skip
+        for name, value in found.items():
+            head[name][heads] = value
+        head["drift_checkpoints"][heads] = float(mask.sum())
+        for i, h in enumerate(heads.tolist()):
+            reasons[h] = NO_DRIFT if why[i] and int(mask.sum()) == 2 < S else why[i]
+        per_class["snap_step"][:, heads] = snap_step(steps, m, snap_fraction)[0]
+        path_k, rate_k = secondary_snap_steps(steps, m, fraction, rate_fraction)
+        per_class["snap_path"][:, heads], per_class["snap_rate"][:, heads] = path_k, rate_k
     detail = pd.DataFrame(
         {
             "layer": np.tile(np.repeat(traj.layers, H), K),
             "head": np.tile(traj.heads, K * L),
             "query": np.repeat(plan.class_query[slots].numpy(), L * H),
             "next": np.repeat(plan.class_next[slots].numpy(), L * H),
-            "snap_step": snap_k.reshape(-1).numpy(),
-            "snap_path": path_k.reshape(-1).numpy(),
-            "snap_rate": rate_k.reshape(-1).numpy(),
+            **{name: value.reshape(-1).numpy() for name, value in per_class.items()},
         }
     )
     table = pd.MultiIndex.from_product([traj.layers, traj.heads], names=["layer", "head"]).to_frame(
         index=False
     )
-    table["snap_step"] = snap.reshape(-1).numpy()
-    table["snap_step_grid_lo"] = grid_lo.reshape(-1).numpy()
-    table["snap_step_grid_hi"] = grid_hi.reshape(-1).numpy()
-    table["rate_peak_step"] = peak.reshape(-1).numpy()
-    table["rate_peak_step_grid_lo"] = peak_lo.reshape(-1).numpy()
-    table["rate_peak_step_grid_hi"] = peak_hi.reshape(-1).numpy()
+    for name in _HEAD_COLUMNS[:6]:
+        table[name] = head[name].numpy()
     table["snap_reason"] = reasons
+    table["drift_checkpoints"] = head["drift_checkpoints"].numpy().astype(int)
+    table["checkpoints"] = S
     table["straightness"] = straightness(traj, slots, both).reshape(-1).numpy()
-    table["snap_path"] = path.reshape(-1).numpy()
-    table["snap_rate"] = rate.reshape(-1).numpy()
+    for name in _HEAD_COLUMNS[6:]:
+        if name != "drift_checkpoints":
+            table[name] = head[name].numpy()
     table["step_unit"] = traj.step_unit
     return Measurement("snapping", table, detail)
+
+
+_HEAD_COLUMNS = (
+    "snap_step", "snap_step_grid_lo", "snap_step_grid_hi", "rate_peak_step",
+    "rate_peak_step_grid_lo", "rate_peak_step_grid_hi", "drift_checkpoints",
+    "half_distance_step", "half_distance_step_grid_lo", "half_distance_step_grid_hi",
+    "half_displacement_step", "half_displacement_step_grid_lo",
+    "half_displacement_step_grid_hi", "snap_path", "snap_rate",
+)  # fmt: skip

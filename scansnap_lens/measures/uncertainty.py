@@ -73,6 +73,8 @@ UNCERTAINTY_COLUMNS = (
     "entropy_lo", "entropy_hi", "entropy_n_eff",
     "attention_entropy_lo", "attention_entropy_hi",
     "snap_step_lo", "snap_step_hi", "snap_share",
+    "half_distance_step_lo", "half_distance_step_hi",
+    "half_displacement_step_lo", "half_displacement_step_hi",
 )  # fmt: skip
 # the verdict's words, one per outcome (each may carry a number after it)
 VERDICTS = {

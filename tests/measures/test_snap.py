@@ -252,3 +252,48 @@ def test_straightness_tells_a_drift_from_step_to_step_noise():
     said = " ".join(findings_of(summary))
     assert "moved mostly by step-to-step noise" in said and "0.71" in said
     assert "step-to-step noise" not in " ".join(findings_of(summary.assign(straightness=1.0)))
+
+
+def test_a_noisy_run_recorded_at_every_step_snaps_where_its_drift_does():
+    """The expected trajectory (a population Y/Z run) plus noise on c_hat at every checkpoint,
+    recorded at every step: read from the rate between consecutive checkpoints the snap step
+    was 1.62x the drift's (the largest of 400 noisy rates took the peak); read over the
+    checkpoints between which the movement is a drift it lands within 0.8-1.25x, its interval
+    holds the truth, and the findings say the noise and what to do.  Without noise every
+    checkpoint is kept and the values are the consecutive rates' as before."""
+    import pandas as pd
+
+    from scansnap_lens.lab.synthetic import sequence_classes
+    from scansnap_lens.lab.yz import train_yz
+    from scansnap_lens.measures.findings import findings_of
+    from scansnap_lens.measures.snap import class_movement, snap_step, snap_step_interval
+
+    classes = sequence_classes(num_queries=3, next_per_query=2)
+    run = train_yz(classes, lr_z=6.0, lr_y=0.6, seeds=[1], momentum=0.0, num_steps=400,
+                   snapshot_every=1, population=True)  # fmt: skip
+    clean = run.to_trajectory()
+    table = measures.snapping(clean).table
+    truth = float(table["snap_step"][0])
+    assert int(table["drift_checkpoints"][0]) == clean.num_steps == int(table["checkpoints"][0])
+    w = clean.plan.class_events.double()
+    consecutive = torch.einsum("slhk,k->lhs", class_movement(clean), w) / w.sum()
+    assert truth == float(snap_step(clean.steps, consecutive)[0])
+
+    g = torch.Generator().manual_seed(0)
+    c = clean.c_hat[:].double()
+    noisy = clean.replace(c_hat=(c + 3e-4 * torch.randn(c.shape, generator=g,
+                                                         dtype=torch.float64)).float())  # fmt: skip
+    rate_read = float(snap_step(noisy.steps, torch.einsum(
+        "slhk,k->lhs", class_movement(noisy), w) / w.sum())[0])  # fmt: skip
+    assert not 0.8 * truth <= rate_read <= 1.25 * truth  # what it read before
+    table = measures.snapping(noisy).table
+    value = float(table["snap_step"][0])
+    interval = snap_step_interval(noisy, generator=torch.Generator().manual_seed(0))
+    lo, hi = float(interval["snap_step_lo"][0, 0]), float(interval["snap_step_hi"][0, 0])
+    assert 0.8 * truth <= value <= 1.25 * truth, (value, truth)
+    assert lo <= truth <= hi, (lo, truth, hi)
+    assert int(table["drift_checkpoints"][0]) < noisy.num_steps // 4
+    for name in ("half_distance_step", "half_displacement_step"):
+        assert 0.3 * truth < float(table[name][0]) < 3 * truth
+    said = " ".join(findings_of(pd.concat([table] * 2).assign(head=[0, 1])))
+    assert "moved mostly by step-to-step noise" in said and "more seeds" in said
