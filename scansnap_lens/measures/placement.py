@@ -33,7 +33,7 @@ from torch import Tensor
 
 from scansnap_lens._io import write_text
 from scansnap_lens.measures.head_types import formation_step, head_type, head_type_scores
-from scansnap_lens.measures.snap import NOISY_BELOW, head_movement, snapping
+from scansnap_lens.measures.snap import _POOL, DRIFT_ABOVE, head_movement, snapping
 from scansnap_lens.models.steps import select_steps
 from scansnap_lens.recording.trajectory import Trajectory
 
@@ -55,13 +55,13 @@ def step_brackets(traj: Trajectory, tolerance: float = TOLERANCE) -> pd.DataFram
     """One row per head and step quantity the checkpoints bracket: ``layer``, ``head``,
     ``quantity`` (``snap_step``, ``rate_peak_step``, ``<head type>_step``), ``step``, ``lo``,
     ``hi`` (the checkpoints that bracket it) and ``resolved`` (both within `tolerance` x
-    step of it).  Heads that never snapped, heads whose attention moves mostly by noise
-    (`snap.straightness` under `snap.NOISY_BELOW`: more checkpoints measure more noise) and
-    head types that did not rise have no row."""
+    step of it).  Heads that never snapped, heads whose drift the checkpoints already
+    outnumber (`snap.drift_knots` left some out: closer checkpoints measure more noise, not
+    the drift) and head types that did not rise have no row."""
     rows = []
     if traj.num_steps >= 2 and "c_hat" in traj.aggregates:
         table = snapping(traj).table
-        table = table[~(table["straightness"] < NOISY_BELOW)]  # more checkpoints: more noise
+        table = table[table["drift_checkpoints"] == table["checkpoints"]]  # else: more noise
         for quantity in ("snap_step", "rate_peak_step"):
             part = table[["layer", "head"]].assign(
                 quantity=quantity, step=table[quantity],
@@ -202,8 +202,7 @@ class AdaptiveSchedule:
     _moves: list[Tensor] = field(default_factory=list, init=False, repr=False)
     _fine: int = field(default=0, init=False, repr=False)
     _before: Tensor | None = field(default=None, init=False, repr=False)
-    _straight: Tensor | float = field(default=0.0, init=False, repr=False)
-    _path: Tensor | float = field(default=0.0, init=False, repr=False)
+    _triples: list[tuple[Tensor, Tensor]] = field(default_factory=list, init=False, repr=False)
     noisy: Tensor | None = field(default=None, init=False)  # [L, H] heads that set no pace
 
     def __post_init__(self) -> None:
@@ -233,10 +232,12 @@ class AdaptiveSchedule:
         c_hat = c_hat.detach().double().cpu()
         if self._c_hat is not None:
             self._moves.append(head_movement(plan, self._c_hat, c_hat))
-        if self._before is not None:  # `snap.straightness`, as it goes
-            self._straight = self._straight + head_movement(plan, self._before, c_hat)
-            self._path = self._path + self._moves[-2] + self._moves[-1]
-            self.noisy = self._straight < NOISY_BELOW * self._path
+        if self._before is not None:  # the latest splits' straightness, as `snap.drift_knots`
+            self._triples.append((head_movement(plan, self._before, c_hat),
+                                  self._moves[-2] + self._moves[-1]))  # fmt: skip
+            recent = self._triples[-(_POOL + 1) :]
+            straight, path = (sum(x[i] for x in recent) for i in (0, 1))
+            self.noisy = straight < DRIFT_ABOVE * path
         self._before, self._c_hat = self._c_hat, c_hat
         self.steps.append(step)
         self._next, why = self.choose(self.steps, self._moves)
@@ -259,9 +260,9 @@ class AdaptiveSchedule:
         once half the budget went to closing in.  The next
         step is the soonest any head wants, never closer than a third (on the log axis) of the
         budget's pace.  The reserve spent so far is the schedule's state; heads whose
-        movement so far is mostly noise (`noisy`: `snap.straightness` under
-        `snap.NOISY_BELOW`, from what `observe` saw) set no pace: on them, closer
-        checkpoints only measure more noise."""
+        latest movements are mostly noise (`noisy`: the straightness of the last few pairs
+        of intervals under `snap.DRIFT_ABOVE`, as `snap.drift_knots` pools it) set no pace:
+        on them, closer checkpoints only measure more noise."""
         t = steps[-1]
         left = self.budget - len(steps)
         if left <= 1 or t >= self.last_step:

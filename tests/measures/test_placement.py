@@ -159,3 +159,32 @@ def test_a_training_loop_records_where_the_schedule_says_and_why(tmp_path):
     log = snapping(trajs["every"].select(steps=select_steps(range(301), "log:40"))).table
     width = (table["snap_step_grid_hi"] - table["snap_step_grid_lo"])[0]
     assert width < (log["snap_step_grid_hi"] - log["snap_step_grid_lo"])[0]
+
+
+def test_placement_stops_refining_where_the_noise_not_the_drift_sets_the_bracket(tmp_path):
+    """The expected trajectory (a population Y/Z run) recorded at every step, and the same
+    with noise on c_hat at each checkpoint: `--steps auto` brackets the clean run's snap
+    step, but adds no recording to the noisy one's (closer checkpoints there measure noise,
+    not the drift); the training loop's schedule flags the noisy head as it goes (its latest
+    splits' straightness, as `snap.drift_knots` pools it) and not the clean one."""
+    from types import SimpleNamespace
+
+    from scansnap_lens.lab.synthetic import sequence_classes
+    from scansnap_lens.lab.yz import train_yz
+
+    classes = sequence_classes(num_queries=3, next_per_query=2)
+    run = train_yz(classes, lr_z=6.0, lr_y=0.6, seeds=[1], momentum=0.0, num_steps=400,
+                   snapshot_every=1, population=True)  # fmt: skip
+    clean = run.to_trajectory()
+    g = torch.Generator().manual_seed(0)
+    c = clean.c_hat[:].double()
+    noisy = clean.replace(c_hat=(c + 3e-4 * torch.randn(c.shape, generator=g,
+                                                         dtype=torch.float64)).float())  # fmt: skip
+    assert "snap_step" in set(step_brackets(clean)["quantity"])
+    assert "snap_step" not in set(step_brackets(noisy)["quantity"])
+    for traj, expected in ((clean, False), (noisy, True)):
+        recorder = SimpleNamespace(run=SimpleNamespace(plan=traj.plan), out=tmp_path)
+        schedule = AdaptiveSchedule(recorder, budget=40, last_step=400)
+        for step in range(0, 401, 5):  # the latest splits: after the snap, where little drifts
+            schedule.observe(step, traj.c_hat[step][0])
+        assert bool(schedule.noisy.reshape(-1)[0]) is expected
