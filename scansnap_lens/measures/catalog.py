@@ -133,7 +133,8 @@ MEASURES: tuple[Measure, ...] = (
         " done."
         "  <b>predicted_snap</b>: the theory's t0 at the effective rates (SGD: lr / (1 -"
         " momentum); none for Adam) where the training is known.",
-        shown="key: snap_step predicted_snap; heads: snap_step; grid: snap_step; atlas:"
+        shown="key: snap_step half_distance_step drift_checkpoints predicted_snap; heads:"
+        " snap_step; grid: snap_step; atlas:"
         " snap_step snap_step_lo snap_step_hi drift_checkpoints half_distance_step"
         " half_displacement_step; runs: snap_step snap_step_lo"
         " snap_step_hi snap_step_grid_lo snap_step_grid_hi snap_reason",

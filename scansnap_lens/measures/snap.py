@@ -233,9 +233,7 @@ def class_movement(traj: Trajectory) -> Tensor:
     return _movements(traj)[0]
 
 
-def _movements(
-    traj: Trajectory, w: Tensor | None = None, keep: Tensor | None = None, classes: bool = False
-):
+def _movements(traj: Trajectory, w: Tensor | None = None, keep: Tensor | None = None, weights=None):
     """One pass over the steps: (move [S - 1, L, H, K], straight, path, ends).
 
     move: each class's total variation between consecutive checkpoints or, with `keep`
@@ -243,9 +241,10 @@ def _movements(
     s - 1 holds the movement from the head's knot before checkpoint s to s where s is a
     knot, 0 elsewhere.  With class weights `w` [K] also straight and path [L, H], the weighted
     total variation between every checkpoint and the one after next and over the two
-    intervals between, summed (`straightness`), and ends [2, S, L, H] the weighted total
-    variation from the first checkpoint and to the last (`half_steps`; [2, S, L, H, K] per
-    class with `classes`); else None for those."""
+    intervals between, summed (`straightness`), and ends [2, S, B, L, H] the weighted total
+    variation from the first checkpoint and to the last (`half_steps`) for each row of
+    `weights` [B, K] (default: `w` alone), summed as it goes rather than kept per class;
+    else None for those."""
     plan = traj.plan
     S = traj.num_steps
     L, H = len(traj.layers), len(traj.heads)
@@ -255,12 +254,12 @@ def _movements(
     else:
         straight = torch.zeros(L, H, dtype=torch.float64)
         path = torch.zeros(L, H, dtype=torch.float64)
-        ends = torch.zeros(2, S, L, H, *((plan.num_classes,) if classes else ()),
-                           dtype=torch.float64)  # fmt: skip
-        total = w.sum().clamp_min(1e-300)
+        weights = (w[None] if weights is None else weights).double()  # [B, K]
+        ends = torch.zeros(2, S, weights.shape[0], L, H, dtype=torch.float64)
+        total = weights.sum(-1).clamp_min(1e-300)[:, None, None]
 
-        def weighted(x: Tensor) -> Tensor:
-            return x if classes else (x @ w) / total
+        def weighted(x: Tensor) -> Tensor:  # [L, H, K] -> [B, L, H]
+            return torch.einsum("lhk,bk->blh", x, weights) / total
 
     first = traj.c_hat[0].double() if S else None
     last = traj.c_hat[S - 1].double() if ends is not None else None
@@ -501,26 +500,24 @@ def snap_step_interval(
     if traj.num_steps < 3 or float(n_eff[0, 0]) < MIN_UNITS:
         return out
     keep = drift_knots(traj)
-    move, _, _, ends = _movements(traj, w, keep, classes=True)  # [S-1, L, H, K]
-    counts = resample_counts(move.shape[-1], num, generator) * w  # [B, K]
+    K = w.numel()
+    counts = resample_counts(K, num, generator) * w  # [B, K]
+    rows = torch.cat([w[None], counts])  # the point estimate, then each resample
+    move, _, _, ends = _movements(traj, w, keep, rows)  # [S-1, L, H, K], [2, S, 1 + B, L, H]
     S = traj.num_steps
     flat = {key: value.reshape(L * H) for key, value in out.items()}
     for mask, heads in _knot_groups(keep):
         steps = traj.steps[mask]
-        m = move.reshape(S - 1, L * H, -1)[mask[1:]][:, heads]  # [S', n, K]
-        e = ends.reshape(2, S, L * H, -1)[:, mask][:, :, heads]  # [2, S'', n, K]
-
-        def mean(x: Tensor, c: Tensor) -> Tensor:  # [..., K] -> [B, ...] per resample
-            return torch.einsum("...k,bk->b...", x, c) / c.sum(-1).reshape(-1, *[1] * (x.ndim - 1))
-
-        stat = snap_step(steps, mean(m, counts).transpose(-1, -2))[0]  # [B, n]
-        halves = half_steps(steps, mean(e[0], counts).transpose(-1, -2),
-                            mean(e[1], counts).transpose(-1, -2))  # fmt: skip
-        one = w[None]
-        _, _, _, grid_lo, grid_hi = snap_step(steps, mean(m, one).transpose(-1, -2), grid=True)[:5]
+        m = move.reshape(S - 1, L * H, K)[mask[1:]][:, heads]  # [S', n, K]
+        e = ends.reshape(2, S, 1 + num, L * H)[:, mask][..., heads].transpose(1, 2)
+        stat = snap_step(
+            steps, (torch.einsum("snk,bk->bns", m, counts) / counts.sum(-1)[:, None, None])
+        )[0]  # [B, n]
+        halves = half_steps(steps, e[0, 1:].transpose(-1, -2), e[1, 1:].transpose(-1, -2))
+        head_move = torch.einsum("snk,k->ns", m, w) / w.sum()
+        _, _, _, grid_lo, grid_hi = snap_step(steps, head_move[None], grid=True)[:5]
         grid_lo, grid_hi = _noisy_bracket(steps, grid_lo, grid_hi, len(steps) == S)
-        point = half_steps(steps, mean(e[0], one).transpose(-1, -2),
-                           mean(e[1], one).transpose(-1, -2))  # fmt: skip
+        point = half_steps(steps, e[0, :1].transpose(-1, -2), e[1, :1].transpose(-1, -2))
         q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
         for name, values, glo, ghi in (
             ("snap_step", stat, grid_lo[0], grid_hi[0]),
@@ -588,7 +585,7 @@ def snapping(
     S, L, H = traj.num_steps, len(traj.layers), len(traj.heads)
     K = len(slots)
     move = both[0][..., slots].reshape(S - 1, L * H, K)  # between each head's knots
-    ends = both[3]  # [2, S, L, H]
+    ends = both[3][:, :, 0]  # [2, S, L, H]
     w = plan.class_events[slots].double()
     head = {name: torch.full((L * H,), math.nan, dtype=torch.float64) for name in _HEAD_COLUMNS}
     per_class = {name: torch.full((K, L * H), math.nan, dtype=torch.float64)
