@@ -26,7 +26,8 @@ from pythia_like_run import model_config, prepare, pythia_steps
 
 from scansnap_lens.measures.head_types import head_type
 from scansnap_lens.measures.placement import AdaptiveSchedule
-from scansnap_lens.measures.snap import snapping
+from scansnap_lens.measures.snap import snap_step_interval, snapping
+from scansnap_lens.models.steps import select_steps
 from scansnap_lens.recording.recorder import Recorder, trainer_callback
 from scansnap_lens.recording.settings import RecordingSettings
 
@@ -38,8 +39,12 @@ def heads_of(traj, way: str) -> pd.DataFrame:
     snap = snapping(traj).table
     keep = ["layer", "head", "snap_step", "snap_step_grid_lo", "snap_step_grid_hi",
             "rate_peak_step", "rate_peak_step_grid_lo", "rate_peak_step_grid_hi",
-            "straightness"]  # fmt: skip
+            "straightness", "drift_checkpoints", "half_distance_step",
+            "half_displacement_step", "snap_reason"]  # fmt: skip
     out = snap[keep].copy()
+    interval = snap_step_interval(traj, generator=torch.Generator().manual_seed(0))
+    for name in ("snap_step_lo", "snap_step_hi"):
+        out[name] = interval[name].reshape(-1).numpy()
     final = head_type(traj, "previous_token").final()
     for c in ("previous_token_step", "previous_token_step_lo", "previous_token_step_hi"):
         out[c] = final[c].to_numpy()
@@ -89,10 +94,15 @@ def main() -> None:
         every = trajs.pop("dense")
         for k in (EVERY, 50, 250):
             trajs[f"every_{k}"] = every.select(steps=list(range(0, num_steps + 1, k)))
+        for n, apart in ((68, 5), (29, 20), (19, 40)):  # log-spaced, about `apart` % apart
+            trajs[f"log_{apart}pct"] = every.select(steps=select_steps(every.steps.tolist(),
+                                                                       f"log:{n}"))  # fmt: skip
     heads = pd.concat([heads_of(t, way) for way, t in trajs.items()], ignore_index=True)
     heads.to_csv(args.out / "heads.csv", index=False)
     layers = heads.groupby(["way", "layer"]).agg(
-        checkpoints=("checkpoints", "first"), snap=("snap_step", "median"),
+        checkpoints=("checkpoints", "first"), drift=("drift_checkpoints", "median"),
+        snap=("snap_step", "median"), snap_lo=("snap_step_lo", "median"),
+        snap_hi=("snap_step_hi", "median"), half_distance=("half_distance_step", "median"),
         snap_min=("snap_step", "min"), snap_max=("snap_step", "max"),
         bracket_lo=("snap_step_grid_lo", "median"), bracket_hi=("snap_step_grid_hi", "median"),
         peak=("rate_peak_step", "median"), straightness=("straightness", "median"),

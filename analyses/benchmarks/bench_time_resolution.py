@@ -22,6 +22,20 @@ how narrow the intervals are where the checkpoints resolve the steps).  One JSON
 quantity and grid: the coverage of the 95 % interval (goal >= 0.9), the runs the grid resolved
 (a snap seen, a rise significant), and the median width over the step.
 
+**Noisy runs** (``--noisy``): sampled Y/Z runs of the lab (plain SGD, batch 8 and 32 of
+16-token sequences, eta_Z = 1, eta_Y = 0.1, to step 2,000), whose attention moves by a drift
+and by minibatch noise; the truth is the *expected* trajectory's snap: `snapping` of the mean
+c_hat over other seeds of the same recipe, every 10 steps.  Each run is seen at Pythia's
+schedule, 13 log-spaced checkpoints, every 125, every 25 and every step.  One JSON line per
+batch size and grid: the median estimate over the truth (goal 0.8-1.25), the coverage of the
+95 % interval (goal >= 0.9), the median checkpoints the drift resolves
+(`snap.drift_knots`), and the median of the state companions over the truth.
+
+The same for a **small transformer** (``--transformer``): the demo's recipe (`scansnap demo`:
+a 1-layer attention-only model on Syn-Medium, eta_Z = 3, eta_Y = 0.1, plain SGD) with batches of
+8 sequences, recorded at every step to step 250 through the `Recorder`, each seed its own run;
+the truth is `snapping` of the mean c_hat over other seeds.
+
 **Placed recordings** (`measures.placement`), each run alone, at a budget of 40 recordings
 against the log grid of 40 (``log40``): ``placed`` (checkpoints at every step exist, as hub
 revisions or a folder would hold them: a coarse pass, then the checkpoints that split each
@@ -190,10 +204,138 @@ def placement_lines(batches: int, per_batch: int) -> None:
         print(json.dumps(line), flush=True)
 
 
+NOISY_LAST = 2000
+
+
+def noisy_grids(last: int) -> dict[str, list[int]]:
+    log = sorted({0, *np.unique(np.geomspace(1, last, 13).round().astype(int)).tolist()})
+    pythia = sorted(
+        {0, *(2**k for k in range(10) if 2**k < min(750, last)), *range(750, last + 1, 250), last}
+    )
+    return {"pythia": pythia, "log": log, "every125": list(range(0, last + 1, 125)),
+            "every25": list(range(0, last + 1, 25)), "every": list(range(last + 1))}  # fmt: skip
+
+
+def sampled_c_hat(batch: int, seeds: list[int], last: int, chunk: int = 64):
+    """c_hat [S, 1, R, Pc] of sampled Y/Z runs (one per seed) at every step, and their plan."""
+    g = torch.Generator().manual_seed(0)
+    weights = torch.sort(torch.rand(10, generator=g) + 0.05).values
+    classes = sequence_classes(num_queries=3, next_per_query=2, distinct_weights=weights,
+                               common_weight=1.0)  # fmt: skip
+    parts, plan = [], None
+    for k in range(0, len(seeds), chunk):
+        run = train_yz(classes, lr_z=1.0, lr_y=0.1, seeds=seeds[k : k + chunk], momentum=0.0,
+                       num_steps=last, snapshot_every=1, batch_size=batch, seq_len=16)  # fmt: skip
+        traj = run.to_trajectory()
+        parts.append(traj.c_hat[:].clone())
+        plan = traj.plan
+        del run, traj
+    return torch.cat(parts, 2), plan
+
+
+def noisy_lines(runs: int, truth_seeds: int, batches=(8, 32), last: int = NOISY_LAST) -> None:
+    """The snap steps of sampled Y/Z runs against their expected trajectory's, per grid."""
+    for batch in batches:
+        c, plan = sampled_c_hat(batch, list(range(10_000, 10_000 + runs + truth_seeds)), last)
+        _noisy_grid_lines(c, plan, runs, {"model": "yz", "batch": batch}, last)
+
+
+def transformer_lines(runs: int, truth_seeds: int, last: int = 250) -> None:
+    """The same for the demo's transformer at batch 8, recorded at every step."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        c, plan = transformer_c_hat(list(range(runs + truth_seeds)), last, folder)
+    _noisy_grid_lines(c, plan, runs, {"model": "transformer", "batch": 8}, last)
+
+
+def _noisy_grid_lines(c, plan, runs: int, what: dict, last: int) -> None:
+    """One line per grid: runs 0..runs-1 of c_hat [S, 1, R, Pc] against the snap of the
+    mean over the others, every 10 steps (every 5 under 500 steps)."""
+    mean = c[:, :, runs:].double().mean(2, keepdim=True).float()
+    dense = list(range(0, last + 1, 10 if last >= 500 else 5))
+    expected = Trajectory(plan, torch.tensor(dense), [0], [0], c_hat=mean[dense])
+    truth = float(snapping(expected).table["snap_step"][0])
+    grids = noisy_grids(last) if last >= 1000 else {
+        "log": sorted({0, *np.unique(np.geomspace(1, last, 13).round().astype(int)).tolist()}),
+        "every25": list(range(0, last + 1, 25)), "every5": list(range(0, last + 1, 5)),
+        "every": list(range(last + 1))}  # fmt: skip
+    for grid, steps in grids.items():
+        seen = Trajectory(plan, torch.tensor(steps), [0], list(range(runs)),
+                          c_hat=c[steps][:, :, :runs])  # fmt: skip
+        table = snapping(seen).table
+        iv = snap_step_interval(seen, generator=torch.Generator().manual_seed(0))
+        value = table["snap_step"].to_numpy()
+        lo, hi = (iv[f"snap_step_{e}"].reshape(-1).numpy() for e in ("lo", "hi"))
+        ratio = value / truth
+        q = {x: round(float(np.nanquantile(ratio, x)), 3) if np.isfinite(ratio).any() else None
+             for x in (0.1, 0.5, 0.9)}  # fmt: skip
+        print(json.dumps({
+            "bench": "time_resolution", "quantity": "snap_step_noisy", **what, "grid": grid,
+            "checkpoints": len(steps), "runs": runs, "truth_seeds": c.shape[2] - runs,
+            "truth": round(truth, 1), "median_over_truth": q[0.5], "q10_over_truth": q[0.1],
+            "q90_over_truth": q[0.9], "snapped": round(float(np.isfinite(value).mean()), 3),
+            "coverage": round(float(((lo <= truth) & (truth <= hi)).mean()), 3),
+            "goal": {"median_over_truth": [0.8, 1.25], "coverage": 0.9},
+            "drift_checkpoints_median": float(np.median(table["drift_checkpoints"])),
+            "straightness_median": round(float(table["straightness"].median()), 3),
+            **{f"{n}_over_truth": round(float(np.nanmedian(table[n] / truth)), 3)
+               if table[n].notna().any() else None
+               for n in ("half_distance_step", "half_displacement_step")},
+        }), flush=True)  # fmt: skip
+
+
+def transformer_c_hat(seeds: list[int], last: int, folder):
+    """c_hat [S, 1, R, Pc] of the demo's recipe at batch 8, one run per seed, recorded at every
+    step, and the plan (the demo's: seed 0's evaluation tokens for every run)."""
+    from tqdm.auto import tqdm
+
+    from scansnap_lens.lab.synthetic import sequence_sampler, syn_medium
+    from scansnap_lens.models.training import attention_only_model, train
+    from scansnap_lens.recording.plan import plan_recording
+    from scansnap_lens.recording.recorder import Recorder
+    from scansnap_lens.recording.settings import RecordingSettings
+
+    classes = syn_medium()
+    sample = sequence_sampler(classes)
+    queries = classes.query.unique().tolist()
+    tokens = sample(32, torch.Generator().manual_seed(2))
+    plan = plan_recording(tokens, classes.vocab_size, queries=queries, exclude_bos=False)
+    parts = []
+    for seed in tqdm(seeds, desc="transformer seeds"):
+        model = attention_only_model(classes.vocab_size, d_model=32, n_heads=1, n_ctx=64,
+                                     seed=seed, normalization_type=None)  # fmt: skip
+        recorder = Recorder(f"{folder}/seed{seed}", tokens,
+                            RecordingSettings(progress=False, overwrite=True), plan)  # fmt: skip
+        train(model, sample, num_steps=last, lr_y=0.1, lr_z=3.0, batch_size=8, save_steps=1,
+              loss_on="last", seed=seed, progress=False,
+              on_checkpoint=recorder.on_checkpoint)  # fmt: skip
+        parts.append(recorder.trajectory().c_hat[:].clone())
+    return torch.cat(parts, 2), plan
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="8 runs a quantity: it runs")
+    parser.add_argument(
+        "--noisy",
+        action="store_true",
+        help="only the noisy Y/Z runs (100 a batch size and grid, ~25 minutes)",
+    )
+    parser.add_argument(
+        "--transformer",
+        type=int,
+        default=0,
+        metavar="SEEDS",
+        help="only the noisy transformer: SEEDS runs and as many for the truth",
+    )
     args = parser.parse_args()
+    if args.noisy or args.transformer:
+        if args.noisy:
+            noisy_lines(100, 128)
+        if args.transformer:
+            transformer_lines(args.transformer, args.transformer)
+        return
     batches, per_batch = (1, 8) if args.quick else (10, 20)
     torch.manual_seed(0)
     found = {g: {"truth": [], "value": [], "lo": [], "hi": []} for g in grids()}
@@ -219,6 +361,11 @@ def main() -> None:
         print(json.dumps(summary("formation_step", grid, *map(np.concatenate, zip(*parts)))),
               flush=True)  # fmt: skip
     placement_lines(batches, per_batch)
+    if args.quick:
+        noisy_lines(4, 4, batches=(8,), last=1000)
+    else:
+        noisy_lines(100, 128)
+        transformer_lines(24, 24)
 
 
 if __name__ == "__main__":
