@@ -81,6 +81,9 @@ def test_every_role_names_columns_a_measurement_gives():
         "snap_step_grid_lo",
         "snap_step_grid_hi",
         "snap_reason",
+        "drift_checkpoints",
+        "half_distance_step",
+        "half_displacement_step",
     }  # whole tables
     for role in ROLES:
         assert set(columns(role)) <= given, (role, set(columns(role)) - given)
