@@ -25,10 +25,19 @@ Prints JSON lines:
   the evaluation text at 25 %, on a corpus whose topic words are tied to next tokens and (the
   paper's kinds) one where nothing is: the family-wise rate of "scans", at most alpha plus its
   margin;
+- one per layout where words are topical for queries (lognormal association sd 0.5 and 1; the
+  evaluation text 15 % and 50 % of the corpus) and head that follows the pair's rarity (its
+  evaluation count, its true rate; 10 % and 25 % of the variance): the family-wise rate of
+  "scans" (48 heads), at most alpha plus its margin;
+- one per classification and layout: a pure kind effect of AUROC 0.75 in every head, the
+  shares called "scans" (at least 0.7) and "not beyond frequency" (at most 0.05);
 - one per classification: a pure kind effect planted in one head of 8 at the minimal
   detectable AUROC the verdict printed for that layout (a run of the same corpus without it):
   the verdict's detection rate, which must lie in [0.7, 0.9];
-- the demo's Syn-Medium recipe (`scansnap demo`) over 10 seeds: one verdict;
+- the demo's Syn-Medium recipe (`scansnap demo`) over 10 seeds: its verdicts (the positive
+  control: "scans" on at least 8);
+- the demo's layout with heads that prefer rare pairs (25 %, 50 %, 90 % of the variance): the
+  family-wise rate of "scans", at most alpha plus its margin;
 - one per row-effect scenario of the head types (skewed, very skewed, near one) and number of
   rows (5, 8, 16, 64): the coverage of the score's and the rise's 95 % intervals, the
   family-wise rate of "formed" among heads that never rise, and the coverage of the
@@ -227,6 +236,66 @@ def corpus_nulls(reps: int, heads: int = 8) -> None:
                 }), flush=True)  # fmt: skip
 
 
+PAIR_LAYOUTS = {  # words topical for queries; the evaluation text a share of the corpus
+    "topical_0.5": {"topical": 0.5},
+    "topical_1": {"topical": 1.0},
+    "evaluation_15_percent": {"topical": 1.0, "rows": 427},
+    "evaluation_50_percent": {"topical": 1.0, "rows": 128},
+}
+PAIR_NULLS = {  # heads that follow the pair's frequency only
+    "pair_count_10": {"count_share": 0.10},
+    "pair_count_25": {"count_share": 0.25},
+    "pair_rate_10": {"rate_share": 0.10},
+    "pair_rate_25": {"rate_share": 0.25},
+}
+
+
+def pair_nulls(reps: int, heads: int = 48) -> None:
+    """Heads that follow the pair's rarity (its evaluation count or its true rate) where a
+    pair's count varies apart from its word's: the family-wise rate of "scans" (the paper's
+    kinds, 48 heads), at most alpha plus its margin."""
+    margin = 2 * math.sqrt(ALPHA * (1 - ALPHA) / reps)
+    for layout, shape in PAIR_LAYOUTS.items():
+        for name, shares in PAIR_NULLS.items():
+            start = time.perf_counter()
+            family = []
+            for seed in range(reps):
+                scenario = CorpusScenario(**shape, **shares)
+                traj, groups, _ = corpus_run(scenario, CLASSIFICATIONS["paper_kinds"], heads,
+                                             seed=seed)  # fmt: skip
+                family.append(bool(scan_uncertainty(traj, groups).table["scans"].any()))
+            rate = float(np.mean(family))
+            print(json.dumps({
+                "pair_null": name, "layout": layout, "trajectories": reps, "heads": heads,
+                "familywise_scans": round(rate, 4), "alpha": ALPHA, "margin": round(margin, 4),
+                "within": rate <= ALPHA + margin, "s": round(time.perf_counter() - start, 1),
+            }), flush=True)  # fmt: skip
+
+
+def kind_effect(reps: int, heads: int = 8, auroc: float = 0.75) -> None:
+    """A pure kind effect (AUROC 0.75 in every head, nothing frequency-driven) per
+    classification and layout: the share of heads called "scans" (at least 0.7) and "not
+    beyond frequency" (at most 0.05)."""
+    layouts = {"tied": {"tied": True}, **{k: {"tied": True, **v} for k, v in PAIR_LAYOUTS.items()}}
+    for cname, classification in CLASSIFICATIONS.items():
+        for layout, shape in layouts.items():
+            start = time.perf_counter()
+            kinds = []
+            for seed in range(reps):
+                traj, groups, _ = corpus_run(CorpusScenario(**shape), classification, heads,
+                                             auroc, seed=seed)  # fmt: skip
+                kinds += [v.split(" (")[0] for v in scan_uncertainty(traj, groups).table["verdict"]]
+            scans, explained = (kinds.count(k) / len(kinds)
+                                for k in ("scans", "not beyond frequency"))  # fmt: skip
+            print(json.dumps({
+                "kind_effect_auroc": auroc, "classification": cname, "layout": layout,
+                "trajectories": reps, "heads": heads, "scans": round(scans, 4),
+                "not_beyond_frequency": round(explained, 4),
+                "within": scans >= 0.7 and explained <= 0.05,
+                "s": round(time.perf_counter() - start, 1),
+            }), flush=True)  # fmt: skip
+
+
 def power_at_mde(reps: int, heads: int = 8) -> None:
     for cname, classification in CLASSIFICATIONS.items():
         start = time.perf_counter()
@@ -271,8 +340,60 @@ def syn_medium_seeds(seeds: int) -> None:
     kinds = sorted(set(verdicts))
     print(json.dumps({
         "syn_medium_demo_seeds": seeds, "verdicts": {k: verdicts.count(k) for k in kinds},
-        "one_verdict": len(kinds) == 1, "s": round(time.perf_counter() - start, 1),
+        "within": verdicts.count("scans") >= 0.8 * seeds,
+        "s": round(time.perf_counter() - start, 1),
     }), flush=True)  # fmt: skip
+
+
+def syn_medium_rarity(reps: int, heads: int = 8) -> None:
+    """The demo's layout (Syn-Medium's statistics, groups and evaluation plan, as `run_demo`
+    makes them) with heads that prefer rare pairs: dz follows -log of the pair's evaluation
+    count at 25 %, 50 % and 90 % of the variance, the rest noise.  Every distinct token is
+    rarer than every common one, so no pair matches and the frequency bias decides: the
+    family-wise rate of "scans", at most alpha plus its margin, beside the share of heads
+    that pass bias and AUROC (what the verdict must not take for scanning)."""
+    from scansnap_lens.demo import DEMO_DATA
+    from scansnap_lens.lab.synthetic import sequence_sampler
+    from scansnap_lens.recording.plan import plan_recording
+    from scansnap_lens.recording.trajectory import Trajectory
+    from scansnap_lens.statistics.corpus import cooccurrence
+    from scansnap_lens.statistics.groups import TokenGroups
+
+    classes = DEMO_DATA["syn-medium"]()
+    sample = sequence_sampler(classes)
+    queries = classes.query.unique().tolist()
+    margin = 2 * math.sqrt(ALPHA * (1 - ALPHA) / reps)
+    for share in (0.25, 0.5, 0.9):
+        start = time.perf_counter()
+        family, passed = [], []
+        for seed in range(reps):
+            corpus = sample(512, torch.Generator().manual_seed(seed + 1))
+            stats = cooccurrence(corpus, classes.vocab_size, queries=queries)
+            groups = TokenGroups.from_statistics(stats, min_distinct=1, scope="global")
+            tokens = sample(64, torch.Generator().manual_seed(seed + 2))
+            plan = plan_recording(tokens, classes.vocab_size, queries=queries, exclude_bos=False)
+            rarity = -plan.pair_count.double().clamp_min(1).log()
+            rarity = (rarity - rarity.mean()) / rarity.std()
+            g = torch.Generator().manual_seed(seed)
+            noise = torch.randn(heads, plan.num_pairs, generator=g, dtype=torch.float64)
+            dz = math.sqrt(share) * rarity + math.sqrt(1 - share) * noise
+            z0 = torch.randn(heads, plan.num_pairs, generator=g, dtype=torch.float64)
+            traj = Trajectory(
+                plan, torch.tensor([0, 250]), [0], list(range(heads)),
+                zbar=torch.stack([z0, z0 + dz])[:, None].float(),
+                c_hat=torch.full((2, 1, heads, plan.num_triples), 1.0 / plan.num_triples),
+                entropy=torch.zeros(2, 1, heads, plan.num_classes),
+            )  # fmt: skip
+            table = scan_uncertainty(traj, groups).table
+            family.append(bool(table["scans"].any()))
+            passed.append(float(((table["auroc"] > 0.5) & (table["auroc_p"] < ALPHA)).mean()))
+        rate = float(np.mean(family))
+        print(json.dumps({
+            "syn_medium_rarity_share": share, "trajectories": reps, "heads": heads,
+            "familywise_scans": round(rate, 4), "alpha": ALPHA, "margin": round(margin, 4),
+            "within": rate <= ALPHA + margin, "pass_bias_and_auroc": _share(passed),
+            "s": round(time.perf_counter() - start, 1),
+        }), flush=True)  # fmt: skip
 
 
 def _share(hits: list) -> float | None:
@@ -290,8 +411,11 @@ def main() -> None:
     coverage(reps)
     power(max(reps // 4, min(reps, 10)), queries=100)  # 10 at least, unless asked for fewer
     corpus_nulls(reps)
+    pair_nulls(reps)
+    kind_effect(max(reps // 4, min(reps, 10)))
     power_at_mde(reps)
     syn_medium_seeds(min(reps, 10))
+    syn_medium_rarity(reps)
     head_types(reps)
 
 

@@ -287,14 +287,19 @@ class CorpusScenario:
     word drawn Zipf-like from ``vocab`` (the frequent words are common for every query, a rare
     one is distinct for the query it happened to meet).  With ``tied`` the next token of a
     query is the one its row's topic gives it (the topic's words are truly distinct for it),
-    else any of its 4 (nothing ties a word to a next token).  The evaluation text is the first
-    ``eval_rows`` rows, as a recording takes them.
+    else any of its 4 (nothing ties a word to a next token).  With ``topical`` > 0 a word's rate
+    with a query varies: each row has a query of its own (7 in 10 of its queries), and its
+    background words are drawn with the Zipf weights times exp(topical * N(0, 1)), one draw
+    per (query, word) (lognormal association: the pair's count C(m, l) then varies apart from
+    the word's).  The evaluation text is the first ``eval_rows`` rows, as a recording takes
+    them (so it is ``eval_rows / rows`` of the corpus the kinds came from).
 
     The head: dz = a[m] + b[l] + rarity + count + effect * distinct(m, l) + noise, with a token
     effect of variance ``token_share``, ``rarity_share`` of the variance following the word's
     rarity in the corpus (standardised -log count as context; negative: following its
     frequency), ``count_share`` following the pair's rarity in the evaluation text
-    (standardised -log count), and the noise the rest."""
+    (standardised -log count), ``rate_share`` following the rarity of the pair's true rate (its
+    expected count near the query, -log), and the noise the rest."""
 
     vocab: int = 600
     rows: int = 400
@@ -307,10 +312,17 @@ class CorpusScenario:
     token_share: float = 0.2
     rarity_share: float = 0.0
     count_share: float = 0.0
+    topical: float = 0.0
+    rate_share: float = 0.0
 
 
 def corpus_text(scenario: CorpusScenario, seed: int = 0):
     """([rows, seq_len] token ids, query ids [Q]) of `CorpusScenario`'s corpus."""
+    return _corpus(scenario, seed)[:2]
+
+
+def _corpus(scenario: CorpusScenario, seed: int):
+    """`corpus_text` and the true rate [Q, V] of each word near each query (up to a factor)."""
     import numpy as np
 
     s = scenario
@@ -328,6 +340,14 @@ def corpus_text(scenario: CorpusScenario, seed: int = 0):
     topic = rng.integers(0, K, s.rows)
     draw = rng.random((s.rows, s.seq_len))
     text = first + rng.choice(s.vocab - first, (s.rows, s.seq_len), p=zipf)
+    background = np.tile(zipf, (Q, 1))  # [Q, V - first] each query's background weights
+    if s.topical:  # drawn after the plain text: the scenarios without it keep their corpus
+        background = zipf * np.exp(s.topical * rng.standard_normal((Q, zipf.size)))
+        background /= background.sum(1, keepdims=True)
+        own = rng.integers(0, Q, s.rows)  # each row's own query
+        for q in range(Q):
+            rows = np.nonzero(own == q)[0]
+            text[rows] = first + rng.choice(zipf.size, (rows.size, s.seq_len), p=background[q])
     words = topic_words[topic[:, None], rng.integers(0, 5, (s.rows, s.seq_len))]
     text = np.where(draw < 0.3, words, text)
     is_query = draw < 0.1
@@ -335,10 +355,17 @@ def corpus_text(scenario: CorpusScenario, seed: int = 0):
     is_query[:, 1:] &= ~is_query[:, :-1]  # a query's next token is no query
     r, t = np.nonzero(is_query)
     m = rng.integers(0, Q, r.size)
+    if s.topical:
+        m = np.where(rng.random(r.size) < 0.7, own[r], m)
     k = tie[topic[r], m] if s.tied else rng.integers(0, 4, r.size)
     text[r, t] = queries[m]
     text[r, t + 1] = nexts[m, k]
-    return torch.from_numpy(text).long(), torch.from_numpy(queries).long()
+    rate = np.zeros((Q, s.vocab))  # a position's chance to hold the word, near each query
+    mixed = 0.7 * background + 0.3 * background.mean(0) if s.topical else background
+    rate[:, first:] = 0.6 * mixed
+    rate[:, topic_words.reshape(-1)] = 0.2 / (5 * K)
+    rate[:, Q:first] = 0.1 / (4 * Q)
+    return torch.from_numpy(text).long(), torch.from_numpy(queries).long(), rate
 
 
 def corpus_run(
@@ -359,7 +386,7 @@ def corpus_run(
     from scansnap_lens.statistics.groups import Classification
 
     s = scenario
-    text, queries = corpus_text(s, seed)
+    text, queries, true_rate = _corpus(s, seed)
     stats = cooccurrence(text, s.vocab, window=s.window)
     groups = TokenGroups.from_statistics(stats, queries=queries,
                                          settings=classification or Classification())  # fmt: skip
@@ -379,15 +406,19 @@ def corpus_run(
 
     rarity = standard(-groups.token_count[t].double().clamp_min(1).log())
     count = standard(-plan.pair_count.double().clamp_min(1).log())
-    rest = 1 - s.token_share - abs(s.rarity_share) - s.count_share
+    pair_rate = torch.from_numpy(true_rate)[torch.searchsorted(queries, q), t]
+    rate = standard(-pair_rate.clamp_min(1e-12).log())
+    rest = 1 - s.token_share - abs(s.rarity_share) - s.count_share - s.rate_share
     if rest <= 0:
-        raise ValueError("token_share + |rarity_share| + count_share must stay below 1")
+        raise ValueError("token_share + |rarity_share| + count_share + rate_share must stay"
+                         " below 1")  # fmt: skip
     N = q.numel()
     a = torch.randn(H, s.vocab, generator=g, dtype=torch.float64)[:, q]
     b = torch.randn(H, s.vocab, generator=g, dtype=torch.float64)[:, t] * math.sqrt(s.token_share)
     noise = torch.randn(H, N, generator=g, dtype=torch.float64) * math.sqrt(rest)
     dz = (a + b + noise + math.copysign(math.sqrt(abs(s.rarity_share)), s.rarity_share) * rarity
-          + math.sqrt(s.count_share) * count + effect[:, None] * distinct)  # fmt: skip
+          + math.sqrt(s.count_share) * count + math.sqrt(s.rate_share) * rate
+          + effect[:, None] * distinct)  # fmt: skip
     z0 = torch.randn(H, N, generator=g, dtype=torch.float64)
     zbar = torch.stack([z0, z0 + dz])[:, None]  # [2, 1, H, P]
     c_hat = torch.full((2, 1, H, plan.num_triples), 1.0 / max(1, plan.num_triples))

@@ -49,7 +49,9 @@ class QueryTokens:
     distinct: [N] the query index, zbar slot, token id, count in the evaluation contexts
     (`RecordPlan.pair_count`) and kind of each entry; start: [U + 1] where each query's
     entries begin (and the end); corpus_count: [N] each entry's token's count as context in
-    the corpus the kinds came from (`TokenGroups.token_count`), None without one.
+    the corpus the kinds came from (`TokenGroups.token_count`, the word's frequency), and
+    corpus_pair_count: [N] the pair's count C(m, l) there (`TokenGroups.pair_count_of`, what
+    decided the token's kind), None without a corpus.
     """
 
     query: Tensor
@@ -61,6 +63,7 @@ class QueryTokens:
     distinct: Tensor
     start: Tensor
     corpus_count: Tensor | None = None
+    corpus_pair_count: Tensor | None = None
 
     @classmethod
     def of(cls, traj: Trajectory, groups: TokenGroups) -> QueryTokens:
@@ -102,12 +105,14 @@ class QueryTokens:
                 " queries the statistics give distinct tokens (record with stats=) or relax the"
                 " classification (see statistics.groups.Classification)"
             )
-        corpus = None
+        corpus = pair = None
         if groups.token_count is not None:  # a token the corpus never held counts 1
             known = groups.token_count.numel()
             corpus = torch.where(token < known, groups.token_count[token.clamp_max(known - 1)], 0)
             corpus = corpus.double().clamp_min(1)
-        return cls(ids, events, unit, slot, token, count, kind == 0, start, corpus)
+            pair = groups.pair_count_of(ids[unit], token)
+            pair = None if pair is None else pair.clamp_min(1)
+        return cls(ids, events, unit, slot, token, count, kind == 0, start, corpus, pair)
 
     # -- design: counts and segments, the same for every head ---------------------------
     @cached_property
@@ -172,8 +177,15 @@ class QueryTokens:
 
     @cached_property
     def corpus_matched_pairs(self) -> tuple[Tensor, Tensor] | None:
-        """`matched_pairs` on the tokens' counts in the corpus (`corpus_count`); None without."""
+        """`matched_pairs` on the words' counts in the corpus (`corpus_count`); None without."""
         return None if self.corpus_count is None else self.pairs_matched_on(self.corpus_count)
+
+    @cached_property
+    def corpus_pair_matched_pairs(self) -> tuple[Tensor, Tensor] | None:
+        """`matched_pairs` on the pairs' counts C(m, l) in the corpus (`corpus_pair_count`);
+        None without."""
+        c = self.corpus_pair_count
+        return None if c is None else self.pairs_matched_on(c)
 
     def pairs_matched_on(self, count: Tensor) -> tuple[Tensor, Tensor]:
         """(d [P], c [P]) entry indices: each distinct token with the (at most
@@ -305,7 +317,19 @@ class QueryTokens:
         n_eff, dof = (x.expand_as(value) for x in self._n_eff(coefficient))
         n_eff = torch.where(ok.any(-1), n_eff, 0.0)
         squares = [(x**2).sum(-1) for x in (query_terms, token_terms, entry)]
-        return crossed(value, *squares, n_eff, dof, bounds)
+        est = crossed(value, *squares, n_eff, dof, bounds)
+        est.terms = (query_terms, token_terms, entry)
+        return est
+
+    def difference(self, a: Estimate, b: Estimate) -> Estimate:
+        """`a` - `b`, two figures of these units (made here, each with its influence terms),
+        with the crossed interval of the difference: the same queries and tokens move both,
+        so its influences are the differences of theirs (the raw AUROC less the matched one
+        moves little where both read one kind effect)."""
+        terms = [x - y for x, y in zip(a.terms, b.terms)]
+        squares = [(x**2).sum(-1) for x in terms]
+        dof = torch.minimum(a.df, b.df)
+        return crossed(a.value - b.value, *squares, torch.minimum(a.n_eff, b.n_eff), dof)
 
 
 def _cat(parts) -> Tensor:

@@ -59,7 +59,13 @@ def _scan(summary: pd.DataFrame, step_unit: str) -> list[str]:
         said = f"{_heads(order)} scan{'s' if len(order) == 1 else ''}"
         said += f" ({len(order)} of {len(summary)} heads;" if len(order) > 1 else " ("
         said += f" the strongest, layer {int(best['layer'])} head {int(best['head'])}: AUROC"
-        return [said + f" {_interval(best, 'auroc')})."]
+        said += f" {_interval(best, 'auroc')}"
+        control = str(best.get("frequency_control", ""))
+        if control.startswith("frequency bias"):
+            said += f", not a rarity preference: {control.removeprefix('frequency bias (')[:-1]}"
+        elif "matched_auroc" in best and best["matched_auroc"] == best["matched_auroc"]:
+            said += f"; with frequency held alike {_interval(best, 'matched_auroc')}"
+        return [said + ")."]
     kinds = summary["verdict"].fillna("").str.split(" \\(").str[0]
     if (kinds == VERDICTS["no_scan"]).all() and "auroc_mde" in summary:
         mde = summary["auroc_mde"].astype(float)
@@ -72,15 +78,26 @@ def _scan(summary: pd.DataFrame, step_unit: str) -> list[str]:
     parts = [f"{n} {'head' if n == 1 else 'heads'}: {kind or 'no verdict'}"
              for kind, n in counts.items()]  # fmt: skip
     said = [f"No head scans ({'; '.join(parts)})."]
-    untold = summary["verdict"][kinds == VERDICTS["cannot_tell"]].astype(str)
+    untold = summary[kinds == VERDICTS["cannot_tell"]]
     if len(untold):
-        side = "rarer" if untold.str.contains("rarer").any() else "more frequent"
+        side = "rarer" if untold["verdict"].astype(str).str.contains("rarer").any() else (
+            "more frequent")  # fmt: skip
+        need = untold.get("matched_units_needed", pd.Series(dtype=float)).astype(float).max()
+        settle = (f"; about {need:,.0f} effective units of frequency-matched pairs (more"
+                  " evaluation text) would settle it" if need == need else "")  # fmt: skip
         said.append(
             f"{len(untold)} {'head gains' if len(untold) == 1 else 'heads gain'} attention on"
             f" distinct tokens (bias and AUROC significant), but the distinct tokens are {side}"
-            f" than the common ones, with too few of equal frequency to compare: this text"
-            f" cannot tell scanning from a preference for {side} tokens.  The theory fit against"
-            " the corpus statistics is the evidence that can."
+            " than the common ones, and neither the frequency-matched pairs nor the frequency"
+            f" bias among distinct tokens tells scanning from a preference for {side} tokens"
+            f"{settle}."
+        )
+    explained = summary[kinds == VERDICTS["not_beyond"]]
+    if len(explained):
+        said.append(
+            f"{len(explained)} {'head gains' if len(explained) == 1 else 'heads gain'} on"
+            " distinct tokens only as far as frequency goes: with frequency held alike the"
+            " gain falls significantly (see the verdicts)."
         )
     return said
 

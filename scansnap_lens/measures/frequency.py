@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 import torch
+from scipy import stats as scipy_stats
 from torch import Tensor
 
 from scansnap_lens.measures.measurement import (
@@ -84,16 +85,31 @@ class ClassTokens:
     def spearman(self, values: Tensor) -> Tensor:
         """[..., K] Spearman's rho of `values` [..., N] with P(l|m, n) within each class
         (ranks with ties averaged, as scipy's); NaN where `values` are flat in a class."""
-        K = self.num_classes
         mean_rank = ((self.sizes.double() + 1) / 2)[self.unit]
         rx = segment_ranks(values, self.unit, self.start) - mean_rank
         rp = segment_ranks(self.p, self.unit, self.start) - mean_rank
+        return self._correlation(rx, rp)
 
-        def per_class(x: Tensor) -> Tensor:
-            return x.new_zeros(*x.shape[:-1], K).index_add_(-1, self.unit, x)
+    def pearson(self, values: Tensor) -> Tensor:
+        """[..., K] Pearson's r of `values` [..., N] with P(l|m, n) itself within each class:
+        the frequency bias in the form the dynamics give it (a distinct token's logit grows
+        at a rate proportional to its attention, P(l|m, n) exp(z), Theorem 3); NaN where
+        `values` are flat in a class."""
+        return self._correlation(self._centred(values.double()), self._centred(self.p))
 
-        den = torch.sqrt(per_class(rx**2) * per_class(rp**2))
-        return torch.where(den > 0, per_class(rx * rp) / den.clamp_min(1e-300), math.nan)
+    def _centred(self, x: Tensor) -> Tensor:
+        """`x` [..., N] less its mean within each class."""
+        total = x.new_zeros(*x.shape[:-1], self.num_classes).index_add_(-1, self.unit, x)
+        return x - (total / self.sizes.to(x.dtype))[..., self.unit]
+
+    def _correlation(self, x: Tensor, y: Tensor) -> Tensor:
+        """[..., K] sum x y / sqrt(sum x^2 sum y^2) within each class, of centred `x`, `y`."""
+
+        def per_class(v: Tensor) -> Tensor:
+            return v.new_zeros(*v.shape[:-1], self.num_classes).index_add_(-1, self.unit, v)
+
+        den = torch.sqrt(per_class(x**2) * per_class(y**2))
+        return torch.where(den > 0, per_class(x * y) / den.clamp_min(1e-300), math.nan)
 
     def estimate(self, values: Tensor) -> Estimate:
         """The weighted mean of `spearman(values)` [...] over classes, with its interval's
@@ -101,11 +117,26 @@ class ClassTokens:
         rho = self.spearman(values)
         return mean_over_units(rho.movedim(-1, 0), self.events, bounds=(-1.0, 1.0))
 
-    def null_p(self, values: Tensor) -> Tensor:
-        """[...] two-sided p-value of the weighted mean rho against P(l|m, n) shuffled within
-        each class: under that null each class's rho has mean 0 and variance exactly
-        1 / (n - 1) (a rank correlation of n tokens), and the weighted mean is nearly normal."""
-        rho = self.spearman(values)
+    def growth_test(self, values: Tensor) -> tuple[Tensor, Tensor]:
+        """(r [...], p [...]): the paper's frequency bias as a test, these classes' tokens the
+        units: Pearson's r of `values` [..., N] with P(l|m, n) (`pearson`) averaged over the
+        classes with weights n - 1 (the inverse of its variance under permutation), and its
+        one-sided p-value of r > 0 against P shuffled within each class (mean 0, variance
+        1 / sum (n - 1), nearly normal).  A head that prefers rare tokens has r < 0."""
+        r = self.pearson(values)
+        w = (self.sizes.double() - 1) * ~torch.isnan(r)
+        total = w.sum(-1)
+        mean = (torch.nan_to_num(r) * w).sum(-1) / total.clamp_min(1e-300)
+        z = mean * total.sqrt()
+        p = torch.from_numpy(scipy_stats.norm.sf(z.numpy()))
+        return torch.where(total > 0, mean, math.nan), torch.where(total > 0, p, math.nan)
+
+    def null_p(self, values: Tensor, pearson: bool = False) -> Tensor:
+        """[...] two-sided p-value of the weighted mean rho (Pearson's r with `pearson`)
+        against P(l|m, n) shuffled within each class: under that null each class's
+        correlation has mean 0 and variance exactly 1 / (n - 1) (any correlation of n
+        tokens under permutation), and the weighted mean is nearly normal."""
+        rho = self.pearson(values) if pearson else self.spearman(values)
         ok = ~torch.isnan(rho)
         w = self.events * ok
         total = w.sum(-1)

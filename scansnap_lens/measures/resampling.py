@@ -56,6 +56,7 @@ __all__ = [
     "POWER",
     "Estimate",
     "adjust",
+    "auroc_variance",
     "bootstrap_percentile",
     "crossed",
     "interval_over_runs",
@@ -103,6 +104,7 @@ class Estimate:
     n_eff: Tensor
     bounds: tuple[float, float] = (-math.inf, math.inf)  # the values the figure can take
     dof: Tensor | None = None  # degrees of freedom where fewer than n_eff - 1
+    terms: tuple[Tensor, ...] | None = None  # its influences per unit, where a difference needs
 
     @property
     def df(self) -> Tensor:
@@ -144,6 +146,19 @@ class Estimate:
         hi = torch.where(flat, self.value + (1 - self.value) * share, hi)
         return torch.where(self.enough, lo, math.nan), torch.where(self.enough, hi, math.nan)
 
+    def se_at(self, value: Tensor | float) -> Tensor:
+        """The standard error this figure would have at true `value` on the same units: the
+        seen one for a figure that shifts with its effect (a mean, a bias); for a proportion
+        in [0, 1] (an AUROC) the seen one moved from the seen value to `value` by
+        `auroc_variance` (the seen value held within 0.1 and 0.9, where dividing by it stays
+        stable), with `crossed`'s floor at `value`."""
+        if self.bounds != (0.0, 1.0):
+            return self.se
+        value = torch.as_tensor(value, dtype=torch.float64).clamp(0.0, 1.0)
+        seen = torch.nan_to_num(self.value.double(), nan=0.5).clamp(0.1, 0.9)
+        se = self.se * torch.sqrt(auroc_variance(value) / auroc_variance(seen))
+        return torch.maximum(se, _proportion_floor(value, self.n_eff))
+
     def p_value(self, null: float = 0.0) -> Tensor:
         """Two-sided p-value of value = `null` (t with n_eff - 1 degrees of freedom); 0 where
         the standard error is 0 and the value differs; NaN where there are too few units."""
@@ -160,13 +175,17 @@ class Estimate:
         return torch.where(self.enough, reach, math.nan)
 
 
-def joint_mde(estimates: list[Estimate], alpha: float, power: float = POWER) -> Tensor:
-    """The smallest distance from their nulls at which every one of `estimates`' two-sided
-    tests at `alpha` rejects, all of them, with probability `power`: a verdict that needs
-    each test is no surer than its weakest.  Each test's power is that of its t reference
-    at its standard error, and the joint power their product (taken as independent: the
-    tests of one effect go together, so the true joint power is higher and the distance
-    errs large).  NaN where any test has too few units.
+def joint_mde(
+    estimates: list[Estimate], alpha: float, power: float = POWER, null: float = 0.0
+) -> Tensor:
+    """The smallest distance from `null` at which every one of `estimates`' two-sided tests at
+    `alpha` rejects, all of them, with probability `power`: a verdict that needs each test is
+    no surer than its weakest.  Each test's power is that of its t reference at its standard
+    error *at that effect* (`Estimate.se_at`: an AUROC's spread shrinks towards 0 and 1, so
+    the spread seen at no effect would overstate what a large effect needs), and the joint
+    power their product (taken as independent: the tests of one effect go together, so the
+    true joint power is higher and the distance errs large).  NaN where any test has too few
+    units.
 
     >>> one = Estimate(torch.tensor([0.0]), torch.tensor([0.1]), torch.tensor([30.0]))
     >>> a, b = joint_mde([one], 0.05).item(), one.mde(0.05).item()
@@ -179,7 +198,7 @@ def joint_mde(estimates: list[Estimate], alpha: float, power: float = POWER) -> 
     def joint(d: Tensor) -> Tensor:
         out = torch.ones_like(d)
         for e, c in zip(estimates, crit):
-            z = (c - d / e.se.clamp_min(1e-300)).numpy()
+            z = (c - d / e.se_at(null + d).clamp_min(1e-300)).numpy()
             out = out * torch.from_numpy(np.asarray(scipy_stats.t.sf(z, e.df.numpy()), np.float64))
         return out
 
@@ -190,6 +209,18 @@ def joint_mde(estimates: list[Estimate], alpha: float, power: float = POWER) -> 
         reached = joint(mid) >= power
         lo, hi = torch.where(reached, lo, mid), torch.where(reached, mid, hi)
     return torch.where(enough, hi, math.nan)
+
+
+def auroc_variance(auroc: Tensor) -> Tensor:
+    """The variance of an AUROC's placements at true value `auroc` [...] relative to that at
+    0.5 (Hanley and McNeil 1982: A / (2 - A) + 2 A^2 / (1 + A) - 2 A^2, 1/6 at 0.5): 1 at 0.5,
+    0 at 0 and 1.
+
+    >>> [round(v, 3) for v in auroc_variance(torch.tensor([0.5, 0.75, 0.95, 1.0])).tolist()]
+    [1.0, 0.707, 0.152, 0.0]
+    """
+    a = auroc.double().clamp(0.0, 1.0)
+    return 6 * (a / (2 - a) + 2 * a**2 / (1 + a) - 2 * a**2)
 
 
 def mean_over_units(
@@ -247,10 +278,14 @@ def crossed(
     var = torch.maximum(query_var + token_var - cell_var, torch.maximum(query_var, token_var))
     se = torch.sqrt(var)
     if bounds == (0.0, 1.0):
-        p = (value * n_eff + 0.5) / (n_eff + 1)
-        floor = (2 * p - 1).abs() * torch.sqrt(p * (1 - p) / (12 * (n_eff + 1)))
-        se = torch.maximum(se, floor)
+        se = torch.maximum(se, _proportion_floor(value, n_eff))
     return Estimate(value, torch.where(torch.isnan(value), math.nan, se), n_eff, bounds, dof)
+
+
+def _proportion_floor(value: Tensor, n_eff: Tensor) -> Tensor:
+    """`crossed`'s least standard error of a proportion `value` over `n_eff` units."""
+    p = (value * n_eff + 0.5) / (n_eff + 1)
+    return (2 * p - 1).abs() * torch.sqrt(p * (1 - p) / (12 * (n_eff + 1)))
 
 
 def normal_p(value: Tensor, null_sd: Tensor) -> Tensor:

@@ -41,6 +41,7 @@ import math
 
 import pandas as pd
 import torch
+from scipy import stats as scipy_stats
 from torch import Tensor
 
 from scansnap_lens.measures.discriminative import QueryTokens
@@ -51,6 +52,7 @@ from scansnap_lens.measures.resampling import (
     ALPHA,
     LEVEL,
     MIN_UNITS,
+    POWER,
     Estimate,
     adjust,
     joint_mde,
@@ -68,7 +70,10 @@ UNCERTAINTY_COLUMNS = (
     "bias_lo", "bias_hi", "bias_p", "bias_n_eff", "bias_baseline",
     "auroc_lo", "auroc_hi", "auroc_p", "auroc_n_eff", "auroc_mde", "auroc_baseline",
     "matched_auroc", "matched_auroc_lo", "matched_auroc_hi", "matched_auroc_p",
-    "matched_auroc_n_eff", "frequency_auroc",
+    "matched_auroc_n_eff", "matched_auroc_lost",
+    "word_matched_auroc", "word_matched_auroc_lo", "word_matched_auroc_hi",
+    "word_matched_auroc_p", "word_matched_auroc_n_eff", "word_matched_auroc_lost",
+    "frequency_auroc", "matched_units_needed", "frequency_bias_r", "frequency_bias_p",
     "spearman_lo", "spearman_hi", "spearman_p", "spearman_n_eff",
     "entropy_lo", "entropy_hi", "entropy_n_eff",
     "attention_entropy_lo", "attention_entropy_hi",
@@ -123,17 +128,27 @@ def scan_uncertainty(
         "bias": units.bias_estimate(dz),
         "auroc": units.auroc_estimate(dz, ranks),
         "matched_auroc": units.matched_auroc_estimate(
-            dz, units.corpus_matched_pairs if corpus else None
+            dz, units.corpus_pair_matched_pairs if corpus else None
         ),
     }
     nulls = {"bias": 0.0, "auroc": 0.5, "matched_auroc": 0.5}
-    frequency = (units.corpus_count if corpus else units.count).double().log()
+    if corpus:  # the word's frequency too: a key-side preference belongs to the word
+        estimates["word_matched_auroc"] = units.matched_auroc_estimate(
+            dz, units.corpus_matched_pairs
+        )
+        nulls["word_matched_auroc"] = 0.5
+    controls = [c for c in ("matched_auroc", "word_matched_auroc") if c in estimates]
+    frequency = (units.corpus_pair_count if corpus else units.count).double().log()
     out: dict[str, Tensor] = {
         "bias_baseline": units.bias_estimate(z0).value,
         "auroc_baseline": units.auroc_estimate(z0).value,
-        "matched_auroc": estimates["matched_auroc"].value,
         "frequency_auroc": units.auroc_estimate(frequency).value.expand_as(dz[..., 0]),
     }
+    one_sided: dict[str, Tensor] = {}
+    for c in controls:  # how much of the gain the frequency-matched pairs lose
+        lost = units.difference(estimates["auroc"], estimates[c])
+        out[f"{c}_lost"] = lost.value
+        one_sided[f"{c}_lost"] = _above(lost.value, lost.p_value(0.0))
     spearman_p = torch.full_like(dz[..., 0], math.nan)
     classes = ClassTokens.of(traj, groups)
     if classes.num_classes:
@@ -142,6 +157,12 @@ def scan_uncertainty(
         estimates["spearman"] = classes.estimate(d_class)
         spearman_p = torch.where(estimates["spearman"].n_eff >= MIN_UNITS,
                                  classes.null_p(d_class), math.nan)  # fmt: skip
+        # the paper's second line (Theorem 3): dz grows with P(l|m, n) itself; these classes'
+        # tokens as units, P shuffled within each class
+        r, p = classes.growth_test(d_class)
+        enough = (classes.sizes - 1).sum() >= MIN_UNITS
+        out["frequency_bias_r"], out["frequency_bias_p"] = r, torch.where(enough, p, math.nan)
+        one_sided["frequency_bias"] = out["frequency_bias_p"]
     try:
         estimates["entropy"] = distinct_entropy_estimate(traj, groups)
     except ValueError:
@@ -150,6 +171,7 @@ def scan_uncertainty(
         estimates["attention_entropy"] = attention_entropy_estimate(traj)
 
     for name, est in estimates.items():
+        out[name] = est.value
         out[f"{name}_lo"], out[f"{name}_hi"] = est.interval(level)
         if name in nulls:
             out[f"{name}_p"] = est.p_value(nulls[name])
@@ -158,26 +180,27 @@ def scan_uncertainty(
     if "spearman" in estimates:
         out["spearman_p"] = spearman_p
     tested = int((~torch.isnan(out["auroc_p"])).sum())
-    out["auroc_mde"] = 0.5 + joint_mde([estimates["auroc"], estimates["matched_auroc"]],
-                                       alpha / max(tested, 1))  # fmt: skip
+    per_head = alpha / max(tested, 1)
+    out["auroc_mde"] = 0.5 + joint_mde([estimates[k] for k in ("auroc", *controls)], per_head,
+                                       null=0.5)  # fmt: skip
+    out["matched_units_needed"] = _units_needed(estimates, controls, per_head)
     out.update(snap_step_interval(traj, snap_resamples, level, g))
     for name in ("snap_step_n_eff", "snap_step_grid_lo", "snap_step_grid_hi"):  # `snapping`'s
         out.pop(name)
 
     adjusted = {name: adjust(out[f"{name}_p"], correction) for name in nulls}
-    verdict, control = _verdicts(estimates, out, adjusted, alpha, corpus)
+    adjusted.update({name: adjust(p, correction) for name, p in one_sided.items()})
+    verdict, control = _verdicts(estimates, out, adjusted, alpha, corpus, controls)
 
-    table = pd.MultiIndex.from_product([traj.layers, traj.heads], names=["layer", "head"])
-    table = table.to_frame(index=False)
-    table["scans"] = [v == VERDICTS["scans"] for v in verdict]
-    table["verdict"] = verdict
-    table["frequency_control"] = control
-    for name in ("bias", "auroc", "spearman", "entropy", "attention_entropy"):
-        table[name] = estimates[name].value.reshape(-1).numpy() if name in estimates else math.nan
-    for name in UNCERTAINTY_COLUMNS:  # every column, NaN where a figure could not be made
-        if name not in table:
-            value = out.get(name, torch.full_like(dz[..., 0], math.nan))
-            table[name] = value.reshape(-1).numpy()
+    index = pd.MultiIndex.from_product([traj.layers, traj.heads], names=["layer", "head"])
+    columns = {"scans": [v == VERDICTS["scans"] for v in verdict], "verdict": verdict,
+               "frequency_control": control}  # fmt: skip
+    nan = torch.full_like(dz[..., 0], math.nan)
+    figures = ("bias", "auroc", "spearman", "entropy", "attention_entropy")
+    for name in (*figures, *UNCERTAINTY_COLUMNS):  # NaN where a figure could not be made
+        if name not in columns:
+            columns[name] = out.get(name, nan).reshape(-1).numpy()
+    table = pd.concat([index.to_frame(index=False), pd.DataFrame(columns)], axis=1)
     table.attrs.update(level=level, alpha=alpha, correction=correction, heads=tested,
                        min_units=MIN_UNITS, matched_on=_MATCHED_ON[corpus])  # fmt: skip
     return Measurement("uncertainty", table)
@@ -186,52 +209,111 @@ def scan_uncertainty(
 _MATCHED_ON = {True: "corpus counts", False: "evaluation counts"}
 
 
+def _above(value: Tensor, p_two_sided: Tensor) -> Tensor:
+    """One-sided p-value of value > its null from a symmetric test's two-sided one."""
+    return torch.where(value > 0, p_two_sided / 2, 1 - p_two_sided / 2)
+
+
+def _units_needed(est: dict[str, Estimate], controls: list[str], alpha: float) -> Tensor:
+    """[L, H] the effective units of frequency-matched pairs at which the weakest control would
+    tell the head's own AUROC from 0.5 with 80 % power (the standard error falls as one over
+    the root of the units); NaN where the AUROC is not above 0.5."""
+    gap = est["auroc"].value - 0.5
+    need = torch.zeros_like(gap)
+    z = float(scipy_stats.norm.ppf(1 - alpha / 2) + scipy_stats.norm.ppf(POWER))
+    for c in controls:
+        e = est[c]
+        se_one = e.se_at(est["auroc"].value) * e.n_eff.clamp_min(1).sqrt()  # one unit's spread
+        se_one = torch.where(e.enough, se_one, est["auroc"].se_at(est["auroc"].value)
+                             * est["auroc"].n_eff.clamp_min(1).sqrt())  # fmt: skip
+        need = torch.fmax(need, (z * se_one / gap.clamp_min(1e-12)) ** 2)
+    return torch.where(gap > 0, need.ceil().clamp_min(MIN_UNITS), math.nan)
+
+
+_CONTROL_WORDS = {
+    True: {"matched_auroc": "pair counts C(m, l)", "word_matched_auroc": "word counts"},
+    False: {"matched_auroc": "pair counts in the evaluation text"},
+}
+
+
 def _verdicts(
     est: dict[str, Estimate],
     out: dict[str, Tensor],
     adj: dict[str, Tensor],
     alpha: float,
     corpus: bool,
+    controls: list[str],
 ) -> tuple[list[str], list[str]]:
-    """Per head (flattened [L * H]) the verdict and how frequency was ruled out."""
+    """Per head (flattened [L * H]) the verdict and how frequency was ruled out (the module's
+    stages)."""
 
-    def flat(x: Tensor) -> list[float]:
-        return x.reshape(-1).tolist()
+    def flat(x: Tensor | None) -> list[float]:
+        return [math.nan] * len(bias) if x is None else x.reshape(-1).tolist()
 
-    bias, auroc, matched = (flat(est[k].value) for k in ("bias", "auroc", "matched_auroc"))
-    n_eff, matched_n = flat(est["auroc"].n_eff), flat(est["matched_auroc"].n_eff)
-    p_bias, p_auroc, p_matched = (flat(adj[k]) for k in ("bias", "auroc", "matched_auroc"))
-    rarer = flat(out["frequency_auroc"])
+    bias = est["bias"].value.reshape(-1).tolist()
+    auroc, n_eff = flat(est["auroc"].value), flat(est["auroc"].n_eff)
+    p_bias, p_auroc = flat(adj["bias"]), flat(adj["auroc"])
     mde = flat(out["auroc_mde"])
-    counts = _MATCHED_ON[corpus]
-    verdicts, controls = [], []
+    words = _CONTROL_WORDS[corpus]
+    value = {c: flat(est[c].value) for c in controls}
+    lo = {c: flat(out[f"{c}_lo"]) for c in controls}
+    hi = {c: flat(out[f"{c}_hi"]) for c in controls}
+    units = {c: flat(est[c].n_eff) for c in controls}
+    p_control = {c: flat(adj[c]) for c in controls}
+    p_lost = {c: flat(adj[f"{c}_lost"]) for c in controls}
+    rho, p_rho = flat(out.get("frequency_bias_r")), flat(adj.get("frequency_bias"))
+    need = flat(out["matched_units_needed"])
+    rarer = flat(out["frequency_auroc"])
+    verdicts, reasons = [], []
     for h in range(len(bias)):
         control = ""
+        passed = [
+            c
+            for c in controls
+            if units[c][h] >= MIN_UNITS and value[c][h] > 0.5 and p_control[c][h] < alpha
+        ]
+        lost = [c for c in controls if c not in passed and p_lost[c][h] < alpha]  # fmt: skip
         if not n_eff[h] >= MIN_UNITS:
             verdict = f"{VERDICTS['too_few']} (n_eff = {n_eff[h]:.3g} < {MIN_UNITS:g})"
         elif not (bias[h] > 0 and auroc[h] > 0.5 and p_bias[h] < alpha and p_auroc[h] < alpha):
             if math.isnan(mde[h]):
-                seen = f"no power: {too_few(matched_n[h])} of frequency-matched pairs"
+                seen = "no power: too few units of frequency-matched pairs"
             elif mde[h] < 1:
                 seen = f"could have seen AUROC >= {mde[h]:.3g}"
             else:
                 seen = "no power: not even an AUROC of 1 was within reach"
             verdict = f"{VERDICTS['no_scan']} ({seen})"
-        elif not matched_n[h] >= MIN_UNITS:
-            side = "rarer" if rarer[h] < 0.5 else "more frequent"
+        elif len(passed) == len(controls):
+            verdict = VERDICTS["scans"]
+            control = "matched AUROC (" + ", ".join(words[c] for c in controls) + ")"
+        elif rho[h] > 0 and p_rho[h] < alpha:
+            verdict = VERDICTS["scans"]
+            control = (f"frequency bias (r {rho[h]:.3g}, p = {p_rho[h]:.3g}: the more"
+                       " frequent distinct tokens gain more, not a rarity preference)")  # fmt: skip
+        elif lost and not passed:
+            c = lost[0]
             verdict = (
-                f"{VERDICTS['cannot_tell']} (scans, or prefers {side} tokens: the distinct"
-                f" tokens are {side} than the common ones in the {counts}, and the"
-                f" frequency-matched pairs that would tell them apart are"
-                f" {too_few(matched_n[h])})"
+                f"{VERDICTS['not_beyond']} (with {words[c]} held alike the gain falls from"
+                f" AUROC {auroc[h]:.3g} to {value[c][h]:.3g} [{lo[c][h]:.3g}, {hi[c][h]:.3g}],"
+                f" p = {p_lost[c][h]:.3g})"
             )
-        elif matched[h] > 0.5 and p_matched[h] < alpha:
-            verdict, control = VERDICTS["scans"], f"matched AUROC ({counts})"
         else:
+            side = "rarer" if rarer[h] < 0.5 else "more frequent"
+            shown = [f"{words[c]}: {value[c][h]:.3g} [{lo[c][h]:.3g}, {hi[c][h]:.3g}]"
+                     if units[c][h] >= MIN_UNITS else f"{words[c]}: {too_few(units[c][h])}"
+                     for c in controls if c not in passed]  # fmt: skip
+            settle = (f"; about {need[h]:,.0f} effective units of matched pairs would settle"
+                      " it" if need[h] == need[h] else "")  # fmt: skip
+            bias_seen = (f" (r {rho[h]:.3g}, p = {p_rho[h]:.3g})" if p_rho[h] == p_rho[h]
+                         else "")  # fmt: skip
             verdict = (
-                f"{VERDICTS['not_beyond']} (matched AUROC {matched[h]:.3g}, p = {p_matched[h]:.3g}"
-                f", {counts})"
+                f"{VERDICTS['cannot_tell']} (scans, or prefers {side} tokens: matched AUROC on "
+                + "; on ".join(shown)
+                + settle
+                + ", or the frequency bias among distinct tokens"
+                + bias_seen
+                + " on more of them)"
             )
         verdicts.append(verdict)
-        controls.append(control)
-    return verdicts, controls
+        reasons.append(control)
+    return verdicts, reasons

@@ -144,7 +144,10 @@ class TokenGroups:
     distinct[k] ([D_k] token ids) and distinct_p[k] (P(l|m, n) of each); per query m:
     common[m] ([C_m] token ids).  source: "synthetic" or "corpus".  token_count [V]: how often
     each token occurs as context in the corpus the kinds came from (sum over m, n of
-    C(m, n, l): the frequency the scan's control matches on); None for groups made by hand."""
+    C(m, n, l), the word's frequency); pair_key, pair_count [P]: the pair's count C(m, l) =
+    sum over n of C(m, n, l) in that corpus, for every pair (m, l) of a kept query that
+    occurs there, keyed m * V + l and sorted (`pair_count_of`).  The scan's frequency control
+    matches on both; None for groups made by hand."""
 
     query: Tensor
     next_token: Tensor
@@ -156,6 +159,8 @@ class TokenGroups:
     context: Context | None = None  # of the statistics the groups came from (None: the lab)
     settings: Classification | None = None  # how they were classified (None: by hand, the lab)
     token_count: Tensor | None = None  # [V] each token's count as context in the corpus
+    pair_key: Tensor | None = None  # [P] m * V + l, sorted
+    pair_count: Tensor | None = None  # [P] C(m, l) in the corpus
 
     def __repr__(self) -> str:
         sizes = [t.numel() for t in self.distinct]
@@ -172,6 +177,17 @@ class TokenGroups:
     @property
     def num_classes(self) -> int:
         return self.query.numel()
+
+    def pair_count_of(self, query: Tensor, token: Tensor) -> Tensor | None:
+        """[N] C(m, l) in the corpus of each pair (`query`, `token`) [N] (0 where it never
+        occurred there); None for groups without corpus counts."""
+        if self.pair_key is None or self.token_count is None:
+            return None
+        key = query.long() * self.token_count.numel() + token.long()
+        if not self.pair_key.numel():
+            return torch.zeros(key.shape, dtype=torch.float64)
+        at = torch.searchsorted(self.pair_key, key).clamp_max(self.pair_key.numel() - 1)
+        return torch.where(self.pair_key[at] == key, self.pair_count[at].double(), 0.0)
 
     def distinct_of_query(self, query: int) -> Tensor:
         """Union of the distinct tokens of the classes of `query`."""
@@ -284,6 +300,7 @@ class TokenGroups:
         tracked = None if queries is None else {int(q) for q in queries}
         wanted = [m for m in all_queries if tracked is None or m in tracked]
         common = _common_of_queries(kinds, wanted)
+        pair_key, pair_count = _pair_counts(stats, wanted)
         return cls(
             torch.tensor(frame["query"].to_numpy(), dtype=torch.long),
             torch.tensor(frame["next"].to_numpy(), dtype=torch.long),
@@ -296,7 +313,22 @@ class TokenGroups:
             token_count=torch.bincount(
                 stats.token, weights=stats.count.double(), minlength=stats.vocab_size
             ),
+            pair_key=pair_key,
+            pair_count=pair_count,
         )
+
+
+def _pair_counts(stats, queries: list[int]) -> tuple[Tensor, Tensor]:
+    """(key [P], count [P]): C(m, l) = sum over n of C(m, n, l) of every pair of `queries`,
+    keyed m * V + l and sorted; one pass over the triples."""
+    triple_query = stats.query[stats.triple_class]
+    keep = torch.isin(triple_query, torch.tensor(queries, dtype=torch.long))
+    key = triple_query[keep] * stats.vocab_size + stats.token[keep]
+    unique, at = torch.unique(key, return_inverse=True)
+    count = torch.zeros(unique.numel(), dtype=torch.float64).index_add_(
+        0, at, stats.count[keep].double()
+    )
+    return unique, count
 
 
 def _median(values: list[int]):

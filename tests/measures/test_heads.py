@@ -47,8 +47,9 @@ def test_summary_ranks_heads_and_maps_them(tmp_path):
 def test_the_atlas_gives_every_head_its_verdict_interval_and_snap():
     """Three Y/Z runs on Syn-Medium (6 queries) as three heads of one layer; the second head's
     logit changes are reversed (common tokens gain, distinct ones lose), so it must not scan
-    while the others gain on distinct tokens (which Syn-Medium, its distinct tokens all rarer
-    than its common ones, cannot tell from a preference for rare tokens).  The atlas holds
+    while the others gain on distinct tokens and scan: Syn-Medium's distinct tokens are all
+    rarer than its common ones, and the frequency bias among them (the more frequent gain
+    more) tells scanning from a preference for rare tokens.  The atlas holds
     every head once, in order, with the summary's
     values; with 3 queries there are too few units for a verdict."""
     from scansnap_lens.lab.synthetic import syn_medium
@@ -68,9 +69,9 @@ def test_the_atlas_gives_every_head_its_verdict_interval_and_snap():
     summary = measures.summarize(traj, groups)
     table = heads.atlas(summary)
     assert table[["layer", "head"]].values.tolist() == [[0, 0], [0, 1], [0, 2]]
-    assert table["scans"].tolist() == [False, False, False]
+    assert table["scans"].tolist() == [True, False, True]
     assert table["verdict"][1].startswith("no scan")
-    assert table["verdict"][::2].str.startswith("cannot tell from frequency").all()
+    assert table["frequency_control"][::2].str.startswith("frequency bias").all()
     assert (table["bias"] < 0).tolist() == [False, True, False]
     assert ((table["bias_lo"] <= table["bias"]) & (table["bias"] <= table["bias_hi"])).all()
     assert (table["bias_hi"][1] < 0) and (table["bias_lo"][::2] > 0).all()

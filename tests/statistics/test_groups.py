@@ -60,6 +60,14 @@ def test_groups_equal_the_reference_loop(seed, scope):
     for m in set(groups.query.tolist()):
         union = sorted({t for d, q in zip(distinct, groups.query.tolist()) if q == m for t in d})
         assert groups.distinct_of_query(m).tolist() == union
+    # C(m, l) = sum over n of C(m, n, l), class by class, for tracked queries
+    for m in sorted(groups.common)[:3]:
+        brute = torch.zeros(V)
+        for n in stats.next_token[stats.query == m].tolist():
+            ctx, counts = stats.context_counts(m, n)
+            brute.index_add_(0, ctx, counts.double().float())
+        got = groups.pair_count_of(torch.full((V,), m), torch.arange(V))
+        assert got.tolist() == brute.double().tolist()
 
 
 def test_one_classification_with_its_defaults_refusing_bad_settings():
