@@ -165,7 +165,7 @@ def _record(args: argparse.Namespace) -> int:
 
     if bool(args.checkpoints) == bool(args.model):
         raise ValueError("give either --checkpoints DIR or --model NAME")
-    tokens = _eval_tokens(args)
+    tokens = _eval_tokens(args) if args.power is None else None  # --power chooses the rows
     auto = args.steps == "auto"
     steps = None if auto else args.steps
     if args.budget is not None and not auto:
@@ -189,8 +189,13 @@ def _record(args: argparse.Namespace) -> int:
         from scansnap_lens.statistics.corpus import CooccurrenceStats
 
         stats = CooccurrenceStats.load(args.stats)
+    on_plan = None
+    if args.power is not None:
+        tokens = _rows_for_power(args, tokens, stats, source)
+    if stats is not None:
+        on_plan = _say_power(stats)
     # plans from the first checkpoint it loads (its vocabulary)
-    recorder = Recorder(args.out, tokens, _settings(args), stats=stats)
+    recorder = Recorder(args.out, tokens, _settings(args), stats=stats, on_plan=on_plan)
     before = len(recorder.done)
     execute = None
     if args.ray is not None:
@@ -213,6 +218,72 @@ def _record(args: argparse.Namespace) -> int:
     )
     print(f"trajectory: {Path(args.out).resolve()}")
     return 0
+
+
+def _groups_or_none(stats):
+    from scansnap_lens.statistics.groups import TokenGroups
+
+    try:
+        return TokenGroups.from_statistics(stats)
+    except ValueError:  # nothing classified distinct: no verdict to plan for
+        return None
+
+
+def _say_power(stats):
+    """What the recorder calls with its plan: the scan verdict's planned power, said once."""
+    groups = _groups_or_none(stats)
+
+    def say(plan, heads: int) -> None:
+        from scansnap_lens.measures.power import planned_mde
+
+        mde = math.nan if groups is None else planned_mde(plan, groups, heads)
+        where = f"{plan.num_queries:,} queries, {heads} heads"
+        if mde != mde:
+            said = "no query has distinct and frequency-matched common tokens to plan for"
+        elif mde > 1:
+            said = "not even an AUROC of 1 would be detected"
+        else:
+            said = f"it could see AUROC >= {mde:.3g}"
+        print(
+            f"power: the scan verdict on {where}: {said} (planned for a head whose spread is"
+            " like the calibration lab's; --power AUROC chooses the rows)",
+            file=sys.stderr,
+        )
+
+    return say
+
+
+def _rows_for_power(args: argparse.Namespace, tokens, stats, source):
+    """The first rows of the evaluation text that give the scan verdict `args.power`."""
+    from scansnap_lens.measures.power import rows_for_power
+    from scansnap_lens.recording.hooks import watched
+
+    if stats is None:
+        raise ValueError("--power plans the rows from the statistics: give --stats too")
+    if args.max_rows is not None:
+        raise ValueError("--power chooses how many rows to record: give it without --max-rows")
+    groups = _groups_or_none(stats)
+    if groups is None:
+        raise ValueError("--power: the statistics classify no token distinct, so there is no"
+                         " scan verdict to plan for (see scansnap stats, --min-count)")  # fmt: skip
+    args.max_rows = 0  # every row of the text, to choose from
+    every = _eval_tokens(args)
+    model = next(iter(source)).load()  # its heads set the correction over heads
+    layers, heads = watched(model, args.layers, args.heads)
+    del model
+    rows, mde, tried = rows_for_power(every, stats.vocab_size, groups, args.power,
+                                      len(layers) * len(heads), context=stats.context)  # fmt: skip
+    for r, m in tried:
+        print(f"--power {args.power:g}: {r:,} rows -> AUROC >= {m:.3g}", file=sys.stderr)
+    if mde <= args.power:
+        print(f"--power {args.power:g}: recording the first {rows:,} of {len(every):,} rows",
+              file=sys.stderr)  # fmt: skip
+    else:
+        print(f"--power {args.power:g}: not reached with all {len(every):,} rows of the text"
+              f" (AUROC >= {mde:.3g}): more evaluation text, or statistics whose distinct"
+              " tokens the text holds more often, would; recording all of them",
+              file=sys.stderr)  # fmt: skip
+    return every[:rows]
 
 
 # ------------------------------------------------------------------ report
@@ -599,6 +670,11 @@ def build_parser() -> argparse.ArgumentParser:
         " rows x checkpoints drive the recording's time, which it estimates after one batch",
     )  # fmt: skip
     record.add_argument("--out", type=Path, required=True, help="trajectory folder")
+    record.add_argument(
+        "--power", type=float, metavar="AUROC",
+        help="choose the evaluation rows (the first 64, 128, ... of --text or --tokens) that let"
+        " the scan verdict detect this AUROC (with --stats; it says what each would give)",
+    )  # fmt: skip
     record.add_argument(
         "--stats", type=Path,
         help="statistics (scansnap stats) that choose the default queries: those whose classes"

@@ -127,6 +127,41 @@ def test_both_routes_of_record_take_the_same_rows_by_default(own_run, tmp_path, 
     assert Trajectory.load(tmp_path / "b").values["previous_token"].shape[-1] == 80
 
 
+def test_record_power_chooses_the_rows_that_reach_the_asked_auroc(tmp_path, capsys):
+    """A corpus of topic words tied to next tokens (`lab.calibration.corpus_text`), a model of
+    its vocabulary and statistics of the corpus: `--power` plans each doubling of the rows,
+    records the fewest that reach the asked AUROC, and the recorder's own plan says its power
+    again; an AUROC the whole text cannot reach is said so, with all rows recorded."""
+    from scansnap_lens.lab.calibration import CorpusScenario, corpus_text
+
+    scenario = CorpusScenario(rows=1200, tied=True)
+    text, queries = corpus_text(scenario, seed=0)
+    save_tokens(tmp_path / "corpus.safetensors", text[256:])
+    save_tokens(tmp_path / "eval.safetensors", text[:256])
+    model = attention_only_model(scenario.vocab, d_model=16, n_ctx=64, seed=0)
+    train(model, lambda n, g: text[torch.randint(0, len(text), (n,), generator=g)],
+          num_steps=1, save_steps=[0, 1], out=tmp_path / "ckpt", progress=False)  # fmt: skip
+    stats = tmp_path / "stats.safetensors"
+    assert main(["stats", str(tmp_path / "corpus.safetensors"), "--out", str(stats),
+                 "--vocab-size", str(scenario.vocab), "--window", "16", "--queries",
+                 ",".join(map(str, queries.tolist()))]) == 0  # fmt: skip
+    args = ["record", "--checkpoints", str(tmp_path / "ckpt"), "--tokens",
+            str(tmp_path / "eval.safetensors"), "--stats", str(stats), "--steps", "0,"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "a"), "--power", "0.8"]) == 0
+    err = capsys.readouterr().err
+    assert "--power 0.8: 64 rows -> AUROC >= " in err
+    chosen = int(err.split("recording the first ")[1].split(" of 256")[0])
+    planned = [float(line.split(">= ")[1]) for line in err.splitlines() if " rows -> " in line]
+    assert planned[-1] <= 0.8 and all(m > 0.8 for m in planned[:-1])
+    assert chosen in (64, 128, 256)
+    assert Trajectory.load(tmp_path / "a").values["previous_token"].shape[-1] == chosen
+    assert "power: the scan verdict on " in err and "it could see AUROC >= " in err
+    assert main([*args, "--out", str(tmp_path / "b"), "--power", "0.51"]) == 0
+    assert "--power 0.51: not reached with all 256 rows of the text" in capsys.readouterr().err
+    assert main([*args, "--out", str(tmp_path / "c"), "--power", "0.8", "--max-rows", "64"]) == 2
+    assert "without --max-rows" in capsys.readouterr().err
+
+
 def test_stats_of_text_and_of_a_dataset(shared_dir, tmp_path, capsys):
     text = shared_dir / "data" / "wikitext-2" / "test.txt"
     out = tmp_path / "wiki.safetensors"

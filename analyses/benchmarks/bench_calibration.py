@@ -30,7 +30,9 @@ Prints JSON lines:
   evaluation count, its true rate; 10 % and 25 % of the variance): the family-wise rate of
   "scans" (48 heads), at most alpha plus its margin;
 - one per classification and layout: a pure kind effect of AUROC 0.75 in every head, the
-  shares called "scans" (at least 0.7) and "not beyond frequency" (at most 0.05);
+  shares called "scans" (at least 0.7 where the printed minimal detectable AUROC is below
+  0.75: beyond it no test of that layout has the power) and "not beyond frequency" (at most
+  0.05);
 - one per classification: a pure kind effect planted in one head of 8 at the minimal
   detectable AUROC the verdict printed for that layout (a run of the same corpus without it):
   the verdict's detection rate, which must lie in [0.7, 0.9];
@@ -280,18 +282,21 @@ def kind_effect(reps: int, heads: int = 8, auroc: float = 0.75) -> None:
     for cname, classification in CLASSIFICATIONS.items():
         for layout, shape in layouts.items():
             start = time.perf_counter()
-            kinds = []
+            kinds, mdes = [], []
             for seed in range(reps):
                 traj, groups, _ = corpus_run(CorpusScenario(**shape), classification, heads,
                                              auroc, seed=seed)  # fmt: skip
-                kinds += [v.split(" (")[0] for v in scan_uncertainty(traj, groups).table["verdict"]]
+                table = scan_uncertainty(traj, groups).table
+                kinds += [v.split(" (")[0] for v in table["verdict"]]
+                mdes.append(float(table["auroc_mde"].median()))
             scans, explained = (kinds.count(k) / len(kinds)
                                 for k in ("scans", "not beyond frequency"))  # fmt: skip
             print(json.dumps({
                 "kind_effect_auroc": auroc, "classification": cname, "layout": layout,
                 "trajectories": reps, "heads": heads, "scans": round(scans, 4),
                 "not_beyond_frequency": round(explained, 4),
-                "within": scans >= 0.7 and explained <= 0.05,
+                "median_mde_auroc": round(float(np.nanmedian(mdes)), 4),
+                "within": (scans >= 0.7 or np.nanmedian(mdes) > auroc) and explained <= 0.05,
                 "s": round(time.perf_counter() - start, 1),
             }), flush=True)  # fmt: skip
 

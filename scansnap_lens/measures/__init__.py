@@ -37,11 +37,12 @@ P(l|m, n), common tokens of each query), and returns a `Measurement`: a table wi
   coarse pass, then the checkpoints that split each unresolved bracket) and
   `AdaptiveSchedule` (a training run's next step from the movement it saw);
 - `uncertainty`: `scan_uncertainty`, every head's intervals, p-values, the untrained baseline
-  and its verdict (`scans`), each figure from its own module and `resampling`.
+  and its verdict (`scans`), each figure from its own module and `resampling`;
+- `power`: power planned before recording, `planned_mde` and `rows_for_power`.
 """
 
 from scansnap_lens._lazy import exports
 
 _MODULES = """catalog discriminative entropy findings fit frequency growth head_types heads
-matching measurement placement rates resampling runs snap summary uncertainty"""
+matching measurement placement power rates resampling runs snap summary uncertainty"""
 __all__, __getattr__, __dir__ = exports(__name__, _MODULES)

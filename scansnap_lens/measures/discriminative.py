@@ -68,8 +68,12 @@ class QueryTokens:
     @classmethod
     def of(cls, traj: Trajectory, groups: TokenGroups) -> QueryTokens:
         """The units of `traj` under `groups`; ValueError where no query has both kinds."""
-        groups.check_context(traj.plan)
-        plan = traj.plan
+        return cls.of_plan(traj.plan, groups)
+
+    @classmethod
+    def of_plan(cls, plan, groups: TokenGroups) -> QueryTokens:
+        """The units a recording of `plan` (`RecordPlan`) will hold under `groups`."""
+        groups.check_context(plan)
         sizes = torch.tensor([t.numel() for t in groups.distinct], dtype=torch.long)
         d_query = torch.repeat_interleave(groups.query, sizes)
         d_keys = torch.unique(d_query * plan.vocab_size + _cat(groups.distinct))  # union per query

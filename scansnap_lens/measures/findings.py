@@ -24,7 +24,7 @@ import pandas as pd
 
 from scansnap_lens.measures.catalog import MEASURES, Measure, columns
 from scansnap_lens.measures.snap import NOISY_BELOW
-from scansnap_lens.measures.uncertainty import VERDICTS
+from scansnap_lens.measures.uncertainty import TARGET_AUROC, VERDICTS
 
 __all__ = ["findings_of", "runs_findings_of"]
 
@@ -57,23 +57,35 @@ def _scan(summary: pd.DataFrame, step_unit: str) -> list[str]:
         order = scanning.sort_values("auroc", ascending=False) if "auroc" in summary else scanning
         best = order.iloc[0]
         said = f"{_heads(order)} scan{'s' if len(order) == 1 else ''}"
-        said += f" ({len(order)} of {len(summary)} heads;" if len(order) > 1 else " ("
-        said += f" the strongest, layer {int(best['layer'])} head {int(best['head'])}: AUROC"
+        if len(order) > 1:
+            said += (f" ({len(order)} of {len(summary)} heads; the strongest, layer"
+                     f" {int(best['layer'])} head {int(best['head'])}: AUROC")  # fmt: skip
+        else:
+            said += " (AUROC"
         said += f" {_interval(best, 'auroc')}"
         control = str(best.get("frequency_control", ""))
         if control.startswith("frequency bias"):
-            said += f", not a rarity preference: {control.removeprefix('frequency bias (')[:-1]}"
+            r, p = _num(best["frequency_bias_r"]), f"{best['frequency_bias_p']:.2g}"
+            said += (f"; the more frequent distinct tokens gain more, r {r}, p = {p}: not a"
+                     " preference for rare tokens")  # fmt: skip
         elif "matched_auroc" in best and best["matched_auroc"] == best["matched_auroc"]:
             said += f"; with frequency held alike {_interval(best, 'matched_auroc')}"
         return [said + ")."]
     kinds = summary["verdict"].fillna("").str.split(" \\(").str[0]
     if (kinds == VERDICTS["no_scan"]).all() and "auroc_mde" in summary:
         mde = summary["auroc_mde"].astype(float)
+        more = summary.get("rows_for_target", pd.Series(dtype=float)).astype(float)
+        plan = ""
+        if (more > 1).any():
+            plan = (f"; about {_num(more.max())} times the evaluation rows would let every head"
+                    f" see AUROC {TARGET_AUROC:g}: scansnap record --power {TARGET_AUROC:g}"
+                    " plans them")  # fmt: skip
         mde = mde[mde < 1]
         if len(mde) == 0:
-            return ["No head scans, and none could have been seen (no power: see the verdicts)."]
+            return [f"No head scans, and none could have been seen (no power: see the verdicts"
+                    f"{plan})."]  # fmt: skip
         span = _num(mde.min()) + ("" if mde.min() == mde.max() else f" to {_num(mde.max())}")
-        return [f"No head scans (each could have seen AUROC >= {span})."]
+        return [f"No head scans (each could have seen AUROC >= {span}{plan})."]
     counts = kinds.value_counts()
     parts = [f"{n} {'head' if n == 1 else 'heads'}: {kind or 'no verdict'}"
              for kind, n in counts.items()]  # fmt: skip

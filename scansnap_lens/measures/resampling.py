@@ -61,6 +61,7 @@ __all__ = [
     "crossed",
     "interval_over_runs",
     "joint_mde",
+    "joint_power",
     "kish",
     "mean_over_units",
     "normal_p",
@@ -193,22 +194,29 @@ def joint_mde(
     (True, True)
     """
     enough = torch.stack([e.enough for e in estimates]).all(0)
-    crit = [e._t(1 - alpha / 2) for e in estimates]
-
-    def joint(d: Tensor) -> Tensor:
-        out = torch.ones_like(d)
-        for e, c in zip(estimates, crit):
-            z = (c - d / e.se_at(null + d).clamp_min(1e-300)).numpy()
-            out = out * torch.from_numpy(np.asarray(scipy_stats.t.sf(z, e.df.numpy()), np.float64))
-        return out
-
     lo = torch.zeros_like(estimates[0].value, dtype=torch.float64)
     hi = torch.stack([e.mde(alpha, power) for e in estimates]).nan_to_num(1.0).amax(0) * 4 + 1e-12
     for _ in range(60):  # bisection: the joint power rises with the distance
         mid = (lo + hi) / 2
-        reached = joint(mid) >= power
+        reached = joint_power(estimates, alpha, mid, null) >= power
         lo, hi = torch.where(reached, lo, mid), torch.where(reached, mid, hi)
     return torch.where(enough, hi, math.nan)
+
+
+def joint_power(
+    estimates: list[Estimate], alpha: float, distance: Tensor, null: float = 0.0,
+    units: Tensor | float = 1.0,
+) -> Tensor:  # fmt: skip
+    """[...] the probability that every one of `estimates`' two-sided tests at `alpha` rejects
+    at a true value `distance` [...] from `null` (`joint_mde`), with `units` times the units
+    behind each (standard errors over its root; the t references kept, which errs low)."""
+    out = torch.ones_like(distance, dtype=torch.float64)
+    root = torch.as_tensor(units, dtype=torch.float64).sqrt()
+    for e in estimates:
+        se = e.se_at(null + distance) / root
+        z = (e._t(1 - alpha / 2) - distance / se.clamp_min(1e-300)).numpy()
+        out = out * torch.from_numpy(np.asarray(scipy_stats.t.sf(z, e.df.numpy()), np.float64))
+    return out
 
 
 def auroc_variance(auroc: Tensor) -> Tensor:

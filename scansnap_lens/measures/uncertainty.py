@@ -56,6 +56,7 @@ from scansnap_lens.measures.resampling import (
     Estimate,
     adjust,
     joint_mde,
+    joint_power,
     too_few,
 )
 from scansnap_lens.measures.snap import snap_step_interval
@@ -73,7 +74,8 @@ UNCERTAINTY_COLUMNS = (
     "matched_auroc_n_eff", "matched_auroc_lost",
     "word_matched_auroc", "word_matched_auroc_lo", "word_matched_auroc_hi",
     "word_matched_auroc_p", "word_matched_auroc_n_eff", "word_matched_auroc_lost",
-    "frequency_auroc", "matched_units_needed", "frequency_bias_r", "frequency_bias_p",
+    "frequency_auroc", "matched_units_needed", "rows_for_target",
+    "frequency_bias_r", "frequency_bias_p",
     "spearman_lo", "spearman_hi", "spearman_p", "spearman_n_eff",
     "entropy_lo", "entropy_hi", "entropy_n_eff",
     "attention_entropy_lo", "attention_entropy_hi",
@@ -184,6 +186,9 @@ def scan_uncertainty(
     out["auroc_mde"] = 0.5 + joint_mde([estimates[k] for k in ("auroc", *controls)], per_head,
                                        null=0.5)  # fmt: skip
     out["matched_units_needed"] = _units_needed(estimates, controls, per_head)
+    out["rows_for_target"] = _rows_factor(
+        [estimates[k] for k in ("auroc", *controls)], per_head, out["auroc_mde"]
+    )
     out.update(snap_step_interval(traj, snap_resamples, level, g))
     for name in ("snap_step_n_eff", "snap_step_grid_lo", "snap_step_grid_hi"):  # `snapping`'s
         out.pop(name)
@@ -212,6 +217,26 @@ _MATCHED_ON = {True: "corpus counts", False: "evaluation counts"}
 def _above(value: Tensor, p_two_sided: Tensor) -> Tensor:
     """One-sided p-value of value > its null from a symmetric test's two-sided one."""
     return torch.where(value > 0, p_two_sided / 2, 1 - p_two_sided / 2)
+
+
+TARGET_AUROC = 0.75  # the effect a plan of more rows is stated for (`rows_for_target`)
+
+
+def _rows_factor(estimates: list[Estimate], alpha: float, mde: Tensor) -> Tensor:
+    """[L, H] how many times the evaluation rows would bring the verdict's minimal detectable
+    AUROC to `TARGET_AUROC`, taking the units to grow with the rows (the standard errors fall
+    as one over their root); 1 where it is there already, NaN where no number of rows helps
+    (too few units of some test) or past 1024 times."""
+    d = torch.full_like(mde, TARGET_AUROC - 0.5)
+    lo = torch.zeros_like(mde)  # log2 of the factor
+    hi = torch.full_like(mde, 10.0)
+    for _ in range(30):  # bisection: the joint power rises with the units
+        mid = (lo + hi) / 2
+        ok = joint_power(estimates, alpha, d, 0.5, 2.0**mid) >= POWER
+        lo, hi = torch.where(ok, lo, mid), torch.where(ok, mid, hi)
+    reached = joint_power(estimates, alpha, d, 0.5, 2.0**hi) >= POWER
+    factor = torch.where(mde <= TARGET_AUROC, 1.0, 2.0**hi)
+    return torch.where(torch.isnan(mde) | ~reached, math.nan, factor)
 
 
 def _units_needed(est: dict[str, Estimate], controls: list[str], alpha: float) -> Tensor:
@@ -263,6 +288,7 @@ def _verdicts(
     p_lost = {c: flat(adj[f"{c}_lost"]) for c in controls}
     rho, p_rho = flat(out.get("frequency_bias_r")), flat(adj.get("frequency_bias"))
     need = flat(out["matched_units_needed"])
+    rows = flat(out["rows_for_target"])
     rarer = flat(out["frequency_auroc"])
     verdicts, reasons = [], []
     for h in range(len(bias)):
@@ -282,6 +308,9 @@ def _verdicts(
                 seen = f"could have seen AUROC >= {mde[h]:.3g}"
             else:
                 seen = "no power: not even an AUROC of 1 was within reach"
+            if rows[h] > 1:
+                seen += (f"; about {rows[h]:.2g} times the evaluation rows would see"
+                         f" {TARGET_AUROC:g}")  # fmt: skip
             verdict = f"{VERDICTS['no_scan']} ({seen})"
         elif len(passed) == len(controls):
             verdict = VERDICTS["scans"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import gc
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -155,6 +156,8 @@ class Recorder:
     meta: what is known of the run (its rates, model, data), kept in the manifest; a folder
     whose run differs (a value of ``meta``, the plan, layers, heads, prompt, aggregates) is
     refused with what differs, unless ``overwrite``; the same run resumes.
+    on_plan: called with the plan and the number of watched heads once both are decided,
+    before anything is recorded (the command line says the scan's planned power there).
 
     While it records, the recorder holds the folder's `RecordingLock`: a recorder in another
     process fails at once.  `record` releases it when done; `on_checkpoint` (a training loop)
@@ -169,8 +172,10 @@ class Recorder:
         plan: RecordPlan | None = None,
         stats: CooccurrenceStats | None = None,
         meta: dict | None = None,
+        on_plan: Callable[[RecordPlan, int], None] | None = None,
     ):
         self.settings = settings = RecordingSettings() if settings is None else settings
+        self.on_plan = on_plan  # told the plan and the watched heads' number once both are known
         self.folder = TrajectoryFolder(out)
         self.out, self.lock = self.folder.path, self.folder.lock
         if tokens is not None and not isinstance(tokens, Tensor):
@@ -296,6 +301,8 @@ class Recorder:
             if self.plan is None:  # planned from the first model: its vocabulary, its tokenizer
                 self.plan = self._plan_for(model, len(layers) * len(heads), entries)
             self.layers, self.heads = layers, heads
+            if self.on_plan is not None:
+                self.on_plan(self.plan, len(layers) * len(heads))
             run = RecordingRun(self.out, self.tokens, self.plan, layers, heads, self.prompt,
                                self.aggregates, entries, self.settings, self.state)  # fmt: skip
             self._check_budget(run)
