@@ -273,16 +273,21 @@ def _rows_for_power(args: argparse.Namespace, tokens, stats, source):
     del model
     rows, mde, tried = rows_for_power(every, stats.vocab_size, groups, args.power,
                                       len(layers) * len(heads), context=stats.context)  # fmt: skip
-    for r, m in tried:
-        print(f"--power {args.power:g}: {r:,} rows -> AUROC >= {m:.3g}", file=sys.stderr)
+    for r, m, df in tried:
+        print(f"--power {args.power:g}: {r:,} rows -> AUROC >= {m:.3g} (its t reference's"
+              f" degrees of freedom {df:.2g})", file=sys.stderr)  # fmt: skip
     if mde <= args.power:
         print(f"--power {args.power:g}: recording the first {rows:,} of {len(every):,} rows",
               file=sys.stderr)  # fmt: skip
     else:
-        print(f"--power {args.power:g}: not reached with all {len(every):,} rows of the text"
-              f" (AUROC >= {mde:.3g}): more evaluation text, or statistics whose distinct"
-              " tokens the text holds more often, would; recording all of them",
-              file=sys.stderr)  # fmt: skip
+        why = ("no plan holds frequency-matched pairs" if mde != mde else
+               f"the least is AUROC >= {mde:.3g} at {rows:,} rows; where more rows raise it, they"
+               " gather the figure on a few distinct tokens shared by many queries, whose"
+               " spread one text cannot tell (the degrees of freedom fall)")  # fmt: skip
+        print(f"--power {args.power:g}: not reached with any of the first rows of the"
+              f" {len(every):,} ({why}): statistics of a classification that makes fewer"
+              f" words distinct for many queries, or more text of other kinds, would; recording"
+              f" the first {rows:,}", file=sys.stderr)  # fmt: skip
     return every[:rows]
 
 

@@ -41,10 +41,15 @@ def planned_mde(
     """The AUROC the verdict would detect with 80 % power on a recording of `plan` (a
     `RecordPlan`) watching `heads` heads (see the module); NaN where no query holds both
     kinds or the frequency-matched pairs are too few for any effect to be called scanning."""
+    return _planned(plan, groups, heads, draws, alpha, seed)[0]
+
+
+def _planned(plan, groups, heads, draws=32, alpha=ALPHA, seed=0) -> tuple[float, float]:
+    """(`planned_mde`, the degrees of freedom of its weakest test's t reference)."""
     try:
         units = QueryTokens.of_plan(plan, groups)
     except ValueError:
-        return math.nan
+        return math.nan, math.nan
     g = torch.Generator().manual_seed(seed)
     tokens = units._tokens
     n_tokens = int(tokens.max()) + 1
@@ -58,17 +63,21 @@ def planned_mde(
     if corpus:
         estimates.append(units.matched_auroc_estimate(dz, units.corpus_matched_pairs))
     mde = 0.5 + joint_mde(estimates, alpha / max(heads, 1), null=0.5)
-    return float(mde.nanmedian()) if (~torch.isnan(mde)).any() else math.nan
+    df = float(torch.stack([e.df for e in estimates]).amin(0).median())
+    return (float(mde.nanmedian()) if (~torch.isnan(mde)).any() else math.nan), df
 
 
 def rows_for_power(
     tokens, vocab_size: int, groups: TokenGroups, target: float, heads: int = 1,
     start: int = 64, **plan_options,
-) -> tuple[int, float, list[tuple[int, float]]]:  # fmt: skip
+) -> tuple[int, float, list[tuple[int, float, float]]]:  # fmt: skip
     """(rows, mde, tried): the fewest of the first rows of `tokens` [R, T] (doubling from
     `start`, then all of them) whose plan (`plan_recording` with `plan_options`) reaches a
     planned minimal detectable AUROC of at most `target` for `heads` heads, with its
-    `planned_mde`, and every (rows, mde) tried; where none does, all the rows and theirs."""
+    `planned_mde`, and every (rows, mde, degrees of freedom) tried.  Where none does, the
+    rows of the least one: more rows can lower it less than they concentrate the figure on a
+    few distinct tokens shared by many queries (a word distinct for a fifth of the queries),
+    whose spread one draw of text cannot tell (the degrees of freedom fall towards 1)."""
     if not 0.5 < target <= 1:
         raise ValueError(f"the target AUROC must lie in (0.5, 1], got {target}")
     total = len(tokens)
@@ -80,8 +89,10 @@ def rows_for_power(
     tried = []
     for rows in sizes:
         plan = plan_recording(tokens[:rows], vocab_size, groups=groups, **plan_options)
-        mde = planned_mde(plan, groups, heads)
-        tried.append((rows, mde))
+        mde, df = _planned(plan, groups, heads)
+        tried.append((rows, mde, df))
         if mde <= target:
             return rows, mde, tried
-    return total, tried[-1][1], tried
+    finite = [t for t in tried if t[1] == t[1]]
+    best = min(finite, key=lambda t: t[1]) if finite else tried[-1]
+    return best[0], best[1], tried
