@@ -131,12 +131,11 @@ class ClassTokens:
         p = torch.from_numpy(scipy_stats.norm.sf(z.numpy()))
         return torch.where(total > 0, mean, math.nan), torch.where(total > 0, p, math.nan)
 
-    def null_p(self, values: Tensor, pearson: bool = False) -> Tensor:
-        """[...] two-sided p-value of the weighted mean rho (Pearson's r with `pearson`)
-        against P(l|m, n) shuffled within each class: under that null each class's
-        correlation has mean 0 and variance exactly 1 / (n - 1) (any correlation of n
-        tokens under permutation), and the weighted mean is nearly normal."""
-        rho = self.pearson(values) if pearson else self.spearman(values)
+    def null_p(self, values: Tensor) -> Tensor:
+        """[...] two-sided p-value of the weighted mean rho against P(l|m, n) shuffled within
+        each class: under that null each class's rho has mean 0 and variance exactly
+        1 / (n - 1) (a rank correlation of n tokens), and the weighted mean is nearly normal."""
+        rho = self.spearman(values)
         ok = ~torch.isnan(rho)
         w = self.events * ok
         total = w.sum(-1)
