@@ -8,13 +8,20 @@ import errno
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from glob import escape as glob_escape
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 from torch import Tensor
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: a killed stage stays until removed by hand
+    fcntl = None
 
 
 def check_writable(path: str | Path) -> None:
@@ -58,23 +65,98 @@ def make_folder(path: str | Path) -> Path:
     return path
 
 
+STAGE_LOCK = ".scansnap-staging.lock"  # held while a stage fills; not moved into the folder
+
+
 @contextmanager
 def staged_folder(out: str | Path) -> Iterator[Path]:
     """A hidden folder beside `out` to fill in its place: once the block ends without an
-    error, each file in it moves into `out` (a rename, replacing its namesake and no other
-    file of `out`); on any error or Ctrl-C it is removed and `out` stays as it was."""
+    error, its files move into `out` all or nothing (each replacing its namesake and no
+    other file of `out`; where one cannot move, those moved go back and the old ones return);
+    on any error, Ctrl-C or SIGTERM (the command line turns it into an interrupt) it is
+    removed and `out` stays as it was.  A stage a killed process left (its lock free) is
+    removed by the next one."""
     out = Path(out)
     make_folder(out.parent)
+    _remove_stale_stages(out)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    lock = open_lock(stage / STAGE_LOCK)
     try:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
         yield stage
-        for path in sorted(p for p in stage.rglob("*") if p.is_file()):
-            target = out / path.relative_to(stage)
-            make_folder(target.parent)
-            refuse_link(target)
-            os.replace(path, target)
+        files = sorted(p for p in stage.rglob("*") if p.is_file() and p.name != STAGE_LOCK)
+        _move_in(stage, files, out)
         _fsync(out)
     finally:
+        lock.close()
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _move_in(stage: Path, files: list[Path], out: Path) -> None:
+    """Move `files` of `stage` into `out` at their places, all or nothing."""
+    targets = [out / p.relative_to(stage) for p in files]
+    for target in targets:  # what would stop it midway, found before anything moves
+        refuse_link(target)
+        for folder in [target, *target.parents]:
+            if folder == out.parent:
+                break
+            if folder != target and folder.exists() and not folder.is_dir():
+                raise NotADirectoryError(f"cannot write {target}: {folder} is a file")
+        if target.is_dir():
+            raise IsADirectoryError(
+                f"cannot write {target}: a folder of that name is in the way; move it, or"
+                " write elsewhere"
+            )
+    old = stage / ".scansnap-old"
+    made, moved = [], []  # folders made; (target, its old file or None)
+    try:
+        for path, target in zip(files, targets):
+            missing = [f for f in [target.parent, *target.parent.parents] if not f.exists()]
+            make_folder(target.parent)
+            made += reversed(missing)
+            backup = None
+            if target.exists():
+                backup = old / target.relative_to(out)
+                make_folder(backup.parent)
+                os.replace(target, backup)
+            moved.append((target, backup))
+            os.replace(path, target)
+    except BaseException:
+        for target, backup in reversed(moved):
+            if backup is not None:
+                os.replace(backup, target)
+            else:
+                target.unlink(missing_ok=True)
+        for folder in reversed(made):
+            with suppress(OSError):
+                folder.rmdir()
+        raise
+
+
+def _remove_stale_stages(out: Path) -> None:
+    """Remove the stages beside `out` that no process fills (a kill's leftovers)."""
+    if fcntl is None:
+        return
+    for stage in out.parent.glob(f".{glob_escape(out.name)}.*.partial"):
+        lock_file = stage / STAGE_LOCK
+        if stage.is_symlink() or not stage.is_dir():
+            continue
+        if not lock_file.is_file():  # an older version's, or one a moment old: by its age
+            with suppress(OSError):
+                if time.time() - stage.stat().st_mtime > 60:
+                    shutil.rmtree(stage, ignore_errors=True)
+            continue
+        try:
+            handle = open_lock(lock_file)
+        except (OSError, ValueError):
+            continue
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a process is filling it now
+            handle.close()
+            continue
+        handle.close()
         shutil.rmtree(stage, ignore_errors=True)
 
 

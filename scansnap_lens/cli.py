@@ -932,7 +932,7 @@ class _Interrupts:
 
 
 def main(argv: list[str] | None = None) -> int:
-    own = False
+    own, terminate = False, signal.SIG_DFL
     try:  # from the first line: Ctrl-C at any moment of the command is an interrupt
         own = threading.current_thread() is threading.main_thread() and (
             signal.getsignal(signal.SIGINT) is signal.default_int_handler
@@ -940,6 +940,9 @@ def main(argv: list[str] | None = None) -> int:
         if own:
             _Interrupts.seen = False
             signal.signal(signal.SIGINT, _Interrupts.handler)
+            # SIGTERM (timeout, a scheduler, systemctl stop) ends the command as Ctrl-C does:
+            # what is half written is removed, what is recorded kept
+            terminate = signal.signal(signal.SIGTERM, _Interrupts.handler)
         return _main(argv)
     except KeyboardInterrupt:  # before a command ran (while the libraries load)
         print("scansnap: interrupted", file=sys.stderr)
@@ -955,6 +958,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if own:
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, terminate)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -988,12 +992,16 @@ def _main(argv: list[str] | None) -> int:
         )
         return 2
     except KeyboardInterrupt:
-        print(
-            f"scansnap {args.command}: interrupted; what was recorded is kept (run again to"
-            " resume)",
-            file=sys.stderr,
-        )
+        print(f"scansnap {args.command}: interrupted; {_AFTER_INTERRUPT.get(args.command, '')}"
+              .rstrip("; "), file=sys.stderr)  # fmt: skip
         return 130
+
+
+# what an interrupted command leaves, said when it is interrupted
+_AFTER_INTERRUPT = {
+    "record": "what was recorded is kept (run again to resume)",
+    "report": "the report folder is as it was (nothing of this run moved in)",
+}
 
 
 if __name__ == "__main__":

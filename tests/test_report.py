@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -466,3 +467,51 @@ def test_the_loss_figure_marks_the_snap_and_formation_steps(trainer_runs):
         lo, hi = xy.min(), xy.max()
         assert (lo, hi) == (own_lo.median(), own_hi.median())
         assert 4 <= lo <= heads["snap_step"].median() <= hi <= 12  # within the checkpoints
+
+
+def test_a_terminated_or_killed_report_leaves_no_stage_and_a_blocked_move_in_nothing(
+    trainer_runs, tmp_path
+):
+    """SIGTERM (timeout, a scheduler) mid-report: exit 130, the report's own message, no
+    staging folder, the folder as it was; SIGKILL leaves a stage, which the next report
+    removes; a user's folder named like a report file (summary.json) stops the move-in
+    before anything moves: exit 2, naming it, the folder as it was."""
+    import signal
+    import subprocess
+    import sys
+
+    from scansnap_lens.cli import main
+
+    root = trainer_runs["trainer"].parents[1]
+    folder = tmp_path / "r"
+    command = ["report", str(root / "traj_s0"), "--stats", str(root / "stats.safetensors"),
+               "--out", str(folder)]  # fmt: skip
+    assert main(command) == 0
+    (folder / "notes.txt").write_text("mine")
+
+    def contents():
+        return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+    def stopped(sig):
+        process = subprocess.Popen([sys.executable, "-m", "scansnap_lens.cli", *command],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+        while not list(tmp_path.glob(".r.*.partial")):
+            assert process.poll() is None, process.communicate()[1].decode()[-2000:]
+            time.sleep(0.02)
+        time.sleep(0.5)
+        process.send_signal(sig)
+        return process.wait(timeout=120), process.stderr.read().decode()
+
+    before = contents()
+    code, err = stopped(signal.SIGTERM)
+    assert code == 130 and "Traceback" not in err, err
+    assert "report: interrupted; the report folder is as it was" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"] and contents() == before
+    code, _ = stopped(signal.SIGKILL)
+    assert code == -signal.SIGKILL and len(list(tmp_path.glob(".r.*.partial"))) == 1
+    (folder / "summary.json").unlink()
+    (folder / "summary.json").mkdir()
+    before = contents()
+    assert main(command) == 2
+    assert contents() == before and (folder / "summary.json").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # the killed stage: gone

@@ -41,9 +41,11 @@ __all__ = [
     "checkpoint_labels",
     "delete_snapshot",
     "fetch_revision",
+    "mismatched",
     "offline",
     "refuse_linked",
     "remove_orphans",
+    "repo_folder",
     "revision_info",
     "snapshot_in",
 ]
@@ -97,13 +99,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HF_HUB_CACHE", HF_HUB_CACHE))
 
 
-def _repo_folder(name: str, cache: Path | None = None) -> Path:
+def repo_folder(name: str, cache: Path | None = None) -> Path:
+    """The folder of repository `name` in `cache` (default: the hub cache)."""
     return (cache or cache_dir()) / ("models--" + name.replace("/", "--"))
 
 
 def _cached_files(name: str) -> list[str] | None:
     """Files of the cached snapshot of `name` at ``main`` (or any snapshot), or None."""
-    repo = _repo_folder(name)
+    repo = repo_folder(name)
     snapshots = repo / "snapshots"
     if not snapshots.is_dir():
         return None
@@ -321,7 +324,7 @@ def revision_files(name: str, revision: str) -> dict[str, int]:
 def cached_commit(name: str, revision: str, cache: Path | None = None) -> str | None:
     """The commit `revision` of `name` resolves to in `cache` (default: the hub cache), where
     its snapshot is there."""
-    repo = _repo_folder(name, cache)
+    repo = repo_folder(name, cache)
     ref = repo / "refs" / revision
     if not ref.is_file():
         return None
@@ -330,19 +333,56 @@ def cached_commit(name: str, revision: str, cache: Path | None = None) -> str | 
 
 
 def snapshot_in(
-    cache: Path, name: str, revision: str, commit: str | None = None, files=None
+    cache: Path, name: str, revision: str, commit: str | None = None, files=None, ids=None
 ) -> Path | None:
     """The snapshot folder of `name` at `revision` in `cache`, found by its ref or by its
-    `commit` (a revision pinned by hash has no ref), holding every one of `files`; or None.
-    Reads only."""
-    repo = _repo_folder(name, cache)
+    `commit` (a revision pinned by hash has no ref), holding every one of `files`, each with
+    its content id in `ids` where given (`mismatched`); or None.  Reads only."""
+    repo = repo_folder(name, cache)
     for found in (commit, cached_commit(name, revision, cache)):
         if found is None or not re.fullmatch(r"[0-9a-f]{40}", found):
             continue
         folder = repo / "snapshots" / found
         if folder.is_dir() and all((folder / f).is_file() for f in files or ()):
-            return folder
+            return None if mismatched(folder, ids) else folder
     return None
+
+
+def mismatched(folder: Path, ids: dict[str, str] | None) -> list[str]:
+    """The files of snapshot `folder` that are not what the hub lists: `ids` gives each
+    file's content id (an LFS file's sha256, another's git blob id), which names the blob a
+    cache's snapshot file links to.  A link is checked by that name and by where it lands
+    (the blobs of the folder's own repository); a plain file (a cache without links) by
+    hashing it."""
+    if not ids:
+        return []
+    blobs = (folder.parents[1] / "blobs").resolve()
+    out = []
+    for file, want in sorted(ids.items()):
+        path = folder / file
+        if not want or not path.exists():
+            continue
+        if path.is_symlink() or folder.is_symlink():
+            target = path.resolve()
+            if target.parent != blobs or target.name != want:
+                out.append(file)
+        elif _content_id(path, len(want)) != want:
+            out.append(file)
+    return out
+
+
+def _content_id(path: Path, length: int) -> str:
+    """sha256 of the file (length 64), or its git blob id (length 40)."""
+    import hashlib
+
+    if length == 64:
+        digest = hashlib.sha256()
+    else:
+        digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 23):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def fetch_revision(name: str, revision: str, files=None, cache: Path | None = None) -> Path:
@@ -368,7 +408,7 @@ def fetch_revision(name: str, revision: str, files=None, cache: Path | None = No
 
 def snapshots(cache: Path, name: str) -> dict[str, str]:
     """{ref: commit} of the snapshots of `name` in `cache` that a ref names."""
-    refs = _repo_folder(name, cache) / "refs"
+    refs = repo_folder(name, cache) / "refs"
     if not refs.is_dir():
         return {}
     found = (p for p in refs.rglob("*") if p.is_file())
@@ -376,14 +416,18 @@ def snapshots(cache: Path, name: str) -> dict[str, str]:
 
 
 def _linked(repo: Path) -> bool:
-    return any(p.is_symlink() for p in (repo, repo / "blobs", repo / "snapshots", repo / "refs"))
+    folders = (repo, repo / "blobs", repo / "snapshots", repo / "refs")
+    if any(p.is_symlink() for p in folders):
+        return True
+    snapshots = repo / "snapshots"  # a snapshot folder linked to another (someone's)
+    return snapshots.is_dir() and any(p.is_symlink() for p in snapshots.iterdir())
 
 
 def refuse_linked(cache: Path, name: str) -> None:
     """ValueError where `name`'s folder in `cache`, or a folder of it, is a symbolic link: a
     cache from someone else could point them at another cache, and writing or deleting
     through one would reach there."""
-    repo = _repo_folder(name, cache)
+    repo = repo_folder(name, cache)
     if _linked(repo):
         raise ValueError(
             f"{repo}, or a folder in it, is a symbolic link: the sweep neither downloads nor"
@@ -391,19 +435,25 @@ def refuse_linked(cache: Path, name: str) -> None:
         )
 
 
-def delete_snapshot(cache: Path, name: str, revision: str, keep: set[str] = frozenset()) -> int:
+def delete_snapshot(
+    cache: Path, name: str, revision: str, keep: set[str] = frozenset(), commit: str | None = None
+) -> int:
     """Delete `revision` of `name` from `cache`: its snapshot, the refs naming its commit,
     and the blobs no other snapshot of `name` in `cache` uses and `keep` (blob names: content
-    ids) does not name; the bytes freed.  Only inside ``cache/models--{name}``: another
+    ids) does not name; the bytes freed.  commit: where given, only if the revision's ref
+    names it (else nothing).  Only inside ``cache/models--{name}``: another
     repository's snapshot of the same commit (a mirror) is never touched.  Only for a cache
     the caller owns (the sweep's)."""
     import shutil
 
     refuse_linked(cache, name)
-    repo = _repo_folder(name, cache)
-    commit = (repo / "refs" / revision).read_text().strip() if (
-        repo / "refs" / revision
-    ).is_file() else None  # fmt: skip
+    repo = repo_folder(name, cache)
+    ref = repo / "refs" / revision
+    named = ref.read_text().strip() if ref.is_file() and not ref.is_symlink() else None
+    if commit is None:
+        commit = named
+    elif named is not None and named != commit:
+        return 0  # the ref moved to another commit: not the snapshot that was made
     if commit is None or not re.fullmatch(r"[0-9a-f]{40}", commit):
         return 0
     folder = repo / "snapshots" / commit
@@ -435,6 +485,47 @@ def delete_snapshot(cache: Path, name: str, revision: str, keep: set[str] = froz
     return freed
 
 
+def remove_downloaded(cache: Path, name: str, commits: set[str]) -> list[Path]:
+    """After the sweep deleted its snapshots of `name` from `cache` (its own): the files
+    huggingface_hub made beside them (the blobs no snapshot links to, the listings and
+    "no such file" notes of `commits`, the download locks and partial files); the folders
+    that held them, to remove where empty.  Nothing of a snapshot still there."""
+    refuse_linked(cache, name)
+    repo = repo_folder(name, cache)
+    remove_orphans(name, cache)
+    snapshots = repo / "snapshots"
+    used = {
+        (p.parent / os.readlink(p)).resolve()
+        for p in (snapshots.rglob("*") if snapshots.is_dir() else ()) if p.is_symlink()
+    }  # fmt: skip
+    blobs = repo / "blobs"
+    for blob in blobs.iterdir() if blobs.is_dir() else ():
+        if blob.is_file() and not blob.is_symlink() and blob.resolve() not in used:
+            blob.unlink(missing_ok=True)
+    locks = cache / ".locks" / repo.name
+    for lock in locks.glob("*.lock") if locks.is_dir() and not locks.is_symlink() else ():
+        lock.unlink(missing_ok=True)
+    for commit in commits:
+        (repo / "trees" / f"{commit}.json").unlink(missing_ok=True)
+        no_exist = repo / ".no_exist" / commit
+        for note in no_exist.rglob("*") if no_exist.is_dir() else ():
+            if note.is_file() and not note.is_symlink() and note.stat().st_size == 0:
+                note.unlink()
+    return [repo, locks]
+
+
+def remove_cache_tag(cache: Path) -> None:
+    """Remove the CACHEDIR.TAG huggingface_hub writes into a cache it downloads into."""
+    tag = cache / "CACHEDIR.TAG"
+    try:
+        if not tag.is_symlink() and tag.read_bytes().startswith(_CACHE_TAG):
+            tag.unlink()
+    except OSError:
+        pass
+
+
+_CACHE_TAG = b"Signature: 8a477f597d28d172789f06886806bc55"  # the CACHEDIR.TAG standard's
+
 # huggingface_hub >= 1.x downloads into ``<etag>.<id>.incomplete``, unique to the process, and
 # never reuses one: a killed download leaves it behind for good.
 _PARTIAL = re.compile(r"^([0-9a-f]{40}|[0-9a-f]{64})\.[0-9a-f]{8}\.incomplete$")
@@ -450,7 +541,7 @@ def remove_orphans(name: str, cache: Path | None = None) -> int:
         return 0
     from scansnap_lens._io import open_lock
 
-    repo = _repo_folder(name, cache)
+    repo = repo_folder(name, cache)
     blobs = repo / "blobs"
     locks = (cache or cache_dir()) / ".locks" / repo.name
     if not blobs.is_dir() or _linked(repo):

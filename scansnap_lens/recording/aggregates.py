@@ -40,6 +40,7 @@ from the lab's trajectories, which compute what they can): a measure that needs 
 
 from __future__ import annotations
 
+import keyword
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -144,8 +145,14 @@ class Aggregate:
     )
 
     def __post_init__(self) -> None:
-        if not self.name.isidentifier():
+        if not self.name.isidentifier() or keyword.iskeyword(self.name):
             raise ValueError(f"an aggregate's name must be an identifier, got {self.name!r}")
+        if self.name.startswith("_"):  # Python's own attributes (__class__) and private ones
+            raise ValueError(
+                f"an aggregate cannot be called {self.name!r}: a name that starts with '_' is"
+                " Python's or the objects' own (a trajectory reads its aggregates as"
+                " attributes); choose one that starts with a letter"
+            )
         if self.name in RESERVED:
             raise ValueError(
                 f"an aggregate cannot be called {self.name!r}: a trajectory or record has a"

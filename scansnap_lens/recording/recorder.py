@@ -504,6 +504,10 @@ class Recorder:
                         self.run.record(checkpoint, self._writer, self._on_batch)
                 except CheckpointError as err:
                     note_skip(checkpoint.step, checkpoint.source, str(err))
+                # the model collected before its files go: a model's cycles keep its weights,
+                # and with them the memory map of a file deleted next, whose disk space would
+                # stay in use while the next revision downloads
+                gc.collect()
                 ahead.done(checkpoint)  # not on another error: its files stay for the resume
 
     def _record_first(self, checkpoint) -> None:

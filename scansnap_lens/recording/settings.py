@@ -105,8 +105,8 @@ class RecordingSettings:
         False, RUNNING, "download hub revisions into your hub cache (HF_HUB_CACHE) and keep them"
     )
     download_dir: str | None = _setting(
-        None, RUNNING, "the sweep's own cache, an empty or new folder it marks and deletes in"
-        " (default: OUT/hub-cache)",
+        None, RUNNING, "the sweep's own cache: an empty or new folder apart from the"
+        " recording's; it deletes there only what it downloaded (default: OUT/hub-cache)",
     )  # fmt: skip
     duplicates: str = _setting(
         "refuse", RUNNING,

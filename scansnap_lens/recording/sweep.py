@@ -6,9 +6,9 @@ or network storage).  A sweep's wall time then nears the larger of fetching and 
 not their sum.
 
 A hub sweep downloads only into a cache of its own (`SweepCache`: ``hub-cache/`` in the
-recording folder, or ``download_dir``), a folder it made and marked, and deletes only there,
-by repository and revision: each revision it downloaded, once recorded, and at the start of
-every run whatever a killed run left that is not still to record.  Revisions you already
+recording folder, or ``download_dir``), and deletes there only what it noted downloading, by
+repository, revision and commit: each revision once recorded, and at the start of every run
+whatever a killed run left that is not still to record.  Revisions you already
 have in your hub cache (``HF_HUB_CACHE``), by branch name or pinned by commit hash, are
 read from there and nothing is ever written or deleted in it.  At most `on_disk` revisions
 of the sweep are on disk at once (default 2: the one recording and the one downloading).  A
@@ -24,11 +24,14 @@ refuses to start, with sizes, where the disk cannot hold what it needs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
+import re
 import shutil
 import threading
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -70,15 +73,26 @@ def _same_or_inside(a: Path, b: Path) -> bool:
 
 
 class SweepCache:
-    """A hub cache the sweep owns: a folder it made (or found empty) and marked with
-    ``.scansnap-sweep-cache``; nothing else is ever deleted.  Held by one sweep at a time
-    (an flock on the mark, released when the process ends, so a killed sweep leaves no
-    stale lock); a second sweep naming the same folder is refused."""
+    """A hub cache the sweep owns, and in it only what the sweep made.
+
+    The folder is the sweep's where it made it or found it empty, and marked it with
+    ``.scansnap-sweep-cache`` holding an id the recording folder keeps too
+    (``.scansnap-sweep-id``): a marked folder whose id is not the recording's (another
+    recording's downloads, a copy from elsewhere) is refused, never cleaned.  In it, each
+    revision the sweep downloads is noted before its first byte (`note`, under
+    ``.scansnap-made/``), and only a noted revision at its noted commit is ever deleted
+    (`delete`).  When nothing noted is left, `close` removes the notes, the folders that are
+    empty, the mark, and the folder if the sweep made it: a file the sweep did not make
+    stays where it is.  Held by one sweep at a time (an flock on the mark, released when the
+    process ends, so a killed sweep leaves no stale lock)."""
 
     MARK = ".scansnap-sweep-cache"
+    MADE = ".scansnap-made"
+    ID = ".scansnap-sweep-id"  # in the recording folder
 
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, recording: str | Path | None = None):
         self.folder = Path(folder)
+        self.recording = None if recording is None else Path(recording)
         self._handle = None
 
     def open(self) -> SweepCache:
@@ -89,15 +103,51 @@ class SweepCache:
                 f"{folder} is (or holds, or is inside) your hub cache {hub.cache_dir()}: the"
                 " sweep downloads into a folder of its own (download_dir=)"
             )
-        if folder.exists() and not mark.is_file() and any(folder.iterdir()):
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(
+                f"{folder} is a file: the sweep downloads into a folder (download_dir=)"
+            )
+        if self.recording is not None and folder.resolve() != (self.recording / CACHE).resolve():
+            if _same_or_inside(folder, self.recording):
+                raise ValueError(
+                    f"{folder} is (or holds, or is inside) the recording folder"
+                    f" {self.recording}: the sweep deletes what it downloads, so its folder"
+                    f" (download_dir=) is one apart from the recording's files (default:"
+                    f" {self.recording / CACHE})"
+                )
+        own = self._recording_id()
+        if mark.is_file():
+            self._lock(mark)  # a sweep running now says so first
+            theirs = _read_json(mark)
+            if own is None or theirs.get("id") != own:
+                self._handle.close()
+                self._handle = None
+                where = theirs.get("recording") or "another recording"
+                raise ValueError(
+                    f"{folder} is the download folder of another sweep ({where}): name another"
+                    " folder for this one's downloads (download_dir=); the sweep deletes only"
+                    " what it downloaded itself"
+                )
+        elif folder.exists() and any(folder.iterdir()):
             raise ValueError(
                 f"{folder} holds files the sweep did not put there: name an empty or new folder"
                 " for its downloads (download_dir=); it deletes what it downloads"
             )
-        make_folder(folder)
-        if not mark.is_file():
-            write_text(mark, json.dumps({"made_by": "scansnap_lens sweep", "deletes": "only"
-                                         " revisions it downloaded here"}))  # fmt: skip
+        else:
+            made = not folder.exists()
+            make_folder(folder)
+            own = own or uuid.uuid4().hex
+            if self.recording is not None:
+                write_text(self.recording / self.ID, own + "\n")
+            write_text(mark, json.dumps({
+                "made_by": "scansnap_lens sweep", "id": own, "made_folder": made,
+                "recording": str(self.recording.resolve()) if self.recording else None,
+                "deletes": "only the revisions it noted in .scansnap-made",
+            }))  # fmt: skip
+            self._lock(mark)
+        return self
+
+    def _lock(self, mark: Path) -> None:
         self._handle = open_lock(mark)
         if fcntl is not None:
             try:
@@ -106,21 +156,95 @@ class SweepCache:
                 self._handle.close()
                 self._handle = None
                 raise ValueError(
-                    f"{folder} is the download folder of a sweep running now: give this one"
-                    " another (download_dir=), or wait for it"
+                    f"{self.folder} is the download folder of a sweep running now: give this"
+                    " one another (download_dir=), or wait for it"
                 ) from None
-        return self
 
-    def close(self, remove_if_empty: bool = True) -> None:
-        """Release it; remove the folder where no snapshot is left in it."""
+    def _recording_id(self) -> str | None:
+        if self.recording is None:
+            return None
+        file = self.recording / self.ID
+        if file.is_symlink() or not file.is_file():
+            return None
+        return file.read_text().strip() or None
+
+    # ------------------------------------------------------------ what the sweep made
+    def _note_file(self, name: str, revision: str) -> Path:
+        import hashlib
+
+        key = hashlib.sha256(f"{name}@{revision}".encode()).hexdigest()[:32]
+        return self.folder / self.MADE / f"{key}.json"
+
+    def note(self, name: str, revision: str, commit: str) -> None:
+        """`revision` of `name` (at `commit`) is about to download here: the sweep's own."""
+        make_folder(self.folder / self.MADE)
+        write_text(self._note_file(name, revision),
+                   json.dumps({"repo": name, "revision": revision, "commit": commit}))  # fmt: skip
+
+    def noted(self) -> list[dict]:
+        """The revisions the sweep noted here, as noted."""
+        made = self.folder / self.MADE
+        if made.is_symlink() or not made.is_dir():
+            return []
+        return [n for p in sorted(made.glob("*.json")) if (n := _read_json(p)).get("repo")]
+
+    def delete(self, name: str, revision: str, keep: set[str] = frozenset()) -> int:
+        """Delete `revision` of `name` where the sweep noted it, at the noted commit (see
+        `hub.delete_snapshot`); the bytes freed.  Not noted: nothing."""
+        file = self._note_file(name, revision)
+        note = _read_json(file) if file.is_file() else {}
+        if note.get("repo") != name or note.get("revision") != revision:
+            return 0
+        return hub.delete_snapshot(self.folder, name, revision, keep, commit=note.get("commit"))
+
+    def close(self, repos=(), remove_if_empty: bool = True) -> None:
+        """Release it; where no noted revision is left on disk, remove what the sweep made
+        for `repos` and the repositories it noted."""
         if self._handle is None:
             return
         try:
-            if remove_if_empty and not any(self.folder.glob("models--*/snapshots/*")):
-                shutil.rmtree(self.folder, ignore_errors=True)
+            if remove_if_empty:
+                self._clear(set(repos))
         finally:
             self._handle.close()  # closing releases the flock
             self._handle = None
+
+    def _clear(self, repos: set[str]) -> None:
+        notes = self.noted()
+        if any(hub.snapshot_in(self.folder, n["repo"], n["revision"], n.get("commit"))
+               for n in notes):  # fmt: skip
+            return  # still to record: the resume reads them
+        made = [self.folder / ".locks"]
+        for name in repos | {n["repo"] for n in notes}:
+            commits = {n.get("commit") for n in notes if n["repo"] == name} - {None}
+            made += hub.remove_downloaded(self.folder, name, commits)
+        for note in notes:
+            self._note_file(note["repo"], note["revision"]).unlink(missing_ok=True)
+        for root in [*made, self.folder / self.MADE]:  # its folders, where empty
+            inside = root.rglob("*") if root.is_dir() and not root.is_symlink() else ()
+            for path in sorted([*inside, root], key=lambda p: -len(p.parts)):
+                if path.is_dir() and not path.is_symlink():
+                    with contextlib.suppress(OSError):
+                        path.rmdir()
+        mark = _read_json(self.folder / self.MARK)
+        hub.remove_cache_tag(self.folder)
+        (self.folder / self.MARK).unlink(missing_ok=True)
+        if self.recording is not None and self._recording_id() == mark.get("id"):
+            (self.recording / self.ID).unlink(missing_ok=True)
+        if mark.get("made_folder"):
+            with contextlib.suppress(OSError):
+                self.folder.rmdir()
+
+
+def _read_json(path: Path) -> dict:
+    """A small JSON object the sweep wrote, or {} where it is not one (a link, corrupt)."""
+    try:
+        if path.is_symlink():
+            return {}
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 class HubRevisions:
@@ -183,17 +307,18 @@ class HubRevisions:
 
     # ---------------------------------------------------------------- where a revision is
     def _users(self, revision: str) -> Path | None:
-        """The revision's snapshot in your hub cache, by ref or by commit, whole; or None."""
-        info = self.infos.get(revision)
-        commit, files = (info.commit, info.files) if info is not None else (None, None)
-        return hub.snapshot_in(hub.cache_dir(), self.name, revision, commit, files)
+        """The revision's snapshot in your hub cache, by ref or by commit, whole and each
+        file the content the hub lists; or None."""
+        return self._snapshot(hub.cache_dir(), revision)
 
     def _ours(self, revision: str) -> Path | None:
-        if self.folder is None:
-            return None
+        return None if self.folder is None else self._snapshot(self.folder, revision)
+
+    def _snapshot(self, cache: Path, revision: str) -> Path | None:
         info = self.infos.get(revision)
-        commit, files = (info.commit, info.files) if info is not None else (None, None)
-        return hub.snapshot_in(self.folder, self.name, revision, commit, files)
+        if info is None:  # offline: as the cache has it
+            return hub.snapshot_in(cache, self.name, revision)
+        return hub.snapshot_in(cache, self.name, revision, info.commit, info.files, info.ids)
 
     def _on_disk(self, revision: str) -> Path | None:
         return self._users(revision) or self._ours(revision)
@@ -205,14 +330,14 @@ class HubRevisions:
         refuse a sweep the disk cannot hold."""
         place = self.download_dir or Path(folder) / CACHE
         if not self.keep or place.exists():
-            self.cache = SweepCache(place).open()
+            self.cache = SweepCache(place, folder).open()
             self.folder = self.cache.folder
             hub.refuse_linked(self.folder, self.name)  # a prepared folder's links
             hub.remove_orphans(self.name, self.folder)  # a killed download's: anew
             wanted = {c.revision for c in todo}
-            for revision in sorted(hub.snapshots(self.folder, self.name)):
-                if revision not in wanted:
-                    hub.delete_snapshot(self.folder, self.name, revision)
+            for note in self.cache.noted():
+                if note["repo"] == self.name and note["revision"] not in wanted:
+                    self.cache.delete(self.name, note["revision"])
         self.list(todo)
         for c in todo:
             users = self._users(c.revision)
@@ -271,6 +396,19 @@ class HubRevisions:
                 f"{self.name}@{revision} needs {size_text(need)}, the disk of {target} has"
                 f" {size_text(free)} free: free space and run again to resume"
             )
+        info = self.info(revision)
+        if not self.keep:
+            self._own().note(self.name, revision, info.commit)
+        stale = hub.repo_folder(self.name, target) / "snapshots" / info.commit
+        bad = hub.mismatched(stale, info.ids) if stale.is_dir() else []
+        if bad and self.keep:
+            raise CheckpointError(
+                f"{self.name}@{revision}: your hub cache's snapshot {stale} holds"
+                f" {', '.join(bad)} unlike the hub's listing: delete it, or record without"
+                " keep_checkpoints=True (then it is downloaded into the sweep's own cache)"
+            )
+        for file in bad:  # not what the hub lists: fetched again, not read through
+            (stale / file).unlink()  # a link in the sweep's own cache
         checkpoint.path = hub.fetch_revision(self.name, revision, files, cache=target)
 
     def release(self, checkpoint: Checkpoint) -> None:
@@ -287,11 +425,15 @@ class HubRevisions:
         if commit is not None and any(info.commit == commit for info in others):
             return
         shared = {i for info in others for i in info.ids.values()}
-        hub.delete_snapshot(self.folder, self.name, revision, keep=shared)
+        self._own().delete(self.name, revision, keep=shared)
+
+    def _own(self) -> SweepCache:
+        """The sweep's cache: the one this process holds, or (a Ray worker) its folder."""
+        return self.cache or SweepCache(self.folder)
 
     def close(self) -> None:
         if self.cache is not None:
-            self.cache.close()
+            self.cache.close(repos=[self.name])
 
     def __getstate__(self) -> dict:
         """What a Ray worker fetches with: the caches and the hub's listing, not the lock on
@@ -353,13 +495,14 @@ def _weights_files(path: Path) -> list[Path]:
 
 
 def local_weights_ids(files: dict[int, list[Path]]) -> dict[int, tuple]:
-    """{step: content ids of its weights `files`}: a file in a hub cache's blobs by its
-    blob's name (its sha256); any other by a sample (its size and three 1 MiB pieces), then
+    """{step: content ids of its weights `files`}: a link into a hub cache's blobs by the
+    blob's name (content-addressed: its sha256); any other file, or a link elsewhere (named
+    by whatever its target is called), by a sample (its size and three 1 MiB pieces), then
     by its whole sha256 where samples agree, so distinct checkpoints read a few MiB each."""
 
     def quick(file: Path) -> str:
-        return "blob:" + os.readlink(file).rsplit("/", 1)[-1] if file.is_symlink() else (
-            _sample_id(file))  # fmt: skip
+        blob = _hub_blob(file)
+        return "blob:" + blob.name if blob is not None else _sample_id(file)
 
     sampled = {step: tuple(quick(f) for f in fs) for step, fs in files.items() if fs}
     counts: dict[tuple, int] = {}
@@ -371,6 +514,17 @@ def local_weights_ids(files: dict[int, list[Path]]) -> dict[int, tuple]:
         ) if counts[key] > 1 else key
         for step, key in sampled.items()
     }  # fmt: skip
+
+
+def _hub_blob(file: Path) -> Path | None:
+    """The blob `file` links to where it is a hub cache's snapshot file (a link to
+    ``models--*/blobs/<sha256>``), else None."""
+    if not file.is_symlink():
+        return None
+    target = file.resolve()
+    named = re.fullmatch(r"[0-9a-f]{64}", target.name) is not None
+    in_blobs = target.parent.name == "blobs" and target.parent.parent.name.startswith("models--")
+    return target if named and in_blobs else None
 
 
 def _sample_id(file: Path) -> str:

@@ -311,10 +311,12 @@ def test_the_induction_fallback_needs_the_rows_an_interval_needs():
     assert ROWS_NEEDED == MIN_ROWS  # recording may not import measures: one value, tested
 
 
-@pytest.mark.parametrize("name", ["steps", "plan", "layers", "meta", "values", "step"])
+@pytest.mark.parametrize("name", ["steps", "plan", "layers", "meta", "values", "step",
+                                  "__class__", "__dict__", "__init__", "_arrays"])  # fmt: skip
 def test_a_name_a_trajectory_uses_is_refused_when_defined_and_in_a_manifest(name, tmp_path):
-    """An aggregate called like a field of Trajectory or CheckpointRecord would record a whole
-    run that no command can load: refused where it is defined, and where a manifest names it."""
+    """An aggregate called like a field of Trajectory or CheckpointRecord, or like any of
+    Python's own attributes, would record a whole run that no command can load: refused
+    where it is defined, and where a manifest names it."""
     import dataclasses
     import inspect
 
@@ -324,7 +326,7 @@ def test_a_name_a_trajectory_uses_is_refused_when_defined_and_in_a_manifest(name
     public = {n for n in dir(Trajectory) if not n.startswith("_")}
     record = {f.name for f in dataclasses.fields(CheckpointRecord)}
     assert fields | public | record | {"values"} <= RESERVED
-    with pytest.raises(ValueError, match=f"cannot be called '{name}'"):
+    with pytest.raises(ValueError, match=f"cannot be called {name!r}"):
         Aggregate(name, axis="rows", positions=TWO_BACK.positions)
     tokens = _tokens()
     folder = tmp_path / "t"
@@ -337,5 +339,5 @@ def test_a_name_a_trajectory_uses_is_refused_when_defined_and_in_a_manifest(name
         if entry["name"] == "two_back":
             entry["name"] = name
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ValueError, match=f"cannot be called '{name}'"):
+    with pytest.raises(ValueError, match=f"cannot be called {name!r}"):
         Trajectory.load(folder)

@@ -474,12 +474,18 @@ def test_bookkeeping_from_elsewhere_deletes_nothing(revisions, cache, tmp_path, 
         (tmp_path / "mine" / "notes.txt").write_text("keep me")
         with pytest.raises(ValueError, match=r"holds files the sweep did not put there"):
             _sweep(server, tmp_path / "other", [0, 2], download_dir=tmp_path / "mine")
-        # a prepared sweep cache (marked, as the sweep marks it) whose blobs folder links
-        # into the user's cache: nothing downloads or deletes through it
+        # a marked cache from elsewhere (an older version's mark, another recording's id):
+        # not this recording's, so neither used nor cleaned
         prepared = tmp_path / "prepared" / sweep.CACHE
         repo = "models--" + NAME.replace("/", "--")
         (prepared / repo).mkdir(parents=True)
         (prepared / sweep.SweepCache.MARK).write_text("{}")
+        with pytest.raises(ValueError, match=r"is the download folder of another sweep"):
+            _sweep(server, tmp_path / "prepared", [0, 2])
+        # this recording's own cache (its id on both sides), whose blobs folder links into
+        # the user's cache: nothing downloads or deletes through it
+        (prepared / sweep.SweepCache.MARK).write_text(json.dumps({"id": "ours"}))
+        (prepared.parent / sweep.SweepCache.ID).write_text("ours\n")
         (prepared / repo / "blobs").symlink_to(cache / repo / "blobs", target_is_directory=True)
         with pytest.raises(ValueError, match=r"or a folder in it, is a symbolic link"):
             _sweep(server, tmp_path / "prepared", [0, 2])
@@ -527,12 +533,134 @@ def test_a_kill_after_the_last_record_is_cleaned_up_by_the_rerun(
     with LoopbackHub({NAME: revisions}) as server:
         with monkeypatch.context() as patch:  # as if killed before each release
             patch.setattr(sweep.HubRevisions, "release", lambda self, checkpoint: None)
-            patch.setattr(sweep.SweepCache, "close", lambda self: None)
+            patch.setattr(sweep.SweepCache, "close", lambda self, **kw: None)
             _sweep(server, out, [0, 1, 2])
         assert len(_snapshots(out / sweep.CACHE)) == 3
         traj = _sweep(server, out, [0, 1, 2])
     assert traj.steps.tolist() == [0, 1, 2]
     assert not (out / sweep.CACHE).exists() and _contents(cache) == {}
+
+
+@contextlib.contextmanager
+def _small_disk(folder: Path, size: int):
+    """A tmpfs of `size` bytes at `folder` where this process may mount one (root on
+    Linux), else `folder` on the disk it is on: yields whether it is a disk of its own."""
+    folder.mkdir(parents=True)
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+        capture_output=True,
+    ).returncode == 0  # fmt: skip
+    try:
+        yield mounted
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def _used(folder: Path) -> int:
+    stat = os.statvfs(folder)
+    return (stat.f_blocks - stat.f_bfree) * stat.f_frsize
+
+
+@pytest.mark.parametrize("on_disk", [1, 2])
+def test_the_disk_bound_counts_what_is_in_use(revisions, cache, tmp_path, on_disk, kept):
+    """The bound is on the disk's space in use, sampled (statvfs) at every chunk sent, not
+    on the files one can see: a recorded revision's space is free before the next download
+    (its model released first), so `on_disk` revisions fit a disk that holds just them."""
+    one = max(_revision_bytes(f) for f in revisions.values())
+    folder = tmp_path / "small"
+    with _small_disk(folder, on_disk * one + (256 << 10)) as own_disk:
+        base, peak = _used(folder), [0]
+
+        def on_chunk(repo, revision, file, sent, size):
+            peak[0] = max(peak[0], _used(folder) - base)
+
+        with LoopbackHub({NAME: revisions}, on_chunk=on_chunk) as server:
+            traj = _sweep(server, tmp_path / "out", STEPS, on_disk=on_disk, download_dir=folder)
+        _same_trajectory(traj, kept)
+        slack = (64 << 10) if own_disk else one // 2  # pages of small files; others' writes
+        assert 0 < peak[0] <= on_disk * one + slack, (peak[0], one, own_disk)
+
+
+def test_a_snapshot_is_trusted_only_with_the_listed_content(
+    revisions, cache, tmp_path, monkeypatch, kept
+):
+    """The user's snapshot of step2 whose weights link to step1's blob: not read (step2 is
+    downloaded into the sweep's own cache and recorded as itself), not touched, and with
+    keep_checkpoints refused, saying which file; in the sweep's own cache, a snapshot that
+    links to another revision's snapshot is refused, nothing downloaded or deleted through
+    it."""
+    with LoopbackHub({NAME: revisions}) as server:
+        one, two = _precache(server, "step1"), _precache(server, "step2")
+        weights = two / "model.safetensors"
+        weights.unlink()
+        weights.symlink_to(os.readlink(one / "model.safetensors"))
+        before = _contents(cache)
+        traj = _sweep(server, tmp_path / "out", [0, 1, 2])
+        _same_trajectory(traj, kept)
+        assert server.sent[(NAME, "step2", "model.safetensors")] == 2 * (
+            revisions["step2"] / "model.safetensors").stat().st_size  # fmt: skip
+        assert _contents(cache) == before
+        with pytest.raises(checkpoints.CheckpointError, match=r"model\.safetensors unlike"):
+            _sweep(server, tmp_path / "kept", [2], keep_checkpoints=True)
+        assert _contents(cache) == before
+        out = tmp_path / "linked"
+        _killed_sweep(server, out, [0, 1], monkeypatch)
+        own = out / sweep.CACHE / ("models--" + NAME.replace("/", "--")) / "snapshots"
+        planted = own / server.commit(NAME, "step2")
+        planted.symlink_to(one, target_is_directory=True)
+        with pytest.raises(ValueError, match=r"or a folder in it, is a symbolic link"):
+            _sweep(server, out, [0, 1, 2])
+    assert _contents(cache) == before
+
+
+def _killed_sweep(server, out, steps, monkeypatch, **kwargs):
+    """A sweep killed after recording `steps` and before deleting any download."""
+    with monkeypatch.context() as patch:
+        patch.setattr(sweep.HubRevisions, "release", lambda self, checkpoint: None)
+        patch.setattr(sweep.SweepCache, "close", lambda self, **kw: None)
+        _sweep(server, out, steps, **kwargs)
+
+
+def test_the_sweep_deletes_only_what_it_made(revisions, cache, tmp_path, monkeypatch, kept):
+    """The sweep's cache holds the user's files too: a download folder inside the recording
+    (or holding it) is refused before anything is recorded; a scratch folder the user
+    filled after a killed sweep keeps their files when the identical command resumes and
+    ends; a folder that was empty before stays; another recording's marked folder is
+    refused, not cleaned."""
+    out = tmp_path / "o4"
+    with LoopbackHub({NAME: revisions}) as server:
+        for inside in (out / "checkpoints", out):  # o4/checkpoints: the recording's own
+            with pytest.raises(ValueError, match=r"inside\) the recording folder .*o4"):
+                _sweep(server, out, [0, 1], download_dir=inside)
+        with pytest.raises(ValueError, match=r"holds, or is inside\) the recording folder"):
+            _sweep(server, tmp_path / "outer" / "o4", [0, 1], download_dir=tmp_path / "outer")
+        assert not list(tmp_path.rglob("manifest.json"))
+        scratch = tmp_path / "scratch"
+        _killed_sweep(server, out, [0, 1], monkeypatch, download_dir=scratch)
+        assert len(_snapshots(scratch)) == 2
+        (scratch / "notes.txt").write_text("mine")
+        (scratch / "models--EleutherAI--pythia-14m" / "mine.txt").write_text("mine too")
+        (scratch / "empty").mkdir()
+        traj = _sweep(server, out, STEPS, download_dir=scratch)  # as the docs say: resume
+        _same_trajectory(traj, kept)
+        assert sorted(p.relative_to(scratch).as_posix() for p in scratch.rglob("*")) == [
+            "empty", "models--EleutherAI--pythia-14m",
+            "models--EleutherAI--pythia-14m/mine.txt", "notes.txt",
+        ]  # fmt: skip
+        assert not (out / sweep.SweepCache.ID).exists()
+        given = tmp_path / "given"
+        given.mkdir()
+        _sweep(server, tmp_path / "o5", [0, 1], download_dir=given)
+        assert given.is_dir() and not any(given.iterdir())
+        # someone else's killed sweep: its downloads are theirs to resume
+        theirs = tmp_path / "theirs"
+        _killed_sweep(server, tmp_path / "o6", [0, 1], monkeypatch, download_dir=theirs)
+        before = _contents(theirs)
+        with pytest.raises(ValueError, match=r"download folder of another sweep .*o6"):
+            _sweep(server, tmp_path / "o7", [0, 1, 2], download_dir=theirs)
+        assert _contents(theirs) == before
+    assert _contents(cache) == {}
 
 
 def test_two_sweeps_at_once_leave_nothing_and_share_no_download_folder(
@@ -673,3 +801,33 @@ def _env(**values):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def test_duplicates_compare_content_and_trust_names_only_of_hub_blobs(tmp_path):
+    """Checkpoints linked in from run folders are all called model.safetensors: compared by
+    content, three different ones are three; a copy under another name is found; links into
+    a hub cache's blobs are compared by the blob's name (content-addressed), unread."""
+    links = {}
+    for step in (0, 5, 10):
+        run = tmp_path / f"run{step}"
+        run.mkdir()
+        (run / "model.safetensors").write_bytes(os.urandom(3000) + bytes([step]))
+        link = tmp_path / "linked" / f"checkpoint-{step}" / "model.safetensors"
+        link.parent.mkdir(parents=True)
+        link.symlink_to(run / "model.safetensors")
+        links[step] = [link]
+    assert sweep.same_weights(sweep.local_weights_ids(links)) == []
+    copy = tmp_path / "copy.bin"
+    copy.write_bytes((tmp_path / "run5" / "model.safetensors").read_bytes())
+    assert sweep.same_weights(sweep.local_weights_ids({**links, 7: [copy]})) == [[5, 7]]
+    blobs = tmp_path / "cache" / "models--a--b" / "blobs"
+    blobs.mkdir(parents=True)
+    sha = "ab" * 32
+    (blobs / sha).write_bytes(b"weights")
+    snapped = {}
+    for step, commit in ((1, "c" * 40), (2, "d" * 40)):
+        file = blobs.parent / "snapshots" / commit / "model.safetensors"
+        file.parent.mkdir(parents=True)
+        file.symlink_to(f"../../blobs/{sha}")
+        snapped[step] = [file]
+    assert sweep.local_weights_ids(snapped) == {1: (f"blob:{sha}",), 2: (f"blob:{sha}",)}
