@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 __all__ = ["build_parser", "cli_message", "main"]
@@ -931,6 +932,11 @@ class _Interrupts:
             raise KeyboardInterrupt
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A library's warning as the command line says it: one line, its flags, no source."""
+    print(f"scansnap: warning: {cli_text(str(message))}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     own, terminate = False, signal.SIG_DFL
     try:  # from the first line: Ctrl-C at any moment of the command is an interrupt
@@ -943,7 +949,11 @@ def main(argv: list[str] | None = None) -> int:
             # SIGTERM (timeout, a scheduler, systemctl stop) ends the command as Ctrl-C does:
             # what is half written is removed, what is recorded kept
             terminate = signal.signal(signal.SIGTERM, _Interrupts.handler)
-        return _main(argv)
+        with warnings.catch_warnings():
+            # said as the command line says things, unless someone records them (pytest)
+            if getattr(warnings._showwarnmsg_impl, "__module__", None) == "warnings":
+                warnings.showwarning = _show_warning
+            return _main(argv)
     except KeyboardInterrupt:  # before a command ran (while the libraries load)
         print("scansnap: interrupted", file=sys.stderr)
         return 130

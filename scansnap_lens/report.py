@@ -202,7 +202,7 @@ def write_report(
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} is a file: the report needs a folder (give another out=)")
+        raise ValueError(f"{out} is a file: the report needs a folder; name another (out=)")
     check_writable(out)
     for statistics in (groups, source):  # before anything is measured or written
         if statistics is not None:
@@ -669,7 +669,7 @@ def write_runs_report(comparison, out: str | Path, title: str | None = None) -> 
     and the figures as PNG files.  Made beside `out` and moved in, as `write_report`."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} is a file: the report needs a folder (give another out=)")
+        raise ValueError(f"{out} is a file: the report needs a folder; name another (out=)")
     check_writable(out)
     with staged_folder(out) as stage:
         report = _write_runs_report(comparison, stage, title)

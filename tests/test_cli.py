@@ -682,6 +682,36 @@ def test_an_output_folder_of_another_run_is_refused(demo_out, own_run, tmp_path,
     assert Trajectory.load(tmp_path / "t").meta["source"] == str(other)
 
 
+def test_what_cannot_change_on_resume_is_refused_in_the_flags_units(own_run, tmp_path, capsys):
+    """Resuming with another --max-checkpoint-mb says MB, not bytes; another --prompt-length
+    is refused naming the folder's; --steps auto with a --budget below what is recorded is
+    refused, a larger one said; --download-dir with --keep-checkpoints is refused."""
+    root, _ = own_run
+    args = ["record", "--checkpoints", str(root / "ckpt"), "--tokens",
+            str(root / "eval.safetensors"), "--out", str(tmp_path / "t")]  # fmt: skip
+    assert main([*args, "--steps", "0,10"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--max-checkpoint-mb", "32"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-checkpoint-mb 64 MB there, 32 MB here" in err and "32000000" not in err, err
+    assert main([*args, "--prompt-length", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "prompt of 25 tokens, and prompt_length=, --prompt-length here (0) asks" in err, err
+    assert Trajectory.load(tmp_path / "t").steps.tolist() == [0, 10]
+    auto = [*args[:-1], str(tmp_path / "auto"), "--steps", "auto"]
+    assert main([*auto, "--budget", "3"]) == 0
+    capsys.readouterr()
+    assert main([*auto, "--budget", "2"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "3 recordings of these checkpoints, more than budget=, --budget allows (2; it was 3)" in err
+    ), err
+    assert main([*auto, "--budget", "4"]) == 0
+    assert "placement: budget 4 (it was 3; 3 recorded so far)" in capsys.readouterr().out
+    assert main([*args, "--download-dir", str(tmp_path / "d"), "--keep-checkpoints"]) == 2
+    assert "download_dir=, --download-dir and keep_checkpoints=True" in capsys.readouterr().err
+
+
 def test_a_closed_output_pipe_ends_quietly():
     """`scansnap theory ... | head -1`: the reader goes away; no traceback, no error line."""
     code = "import sys; from scansnap_lens.cli import main; sys.exit(main(sys.argv[1:]))"

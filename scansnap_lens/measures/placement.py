@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from scansnap_lens._io import write_text
 from scansnap_lens.measures.head_types import formation_step, head_type, head_type_scores
@@ -131,6 +132,7 @@ def record_placed(recorder, source, budget: int, tolerance: float = TOLERANCE, e
         raise ValueError(f"budget must be >= 2 recordings, got {budget}")
     available = source.steps
     placed = _read_placement(Path(recorder.out))
+    _check_budget(Path(recorder.out), budget, len(set(recorder.done) & set(available)))
 
     def record(steps: list[int]) -> Trajectory:
         wanted = set(steps)
@@ -165,6 +167,25 @@ def _read_placement(out: Path) -> dict[int, str]:
         return {int(k): str(v) for k, v in json.loads(path.read_text())["steps"].items()}
     except (ValueError, KeyError, TypeError, AttributeError):
         return {}
+
+
+def _check_budget(out: Path, budget: int, recorded: int) -> None:
+    """A resumed placement's budget: refused below what the folder holds, said where it
+    changed."""
+    path = out / PLACEMENT_FILE
+    try:
+        before = json.loads(path.read_text())["budget"] if path.is_file() else None
+    except (OSError, ValueError, KeyError, TypeError):
+        before = None
+    if recorded > budget:
+        was = f"; it was {before}" if before is not None else ""
+        raise ValueError(
+            f"{out} holds {recorded} recordings of these checkpoints, more than budget= allows"
+            f" ({budget}{was}): give a budget of at least {recorded} to go on, or record into"
+            " another folder"
+        )
+    if before is not None and before != budget:
+        tqdm.write(f"placement: budget {budget} (it was {before}; {recorded} recorded so far)")
 
 
 def _write_placement(out: Path, placed: dict, budget: int, tolerance: float, **extra) -> None:

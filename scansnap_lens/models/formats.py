@@ -255,7 +255,8 @@ def trainer_step(path: Path) -> int | None:
     except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as err:
         warnings.warn(
             f"{state} is not readable ({type(err).__name__}: {err}): the step is taken from"
-            " the folder's name, unchecked",
+            " the folder's name, unchecked, and the training's rates and losses from the other"
+            " checkpoints' files",
             stacklevel=2,
         )
         return None

@@ -226,8 +226,16 @@ class Recorder:
                 self.aggregates = _folder_aggregates(self.out, manifest)
             layers = manifest["layers"] if layers is None else layers
             heads = manifest["heads"] if heads is None else heads
-            if s.prompt is None:  # keep the prompt already recorded
+            if s.prompt is None:  # keep the prompt already recorded, of the length asked
                 saved = manifest.get("prompt")
+                asked = _prompt(s, self.tokens)
+                if len(saved or ()) != (0 if asked is None else len(asked)):
+                    raise ValueError(
+                        f"{self.out} keeps an example prompt of {len(saved or ())} tokens, and"
+                        f" prompt_length= here ({s.prompt_length}) asks for"
+                        f" {0 if asked is None else len(asked)}: give the length it was"
+                        " recorded with to resume it, or record into another folder"
+                    )
                 self.prompt = None if saved is None else torch.tensor(saved, dtype=torch.long)
         self.plan, self.layers, self.heads = plan, layers, heads
         if self.folder.holds_recording:
@@ -275,10 +283,19 @@ class Recorder:
             and json.loads(json.dumps(saved[k])) != json.loads(json.dumps(v))
         }
         if differ:
+            scales = {o["name"]: (o["scale"], o["flag"][-2:].upper())
+                      for o in RecordingSettings.options() if o["scale"] != 1}  # fmt: skip
+
+            def told(key: str, value) -> str:  # in the units the flag is given in
+                if key in scales and isinstance(value, (int, float)):
+                    scale, unit = scales[key]
+                    return f"{value / scale:g} {unit}"
+                return repr(value)
+
             labels = {"plan_stats": "the statistics (stats=)",
                       "max_checkpoint_bytes": "max_checkpoint_bytes=",
                       "max_run_bytes": "max_run_bytes="}  # fmt: skip
-            what = "; ".join(f"{labels.get(k, k)} {old!r} there, {new!r} here"
+            what = "; ".join(f"{labels.get(k, k)} {told(k, old)} there, {told(k, new)} here"
                              for k, (old, new) in differ.items())  # fmt: skip
             raise ValueError(
                 f"{self.out} holds another run ({what}): give the values it was recorded with"

@@ -142,6 +142,11 @@ class RecordingSettings:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.download_dir is not None:
+            if self.keep_checkpoints:
+                raise ValueError(
+                    "download_dir= and keep_checkpoints=True: kept revisions download into your"
+                    " hub cache (HF_HUB_CACHE), not the sweep's own; give one of them"
+                )
             fix(self, "download_dir", str(self.download_dir))
         if self.device is not None:
             fix(self, "device", str(self.device))
