@@ -165,7 +165,7 @@ def test_the_identical_record_command_resumes_an_interrupted_and_a_finished_run(
     assert "6 checkpoints recorded (0 new, 0 skipped)" in capsys.readouterr().out
     assert main([*args, "--max-checkpoint-mb", "8"]) == 2
     err = capsys.readouterr().err
-    assert "max_checkpoint_bytes=, --max-checkpoint-mb 64000000 there, 8000000 here" in err
+    assert "max_checkpoint_bytes=, --max-checkpoint-mb 64 MB there, 8 MB here" in err
 
 
 def test_record_steps_auto_places_its_budget_and_resumes_with_the_identical_command(

@@ -38,7 +38,7 @@ from scansnap_lens.recording.hooks import (
     watched,
 )
 from scansnap_lens.recording.plan import RecordPlan, plan_recording
-from scansnap_lens.recording.settings import RecordingSettings
+from scansnap_lens.recording.settings import PROMPT_LENGTH, RecordingSettings
 from scansnap_lens.recording.storage import (
     TrajectoryFolder,
     TrajectoryWriter,
@@ -229,7 +229,8 @@ class Recorder:
             if s.prompt is None:  # keep the prompt already recorded, of the length asked
                 saved = manifest.get("prompt")
                 asked = _prompt(s, self.tokens)
-                if len(saved or ()) != (0 if asked is None else len(asked)):
+                given = s.prompt_length is not None
+                if given and len(saved or ()) != (0 if asked is None else len(asked)):
                     raise ValueError(
                         f"{self.out} keeps an example prompt of {len(saved or ())} tokens, and"
                         f" prompt_length= here ({s.prompt_length}) asks for"
@@ -614,8 +615,9 @@ def _prompt(settings: RecordingSettings, tokens) -> Tensor | None:
     """The example prompt [T']: the settings', or the first evaluation row's first tokens."""
     if settings.prompt is not None:
         return torch.tensor(settings.prompt, dtype=torch.long)
-    if settings.prompt_length > 0 and isinstance(tokens, Tensor):
-        return tokens[0, : settings.prompt_length].reshape(-1).cpu()
+    length = PROMPT_LENGTH if settings.prompt_length is None else settings.prompt_length
+    if length > 0 and isinstance(tokens, Tensor):
+        return tokens[0, :length].reshape(-1).cpu()
     return None
 
 

@@ -39,6 +39,8 @@ def _setting(default, group: str, help: str, flag: str | None = None, scale: flo
                                             "given_flag": flag})  # fmt: skip
 
 
+PROMPT_LENGTH = 64  # tokens of the example prompt of a new recording
+
 TRACKED, WATCHED, BUDGET, RUNNING = (
     "what is tracked", "what is watched", "the budget", "how to run",
 )  # fmt: skip
@@ -74,9 +76,10 @@ class RecordingSettings:
         None, TRACKED, "token ids whose whole attention is kept at every checkpoint (default:"
         " the first prompt_length evaluation tokens)", "",
     )  # fmt: skip
-    prompt_length: int = _setting(
-        64, TRACKED, "tokens of the example prompt whose whole attention is kept (0: none)"
-    )
+    prompt_length: int | None = _setting(
+        None, TRACKED, "tokens of the example prompt whose whole attention is kept (0: none;"
+        f" default {PROMPT_LENGTH}, or what a resumed folder keeps)",
+    )  # fmt: skip
     layers: tuple[int, ...] | None = _setting(None, WATCHED, "layers to watch (a,b); default all")
     heads: tuple[int, ...] | None = _setting(None, WATCHED, "heads to watch (a,b); default all")
     max_checkpoint_bytes: int = _setting(
@@ -136,7 +139,7 @@ class RecordingSettings:
             fix(self, name, int(getattr(self, name)))
         if self.window is not None and self.window < 1:
             raise ValueError(f"window must be at least 1, got {self.window}")
-        if self.prompt_length < 0:
+        if self.prompt_length is not None and self.prompt_length < 0:
             raise ValueError(f"prompt_length must be 0 or more, got {self.prompt_length}")
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:

@@ -109,8 +109,10 @@ def test_prompt_attention_kept_per_checkpoint(trained, tmp_path):
             RecordingSettings(prompt=tokens[1, :10], progress=False),
             plan=plan,
         )
-    # a plain resume keeps the recorded prompt
+    # a plain resume keeps the recorded prompt; another length asked for is refused
     assert torch.equal(Recorder(tmp_path / "t", tokens, QUIET, plan=plan).prompt, traj.prompt)
+    with pytest.raises(ValueError, match=r"prompt of 10 tokens, and prompt_length= here \(12\)"):
+        Recorder(tmp_path / "t", tokens, QUIET.replace(prompt_length=12), plan=plan)
 
 
 def test_a_recorder_with_other_rates_is_refused_and_overwrite_replaces(tmp_path):
