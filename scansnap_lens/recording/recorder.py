@@ -105,9 +105,7 @@ class RecordingRun:
                                      where=checkpoint.source)  # fmt: skip
         finally:
             del model
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            _collected()
 
     def record_model(self, step: int, model, writer: TrajectoryWriter, on_batch=None,
                      where: str = "") -> CheckpointRecord | None:  # fmt: skip
@@ -513,6 +511,7 @@ class Recorder:
         with Ahead(todo, fetcher) as ahead:
             bar = tqdm(ahead, desc="checkpoints", unit="ckpt", disable=not self.settings.progress)
             for checkpoint, fetch_error in bar:
+                failed = False
                 try:
                     if fetch_error is not None:
                         raise fetch_error
@@ -522,19 +521,24 @@ class Recorder:
                         self.run.record(checkpoint, self._writer, self._on_batch)
                 except CheckpointError as err:
                     note_skip(checkpoint.step, checkpoint.source, str(err))
-                # the model collected before its files go: a model's cycles keep its weights,
-                # and with them the memory map of a file deleted next, whose disk space would
-                # stay in use while the next revision downloads
-                gc.collect()
+                    failed = True
+                if failed:  # the error's frames held the model: collected (`_collected`)
+                    _collected()
                 ahead.done(checkpoint)  # not on another error: its files stay for the resume
 
     def _record_first(self, checkpoint) -> None:
-        model = checkpoint.load()
-        if self.settings.device is not None:
-            model.to(self.settings.device)
-        model = _recordable(model)
-        self._run_for(model).record_model(checkpoint.step, model, self._writer, self._on_batch,
-                                          checkpoint.source)  # fmt: skip
+        def record() -> None:
+            model = checkpoint.load()
+            if self.settings.device is not None:
+                model.to(self.settings.device)
+            model = _recordable(model)
+            self._run_for(model).record_model(checkpoint.step, model, self._writer,
+                                              self._on_batch, checkpoint.source)  # fmt: skip
+
+        try:
+            record()
+        finally:
+            _collected()
 
     def _drop_duplicates(self, source: CheckpointSource, todo: list, fetcher) -> list:
         """`todo` less the checkpoints that serve another step's weights, as the settings'
@@ -609,6 +613,16 @@ def _tokenizer(tokenizer):
 
         return load_tokenizer(tokenizer)
     return tokenizer
+
+
+def _collected() -> None:
+    """Collect a released model (about 0.2 s with the libraries loaded: once a checkpoint).
+    A model's reference cycles keep its weights, and with them the memory map of its file:
+    a sweep deletes that file next, and its disk space would stay in use while the next
+    revision downloads."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _prompt(settings: RecordingSettings, tokens) -> Tensor | None:
