@@ -953,6 +953,8 @@ def main(argv: list[str] | None = None) -> int:
             # said as the command line says things, unless someone records them (pytest)
             if getattr(warnings._showwarnmsg_impl, "__module__", None) == "warnings":
                 warnings.showwarning = _show_warning
+                # each of ours said every time (two corrupt files: two lines, not one)
+                warnings.filterwarnings("always", category=UserWarning, module=r"scansnap_lens\.")
             return _main(argv)
     except KeyboardInterrupt:  # before a command ran (while the libraries load)
         print("scansnap: interrupted", file=sys.stderr)

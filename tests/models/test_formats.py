@@ -387,6 +387,30 @@ def test_a_corrupt_trainer_state_is_said_not_ignored(tmp_path):
             assert formats.trainer_training([tmp_path / "trainer_state.json"]) == {}
 
 
+def test_the_command_line_says_each_corrupt_trainer_state_in_one_line(tmp_path):
+    """Two checkpoints whose trainer_state.json is cut short: `scansnap record` says each, one
+    line apiece in its own voice (no Python warning with its source line), and records."""
+    import subprocess
+    import sys
+
+    from scansnap_lens.inputs.tokens import save_tokens
+
+    trainer_run("gpt2", tmp_path / "run")
+    for step in (2, 4):
+        (tmp_path / "run" / f"checkpoint-{step}" / "trainer_state.json").write_text("{")
+    save_tokens(tmp_path / "eval.safetensors", EVAL)
+    done = subprocess.run(
+        [sys.executable, "-m", "scansnap_lens.cli", "record", "--checkpoints",
+         str(tmp_path / "run"), "--tokens", str(tmp_path / "eval.safetensors"), "--out",
+         str(tmp_path / "t")], capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if "trainer_state.json" in line]
+    assert len(said) == 2 and all(line.startswith("scansnap: warning: ") for line in said), said
+    assert "the training's rates and losses from the other" in said[0]
+    assert "UserWarning" not in done.stderr
+
+
 def test_a_trainer_run_keeps_its_training_in_the_trajectory(tmp_path):
     """The Trainer's rate, schedule and optimizer reach the trajectory's meta, from the
     checkpoints' trainer_state.json and from the callback's arguments, and the report says
