@@ -74,3 +74,24 @@ def _is_json(line: str) -> bool:
         return isinstance(json.loads(line), dict)
     except ValueError:
         return False
+
+
+def test_the_batched_transformer_is_the_recorders(tmp_path):
+    """bench_time_resolution trains and reads many seeds of the demo's transformer in one
+    batched forward; each seed's c_hat equals what the `Recorder` records on that seed's own
+    model trained by `train`, at every step (float32: a few ulps of the values)."""
+    import torch
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import bench_time_resolution as bench
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    seeds, last = [0, 3], 8
+    batched, plan = bench.batched_transformer_c_hat(seeds, last)
+    recorded, plan_again = bench.transformer_c_hat(seeds, last, tmp_path)
+    assert plan.same_as(plan_again)
+    assert batched.shape == recorded.shape == (last + 1, 1, len(seeds), plan.num_triples)
+    assert bool((batched[-1] != batched[0]).any())  # the models moved
+    tol = 64 * torch.finfo(torch.float32).eps * float(recorded.abs().max())
+    torch.testing.assert_close(batched, recorded, rtol=0, atol=tol)

@@ -33,8 +33,10 @@ batch size and grid: the median estimate over the truth (goal 0.8-1.25), the cov
 
 The same for a **small transformer** (``--transformer``): the demo's recipe (`scansnap demo`:
 a 1-layer attention-only model on Syn-Medium, eta_Z = 3, eta_Y = 0.1, plain SGD) with batches of
-8 sequences, recorded at every step to step 250 through the `Recorder`, each seed its own run;
-the truth is `snapping` of the mean c_hat over other seeds.
+8 sequences, kept at every step to step 250, each seed its own run (trained and read in one
+batched forward, `batched_transformer_c_hat`, equal to the `Recorder`'s c_hat: tested); the
+truth is `snapping` of the mean c_hat over 128 other seeds.  Its grids are the same fractions
+of the run: Pythia's, log, every 15, every 3 and every step.
 
 **Placed recordings** (`measures.placement`), each run alone, at a budget of 40 recordings
 against the log grid of 40 (``log40``): ``placed`` (checkpoints at every step exist, as hub
@@ -55,7 +57,7 @@ import math
 import numpy as np
 import torch
 
-from scansnap_lens.lab.synthetic import sequence_classes
+from scansnap_lens.lab.synthetic import sequence_classes, sequence_sampler, syn_medium
 from scansnap_lens.lab.yz import train_yz
 from scansnap_lens.measures.head_types import formation_step, head_type
 from scansnap_lens.measures.placement import (
@@ -66,7 +68,8 @@ from scansnap_lens.measures.placement import (
 )
 from scansnap_lens.measures.snap import head_movement, snap_step_interval, snapping
 from scansnap_lens.models.steps import select_steps
-from scansnap_lens.recording.plan import RecordPlan
+from scansnap_lens.models.training import initial_weights
+from scansnap_lens.recording.plan import RecordPlan, plan_recording
 from scansnap_lens.recording.trajectory import Trajectory
 
 LAST = 1500
@@ -208,12 +211,15 @@ NOISY_LAST = 2000
 
 
 def noisy_grids(last: int) -> dict[str, list[int]]:
+    """Pythia's schedule (0, 1, 2, 4, ... then every eighth of the run), 13 log-spaced steps,
+    every sixteenth and every eightieth of the run (125 and 25 of 2,000) and every step."""
     log = sorted({0, *np.unique(np.geomspace(1, last, 13).round().astype(int)).tolist()})
-    pythia = sorted(
-        {0, *(2**k for k in range(10) if 2**k < min(750, last)), *range(750, last + 1, 250), last}
-    )
-    return {"pythia": pythia, "log": log, "every125": list(range(0, last + 1, 125)),
-            "every25": list(range(0, last + 1, 25)), "every": list(range(last + 1))}  # fmt: skip
+    late, spaced = 3 * last // 8, last // 8
+    pythia = sorted({0, *(2**k for k in range(12) if 2**k < late),
+                     *range(late, last + 1, spaced), last})  # fmt: skip
+    coarse, fine = last // 16, last // 80
+    every = {f"every{k}": list(range(0, last + 1, k)) for k in (coarse, fine)}
+    return {"pythia": pythia, "log": log, **every, "every": list(range(last + 1))}
 
 
 def sampled_c_hat(batch: int, seeds: list[int], last: int, chunk: int = 64):
@@ -241,11 +247,8 @@ def noisy_lines(runs: int, truth_seeds: int, batches=(8, 32), last: int = NOISY_
 
 
 def transformer_lines(runs: int, truth_seeds: int, last: int = 250) -> None:
-    """The same for the demo's transformer at batch 8, recorded at every step."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as folder:
-        c, plan = transformer_c_hat(list(range(runs + truth_seeds)), last, folder)
+    """The same for the demo's transformer at batch 8, kept at every step."""
+    c, plan = batched_transformer_c_hat(list(range(runs + truth_seeds)), last)
     _noisy_grid_lines(c, plan, runs, {"model": "transformer", "batch": 8}, last)
 
 
@@ -258,11 +261,7 @@ def _noisy_grid_lines(c, plan, runs: int, what: dict, last: int) -> None:
     dense = list(range(0, last + 1, 10 if last >= 500 else 5))
     expected = Trajectory(plan, torch.tensor(dense), [0], [0], c_hat=mean[dense])
     truth = float(snapping(expected).table["snap_step"][0])
-    grids = noisy_grids(last) if last >= 1000 else {
-        "log": sorted({0, *np.unique(np.geomspace(1, last, 13).round().astype(int)).tolist()}),
-        "every25": list(range(0, last + 1, 25)), "every5": list(range(0, last + 1, 5)),
-        "every": list(range(last + 1))}  # fmt: skip
-    for grid, steps in grids.items():
+    for grid, steps in noisy_grids(last).items():
         seen = Trajectory(plan, torch.tensor(steps), [0], list(range(runs)),
                           c_hat=c[steps][:, :, :runs])  # fmt: skip
         table = snapping(seen).table
@@ -320,6 +319,97 @@ def transformer_c_hat(seeds: list[int], last: int, folder):
     return torch.cat(parts, 2), plan
 
 
+def batched_transformer_c_hat(seeds: list[int], last: int, chunk: int = 128):
+    """What `transformer_c_hat` gives, for many seeds at once: the same models (each seed's
+    `initial_weights`, no positions, no LayerNorm), each trained on its own seed's batches by
+    plain SGD (eta_Z on W_Q, W_K and their biases), written as one batched forward of
+    ``chunk`` models; c_hat of each step is the recorder's definition (`aggregates`: per event
+    of a tracked class, the context weights renormalised, summed into (class, l), over N(m, n))
+    on the same evaluation tokens.  `test_benchmarks` holds it to the recorder's values."""
+    classes = syn_medium()
+    sample = sequence_sampler(classes)
+    queries = classes.query.unique().tolist()
+    tokens = sample(32, torch.Generator().manual_seed(2))
+    plan = plan_recording(tokens, classes.vocab_size, queries=queries, exclude_bos=False)
+    flat, slot = _c_hat_reads(plan, tokens)
+    count = plan.class_events[plan.triple_class].double()
+    parts = []
+    for k in range(0, len(seeds), chunk):
+        parts.append(_train_batched(seeds[k : k + chunk], last, sample, tokens, flat, slot,
+                                    plan.num_triples, count, classes.vocab_size))  # fmt: skip
+    return torch.cat(parts, 2), plan
+
+
+def _c_hat_reads(plan, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where c_hat reads a renormalised pattern [B, T, T] flattened (its flat index) and which
+    triple slot each read adds to, for the evaluation tokens `x` [B, T]."""
+    B, T = x.shape
+    first, own = int(plan.exclude_bos), int(plan.include_self)
+    flats, slots = [], []
+    for b in range(B):  # once per benchmark: the tokens are fixed
+        for t in range(first + 1, T - 1):
+            c = plan.class_slot(int(x[b, t]), int(x[b, t + 1]))
+            if c is None:
+                continue
+            start = max(first, t - plan.window) if plan.window else first
+            ctx = torch.arange(start, t + own)
+            s = plan.triple_slot(c, x[b, ctx])
+            flats.append((b * T + t) * T + ctx[s >= 0])
+            slots.append(s[s >= 0])
+    return torch.cat(flats), torch.cat(slots)
+
+
+def _train_batched(seeds, last, sample, tokens, flat, slot, num_slots, count, V):
+    d_model, batch, lr_y, lr_z = 32, 8, 0.1, 3.0  # the demo's recipe at batch 8
+    fields = dict(n_layers=1, d_model=d_model, n_heads=1, d_head=d_model, d_vocab=V, n_ctx=64,
+                  normalization_type=None)  # fmt: skip
+    inits = [initial_weights(fields, s) for s in seeds]
+    names = ["embed.W_E", *(f"blocks.0.attn.{n}" for n in ("W_Q", "W_K", "W_V", "W_O", "b_Q",
+             "b_K", "b_V", "b_O")), "unembed.W_U", "unembed.b_U"]  # fmt: skip
+    w = {n.split(".")[-1]: torch.stack([i[n] for i in inits]).requires_grad_() for n in names}
+    rates = {n: lr_z if n in ("W_Q", "W_K", "b_Q", "b_K") else lr_y for n in w}
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    R, scale = len(seeds), math.sqrt(d_model)
+    causal = torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool).tril()
+
+    def pattern(x: torch.Tensor, last_only: bool) -> torch.Tensor:  # x [R, B, T] -> [R, B, t, T]
+        e = w["W_E"][torch.arange(R)[:, None, None], x]  # [R, B, T, D]
+        q_in = e[:, :, -1:] if last_only else e
+        q = torch.einsum("rbtd,rde->rbte", q_in, w["W_Q"][:, 0]) + w["b_Q"][:, None]
+        k = torch.einsum("rbtd,rde->rbte", e, w["W_K"][:, 0]) + w["b_K"][:, None]
+        scores = torch.einsum("rbqe,rbke->rbqk", q, k) / scale
+        mask = causal[-1:, : x.shape[2]] if last_only else causal[: x.shape[2], : x.shape[2]]
+        return scores.masked_fill(~mask, -math.inf).softmax(-1), e
+
+    c_hat = torch.zeros(last + 1, 1, R, num_slots)
+    own = torch.zeros(tokens.shape[1], tokens.shape[1], dtype=torch.bool)
+
+    def record(step: int) -> None:
+        with torch.no_grad():
+            a, _ = pattern(tokens.expand(R, -1, -1), last_only=False)  # [R, B, T, T]
+            ctx = a.masked_fill(own, 0.0)  # the query's own position is not context
+            a = a.reshape(R, -1)[:, flat] / ctx.sum(-1).reshape(R, -1)[:, flat // a.shape[-1]]
+            total = torch.zeros(R, num_slots, dtype=torch.float64).index_add_(1, slot, a.double())
+            c_hat[step, 0] = (total / count.clamp_min(1)).float()
+
+    own.fill_diagonal_(True)
+    record(0)
+    for step in range(1, last + 1):
+        x = torch.stack([sample(batch, g) for g in gens])  # [R, B, T + 1]
+        a, e = pattern(x[:, :, :-1], last_only=True)  # [R, B, 1, T]
+        v = torch.einsum("rbtd,rde->rbte", e, w["W_V"][:, 0]) + w["b_V"][:, None]
+        z = torch.einsum("rbqk,rbke->rbqe", a, v)[:, :, 0]  # [R, B, e]
+        resid = e[:, :, -1] + torch.einsum("rbe,red->rbd", z, w["W_O"][:, 0]) + w["b_O"][:, None]
+        logits = torch.einsum("rbd,rdv->rbv", resid, w["W_U"]) + w["b_U"][:, None]
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, :, -1].flatten())
+        grads = torch.autograd.grad(loss * R, list(w.values()))  # each model's batch mean
+        with torch.no_grad():
+            for (n, p), g in zip(w.items(), grads):
+                p.sub_(rates[n] * g)
+        record(step)
+    return c_hat
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="8 runs a quantity: it runs")
@@ -333,14 +423,14 @@ def main() -> None:
         type=int,
         default=0,
         metavar="SEEDS",
-        help="only the noisy transformer: SEEDS runs and as many for the truth",
+        help="only the noisy transformer: SEEDS runs, 128 others for the truth (~8 minutes)",
     )
     args = parser.parse_args()
     if args.noisy or args.transformer:
         if args.noisy:
             noisy_lines(100, 128)
         if args.transformer:
-            transformer_lines(args.transformer, args.transformer)
+            transformer_lines(args.transformer, 128)
         return
     batches, per_batch = (1, 8) if args.quick else (10, 20)
     torch.manual_seed(0)
@@ -369,9 +459,10 @@ def main() -> None:
     placement_lines(batches, per_batch)
     if args.quick:
         noisy_lines(4, 4, batches=(8,), last=1000)
+        transformer_lines(4, 4, last=80)
     else:
         noisy_lines(100, 128)
-        transformer_lines(24, 24)
+        transformer_lines(100, 128)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ __all__ = [
     "cache_dir",
     "cached_commit",
     "checkpoint_labels",
+    "content_id",
     "delete_snapshot",
     "fetch_revision",
     "mismatched",
@@ -366,13 +367,13 @@ def mismatched(folder: Path, ids: dict[str, str] | None) -> list[str]:
             target = path.resolve()
             if target.parent != blobs or target.name != want:
                 out.append(file)
-        elif _content_id(path, len(want)) != want:
+        elif content_id(path, len(want)) != want:
             out.append(file)
     return out
 
 
-def _content_id(path: Path, length: int) -> str:
-    """sha256 of the file (length 64), or its git blob id (length 40)."""
+def content_id(path: Path, length: int = 64) -> str:
+    """sha256 of the file (length 64), or its git blob id (length 40): the ids a hub lists."""
     import hashlib
 
     if length == 64:

@@ -510,7 +510,7 @@ def local_weights_ids(files: dict[int, list[Path]]) -> dict[int, tuple]:
         counts[key] = counts.get(key, 0) + 1
     return {
         step: tuple(
-            _sha256(f) if k.startswith("sample:") else k for f, k in zip(files[step], key)
+            hub.content_id(f) if k.startswith("sample:") else k for f, k in zip(files[step], key)
         ) if counts[key] > 1 else key
         for step, key in sampled.items()
     }  # fmt: skip
@@ -537,16 +537,6 @@ def _sample_id(file: Path) -> str:
             handle.seek(start)
             digest.update(handle.read(_SAMPLE))
     return "sample:" + digest.hexdigest()
-
-
-def _sha256(file: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(file, "rb") as handle:
-        while chunk := handle.read(_READ_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class DuplicateWeightsError(CheckpointError):
