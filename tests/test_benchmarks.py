@@ -95,3 +95,9 @@ def test_the_batched_transformer_is_the_recorders(tmp_path):
     assert bool((batched[-1] != batched[0]).any())  # the models moved
     tol = 64 * torch.finfo(torch.float32).eps * float(recorded.abs().max())
     torch.testing.assert_close(batched, recorded, rtol=0, atol=tol)
+    # the same initial weights with other batches: equal at step 0, apart once trained;
+    # one run's initial weights with its own batches: the run above
+    again, _ = bench.batched_transformer_c_hat([5, 3], last, init_seeds=[0, 3])
+    assert torch.equal(again[0, :, 0], batched[0, :, 0])
+    assert bool((again[-1, :, 0] != batched[-1, :, 0]).any())
+    assert torch.equal(again[:, :, 1], batched[:, :, 1])

@@ -37,7 +37,10 @@ a 1-layer attention-only model on Syn-Medium, eta_Z = 3, eta_Y = 0.1, plain SGD)
 it has not yet), each seed its own run (trained and read in one
 batched forward, `batched_transformer_c_hat`, equal to the `Recorder`'s c_hat: tested); the
 truth is `snapping` of the mean c_hat over 128 other seeds.  Its grids are the same fractions
-of the run: Pythia's, log, every 62, every 12 and every step.
+of the run: Pythia's, log, every 62, every 12 and every step.  Each seed of it snaps sharply at
+a step its initial weights set (4 inits: 124-163) and its batches move a little, so its lines
+come twice: against the recipe's mean over seeds, and with the truth given the initial weights
+(4 inits x 25 runs, each against the mean over 48 other batch orders from the same weights).
 
 **Placed recordings** (`measures.placement`), each run alone, at a budget of 40 recordings
 against the log grid of 40 (``log40``): ``placed`` (checkpoints at every step exist, as hub
@@ -248,23 +251,62 @@ def noisy_lines(runs: int, truth_seeds: int, batches=(8, 32), last: int = NOISY_
 
 
 def transformer_lines(runs: int, truth_seeds: int, last: int = 1000) -> None:
-    """The same for the demo's transformer at batch 8, kept at every step."""
+    """The same for the demo's transformer at batch 8, kept at every step: each seed its own
+    initial weights and batches; the truth the mean over other seeds (the recipe's)."""
     c, plan = batched_transformer_c_hat(list(range(runs + truth_seeds)), last)
     _noisy_grid_lines(c, plan, runs, {"model": "transformer", "batch": 8}, last)
 
 
+def transformer_init_lines(inits: int, runs: int, truth_runs: int, last: int = 1000) -> None:
+    """The demo's transformer again, each truth given the initial weights: per init, ``runs``
+    runs (batch orders) against the snap of the mean over ``truth_runs`` others from the same
+    initial weights (``truth`` below: the median over inits, ``truth_spread``: each init's)."""
+    per = runs + truth_runs
+    init_seeds = [i for i in range(inits) for _ in range(per)]
+    c, plan = batched_transformer_c_hat([50_000 + k for k in range(inits * per)], last,
+                                        init_seeds=init_seeds)  # fmt: skip
+    parts, truths = [], []
+    for i in range(inits):
+        group = c[:, :, i * per : (i + 1) * per]
+        parts.append(group[:, :, :runs])
+        truths.append(np.repeat(_expected_snap(group[:, :, runs:], plan, last)[None], runs, 0))
+    what = {"model": "transformer", "batch": 8, "truth_given": "initial weights",
+            "inits": inits}  # fmt: skip
+    _grid_lines(torch.cat(parts, 2), plan, np.concatenate(truths), what, last, truth_runs)
+
+
+SPACINGS = (1, 2, 5, 10)  # the truth read at each: a mean over seeds still carries noise
+
+
+def _expected_snap(c, plan, last: int) -> np.ndarray:
+    """[4] the snap of the mean of c_hat [S, 1, R, Pc] over its runs, read every 1, 2, 5 and
+    10 steps (`SPACINGS`; every 5 at most under 500 steps): the truth is the last, its
+    spread over the four how well the mean over finitely many seeds knows it."""
+    mean = c.double().mean(2, keepdim=True).float()
+    out = []
+    for k in SPACINGS:
+        steps = list(range(0, last + 1, min(k, 10 if last >= 500 else 5)))
+        expected = Trajectory(plan, torch.tensor(steps), [0], [0], c_hat=mean[steps])
+        out.append(float(snapping(expected).table["snap_step"][0]))
+    return np.array(out)
+
+
 def _noisy_grid_lines(c, plan, runs: int, what: dict, last: int) -> None:
-    """One line per grid: runs 0..runs-1 of c_hat [S, 1, R, Pc] against the snap of the
-    mean over the others, every 10 steps (every 5 under 500 steps).  Where a run has too few
-    classes to resample (the demo's 4), its interval is the knots' bracket alone, as a
-    run's own bounds are over runs (``bracket_only``: the share of such runs)."""
-    mean = c[:, :, runs:].double().mean(2, keepdim=True).float()
-    dense = list(range(0, last + 1, 10 if last >= 500 else 5))
-    expected = Trajectory(plan, torch.tensor(dense), [0], [0], c_hat=mean[dense])
-    truth = float(snapping(expected).table["snap_step"][0])
+    """Runs 0..runs-1 of c_hat [S, 1, R, Pc] against the snap of the mean over the others."""
+    truth = np.repeat(_expected_snap(c[:, :, runs:], plan, last)[None], runs, 0)
+    _grid_lines(c[:, :, :runs], plan, truth, what, last, c.shape[2] - runs)
+
+
+def _grid_lines(c, plan, truths: np.ndarray, what: dict, last: int, truth_runs: int) -> None:
+    """One line per grid: each run of c_hat [S, 1, R, Pc] against its truth, the last of its
+    row of `truths` [R, 4] (`_expected_snap`); ``coverage_of_range``: the share of intervals
+    that meet the row's range.  Where a run has too few classes to resample (the demo's 4),
+    its interval is the knots' bracket alone, as a run's own bounds are over runs
+    (``bracket_only``: the share of such runs)."""
+    runs = c.shape[2]
+    truth, low, high = truths[:, -1], np.nanmin(truths, 1), np.nanmax(truths, 1)
     for grid, steps in noisy_grids(last).items():
-        seen = Trajectory(plan, torch.tensor(steps), [0], list(range(runs)),
-                          c_hat=c[steps][:, :, :runs])  # fmt: skip
+        seen = Trajectory(plan, torch.tensor(steps), [0], list(range(runs)), c_hat=c[steps])
         table = snapping(seen).table
         iv = snap_step_interval(seen, generator=torch.Generator().manual_seed(0))
         value = table["snap_step"].to_numpy()
@@ -277,10 +319,15 @@ def _noisy_grid_lines(c, plan, runs: int, what: dict, last: int) -> None:
              for x in (0.1, 0.5, 0.9)}  # fmt: skip
         print(json.dumps({
             "bench": "time_resolution", "quantity": "snap_step_noisy", **what, "grid": grid,
-            "checkpoints": len(steps), "runs": runs, "truth_seeds": c.shape[2] - runs,
-            "truth": round(truth, 1), "median_over_truth": q[0.5], "q10_over_truth": q[0.1],
+            "checkpoints": len(steps), "runs": runs, "truth_runs": truth_runs,
+            "truth": round(float(np.median(truth)), 1),
+            "truth_spread": sorted({round(float(t), 1) for t in truth}),
+            "truth_by_spacing": sorted({tuple(round(float(t), 1) for t in r) for r in truths}),
+            "median_over_truth": q[0.5], "q10_over_truth": q[0.1],
             "q90_over_truth": q[0.9], "snapped": round(float(np.isfinite(value).mean()), 3),
             "coverage": round(float(((lo <= truth) & (truth <= hi)).mean()), 3),
+            "coverage_of_range": round(float(((lo <= high) & (low <= hi)).mean()), 3),
+            "width_over_truth": round(float(np.nanmedian((hi - lo) / truth)), 3),
             "bracket_only": round(float(few.mean()), 3),
             "goal": {"median_over_truth": [0.8, 1.25], "coverage": 0.9},
             "drift_checkpoints_median": float(np.median(table["drift_checkpoints"])),
@@ -320,13 +367,18 @@ def transformer_c_hat(seeds: list[int], last: int, folder):
     return torch.cat(parts, 2), plan
 
 
-def batched_transformer_c_hat(seeds: list[int], last: int, chunk: int = 128):
+def batched_transformer_c_hat(
+    seeds: list[int], last: int, chunk: int = 128, init_seeds: list[int] | None = None
+):
     """What `transformer_c_hat` gives, for many seeds at once: the same models (each seed's
     `initial_weights`, no positions, no LayerNorm), each trained on its own seed's batches by
     plain SGD (eta_Z on W_Q, W_K and their biases), written as one batched forward of
     ``chunk`` models; c_hat of each step is the recorder's definition (`aggregates`: per event
     of a tracked class, the context weights renormalised, summed into (class, l), over N(m, n))
-    on the same evaluation tokens.  `test_benchmarks` holds it to the recorder's values."""
+    on the same evaluation tokens.  `test_benchmarks` holds it to the recorder's values.
+    ``init_seeds`` (one per seed): each run's initial weights from these, its batches from
+    ``seeds`` (default: both from ``seeds``, as `train` does)."""
+    init_seeds = seeds if init_seeds is None else init_seeds
     classes = syn_medium()
     sample = sequence_sampler(classes)
     queries = classes.query.unique().tolist()
@@ -337,7 +389,8 @@ def batched_transformer_c_hat(seeds: list[int], last: int, chunk: int = 128):
     parts = []
     for k in range(0, len(seeds), chunk):
         parts.append(_train_batched(seeds[k : k + chunk], last, sample, tokens, flat, slot,
-                                    plan.num_triples, count, classes.vocab_size))  # fmt: skip
+                                    plan.num_triples, count, classes.vocab_size,
+                                    init_seeds[k : k + chunk]))  # fmt: skip
     return torch.cat(parts, 2), plan
 
 
@@ -360,11 +413,11 @@ def _c_hat_reads(plan, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(flats), torch.cat(slots)
 
 
-def _train_batched(seeds, last, sample, tokens, flat, slot, num_slots, count, V):
+def _train_batched(seeds, last, sample, tokens, flat, slot, num_slots, count, V, init_seeds):
     d_model, batch, lr_y, lr_z = 32, 8, 0.1, 3.0  # the demo's recipe at batch 8
     fields = dict(n_layers=1, d_model=d_model, n_heads=1, d_head=d_model, d_vocab=V, n_ctx=64,
                   normalization_type=None)  # fmt: skip
-    inits = [initial_weights(fields, s) for s in seeds]
+    inits = [initial_weights(fields, s) for s in init_seeds]
     names = ["embed.W_E", *(f"blocks.0.attn.{n}" for n in ("W_Q", "W_K", "W_V", "W_O", "b_Q",
              "b_K", "b_V", "b_O")), "unembed.W_U", "unembed.b_U"]  # fmt: skip
     w = {n.split(".")[-1]: torch.stack([i[n] for i in inits]).requires_grad_() for n in names}
@@ -432,6 +485,7 @@ def main() -> None:
             noisy_lines(100, 128)
         if args.transformer:
             transformer_lines(args.transformer, 128)
+            transformer_init_lines(4, args.transformer // 4, 48)
         return
     batches, per_batch = (1, 8) if args.quick else (10, 20)
     torch.manual_seed(0)
@@ -461,9 +515,11 @@ def main() -> None:
     if args.quick:
         noisy_lines(4, 4, batches=(8,), last=1000)
         transformer_lines(4, 4, last=80)
+        transformer_init_lines(2, 2, 2, last=80)
     else:
         noisy_lines(100, 128)
         transformer_lines(100, 128)
+        transformer_init_lines(4, 25, 48)
 
 
 if __name__ == "__main__":

@@ -178,8 +178,10 @@ def _noisy(rows: pd.DataFrame) -> str:
         return (f"; but between its checkpoints its attention moved mostly by step-to-step"
                 f" noise: its drift resolves {kept:.0f} of the {total:.0f} checkpoints (median"
                 " over its heads), and these snap steps are read from the drift between"
-                " those; recording more often will not sharpen them, more seeds (compared"
-                " with scansnap report RUN_A RUN_B ...) or a larger batch will")  # fmt: skip
+                " those; they and their bounds are this run's own: another seed of the same"
+                " recipe snaps elsewhere (by its initial weights most), so recording more"
+                " often will not place the recipe's snap, more seeds (compared with scansnap"
+                " report RUN_A RUN_B ...) will")  # fmt: skip
     if "straightness" not in rows or rows["straightness"].isna().all():
         return ""
     straight = float(rows["straightness"].median())
