@@ -2,7 +2,7 @@
 formation step's intervals where the truth is known at every step, seen through the
 checkpoint grids users have.
 
-    python analyses/benchmarks/bench_time_resolution.py          # about 6 minutes on 2 cores
+    python analyses/benchmarks/bench_time_resolution.py          # about 40 minutes on 2 cores
     python analyses/benchmarks/bench_time_resolution.py --quick  # small: it runs, no goal
 
 - **Snap steps**: population Y/Z runs of the lab (`lab.yz.train_yz`, 3 queries x 2 next
@@ -477,7 +477,8 @@ def main() -> None:
         type=int,
         default=0,
         metavar="SEEDS",
-        help="only the noisy transformer: SEEDS runs, 128 others for the truth (~30 minutes)",
+        help="only the noisy transformer: SEEDS runs against 128 other seeds, then 4 initial"
+        " weights x SEEDS/4 runs against 48 batch orders each (~15 minutes at 100)",
     )
     args = parser.parse_args()
     if args.noisy or args.transformer:
