@@ -35,6 +35,7 @@ from scansnap_lens.inputs.corpus import Corpus
 from scansnap_lens.inputs.text import read_documents
 from scansnap_lens.inputs.tokens import encode, rows_of
 from scansnap_lens.measures import atlas, theory_fit
+from scansnap_lens.measures.analysis import Analysis
 from scansnap_lens.recording.recorder import Recorder, trainer_callback
 from scansnap_lens.recording.settings import RecordingSettings
 from scansnap_lens.report import write_report
@@ -177,8 +178,8 @@ def main() -> None:
     except ValueError as err:
         print(f"theory_fit: {err}")
     title = "Pythia-like run: GPT-NeoX 4x8, d 128, on WikiText-2, AdamW"
-    report = write_report(traj, groups, args.out / "report", source=stats, groups_reason=why,
-                          title=title, results=results)  # fmt: skip
+    analysis = Analysis.of(traj, groups, source=stats, groups_reason=why, results=results)
+    report = write_report(analysis, args.out / "report", title=title)
     table = atlas(report.summary)
     table.to_csv(args.out / "atlas.csv", index=False)
     done = time.perf_counter()

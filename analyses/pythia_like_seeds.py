@@ -41,7 +41,7 @@ def main() -> None:
         stats = CooccurrenceStats.load(folder / "stats.safetensors")
         trajs[folder.name] = traj
         groups[folder.name] = TokenGroups.from_statistics(stats, queries=traj.plan.queries.tolist())
-    comparison = measure_runs(trajs, groups, training=None)
+    comparison = measure_runs(trajs, groups)
     report = write_runs_report(
         comparison, args.out, title=f"Pythia-like run: {len(trajs)} seeds compared"
     )

@@ -46,6 +46,7 @@ from _common import measure_or_nan, parser
 from scansnap_lens import measures, viz
 from scansnap_lens.inputs.text import encode_documents, wikitext_documents, word_level_tokenizer
 from scansnap_lens.lab import FIG6_NUM_LAST, recall_sweep
+from scansnap_lens.measures.analysis import Analysis
 from scansnap_lens.measures.entropy import position_entropy
 from scansnap_lens.models.training import train
 from scansnap_lens.models.tutorial import FIRST_FEED_FORWARD, tutorial_model
@@ -190,7 +191,7 @@ def run_fig7(name, layers, dropout, cfg, data, out, seed) -> tuple[dict, pd.Data
         except ValueError as err:
             print(f"  scan_uncertainty ({variant}): {err}")
     scan = pd.concat(scans, ignore_index=True).assign(run=name)
-    write_report(traj, variants["paper"], out / "reports" / name, token_strings=words,
+    write_report(Analysis.of(traj, variants["paper"]), out / "reports" / name, token_strings=words,
                  title=f"WikiText-2, the authors' {name} model, SGD lr {cfg['lr']}")  # fmt: skip
 
     at = curve.set_index("step")

@@ -41,6 +41,7 @@ from _common import measure_or_nan, parser
 from scansnap_lens import measures, viz
 from scansnap_lens.inputs.text import encode_documents, wikitext_documents, word_level_tokenizer
 from scansnap_lens.inputs.tokens import rows_of
+from scansnap_lens.measures.analysis import Analysis
 from scansnap_lens.models.backend import build_model as backend_model
 from scansnap_lens.models.training import attention_only_model, train
 from scansnap_lens.recording.plan import plan_recording
@@ -197,9 +198,8 @@ def main() -> None:
                 "theory_fit": measures.theory_fit(traj, stats, groups, classes=fit_classes),
                 "growth_bounds": measures.growth_bounds(traj, groups, stats),
             }
-            summary = measures.summarize(
-                traj, groups, results={**measures.measure_all(traj, groups)[0], **checks}
-            )
+            analysis = Analysis.of(traj, groups, results=checks)
+            summary = analysis.summary
             summaries.append(summary.assign(**tag, final_loss=loss))
             theories.append(summary[THEORY].assign(**tag))
             for variant, g in all_groups.items():
@@ -212,12 +212,10 @@ def main() -> None:
                 if variant == "paper":
                     scan = part
             write_report(
-                traj,
-                groups,
+                analysis,
                 out / "reports" / run,
                 title=f"WikiText-2, {name}, SGD eta_Y {lr}, eta_Z {lr_attention}",
                 token_strings=words,
-                results=checks,
             )
             sparsity = measure_or_nan(measures.sparsity, traj, groups, ["entropy"])
             entropy = traj.entropy_dataframe()

@@ -43,6 +43,7 @@ _CHOSEN = {  # what a notebook needs at the top, by the module that defines it
     "recording.settings": "RecordingSettings",
     "recording.trajectory": "Trajectory",
     "theory.transition": "PhaseTransition",
+    "measures.analysis": "Analysis AnalysisSettings",
     "measures.entropy": "position_entropy",
     "measures.runs": "measure_runs",
     "measures.summary": "summarize",

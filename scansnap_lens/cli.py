@@ -295,10 +295,11 @@ def _rows_for_power(args: argparse.Namespace, tokens, stats, source):
 # ------------------------------------------------------------------ report
 def _report(args: argparse.Namespace) -> int:
     from scansnap_lens._io import check_writable
+    from scansnap_lens.measures.analysis import Analysis, AnalysisSettings
     from scansnap_lens.recording.trajectory import Trajectory
     from scansnap_lens.report import write_report
     from scansnap_lens.statistics.corpus import CooccurrenceStats
-    from scansnap_lens.statistics.groups import Classification, TokenGroups, check_vocabulary
+    from scansnap_lens.statistics.groups import Classification, check_vocabulary
 
     if (args.lr_y is None) != (args.lr_z is None):
         raise ValueError("--lr-y and --lr-z go together: give both or neither")
@@ -322,33 +323,34 @@ def _report(args: argparse.Namespace) -> int:
     check_writable(out)
     trajs = {name: Trajectory.load(path) for name, path in zip(_run_names(runs), runs)}
     stats_of = [CooccurrenceStats.load(p) for p in args.stats]
-    settings = Classification(
+    classification = Classification(
         scope=args.scope, min_support=args.min_support, purity=args.purity,
         guard=args.guard, min_distinct=args.min_distinct,
     )  # fmt: skip
-    groups, why = {}, {}
-    for i, (name, traj) in enumerate(trajs.items()):
-        stats = stats_of[i if len(stats_of) > 1 else 0]
-        check_vocabulary(stats.vocab_size, traj.plan)
-        groups[name] = None
-        try:  # without token groups the report still measures what needs none, and says why
-            groups[name] = TokenGroups.from_statistics(stats, traj.plan.queries.tolist(), settings)
-        except ValueError as err:
-            why[name] = str(err)
     training = None
     if args.lr_y is not None:
         from scansnap_lens.models.training import Rates
 
         training = Rates(args.lr_y, args.lr_z, args.optimizer, args.momentum).to_dict()
-    if len(trajs) > 1:
-        return _report_runs(args, trajs, groups, why, training, out)
-    (name, traj), stats = next(iter(trajs.items())), stats_of[0]
-    report = write_report(
-        traj, groups[name], out, title=args.title, source=stats, training=training,
-        groups_reason=why.get(name), classification=settings, theory=args.theory,
+    settings = AnalysisSettings(
+        classification=classification, training=training, theory=args.theory,
         theory_classes=args.theory_classes or None,
     )  # fmt: skip
-    _print_summary(report.summary, traj)
+    for i, traj in enumerate(trajs.values()):  # before anything is measured
+        check_vocabulary(stats_of[i if len(stats_of) > 1 else 0].vocab_size, traj.plan)
+    analyses = {}
+    for i, (name, path) in enumerate(zip(trajs, runs)):
+        stats = stats_of[i if len(stats_of) > 1 else 0]
+        analysis = Analysis.of(trajs[name], source=stats, settings=settings,
+                               cache=path / "analysis")  # fmt: skip
+        if analysis.reused:
+            print(f"{name}: the analysis saved in {path / 'analysis'} (same inputs and settings)")
+        analyses[name] = analysis
+    if len(trajs) > 1:
+        return _report_runs(args, analyses, out)
+    analysis = next(iter(analyses.values()))
+    report = write_report(analysis, out, title=args.title)
+    _print_summary(report.summary, analysis.traj)
     for what, reason in report.not_measured.items():
         print(f"not measured: {what}: {cli_text(reason)}")
     print(f"report: {report.path.resolve()}")
@@ -364,12 +366,12 @@ def _run_names(paths: list[Path]) -> list[str]:
     return [str(p) for p in paths]
 
 
-def _report_runs(args, trajs, groups, why, training, out) -> int:
+def _report_runs(args, analyses, out) -> int:
     from scansnap_lens.measures.findings import runs_findings_of
     from scansnap_lens.measures.runs import measure_runs
     from scansnap_lens.report import number, write_runs_report
 
-    comparison = measure_runs(trajs, groups, training=training)
+    comparison = measure_runs(analyses)
     report = write_runs_report(comparison, out, title=args.title)
     table = comparison.table
     shown = ["layer", "head", "scans_runs", "bias_mean", "bias_lo", "bias_hi", "bias_within",
@@ -386,8 +388,10 @@ def _report_runs(args, trajs, groups, why, training, out) -> int:
     print("across the runs:")
     for line in runs_findings_of(comparison):
         print(f"  {cli_text(line)}")
-    for name, reason in why.items():
-        print(f"not measured in {name}: token groups: {cli_text(reason)}")
+    for name, analysis in analyses.items():
+        if "token groups" in analysis.not_measured:
+            reason = analysis.not_measured["token groups"]
+            print(f"not measured in {name}: token groups: {cli_text(reason)}")
     for what, reason in report.not_measured.items():
         print(f"not drawn: {what}: {cli_text(reason)}")
     print(f"report: {report.path.resolve()}")
@@ -721,7 +725,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="report folder (default TRAJECTORY/report; several runs need it)",
     )  # fmt: skip
     report.add_argument("--title", help="the page's title (default: the trajectory's source)")
-    from scansnap_lens.theory import population
+    from scansnap_lens.measures.analysis import AnalysisSettings
 
     report.add_argument(
         "--no-theory", action="store_false", dest="theory",
@@ -729,7 +733,8 @@ def build_parser() -> argparse.ArgumentParser:
         " default it runs on the --theory-classes most frequent classes)",
     )  # fmt: skip
     report.add_argument(
-        "--theory-classes", type=_count_or_all(2), default=population.THEORY_CLASSES, metavar="N",
+        "--theory-classes", type=_count_or_all(2), default=AnalysisSettings().theory_classes,
+        metavar="N",
         help="the theory fit's classes, the most frequent (default: %(default)s; its time grows"
         " faster than the classes; all: every recorded class)",
     )  # fmt: skip

@@ -21,6 +21,7 @@ import torch
 
 from scansnap_lens._io import write_text
 from scansnap_lens.lab.synthetic import sequence_sampler, syn_medium, syn_small
+from scansnap_lens.measures.analysis import Analysis
 from scansnap_lens.models.training import Rates, TrainResult, attention_only_model, train
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder
@@ -118,12 +119,9 @@ def run_demo(
         on_checkpoint=recorder.on_checkpoint,
     )
     trajectory = recorder.trajectory()
-    report = write_report(
-        trajectory,
-        groups,
-        out / "report",
-        title=f"scansnap_lens demo: {data}, {num_steps} steps",
-        source=stats,  # the training meta says the loss is on each row's last position
-    )
+    # the training meta says the loss is on each row's last position
+    analysis = Analysis.of(trajectory, groups, source=stats)
+    report = write_report(analysis, out / "report",
+                          title=f"scansnap_lens demo: {data}, {num_steps} steps")  # fmt: skip
     write_text(out / "report" / "loss.csv", training.to_dataframe().to_csv(index=False))
     return DemoResult(training, stats, groups, trajectory, report)

@@ -1,7 +1,7 @@
 """One self-contained HTML report of a trajectory: summary, figures, circuitsvis views; and
 one of several runs compared (`write_runs_report`).
 
-    report = write_report(traj, groups, "out/report")
+    report = write_report(Analysis.of(traj, groups, source=stats), "out/report")
     report.path            # out/report/report.html: opens offline in any browser
     write_runs_report(measures.measure_runs({"seed0": a, "seed1": b}, groups), "out/runs")
 
@@ -27,8 +27,8 @@ import torch
 
 from scansnap_lens import measures
 from scansnap_lens._io import check_writable, make_folder, staged_folder, write_text
+from scansnap_lens.measures.analysis import Analysis
 from scansnap_lens.measures.catalog import Plot, columns, measures_of
-from scansnap_lens.measures.fit import THEORY_CLASSES
 from scansnap_lens.measures.runs import median_bounds
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.context import require_same
@@ -164,81 +164,44 @@ def _draw(plot: Plot, result, snaps, path: Path) -> None:
 
 
 def write_report(
-    traj: Trajectory,
-    groups: TokenGroups | None,
+    analysis: Analysis,
     out: str | Path,
     title: str | None = None,
-    prediction=None,
     views: bool = True,
     token_strings=None,
-    source=None,
-    training: dict | None = None,
-    loss_positions: int | None = None,
-    results: dict | None = None,
-    groups_reason: str | None = None,
-    classification=None,
-    theory: bool = True,
-    theory_classes: int | None = THEORY_CLASSES,
 ) -> Report:
-    """Measure `traj` against `groups` and write the report folder `out`.
+    """Write the report folder `out` of an `Analysis` (`Analysis.of(traj, groups, ...)`).
 
-    groups: the token groups, or None where none could be formed (`groups_reason` says why,
-    and the report says it beside each measurement left out).  title: default
-    `default_title`.  prediction: the theory's snap step (see `measures.summarize`); views:
-    include the circuitsvis views (they need the trajectory's example prompt); token_strings:
-    strings of the prompt's tokens for the views (default: the plan's).  source: the training
-    corpus's `CooccurrenceStats` (or the lab's `SequenceClasses`) for the theory's checks
-    (without it the bounds use the evaluation text's statistics and there is no prediction).
-    training, loss_positions: see `catalog.MeasureInputs`.  results: measurements made already
-    (``{"theory_fit": ...}``), used instead of measuring those.  classification: the
-    `groups.Classification` the groups came from (default: the groups' own), saved in
-    ``summary.json`` and shown on the page with the statistics' window.  theory: False leaves
-    out the theory fit (the population dynamics); theory_classes: the classes it integrates
-    at most (see `fit.theory_fit`).
-
-    The report is written whatever cannot be measured; ``Report.not_measured`` and the page
-    say what was left out and why.  It is made in a folder beside `out` and moved in at the
-    end: an interrupted report leaves `out` as it was.
+    title: default `default_title`; views: include the circuitsvis views (they need the
+    trajectory's example prompt); token_strings: strings of the prompt's tokens for the views
+    (default: the plan's).  The report is written whatever could not be measured
+    (``Report.not_measured`` and the page say what was left out and why).  It is made in a
+    folder beside `out` and moved in at the end: an interrupted report leaves `out` as it was.
     """
+    if not isinstance(analysis, Analysis):
+        raise TypeError(
+            "write_report takes an Analysis (Analysis.of(traj, groups, source=...)), got"
+            f" {type(analysis).__name__}"
+        )
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} is a file: the report needs a folder; name another (out=)")
     check_writable(out)
-    for statistics in (groups, source):  # before anything is measured or written
+    for statistics in (analysis.groups, analysis.source):  # before anything is written
         if statistics is not None:
-            require_same(statistics, traj.plan)
+            require_same(statistics, analysis.traj.plan)
     with staged_folder(out) as stage:
-        report = _write_report(
-            traj, groups, stage, title, prediction, views, token_strings, source, training,
-            loss_positions, results, groups_reason, classification, theory, theory_classes,
-        )  # fmt: skip
+        report = _write_report(analysis, stage, title, views, token_strings)
     files = {k: out / v.relative_to(stage) for k, v in report.files.items()}
     return Report(files["report"], report.summary, files, report.not_measured)
 
 
-def _write_report(traj, groups, out, title, prediction, views, token_strings, source, training,
-                  loss_positions, results, groups_reason, classification, theory,
-                  theory_classes) -> Report:  # fmt: skip
+def _write_report(analysis: Analysis, out: Path, title, views, token_strings) -> Report:
+    traj, groups, results = analysis.traj, analysis.groups, analysis.results
+    training, summary = analysis.settings.training, analysis.summary
     make_folder(out / "figures")
     folder = _Folder(out)
-    if groups is None:  # said once; each measurement that needs them points here
-        folder.not_measured["token groups"] = groups_reason or "none were given"
-    for skip in traj.skipped:  # a step the recording could not read
-        folder.not_measured[f"step {skip['step']}"] = f"not recorded: {skip['error']}"
-    skip = set(results or {}) | ({"theory_fit"} if not theory else set())
-    made, why = measures.measure_all(
-        traj, groups, source=source, training=training, loss_positions=loss_positions,
-        names=[m.name for m in measures_of(traj) if m.name not in skip],
-        groups_reason="needs token groups (see 'token groups')", theory_classes=theory_classes,
-    )  # fmt: skip
-    results = {**made, **(results or {})}
-    folder.not_measured.update(why)
-    if not theory and "theory_fit" not in results:
-        folder.not_measured["theory_fit"] = "left out (theory=False)"
-    summary = measures.summarize(traj, groups, prediction, training=training, results=results)
-    if "sparsity" in results and not results["sparsity"].table["sparsity_classes"].iloc[0]:
-        folder.not_measured["entropy, top_share"] = measures.SINGLE_DISTINCT
-
+    folder.not_measured.update(analysis.not_measured)
     folder.csv("summary", summary)
     snaps = results["snapping"].table if "snapping" in results else None
     for entry in measures_of(traj):
@@ -258,7 +221,7 @@ def _write_report(traj, groups, out, title, prediction, views, token_strings, so
     folder.files["summary_json"] = out / "summary.json"
     folder.files["report"] = out / "report.html"
     title = default_title(traj) if title is None else title
-    settings = _settings(groups, classification, source, results)
+    settings = _settings(analysis)
     payload = {
         "title": title,
         "settings": settings,
@@ -553,17 +516,22 @@ def _theory_section(summary: pd.DataFrame, checks: dict, limits: list[str]) -> s
     return "<h2>Theory against measurement</h2>" + text + table_html(table)
 
 
-def _settings(groups, classification, source, results) -> dict:
+def _settings(analysis: Analysis) -> dict:
     """What decided the numbers, for summary.json and the page: the classification (None for
     groups made by hand or from the synthetic truth), the statistics' window and the
     uncertainty's level, alpha, correction and least number of units."""
-    chosen = classification or (groups.settings if groups is not None else None)
+    groups, source, results = analysis.groups, analysis.source, analysis.results
+    chosen = groups.settings if groups is not None else None
+    if groups is None and hasattr(source, "window"):  # groups were to come from these stats
+        chosen = analysis.settings.classification
     context = getattr(source, "context", None) or (groups.context if groups else None)
     out = {
         "classification": None if chosen is None else chosen.to_dict(),
         "window": None if context is None else context.window,
         "groups": "none" if groups is None else groups.source,
-    }
+        "analysis": {k: v for k, v in analysis.settings.to_dict().items()
+                     if k not in ("classification", "training")},
+    }  # fmt: skip
     if "uncertainty" in results:
         attrs = results["uncertainty"].table.attrs
         out["uncertainty"] = {k: attrs[k] for k in ("level", "alpha", "correction", "min_units")}

@@ -484,8 +484,8 @@ def test_padded_model_vocabulary_measures_with_tokenizer_statistics(own_run, tmp
 
 def test_the_notebook_route_and_the_command_line_give_one_answer(own_run, tmp_path, capsys):
     """The same trajectory and statistics: `scansnap report` and the README's library route
-    (`TokenGroups.from_statistics` + `summarize`) give the same table, verdicts included, and
-    the report says which settings it used."""
+    (`Analysis.of`) give the same table, verdicts included, and the report says which settings
+    it used; the command's analysis, saved beside the trajectory, is what a notebook reloads."""
     import pandas as pd
 
     import scansnap_lens as ss
@@ -504,8 +504,9 @@ def test_the_notebook_route_and_the_command_line_give_one_answer(own_run, tmp_pa
 
     traj = ss.Trajectory.load(traj_dir)  # the README's route
     loaded = ss.CooccurrenceStats.load(stats)
-    groups = ss.TokenGroups.from_statistics(loaded, queries=traj.plan.queries)
-    mine = ss.summarize(traj, groups, source=loaded).replace("", float("nan"))  # as CSV reads
+    analysis = ss.Analysis.of(traj, source=loaded)
+    assert not analysis.reused
+    mine = analysis.summary.replace("", float("nan"))  # as CSV reads
     assert list(mine.columns) == list(cli.columns)
     pd.testing.assert_frame_equal(mine.reset_index(drop=True), cli, check_dtype=False,
                                   rtol=1e-12)  # fmt: skip
@@ -514,6 +515,9 @@ def test_the_notebook_route_and_the_command_line_give_one_answer(own_run, tmp_pa
     assert saved["uncertainty"]["correction"] == "holm"
     page = (tmp_path / "rep" / "report.html").read_text()
     assert ss.Classification().describe() in page
+    again = ss.Analysis.of(traj, source=loaded, cache=traj_dir / "analysis")
+    assert again.reused and again.key == analysis.key
+    pd.testing.assert_frame_equal(again.summary, analysis.summary)
 
 
 def test_a_report_of_one_checkpoint_is_written(own_run, tmp_path, capsys):

@@ -19,6 +19,7 @@ import torch
 from _browser import open_page, screenshot
 
 from scansnap_lens.lab.synthetic import syn_medium
+from scansnap_lens.measures.analysis import Analysis
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.report import write_report
 from scansnap_lens.statistics.groups import TokenGroups
@@ -140,7 +141,7 @@ def test_report_without_prompt_says_what_is_missing(demo_out, tmp_path):
     traj = Trajectory.load(out / "trajectory")
     traj.prompt, traj.prompt_pattern = None, None
     groups = TokenGroups.from_synthetic(syn_medium(1))
-    report = write_report(traj, groups, tmp_path / "r", views=True)
+    report = write_report(Analysis.of(traj, groups), tmp_path / "r", views=True)
     assert "views" in report.not_measured
     assert "circuitsvis-view" not in report.path.read_text()
     with pytest.raises(ValueError, match="no example prompt"):
@@ -148,7 +149,7 @@ def test_report_without_prompt_says_what_is_missing(demo_out, tmp_path):
     # a checkpoint the recording could not read (on_error="skip") is a step not measured
     error = "run/checkpoint-50/model.safetensors is truncated or corrupt"
     traj.skipped = [{"step": 50, "source": "run/checkpoint-50", "error": error}]
-    report = write_report(traj, groups, tmp_path / "s", views=False)
+    report = write_report(Analysis.of(traj, groups), tmp_path / "s", views=False)
     assert report.not_measured["step 50"] == f"not recorded: {error}"
     assert html.escape(f"step 50: not recorded: {error}") in report.path.read_text()
 
@@ -175,7 +176,8 @@ def test_script_in_token_strings_never_runs(demo_out, tmp_path):
     for i, token in enumerate(ids):
         traj.plan.token_strings[token] = PAYLOADS[i % len(PAYLOADS)]
     groups = TokenGroups.from_synthetic(syn_medium(1))
-    report = write_report(traj, groups, tmp_path / "r", title="<script>alert(1)</script>")
+    title = "<script>alert(1)</script>"
+    report = write_report(Analysis.of(traj, groups), tmp_path / "r", title=title)
     dom, console = open_page(report.path)
     assert not _ran(dom) and console == [], console
     assert "Head Selector" in _mounted(dom, "view-0")  # every view still renders
@@ -232,7 +234,9 @@ def test_report_from_a_relative_path_shows_in_a_notebook(demo_out, tmp_path, mon
     out, _ = demo_out
     traj = Trajectory.load(out / "trajectory")
     monkeypatch.chdir(tmp_path)
-    report = write_report(traj, TokenGroups.from_synthetic(syn_medium(1)), "rel", views=False)
+    report = write_report(
+        Analysis.of(traj, TokenGroups.from_synthetic(syn_medium(1))), "rel", views=False
+    )
     assert (tmp_path / "rel" / "report.html").resolve().as_uri() in report._repr_html_()
 
 
@@ -247,7 +251,7 @@ def test_a_full_disk_never_leaves_half_a_report(demo_out, tmp_path, monkeypatch)
     traj = Trajectory.load(out / "trajectory")
     groups = TokenGroups.from_synthetic(syn_medium(1))
     folder = tmp_path / "r"
-    write_report(traj, groups, folder, views=False)
+    write_report(Analysis.of(traj, groups), folder, views=False)
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     written = []
 
@@ -261,7 +265,7 @@ def test_a_full_disk_never_leaves_half_a_report(demo_out, tmp_path, monkeypatch)
 
     monkeypatch.setattr(_io, "_write_all", full_disk)
     with pytest.raises(OSError, match="No space left"):
-        write_report(traj, groups, folder, title="again", views=False)
+        write_report(Analysis.of(traj, groups), folder, title="again", views=False)
     after = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     assert not [p for p in after if p.name.endswith(".tmp")]
     assert set(after) == set(before)
@@ -281,7 +285,7 @@ def test_an_interrupted_report_leaves_the_folder_as_it_was(demo_out, tmp_path, m
     traj = Trajectory.load(out / "trajectory")
     groups = TokenGroups.from_synthetic(syn_medium(1))
     folder = tmp_path / "r"
-    write_report(traj, groups, folder, views=False)
+    write_report(Analysis.of(traj, groups), folder, views=False)
     (folder / "notes.txt").write_text("mine")
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
@@ -290,11 +294,11 @@ def test_an_interrupted_report_leaves_the_folder_as_it_was(demo_out, tmp_path, m
 
     monkeypatch.setattr(figures, "paint_over_steps", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        write_report(traj, groups, folder, title="again", views=False)
+        write_report(Analysis.of(traj, groups), folder, title="again", views=False)
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
     monkeypatch.undo()
-    report = write_report(traj, groups, folder, title="again", views=False)
+    report = write_report(Analysis.of(traj, groups), folder, title="again", views=False)
     assert report.path == folder / "report.html" and "again" in report.path.read_text()
     assert (folder / "notes.txt").read_text() == "mine"
     assert all(p.is_file() and p.is_relative_to(folder) for p in report.files.values())
@@ -319,7 +323,7 @@ def test_the_report_measures_each_quantity_once(demo_out, tmp_path, monkeypatch)
 
     # every reader of the table goes through catalog.measures_of, which reads it here
     monkeypatch.setattr(catalog, "MEASURES", tuple(counted(m) for m in catalog.MEASURES))
-    report = write_report(traj, groups, tmp_path / "r", views=False)
+    report = write_report(Analysis.of(traj, groups), tmp_path / "r", views=False)
     assert calls == {m.name: 1 for m in catalog.MEASURES if m.name != "theory_fit"}, calls
     assert report.not_measured["theory_fit"] == catalog.NEEDS_SOURCE
     summary = pd.read_csv(tmp_path / "r" / "summary.csv")
@@ -357,7 +361,7 @@ def test_a_report_to_step_ten_to_the_twelve_does_not_hang(tmp_path):
 
     traj = Trajectory.load(data / "trajectory_v1")
     stats = cooccurrence(make.tokens(), traj.plan.vocab_size, window=4)
-    report = write_report(traj, None, tmp_path / "r", source=stats, views=False)
+    report = write_report(Analysis.of(traj, source=stats), tmp_path / "r", views=False)
     assert "theory_fit" not in report.not_measured
     assert report.summary["rank_agreement"].notna().all()
 

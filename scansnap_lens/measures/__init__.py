@@ -24,6 +24,9 @@ P(l|m, n), common tokens of each query), and returns a `Measurement`: a table wi
 - `catalog`: `MEASURES`, the table of measurements (function, needs, summary columns,
   figures, explanation) that `measure_all`, `summarize` and the report iterate over;
 - `summary`: `measure_all` (each measurement once) and `summarize` (one row per head);
+- `analysis`: `Analysis.of`, every measurement of a trajectory once with its
+  `AnalysisSettings`, saved and reloaded where its inputs match: what the report, the runs
+  page, the command line and a notebook read;
 - `findings`: `findings_of`, what the summary found in sentences (the report's first lines);
 - `heads`: `rank_heads`, `head_grid`, `atlas` (every head's verdict, snap beside the head
   types, fit, entropy);
@@ -43,6 +46,6 @@ P(l|m, n), common tokens of each query), and returns a `Measurement`: a table wi
 
 from scansnap_lens._lazy import exports
 
-_MODULES = """catalog discriminative entropy findings fit frequency growth head_types heads
+_MODULES = """analysis catalog discriminative entropy findings fit frequency growth head_types heads
 matching measurement placement power rates resampling runs snap summary uncertainty"""
 __all__, __getattr__, __dir__ = exports(__name__, _MODULES)

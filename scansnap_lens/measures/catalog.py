@@ -57,7 +57,7 @@ class MeasureInputs:
     training: dict | None = None
     loss_positions: int | None = None
     groups_reason: str = "no token groups were given"
-    theory_classes: int | None = THEORY_CLASSES  # see `fit.theory_fit`'s max_classes
+    theory_classes: int | None = THEORY_CLASSES  # see `fit.theory_fit`
 
 
 @dataclass(frozen=True)
@@ -268,7 +268,7 @@ MEASURES: tuple[Measure, ...] = (
             x.groups,
             training=x.training,
             loss_positions=x.loss_positions,
-            max_classes=x.theory_classes,
+            theory_classes=x.theory_classes,
         ),
         needs_groups=False,
         needs_source=True,

@@ -218,13 +218,13 @@ def _rank(x: Tensor) -> Tensor:
     return torch.from_numpy(rankdata(x.numpy(), axis=-1)).double()
 
 
-def fit_classes(traj: Trajectory, max_classes: int | None = THEORY_CLASSES) -> list | None:
-    """The `max_classes` most frequent tracked classes (m, n) (by their events in the
+def fit_classes(traj: Trajectory, theory_classes: int | None = THEORY_CLASSES) -> list | None:
+    """The `theory_classes` most frequent tracked classes (m, n) (by their events in the
     recording), or None (every class) where the plan tracks no more."""
     plan = traj.plan
-    if max_classes is None or plan.num_classes <= max_classes:
+    if theory_classes is None or plan.num_classes <= theory_classes:
         return None
-    top = torch.argsort(plan.class_events, descending=True, stable=True)[:max_classes]
+    top = torch.argsort(plan.class_events, descending=True, stable=True)[:theory_classes]
     top = top.sort().values
     return list(zip(plan.class_query[top].tolist(), plan.class_next[top].tolist()))
 
@@ -237,7 +237,7 @@ def theory_fit(
     loss_positions: int | None = None,
     classes=None,
     progress: bool = True,
-    max_classes: int | None = THEORY_CLASSES,
+    theory_classes: int | None = THEORY_CLASSES,
 ) -> Measurement:
     """Score every head against attention predicted from corpus statistics alone (the
     population dynamics show their progress where they take over two seconds).
@@ -261,7 +261,7 @@ def theory_fit(
 
     loss_positions: see `population.Population.from_stats`; by default every next-token
     prediction, or one per row where the trajectory's meta says ``loss_on: "last"``.
-    classes: pairs (m, n) to predict (default: the `max_classes` most frequent tracked
+    classes: pairs (m, n) to predict (default: the `theory_classes` most frequent tracked
     classes, `fit_classes`; None: every one).  Each class carries its own weight
     N(m, n) / loss positions, so a subset evolves as it would among the others except through
     the parameters it shares with them; one gradient costs triples x next tokens, both growing
@@ -271,7 +271,7 @@ def theory_fit(
     if traj.step_unit != "steps":
         raise ValueError("the prediction counts optimizer steps; this trajectory counts tokens")
     if classes is None:
-        classes = fit_classes(traj, max_classes)
+        classes = fit_classes(traj, theory_classes)
     pop = _population(traj, source, loss_positions, classes)
     heads_training = _head_training(traj, training)
     plan = traj.plan

@@ -38,10 +38,10 @@ import torch
 from torch import Tensor
 
 from scansnap_lens._io import make_folder, write_text
+from scansnap_lens.measures.analysis import Analysis, AnalysisSettings
 from scansnap_lens.measures.catalog import MEASURES, columns, measures_of
 from scansnap_lens.measures.matching import match_heads
 from scansnap_lens.measures.resampling import interval_over_runs, share_interval
-from scansnap_lens.measures.summary import measure_all, summarize
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
@@ -309,34 +309,39 @@ def check_same_runs(trajs: Mapping[str, Trajectory]) -> None:
 
 
 def measure_runs(
-    trajs: Mapping[str, Trajectory],
-    groups: TokenGroups | Mapping[str, TokenGroups | None] | None,
+    runs: Mapping[str, Trajectory | Analysis],
+    groups: TokenGroups | Mapping[str, TokenGroups | None] | None = None,
     *,
     source=None,
-    training: dict | None = None,
+    settings: AnalysisSettings | None = None,
     match: str = "behaviour",
 ) -> RunComparison:
     """Measure every run (`RUN_MEASURES`) and compare them.
 
-    trajs: {run name: trajectory}, runs of one architecture and plan (`check_same_runs`).
+    runs: {run name: trajectory, or its `Analysis` (used as it is: the command line reloads
+    each run's from beside it)}, runs of one architecture and plan (`check_same_runs`).
     groups: one `TokenGroups` for all runs (one corpus), or one per run (deduped or not).
-    source, training: as `measures.measure_all` takes them (one for all runs).  match:
-    "behaviour" compares each head with the head of the first run that does what it does
+    source, settings: as `Analysis.of` takes them (one for all runs).  match: "behaviour"
+    compares each head with the head of the first run that does what it does
     (`matching.match_heads`: the table's ``head`` is the first run's, `per_run`'s
     ``own_head`` the run's own), or "index" (runs from one initialisation).
     """
     if match not in ("behaviour", "index"):
         raise ValueError(f"match must be 'behaviour' or 'index', got {match!r}")
-    if len(trajs) < 1:
+    if len(runs) < 1:
         raise ValueError("no runs to compare")
+    trajs = {name: run.traj if isinstance(run, Analysis) else run for name, run in runs.items()}
     check_same_runs(trajs)
     entries = measures_of(next(iter(trajs.values())))
+    settings = (settings or AnalysisSettings()).replace(
+        leave_out=[m.name for m in entries if not m.shown.get("runs")]
+    )
     summaries = {}
-    for name, traj in trajs.items():
-        run_groups = groups.get(name) if isinstance(groups, Mapping) else groups
-        names = [m.name for m in entries if m.shown.get("runs")]
-        results, _ = measure_all(traj, run_groups, source=source, training=training, names=names)
-        summaries[name] = summarize(traj, run_groups, training=training, results=results)
+    for name, run in runs.items():
+        if not isinstance(run, Analysis):
+            run_groups = groups.get(name) if isinstance(groups, Mapping) else groups
+            run = Analysis.of(run, run_groups, source=source, settings=settings)
+        summaries[name] = run.summary.copy()
     matching, why = match_heads(trajs) if match == "behaviour" and len(trajs) > 1 else (None, "")
     if matching is not None:
         for name, summary in summaries.items():

@@ -8,6 +8,7 @@ import re
 import torch
 from _tiny import QUIET, V, tiny_model
 
+from scansnap_lens.measures.analysis import Analysis
 from scansnap_lens.measures.catalog import MEASURES, ROLES, columns, measures_of
 from scansnap_lens.measures.heads import atlas
 from scansnap_lens.measures.runs import measure_runs
@@ -46,7 +47,7 @@ def test_a_head_type_of_your_own_is_shown_wherever_the_built_in_ones_are(tmp_pat
                          ("atlas", "two_back_lo"), ("runs", "two_back_step"),
                          ("formed", "two_back_step")):  # fmt: skip
         assert wanted in columns(role, entries) and wanted not in columns(role), role
-    report = write_report(a, None, tmp_path / "report", views=False)
+    report = write_report(Analysis.of(a), tmp_path / "report", views=False)
     assert {"two_back", "two_back_lo", "two_back_step"} <= set(report.summary)
     page = (tmp_path / "report" / "report.html").read_text()
     for section, column in (("Summary", "two_back_step"), ("Head atlas", "two_back")):

@@ -173,7 +173,7 @@ def test_the_fit_ends_on_a_trajectory_at_step_ten_to_the_twelve(tmp_path, monkey
 
 def test_the_fit_integrates_the_most_frequent_classes_and_says_its_cost(tmp_path, capsys):
     """A user's run tracks thousands of classes and a gradient of the population dynamics costs
-    triples x next tokens (hours): the fit takes the `max_classes` most frequent, says so in its
+    triples x next tokens (hours): the fit takes the `theory_classes` most frequent, says so in its
     table, and says its cost after the first gradient; a cap above the count changes nothing."""
     from _tiny import QUIET, V, tiny_model
 
@@ -192,11 +192,13 @@ def test_the_fit_integrates_the_most_frequent_classes_and_says_its_cost(tmp_path
     events = dict(zip(zip(plan.class_query.tolist(), plan.class_next.tolist()),
                       plan.class_events.tolist()))  # fmt: skip
     assert len(top) == 12 and min(events[c] for c in top) >= sorted(events.values())[-12]
-    capped = measures.theory_fit(traj, stats, training=training, max_classes=12)
+    capped = measures.theory_fit(traj, stats, training=training, theory_classes=12)
     said = capsys.readouterr().out
     assert "population dynamics: 12 classes" in said and "gradients to step 40" in said
     assert (capped.table["fit_classes"] == 12).all()
-    every = measures.theory_fit(traj, stats, training=training, max_classes=None, progress=False)
-    above = measures.theory_fit(traj, stats, training=training, max_classes=10**6, progress=False)
+    every = measures.theory_fit(traj, stats, training=training, theory_classes=None,
+                                progress=False)  # fmt: skip
+    above = measures.theory_fit(traj, stats, training=training, theory_classes=10**6,
+                                progress=False)  # fmt: skip
     assert (every.table["fit_classes"] == plan.num_classes).all()
     pd.testing.assert_frame_equal(every.table, above.table)

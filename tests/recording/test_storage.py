@@ -12,6 +12,7 @@ from _tiny import QUIET
 from scansnap_lens.demo import DEMO_DATA
 from scansnap_lens.lab.synthetic import sequence_sampler
 from scansnap_lens.measures import measure_all
+from scansnap_lens.measures.analysis import Analysis
 from scansnap_lens.models.checkpoints import in_memory
 from scansnap_lens.models.training import attention_only_model
 from scansnap_lens.recording.plan import plan_recording
@@ -69,7 +70,7 @@ def test_measurements_and_the_report_of_a_loaded_trajectory_load_no_whole_stack(
     assert got.keys() == want.keys()
     for name in want:
         pd.testing.assert_frame_equal(got[name].table, want[name].table)
-    report = write_report(lazy, groups, tmp_path / "report", source=stats)
+    report = write_report(Analysis.of(lazy, groups, source=stats), tmp_path / "report")
     assert (report.path).exists()
 
 

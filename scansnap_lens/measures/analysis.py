@@ -1,0 +1,340 @@
+"""`Analysis`: every measurement of one trajectory made once, with the settings it was made
+with, saved and reloaded where its inputs are the same.  The report, the runs page, the
+command line's tables and a notebook's summary read it; none measures again.
+
+`AnalysisSettings` is the one settings value of the reading side (the classification of the
+statistics' tokens, the training's rates, the theory fit's classes, what to leave out), as
+`recording.settings.RecordingSettings` is of the recording side.
+
+>>> AnalysisSettings(theory_classes=64).replace(theory=False).to_dict()["theory"]
+False
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import warnings
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from scansnap_lens._io import read_tensors, staged_folder, write_bytes, write_tensors, write_text
+from scansnap_lens.measures.catalog import measures_of
+from scansnap_lens.measures.entropy import SINGLE_DISTINCT
+from scansnap_lens.measures.fit import THEORY_CLASSES
+from scansnap_lens.measures.measurement import Measurement
+from scansnap_lens.measures.summary import measure_all, summarize
+from scansnap_lens.recording.trajectory import Trajectory
+from scansnap_lens.statistics.groups import Classification, TokenGroups
+
+__all__ = ["Analysis", "AnalysisSettings", "fingerprint"]
+
+FORMAT = 1  # of the saved folder; a folder of another format is measured again
+TAG = f"scansnap-analysis-{FORMAT}"
+
+
+@dataclass(frozen=True)
+class AnalysisSettings:
+    """How a trajectory is read.  classification: how the statistics' tokens get their kinds
+    (used where `Analysis.of` forms the token groups itself); training: the training's rates
+    (`rates.training_of`: ``lr_y``, ``lr_z``, optimizer, momentum), for the theory's
+    prediction; theory: False leaves out the theory fit (the population dynamics);
+    theory_classes: the classes it integrates at most (`fit.theory_fit`); loss_positions:
+    `catalog.MeasureInputs`; prediction: the theory's snap step (one value, or one per head;
+    default `rates.predicted_snap`); leave_out: names of measurements not made."""
+
+    classification: Classification = field(default_factory=Classification)
+    training: dict | None = None
+    theory: bool = True
+    theory_classes: int | None = THEORY_CLASSES
+    loss_positions: int | None = None
+    prediction: float | tuple[float, ...] | None = None
+    leave_out: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if isinstance(self.prediction, list | np.ndarray | Tensor):
+            object.__setattr__(self, "prediction", tuple(float(p) for p in self.prediction))
+        object.__setattr__(self, "leave_out", tuple(self.leave_out))
+        if self.theory_classes is not None and self.theory_classes < 1:
+            raise ValueError(f"theory_classes must be >= 1 or None, got {self.theory_classes}")
+
+    def replace(self, **changes) -> AnalysisSettings:
+        """These settings with some fields changed (unknown names refused, naming them)."""
+        return AnalysisSettings.from_dict({**self.to_dict(), **changes})
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["classification"] = self.classification.to_dict()
+        out["leave_out"] = list(self.leave_out)
+        if isinstance(self.prediction, tuple):
+            out["prediction"] = list(self.prediction)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict) -> AnalysisSettings:
+        known = {f.name for f in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown analysis settings {sorted(unknown)}; known: {sorted(known)}")
+        values = dict(values)
+        if isinstance(values.get("classification"), dict):
+            values["classification"] = Classification.from_dict(values["classification"])
+        if isinstance(values.get("prediction"), list):
+            values["prediction"] = tuple(values["prediction"])
+        return cls(**values)
+
+
+def fingerprint(*parts) -> str:
+    """A content hash of measurement inputs: tensors and arrays by dtype, shape and bytes;
+    dataclasses and objects by their fields (those starting with ``_`` are caches and left
+    out); containers and scalars by value.  Equal inputs give equal fingerprints."""
+    digest = hashlib.blake2b(digest_size=16)
+
+    def feed(x) -> None:
+        if isinstance(x, Tensor):
+            x = x.detach().cpu().contiguous()
+            digest.update(f"T{x.dtype}{tuple(x.shape)}".encode())
+            digest.update(x.view(torch.uint8).numpy().tobytes() if x.numel() else b"")
+        elif isinstance(x, np.ndarray):  # a memory-mapped one is read, not copied
+            digest.update(f"A{x.dtype}{x.shape}".encode())
+            digest.update(np.ascontiguousarray(x).reshape(-1).view(np.uint8))
+        elif hasattr(x, "_arrays") and hasattr(x, "shape"):  # a memory-mapped `StepStack`
+            for array in x._arrays:
+                feed(array)
+        elif isinstance(x, dict):
+            digest.update(b"D")
+            for key in sorted(x, key=str):
+                feed(str(key))
+                feed(x[key])
+        elif isinstance(x, list | tuple):
+            digest.update(f"L{len(x)}".encode())
+            for item in x:
+                feed(item)
+        elif x is None or isinstance(x, str | int | float | bool | np.generic):
+            digest.update(f"{type(x).__name__}:{x!r};".encode())
+        elif isinstance(x, Path):
+            feed(str(x))
+        elif is_dataclass(x):
+            digest.update(type(x).__name__.encode())
+            feed({f.name: getattr(x, f.name) for f in fields(x) if not f.name.startswith("_")})
+        elif hasattr(x, "__dict__"):
+            digest.update(type(x).__name__.encode())
+            feed({k: v for k, v in vars(x).items() if not k.startswith("_")})
+        else:
+            raise TypeError(f"cannot fingerprint a {type(x).__name__}")
+
+    for part in parts:
+        feed(part)
+    return digest.hexdigest()
+
+
+@dataclass
+class Analysis:
+    """Every measurement of a trajectory (`catalog.measures_of`) made once: ``results``
+    {name: `Measurement`}, ``not_measured`` {what: why}, and ``summary`` (one row per layer and
+    head, `summary.summarize`).  traj, groups, source: what was measured (not saved: a saved
+    analysis is reloaded with them, `of` with ``cache=``); key: the fingerprint of those and
+    the settings."""
+
+    traj: Trajectory
+    groups: TokenGroups | None
+    source: object | None
+    settings: AnalysisSettings
+    results: dict[str, Measurement]
+    not_measured: dict[str, str]
+    summary: pd.DataFrame
+    inputs: str  # the fingerprint of traj, groups and source
+    key: str  # of those, the settings and why there are no groups
+    reused: bool = False  # reloaded from a saved analysis
+
+    @classmethod
+    def of(
+        cls,
+        traj: Trajectory,
+        groups: TokenGroups | None = None,
+        *,
+        source=None,
+        settings: AnalysisSettings | None = None,
+        groups_reason: str | None = None,
+        results: dict[str, Measurement] | None = None,
+        cache: str | Path | None = None,
+    ) -> Analysis:
+        """Measure `traj` (or reload the analysis saved in `cache` where it was made of the same
+        inputs and settings; one measured here is saved there).
+
+        groups: the token groups; None forms them from `source` (`CooccurrenceStats`) with
+        ``settings.classification`` where it can, and otherwise leaves out what needs them,
+        saying why (`groups_reason`, or the classification's own reason).  source: the
+        training corpus's statistics (or the lab's `SequenceClasses`) for the theory's checks.
+        results: measurements made already (``{"theory_fit": ...}``), used as they are.
+        """
+        settings = settings or AnalysisSettings()
+        if not isinstance(settings, AnalysisSettings):
+            raise TypeError(f"settings must be AnalysisSettings, got {type(settings).__name__}")
+        if groups is None and groups_reason is None and source is not None:
+            groups, groups_reason = _groups_from(source, traj, settings.classification)
+        inputs = fingerprint(traj, groups, source)
+        key = fingerprint(FORMAT, inputs, settings.to_dict(), groups_reason)
+        if cache is not None and not results:
+            saved = _reload(Path(cache), key, traj, groups, source)
+            if saved is not None:
+                return saved
+        analysis = cls._measure(traj, groups, source, settings, groups_reason, results,
+                                (inputs, key))  # fmt: skip
+        if cache is not None and not results:
+            try:
+                analysis.save(cache)
+            except OSError as err:  # a folder the user cannot write still gets its report
+                warnings.warn(f"the analysis is not saved in {cache}: {err}", stacklevel=2)
+        return analysis
+
+    @classmethod
+    def _measure(cls, traj, groups, source, settings, groups_reason, given, keys) -> Analysis:
+        not_measured = {}
+        if groups is None:  # said once; each measurement that needs them points here
+            not_measured["token groups"] = groups_reason or "none were given"
+        for skip in traj.skipped:  # a step the recording could not read
+            not_measured[f"step {skip['step']}"] = f"not recorded: {skip['error']}"
+        skip = set(given or {}) | set(settings.leave_out)
+        if not settings.theory:
+            skip.add("theory_fit")
+        made, why = measure_all(
+            traj, groups, source=source, training=settings.training,
+            loss_positions=settings.loss_positions,
+            names=[m.name for m in measures_of(traj) if m.name not in skip],
+            groups_reason="needs token groups (see 'token groups')",
+            theory_classes=settings.theory_classes,
+        )  # fmt: skip
+        results = {**made, **(given or {})}
+        not_measured.update(why)
+        if not settings.theory and "theory_fit" not in results:
+            not_measured["theory_fit"] = "left out (theory=False)"
+        for name in settings.leave_out:
+            if name not in results:
+                not_measured.setdefault(name, "left out (leave_out)")
+        if "sparsity" in results and not results["sparsity"].table["sparsity_classes"].iloc[0]:
+            not_measured["entropy, top_share"] = SINGLE_DISTINCT
+        prediction = settings.prediction
+        if isinstance(prediction, tuple):
+            prediction = list(prediction)
+        summary = summarize(traj, groups, prediction, training=settings.training, results=results)
+        return cls(traj, groups, source, settings, results, not_measured, summary, *keys)
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """The one-row-per-head summary."""
+        return self.summary
+
+    def __repr__(self) -> str:
+        made = ", ".join(self.results)
+        return (
+            f"Analysis({len(self.summary)} heads, {self.traj.num_steps} checkpoints: {made};"
+            f" {len(self.not_measured)} not measured{', reloaded' if self.reused else ''})"
+        )
+
+    def save(self, path: str | Path) -> Path:
+        """A folder: ``analysis.json`` (the keys, settings, what was not measured, each table's
+        attributes), a parquet file per table and ``values.safetensors``; a theory fit's
+        predicted trajectories as trajectory folders.  Written all or nothing
+        (`_io.staged_folder`)."""
+        said = {
+            "format": FORMAT, "inputs": self.inputs, "key": self.key,
+            "settings": self.settings.to_dict(), "not_measured": self.not_measured,
+            "measurements": {},
+        }  # fmt: skip
+        tensors = {}
+        with staged_folder(path) as stage:
+            _write_frame(stage / "summary.parquet", self.summary)
+            for name, result in self.results.items():
+                _write_frame(stage / f"{name}.parquet", result.table)
+                if result.detail is not None:
+                    _write_frame(stage / f"{name}_detail.parquet", result.detail)
+                if result.values is not None:
+                    tensors[name] = result.values.contiguous()
+                for i, predicted in enumerate(result.predictions or []):
+                    predicted.save(stage / f"{name}_prediction_{i}")
+                said["measurements"][name] = {
+                    "attrs": _jsonable(result.table.attrs), "detail": result.detail is not None,
+                    "predictions": len(result.predictions or []),
+                }  # fmt: skip
+            write_tensors(stage / "values.safetensors", tensors, {"format": TAG})
+            write_text(stage / "analysis.json", json.dumps(said, indent=1))
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | Path, traj: Trajectory, groups=None, source=None) -> Analysis:
+        """The analysis saved in `path`, with the inputs it was made of (refused, naming the
+        difference, where its key is not theirs: a changed trajectory, groups or source)."""
+        analysis = _reload(Path(path), None, traj, groups, source)
+        if analysis.inputs != fingerprint(traj, groups, source):
+            raise ValueError(
+                f"{path} was measured from other inputs (another trajectory, token groups or"
+                " statistics): measure these with Analysis.of(..., cache=)"
+            )
+        return analysis
+
+
+def _groups_from(source, traj, classification):
+    """(TokenGroups, None) from corpus statistics, or (None, why) where none can be formed."""
+    from scansnap_lens.statistics.corpus import CooccurrenceStats
+    from scansnap_lens.statistics.groups import check_vocabulary
+
+    if not isinstance(source, CooccurrenceStats):
+        return None, None
+    check_vocabulary(source.vocab_size, traj.plan)
+    try:
+        queries = traj.plan.queries.tolist()
+        return TokenGroups.from_statistics(source, queries, classification), None
+    except ValueError as err:  # the report still measures what needs no groups, and says why
+        return None, str(err)
+
+
+def _reload(path: Path, key, traj, groups, source) -> Analysis | None:
+    """The analysis saved in `path` where its key is `key` (any key for None); None where
+    there is none, or it is another's or unreadable (then it is measured again)."""
+    try:
+        said = json.loads((path / "analysis.json").read_text())
+        if said.get("format") != FORMAT or (key is not None and said.get("key") != key):
+            return None
+        _, tensors = read_tensors(path / "values.safetensors", TAG, "saved analysis's values")
+        results = {}
+        for name, entry in said["measurements"].items():
+            table = pd.read_parquet(path / f"{name}.parquet")
+            table.attrs.update(entry["attrs"])
+            detail = pd.read_parquet(path / f"{name}_detail.parquet") if entry["detail"] else None
+            predictions = [Trajectory.load(path / f"{name}_prediction_{i}")
+                           for i in range(entry["predictions"])] or None  # fmt: skip
+            results[name] = Measurement(name, table, detail, tensors.get(name), predictions)
+        summary = pd.read_parquet(path / "summary.parquet")
+    except (OSError, ValueError, KeyError) as err:
+        if key is None:
+            raise ValueError(f"{path} holds no readable saved analysis: {err}") from None
+        return None
+    settings = AnalysisSettings.from_dict(said["settings"])
+    return Analysis(traj, groups, source, settings, results, said["not_measured"], summary,
+                    said["inputs"], said["key"], reused=True)  # fmt: skip
+
+
+def _write_frame(path: Path, frame: pd.DataFrame) -> None:
+    buffer = io.BytesIO()
+    frame = frame.copy()
+    frame.attrs = {}  # saved in analysis.json, as JSON
+    frame.to_parquet(buffer)
+    write_bytes(path, buffer.getvalue())
+
+
+def _jsonable(attrs: dict) -> dict:
+    out = {}
+    for k, v in attrs.items():
+        if isinstance(v, np.generic):
+            v = v.item()
+        if isinstance(v, float) and not math.isfinite(v):
+            v = None if math.isnan(v) else v
+        out[k] = v
+    return json.loads(json.dumps(out))

@@ -1,0 +1,102 @@
+"""`Analysis`: measured once, saved, reloaded identical where its inputs are the same, and
+measured again where any of them changed."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from scansnap_lens.lab.synthetic import syn_medium
+from scansnap_lens.measures.analysis import Analysis, AnalysisSettings, fingerprint
+from scansnap_lens.recording.trajectory import Trajectory
+from scansnap_lens.statistics.groups import TokenGroups
+
+
+@pytest.fixture(scope="module")
+def demo(demo_out):
+    out, _ = demo_out
+    classes = syn_medium(1)  # the demo's data: its groups and the theory's source
+    return Trajectory.load(out / "trajectory"), TokenGroups.from_synthetic(classes), classes
+
+
+def _same(a: Analysis, b: Analysis) -> None:
+    pd.testing.assert_frame_equal(a.summary, b.summary)
+    assert a.results.keys() == b.results.keys() and a.not_measured == b.not_measured
+    for name, result in a.results.items():
+        other = b.results[name]
+        pd.testing.assert_frame_equal(result.table, other.table)
+        assert result.table.attrs == other.table.attrs, name
+        if result.detail is None:
+            assert other.detail is None
+        else:
+            pd.testing.assert_frame_equal(result.detail, other.detail)
+        if result.values is not None:
+            torch.testing.assert_close(result.values, other.values, rtol=0, atol=0,
+                                       equal_nan=True)  # fmt: skip
+        for mine, theirs in zip(result.predictions or [], other.predictions or [], strict=True):
+            assert torch.equal(mine.steps, theirs.steps)
+            torch.testing.assert_close(mine.c_hat[:], theirs.c_hat[:], rtol=0, atol=0)
+
+
+def test_a_saved_analysis_reloads_identical_tables(demo, tmp_path):
+    traj, groups, classes = demo
+    made = Analysis.of(traj, groups, source=classes, cache=tmp_path / "analysis")
+    assert not made.reused and "theory_fit" in made.results  # the predictions are saved too
+    assert made.results["theory_fit"].predictions
+    again = Analysis.of(traj, groups, source=classes, cache=tmp_path / "analysis")
+    assert again.reused and again.key == made.key
+    _same(made, again)
+    _same(made, Analysis.load(tmp_path / "analysis", traj, groups, classes))
+    assert made.to_dataframe() is made.summary and "reloaded" in repr(again)
+
+
+def test_a_changed_input_is_measured_again(demo, tmp_path):
+    traj, groups, classes = demo
+    cache = tmp_path / "analysis"
+    first = Analysis.of(traj, groups, source=classes, cache=cache)
+    fewer = traj.select(steps=traj.steps[:-1].tolist())  # a run recorded further differs too
+    other_groups = TokenGroups.from_synthetic(syn_medium(2))
+    changes = [
+        dict(traj=fewer, groups=groups, source=classes, settings=None),
+        dict(traj=traj, groups=other_groups, source=classes, settings=None),
+        dict(traj=traj, groups=groups, source=None, settings=None),
+        dict(traj=traj, groups=groups, source=classes,
+             settings=AnalysisSettings(theory_classes=1)),
+        dict(traj=traj, groups=groups, source=classes,
+             settings=AnalysisSettings(training={"lr_y": 0.5, "lr_z": 1.0})),
+    ]  # fmt: skip
+    keys = {first.key}
+    for change in changes:
+        analysis = Analysis.of(change.pop("traj"), change.pop("groups"), **change, cache=cache)
+        assert not analysis.reused, change
+        keys.add(analysis.key)
+        saved = json.loads((cache / "analysis.json").read_text())
+        assert saved["key"] == analysis.key  # the cache holds the latest
+    assert len(keys) == len(changes) + 1
+    with pytest.raises(ValueError, match="measured from other inputs"):
+        Analysis.load(cache, traj, other_groups, classes)
+    # a value that changed in place (the same object) changes the fingerprint
+    edited = traj.replace(zbar=traj.zbar[:] + 1.0)
+    assert fingerprint(edited) != fingerprint(traj)
+
+
+def test_a_damaged_cache_is_measured_again_and_replaced(demo, tmp_path):
+    traj, groups, _ = demo
+    cache = tmp_path / "analysis"
+    Analysis.of(traj, groups, cache=cache)
+    (cache / "discriminative_bias.parquet").write_bytes(b"not parquet")
+    analysis = Analysis.of(traj, groups, cache=cache)
+    assert not analysis.reused
+    assert Analysis.of(traj, groups, cache=cache).reused
+    with pytest.raises(ValueError, match="no readable saved analysis"):
+        Analysis.load(tmp_path / "elsewhere", traj, groups)
+
+
+def test_settings_name_what_they_do_not_know():
+    with pytest.raises(ValueError, match=r"unknown analysis settings \['classes'\]"):
+        AnalysisSettings().replace(classes=3)
+    settings = AnalysisSettings(prediction=[100.0, 200.0], leave_out=["theory_fit"])
+    assert AnalysisSettings.from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
