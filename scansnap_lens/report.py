@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from scansnap_lens import measures
-from scansnap_lens._io import check_writable, make_folder, staged_folder, write_text
+from scansnap_lens._io import check_writable, make_folder, staged_folder, write_bytes, write_text
 from scansnap_lens.measures.analysis import Analysis
 from scansnap_lens.measures.catalog import Plot, columns, measures_of
 from scansnap_lens.measures.runs import median_bounds
@@ -128,11 +128,13 @@ def _best_head(summary: pd.DataFrame) -> tuple[int, int]:
 class _Folder:
     """The report folder as it fills: files written, figures made, what could not be made."""
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, drawn: dict | None = None):
         self.out = out
         self.files: dict[str, Path] = {}
         self.figures: dict[str, str] = {}  # name: its HTML
         self.not_measured: dict[str, str] = {}
+        self.drawn = drawn or {}  # an earlier report's figures of the same analysis
+        self.failed: dict[str, str] = {}  # figure name: why it could not be drawn
 
     def csv(self, name: str, frame: pd.DataFrame) -> None:
         self.files[name] = self.out / f"{name}.csv"
@@ -141,10 +143,16 @@ class _Folder:
     def figure(self, name: str, caption: str, make) -> None:
         """Draw `make(path)` into figures/NAME.png, or say why it could not be drawn."""
         path = self.out / "figures" / f"{name}.png"
+        earlier = self.drawn.get(name)
         try:
-            make(path)
+            if isinstance(earlier, str):
+                raise ValueError(earlier)
+            if earlier is not None:
+                write_bytes(path, earlier)
+            else:
+                make(path)
         except (ValueError, KeyError) as err:  # a missing column: the figure is left out
-            self.not_measured[f"figure {name}"] = str(err).strip("'")
+            self.not_measured[f"figure {name}"] = self.failed[name] = str(err).strip("'")
             return
         self.files[f"figure_{name}"] = path
         self.figures[name] = _figure_tag(path, caption)
@@ -190,17 +198,22 @@ def write_report(
     for statistics in (analysis.groups, analysis.source):  # before anything is written
         if statistics is not None:
             require_same(statistics, analysis.traj.plan)
+    drawn = analysis.drawn_figures()  # by an earlier page of this analysis
     with staged_folder(out) as stage:
-        report = _write_report(analysis, stage, title, views, token_strings)
+        report, failed = _write_report(analysis, stage, title, views, token_strings, drawn)
     files = {k: out / v.relative_to(stage) for k, v in report.files.items()}
+    if not drawn:  # kept for the next page of this analysis
+        figures = {k.removeprefix("figure_"): v for k, v in files.items()
+                   if k.startswith("figure_")}  # fmt: skip
+        analysis.keep_figures(figures, failed)
     return Report(files["report"], report.summary, files, report.not_measured)
 
 
-def _write_report(analysis: Analysis, out: Path, title, views, token_strings) -> Report:
+def _write_report(analysis: Analysis, out: Path, title, views, token_strings, drawn):
     traj, groups, results = analysis.traj, analysis.groups, analysis.results
     training, summary = analysis.settings.training, analysis.summary
     make_folder(out / "figures")
-    folder = _Folder(out)
+    folder = _Folder(out, drawn)
     folder.not_measured.update(analysis.not_measured)
     folder.csv("summary", summary)
     snaps = results["snapping"].table if "snapping" in results else None
@@ -240,7 +253,8 @@ def _write_report(analysis: Analysis, out: Path, title, views, token_strings) ->
     body = _page(traj, groups, title, summary, ranking, results, folder, view_html, settings,
                  training)  # fmt: skip
     write_text(folder.files["report"], body)
-    return Report(folder.files["report"], summary, folder.files, folder.not_measured)
+    report = Report(folder.files["report"], summary, folder.files, folder.not_measured)
+    return report, folder.failed
 
 
 def _legend(results: dict) -> str:

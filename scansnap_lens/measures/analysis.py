@@ -153,6 +153,8 @@ class Analysis:
     inputs: str  # the fingerprint of traj, groups and source
     key: str  # of those, the settings and why there are no groups
     reused: bool = False  # reloaded from a saved analysis
+    cache: Path | None = None  # the folder it is saved in
+    formed: bool = False  # the groups were formed from the statistics (and are saved with it)
 
     @classmethod
     def of(
@@ -178,19 +180,25 @@ class Analysis:
         settings = settings or AnalysisSettings()
         if not isinstance(settings, AnalysisSettings):
             raise TypeError(f"settings must be AnalysisSettings, got {type(settings).__name__}")
-        if groups is None and groups_reason is None and source is not None:
-            groups, groups_reason = _groups_from(source, traj, settings.classification)
-        inputs = fingerprint(traj, groups, source)
+        # groups formed here are a function of the statistics and the classification: the key
+        # names those, so a saved analysis is reloaded (with its groups) before they are formed
+        formed = groups is None and groups_reason is None and _is_statistics(source)
+        inputs = _inputs(traj, groups, source, settings, formed)
         key = fingerprint(FORMAT, inputs, settings.to_dict(), groups_reason)
         if cache is not None and not results:
             saved = _reload(Path(cache), key, traj, groups, source)
             if saved is not None:
+                saved.cache = Path(cache)
                 return saved
+        if formed:
+            groups, groups_reason = _groups_from(source, traj, settings.classification)
         analysis = cls._measure(traj, groups, source, settings, groups_reason, results,
                                 (inputs, key))  # fmt: skip
+        analysis.formed = formed
         if cache is not None and not results:
             try:
                 analysis.save(cache)
+                analysis.cache = Path(cache)
             except OSError as err:  # a folder the user cannot write still gets its report
                 warnings.warn(f"the analysis is not saved in {cache}: {err}", stacklevel=2)
         return analysis
@@ -264,15 +272,48 @@ class Analysis:
                     "predictions": len(result.predictions or []),
                 }  # fmt: skip
             write_tensors(stage / "values.safetensors", tensors, {"format": TAG})
+            said["formed"] = self.formed
+            if self.formed and self.groups is not None:
+                self.groups.save(stage / "groups.safetensors")
             write_text(stage / "analysis.json", json.dumps(said, indent=1))
         return Path(path)
+
+    def drawn_figures(self) -> dict[str, bytes | str]:
+        """What an earlier report of this analysis drew, kept beside it (`keep_figures`):
+        {figure name: its PNG, or why it could not be drawn}; empty where none was kept."""
+        folder = None if self.cache is None else self.cache / "figures"
+        try:
+            said = json.loads((folder / "figures.json").read_text())
+            if said.get("key") != self.key:
+                return {}
+            drawn = {name: (folder / f"{name}.png").read_bytes() for name in said["drawn"]}
+            return {**drawn, **said["failed"]}
+        except (OSError, TypeError, ValueError, KeyError):
+            return {}
+
+    def keep_figures(self, drawn: dict[str, Path], failed: dict[str, str]) -> None:
+        """Keep a report's figures beside the saved analysis (figures are its function: a page
+        drawn again with another title copies them)."""
+        if self.cache is None:
+            return
+        try:
+            with staged_folder(self.cache / "figures") as stage:
+                for name, path in drawn.items():
+                    write_bytes(stage / f"{name}.png", Path(path).read_bytes())
+                said = {"key": self.key, "drawn": sorted(drawn), "failed": failed}
+                write_text(stage / "figures.json", json.dumps(said, indent=1))
+        except OSError as err:
+            warnings.warn(f"the report's figures are not kept in {self.cache}: {err}",
+                          stacklevel=2)  # fmt: skip
 
     @classmethod
     def load(cls, path: str | Path, traj: Trajectory, groups=None, source=None) -> Analysis:
         """The analysis saved in `path`, with the inputs it was made of (refused, naming the
         difference, where its key is not theirs: a changed trajectory, groups or source)."""
         analysis = _reload(Path(path), None, traj, groups, source)
-        if analysis.inputs != fingerprint(traj, groups, source):
+        analysis.cache = Path(path)
+        formed = analysis.formed and groups is None
+        if analysis.inputs != _inputs(traj, groups, source, analysis.settings, formed):
             raise ValueError(
                 f"{path} was measured from other inputs (another trajectory, token groups or"
                 " statistics): measure these with Analysis.of(..., cache=)"
@@ -280,13 +321,23 @@ class Analysis:
         return analysis
 
 
+def _is_statistics(source) -> bool:
+    from scansnap_lens.statistics.corpus import CooccurrenceStats
+
+    return isinstance(source, CooccurrenceStats)
+
+
+def _inputs(traj, groups, source, settings: AnalysisSettings, formed: bool) -> str:
+    """The fingerprint of what is measured; groups formed from `source` by their recipe."""
+    if formed:
+        groups = ("formed", settings.classification.to_dict(), traj.plan.queries)
+    return fingerprint(traj, groups, source)
+
+
 def _groups_from(source, traj, classification):
     """(TokenGroups, None) from corpus statistics, or (None, why) where none can be formed."""
-    from scansnap_lens.statistics.corpus import CooccurrenceStats
     from scansnap_lens.statistics.groups import check_vocabulary
 
-    if not isinstance(source, CooccurrenceStats):
-        return None, None
     check_vocabulary(source.vocab_size, traj.plan)
     try:
         queries = traj.plan.queries.tolist()
@@ -312,13 +363,16 @@ def _reload(path: Path, key, traj, groups, source) -> Analysis | None:
                            for i in range(entry["predictions"])] or None  # fmt: skip
             results[name] = Measurement(name, table, detail, tensors.get(name), predictions)
         summary = pd.read_parquet(path / "summary.parquet")
+        formed = bool(said.get("formed")) and groups is None
+        if formed and (path / "groups.safetensors").is_file():
+            groups = TokenGroups.load(path / "groups.safetensors")
     except (OSError, ValueError, KeyError) as err:
         if key is None:
             raise ValueError(f"{path} holds no readable saved analysis: {err}") from None
         return None
     settings = AnalysisSettings.from_dict(said["settings"])
     return Analysis(traj, groups, source, settings, results, said["not_measured"], summary,
-                    said["inputs"], said["key"], reused=True)  # fmt: skip
+                    said["inputs"], said["key"], reused=True, formed=formed)  # fmt: skip
 
 
 def _write_frame(path: Path, frame: pd.DataFrame) -> None:

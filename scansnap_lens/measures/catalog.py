@@ -137,7 +137,8 @@ MEASURES: tuple[Measure, ...] = (
         " snap_step; grid: snap_step; atlas:"
         " snap_step snap_step_lo snap_step_hi drift_checkpoints half_distance_step"
         " half_displacement_step; runs: snap_step snap_step_lo"
-        " snap_step_hi snap_step_grid_lo snap_step_grid_hi snap_reason",
+        " snap_step_hi snap_step_grid_lo snap_step_grid_hi snap_reason drift_checkpoints"
+        " checkpoints straightness",
     ),
     Measure(
         "discriminative_bias",
@@ -321,7 +322,8 @@ MEASURES: tuple[Measure, ...] = (
         " how many effective units of matched pairs would tell"
         " them apart).  The intervals cover other queries and tokens of this text for"
         " this trained model, not another training run.",
-        shown="key: scans; heads: scans; atlas: scans verdict; runs: scans verdict",
+        shown="key: scans; heads: scans; atlas: scans verdict; runs: scans verdict auroc_mde"
+        " rows_for_target",
     ),
 )
 

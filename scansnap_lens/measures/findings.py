@@ -73,19 +73,10 @@ def _scan(summary: pd.DataFrame, step_unit: str) -> list[str]:
         return [said + ")."]
     kinds = summary["verdict"].fillna("").str.split(" \\(").str[0]
     if (kinds == VERDICTS["no_scan"]).all() and "auroc_mde" in summary:
-        mde = summary["auroc_mde"].astype(float)
-        more = summary.get("rows_for_target", pd.Series(dtype=float)).astype(float)
-        plan = ""
-        if (more > 1).any():
-            plan = (f"; about {_num(more.max())} times the evaluation rows would let every head"
-                    f" see AUROC {TARGET_AUROC:g}: scansnap record --power {TARGET_AUROC:g}"
-                    " plans them")  # fmt: skip
-        mde = mde[mde < 1]
-        if len(mde) == 0:
-            return [f"No head scans, and none could have been seen (no power: see the verdicts"
-                    f"{plan})."]  # fmt: skip
-        span = _num(mde.min()) + ("" if mde.min() == mde.max() else f" to {_num(mde.max())}")
-        return [f"No head scans (each could have seen AUROC >= {span}{plan})."]
+        power = _power(summary)
+        if power.startswith("none"):
+            return [f"No head scans, and {power}."]
+        return [f"No head scans ({power})."]
     counts = kinds.value_counts()
     parts = [f"{n} {'head' if n == 1 else 'heads'}: {kind or 'no verdict'}"
              for kind, n in counts.items()]  # fmt: skip
@@ -112,6 +103,22 @@ def _scan(summary: pd.DataFrame, step_unit: str) -> list[str]:
             " gain falls significantly (see the verdicts)."
         )
     return said
+
+
+def _power(rows: pd.DataFrame) -> str:
+    """What heads without a scan could have seen (`auroc_mde`), with the plan of more rows."""
+    mde = rows["auroc_mde"].astype(float)
+    more = rows.get("rows_for_target", pd.Series(dtype=float)).astype(float)
+    plan = ""
+    if (more > 1).any():
+        plan = (f"; about {_num(more.max())} times the evaluation rows would let every head"
+                f" see AUROC {TARGET_AUROC:g}: scansnap record --power {TARGET_AUROC:g}"
+                " plans them")  # fmt: skip
+    mde = mde[mde < 1]
+    if len(mde) == 0:
+        return f"none could have been seen (no power: see the verdicts{plan})"
+    span = _num(mde.min()) + ("" if mde.min() == mde.max() else f" to {_num(mde.max())}")
+    return f"each could have seen AUROC >= {span}{plan}"
 
 
 def _head_types(summary: pd.DataFrame, entries: Sequence[Measure]) -> list[str]:
@@ -250,6 +257,21 @@ def _scanning_runs(per_run: pd.DataFrame, row) -> str:
     return "; ".join(names)
 
 
+def _names(runs: list[str], n: int) -> str:
+    if len(runs) == n:
+        return "every run" if n > 2 else "both runs"
+    return ", ".join(runs[:-1]) + " and " + runs[-1] if len(runs) > 1 else runs[0]
+
+
+def _runs_power(per_run: pd.DataFrame) -> str:
+    """Which runs could have seen a scan, where no run shows one (each run's `_power`)."""
+    if "auroc_mde" not in per_run:
+        return ""
+    parts = [f"{run}: {_power(rows)}" for run, rows in per_run.groupby("run", sort=False)
+             if rows["auroc_mde"].notna().any()]  # fmt: skip
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def runs_findings_of(comparison, entries: Sequence[Measure] = MEASURES) -> list[str]:
     """Sentences of what survives across the runs of a `runs.RunComparison`: its warnings,
     the heads that scan in every run or some, per layer the head types formed in every run
@@ -261,7 +283,7 @@ def runs_findings_of(comparison, entries: Sequence[Measure] = MEASURES) -> list[
     if "scans_runs" in table:
         scanning = table[table["scans_runs"] > 0].sort_values("scans_runs", ascending=False)
         if scanning.empty:
-            said.append(f"No head scans in any of the {n} runs.")
+            said.append(f"No head scans in any of the {n} runs" + _runs_power(per_run) + ".")
         for row in scanning.head(MOST).to_dict("records"):
             said.append(
                 f"Layer {int(row['layer'])} head {int(row['head'])} scans in"
@@ -301,9 +323,17 @@ def runs_findings_of(comparison, entries: Sequence[Measure] = MEASURES) -> list[
         over = ""
         if pd.notna(row.get("snap_step_median_lo")):
             over = f" [{_num(row['snap_step_median_lo'])}, {_num(row['snap_step_median_hi'])}]"
+        at = per_run[per_run["layer"] == row["layer"]]
+        noisy = [run for run in runs if _noisy(at[at["run"] == run])]
+        caveat = ""
+        if noisy:
+            caveat = (f"; in {_names(noisy, n)} its attention moved mostly by step-to-step noise"
+                      " between checkpoints (see each run's page): each run's snap steps are"
+                      " its own, and the interval over runs is for their typical (geometric"
+                      " mean) step, as far as these runs go")  # fmt: skip
         said.append(
             f"Layer {int(row['layer'])} snaps near step {_num(row['snap_step_median_mean'])}"
-            f"{over} over runs ({each})."
+            f"{over} over runs ({each}){caveat}."
         )
     matching = comparison.matching
     if matching is not None:

@@ -13,14 +13,28 @@ measurement runs the same way on the lab and on real models.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, fields, replace
 from functools import cached_property
+from pathlib import Path
 
 import pandas as pd
 import torch
 from torch import Tensor
 
+from scansnap_lens._io import read_tensors, write_tensors
 from scansnap_lens.statistics.context import Context, require_same
+
+GROUPS_FORMAT = "scansnap-groups-1"
+
+
+def _flat(parts: list[Tensor], dtype=torch.long) -> Tensor:
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
+
+
+def _sizes(parts: list[Tensor]) -> Tensor:
+    return torch.tensor([p.numel() for p in parts], dtype=torch.long)
+
 
 __all__ = ["Classification", "TokenGroups"]
 
@@ -169,6 +183,43 @@ class TokenGroups:
             f" queries, {sum(sizes):,} distinct tokens (median {_median(sizes)} per class),"
             f" common tokens of {len(self.common):,} queries, source={self.source!r})"
         )
+
+    def save(self, path: str | Path) -> Path:
+        """One safetensors file: the tensors (ragged ones flat, with their sizes) and, in its
+        metadata, the source, context and classification."""
+        common = sorted(self.common)
+        tensors = {
+            "query": self.query, "next_token": self.next_token, "events": self.events,
+            "distinct": _flat(self.distinct), "distinct_p": _flat(self.distinct_p, torch.float64),
+            "distinct_sizes": _sizes(self.distinct), "common_query": torch.tensor(common),
+            "common": _flat([self.common[m] for m in common]),
+            "common_sizes": _sizes([self.common[m] for m in common]),
+        }  # fmt: skip
+        for name in ("token_count", "pair_key", "pair_count"):
+            if getattr(self, name) is not None:
+                tensors[name] = getattr(self, name)
+        said = {
+            "source": self.source,
+            "context": None if self.context is None else asdict(self.context),
+            "settings": None if self.settings is None else self.settings.to_dict(),
+        }
+        return write_tensors(path, tensors, {"format": GROUPS_FORMAT, "groups": json.dumps(said)})
+
+    @classmethod
+    def load(cls, path: str | Path) -> TokenGroups:
+        """Groups `save` wrote (safetensors: nothing is unpickled)."""
+        meta, t = read_tensors(path, GROUPS_FORMAT, "token groups file (TokenGroups.save)")
+        said = json.loads(meta["groups"])
+        sizes = t["distinct_sizes"].tolist()
+        common = dict(zip(t["common_query"].tolist(),
+                          t["common"].split(t["common_sizes"].tolist())))  # fmt: skip
+        return cls(
+            t["query"], t["next_token"], t["events"], list(t["distinct"].split(sizes)),
+            list(t["distinct_p"].split(sizes)), common, said["source"],
+            None if said["context"] is None else Context(**said["context"]),
+            None if said["settings"] is None else Classification.from_dict(said["settings"]),
+            t.get("token_count"), t.get("pair_key"), t.get("pair_count"),
+        )  # fmt: skip
 
     def check_context(self, plan) -> None:
         """Refuse a recording whose context convention differs from the statistics'."""

@@ -100,3 +100,31 @@ def test_settings_name_what_they_do_not_know():
         AnalysisSettings().replace(classes=3)
     settings = AnalysisSettings(prediction=[100.0, 200.0], leave_out=["theory_fit"])
     assert AnalysisSettings.from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
+
+
+def test_a_page_drawn_again_copies_its_figures_and_a_new_analysis_draws(demo, tmp_path,
+                                                                         monkeypatch):  # fmt: skip
+    """The report of a reloaded analysis copies the figures an earlier page of it drew (a new
+    title costs no drawing); another analysis draws its own."""
+    from scansnap_lens.report import write_report
+    from scansnap_lens.viz import figures
+
+    traj, groups, _ = demo
+    cache = tmp_path / "analysis"
+    first = write_report(Analysis.of(traj, groups, cache=cache), tmp_path / "a", views=False)
+    drawn = {k: p.read_bytes() for k, p in first.files.items() if k.startswith("figure_")}
+    assert len(drawn) >= 5
+
+    def never(*args, **kwargs):
+        raise AssertionError("a figure was drawn again")
+
+    painters = [n for n in dir(figures) if n.startswith(("paint_", "plot_"))]
+    for name in painters:
+        monkeypatch.setattr(figures, name, never)
+    again = write_report(Analysis.of(traj, groups, cache=cache), tmp_path / "b", title="again",
+                         views=False)  # fmt: skip
+    assert {k: p.read_bytes() for k, p in again.files.items() if k.startswith("figure_")} == drawn
+    assert again.not_measured == first.not_measured
+    with pytest.raises(AssertionError, match="drawn again"):  # another analysis: drawn anew
+        other = Analysis.of(traj, groups, settings=AnalysisSettings(theory=False), cache=cache)
+        write_report(other, tmp_path / "c", views=False)

@@ -223,6 +223,31 @@ def test_a_scanning_head_is_named_in_each_run_by_its_own_number_too():
     assert "Layer 0 head 1 scans in 2 of 2 runs (s0; s1, its head 0)." in said, said
 
 
+def test_the_runs_page_carries_each_runs_noise_and_power():
+    """What each run's own page says (its layer's snap moved mostly by noise; no head could
+    have been seen) is said where the runs are compared, naming the runs; runs without either
+    add nothing."""
+    from scansnap_lens.measures.findings import runs_findings_of
+
+    def run(drift, mde):
+        return pd.DataFrame({
+            "layer": [0, 0], "head": [0, 1], "auroc": [0.5, 0.5], "snap_step": [300.0, 320.0],
+            "scans": [False, False], "verdict": ["no scan (could have seen AUROC >= 1)"] * 2,
+            "final_step": [1000, 1000], "drift_checkpoints": [drift, drift],
+            "checkpoints": [101, 101], "auroc_mde": [mde, mde], "rows_for_target": [4.0, 4.0],
+        })  # fmt: skip
+
+    said = " ".join(runs_findings_of(compare_runs({"s0": run(9, 1.0), "s1": run(101, 0.7),
+                                                   "s2": run(12, 1.0)})))  # fmt: skip
+    assert "in s0 and s2 its attention moved mostly by step-to-step noise" in said, said
+    assert "s0: none could have been seen (no power" in said
+    assert "s1: each could have seen AUROC >= 0.7" in said
+    assert "scansnap record --power" in said
+    quiet = " ".join(runs_findings_of(compare_runs({"s0": run(101, 0.7), "s1": run(100, 0.7),
+                                                    "s2": run(101, 0.7)})))  # fmt: skip
+    assert "noise" not in quiet and "no power" not in quiet, quiet
+
+
 PYTHIA = np.array([0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, *range(1000, 143001, 1000)])
 
 

@@ -89,3 +89,34 @@ def test_one_classification_with_its_defaults_refusing_bad_settings():
     with pytest.raises(TypeError, match="needs CooccurrenceStats"):
         TokenGroups.from_statistics(None)
     assert len(repr(groups)) < 200 and "classes" in repr(groups)
+
+
+def test_groups_save_and_load_every_field(tmp_path):
+    """`TokenGroups.save` / `load` (what a saved analysis reloads instead of classifying the
+    statistics again): every field back, ragged lists and the classification included."""
+    from dataclasses import fields
+
+    from scansnap_lens.statistics.groups import Classification
+
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, 40, (30, 25), generator=gen)
+    rows = torch.where(torch.rand(rows.shape, generator=gen) < 0.7, rows % 6, rows)
+    stats = cooccurrence(rows, 40, window=6)
+    groups = TokenGroups.from_statistics(stats, settings=Classification(purity=0.5, guard=False))
+    assert groups.num_classes and groups.settings.purity == 0.5
+    back = TokenGroups.load(groups.save(tmp_path / "groups.safetensors"))
+    for field in fields(TokenGroups):
+        mine, theirs = getattr(groups, field.name), getattr(back, field.name)
+        if isinstance(mine, dict):
+            assert mine.keys() == theirs.keys()
+            mine, theirs = list(mine.values()), list(theirs.values())
+        if isinstance(mine, list):
+            assert len(mine) == len(theirs)
+            assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(mine, theirs))
+        elif isinstance(mine, torch.Tensor):
+            assert torch.equal(mine, theirs), field.name
+        else:
+            assert mine == theirs, field.name
+    (tmp_path / "bad.safetensors").write_bytes(b"nope")
+    with pytest.raises(ValueError, match="token groups file"):
+        TokenGroups.load(tmp_path / "bad.safetensors")
