@@ -83,6 +83,8 @@ def test_every_role_names_columns_a_measurement_gives():
         "snap_step_grid_hi",
         "snap_reason",
         "drift_checkpoints",
+        "checkpoints",
+        "straightness",
         "half_distance_step",
         "half_displacement_step",
     }  # whole tables
