@@ -150,11 +150,12 @@ class Analysis:
     results: dict[str, Measurement]
     not_measured: dict[str, str]
     summary: pd.DataFrame
-    inputs: str  # the fingerprint of traj, groups and source
-    key: str  # of those, the settings and why there are no groups
+    inputs: str | None  # the fingerprint of traj, groups and source (None: not taken yet)
+    key: str | None  # of those, the settings and why there are no groups
     reused: bool = False  # reloaded from a saved analysis
     cache: Path | None = None  # the folder it is saved in
     formed: bool = False  # the groups were formed from the statistics (and are saved with it)
+    groups_reason: str | None = None  # as given to `of` (part of the key)
 
     @classmethod
     def of(
@@ -183,18 +184,18 @@ class Analysis:
         # groups formed here are a function of the statistics and the classification: the key
         # names those, so a saved analysis is reloaded (with its groups) before they are formed
         formed = groups is None and groups_reason is None and _is_statistics(source)
-        inputs = _inputs(traj, groups, source, settings, formed)
-        key = fingerprint(FORMAT, inputs, settings.to_dict(), groups_reason)
+        keys = (None, None)  # fingerprinting reads every input: only where a cache is named
         if cache is not None and not results:
-            saved = _reload(Path(cache), key, traj, groups, source)
+            keys = _keys(traj, groups, source, settings, formed, groups_reason)
+            saved = _reload(Path(cache), keys[1], traj, groups, source)
             if saved is not None:
                 saved.cache = Path(cache)
                 return saved
+        given_reason = groups_reason
         if formed:
             groups, groups_reason = _groups_from(source, traj, settings.classification)
-        analysis = cls._measure(traj, groups, source, settings, groups_reason, results,
-                                (inputs, key))  # fmt: skip
-        analysis.formed = formed
+        analysis = cls._measure(traj, groups, source, settings, groups_reason, results, keys)
+        analysis.formed, analysis.groups_reason = formed, given_reason
         if cache is not None and not results:
             try:
                 analysis.save(cache)
@@ -251,6 +252,10 @@ class Analysis:
         attributes), a parquet file per table and ``values.safetensors``; a theory fit's
         predicted trajectories as trajectory folders.  Written all or nothing
         (`_io.staged_folder`)."""
+        if self.key is None:
+            groups = None if self.formed else self.groups
+            self.inputs, self.key = _keys(self.traj, groups, self.source, self.settings,
+                                          self.formed, self.groups_reason)  # fmt: skip
         said = {
             "format": FORMAT, "inputs": self.inputs, "key": self.key,
             "settings": self.settings.to_dict(), "not_measured": self.not_measured,
@@ -332,6 +337,12 @@ def _inputs(traj, groups, source, settings: AnalysisSettings, formed: bool) -> s
     if formed:
         groups = ("formed", settings.classification.to_dict(), traj.plan.queries)
     return fingerprint(traj, groups, source)
+
+
+def _keys(traj, groups, source, settings, formed, groups_reason) -> tuple[str, str]:
+    """(inputs, key): the fingerprints `Analysis` is saved and reloaded by."""
+    inputs = _inputs(traj, groups, source, settings, formed)
+    return inputs, fingerprint(FORMAT, inputs, settings.to_dict(), groups_reason)
 
 
 def _groups_from(source, traj, classification):

@@ -128,3 +128,21 @@ def test_a_page_drawn_again_copies_its_figures_and_a_new_analysis_draws(demo, tm
     with pytest.raises(AssertionError, match="drawn again"):  # another analysis: drawn anew
         other = Analysis.of(traj, groups, settings=AnalysisSettings(theory=False), cache=cache)
         write_report(other, tmp_path / "c", views=False)
+
+
+def test_without_a_cache_nothing_is_fingerprinted_until_saved(demo, tmp_path, monkeypatch):
+    """Fingerprinting reads every input: an analysis nobody keeps is not made to pay for it,
+    and one saved later is reloaded by the key a cached one would have."""
+    import scansnap_lens.measures.analysis as module
+
+    traj, groups, classes = demo
+    calls = []
+    real = module.fingerprint
+    monkeypatch.setattr(module, "fingerprint", lambda *a: calls.append(a) or real(*a))
+    made = Analysis.of(traj, groups, source=classes, settings=AnalysisSettings(theory=False))
+    assert made.key is None and not calls
+    made.save(tmp_path / "analysis")
+    again = Analysis.of(traj, groups, source=classes, settings=AnalysisSettings(theory=False),
+                        cache=tmp_path / "analysis")  # fmt: skip
+    assert again.reused and again.key == made.key
+    _same(made, again)
