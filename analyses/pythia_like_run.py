@@ -34,8 +34,9 @@ import torch
 from scansnap_lens.inputs.corpus import Corpus
 from scansnap_lens.inputs.text import read_documents
 from scansnap_lens.inputs.tokens import encode, rows_of
-from scansnap_lens.measures import atlas, theory_fit
-from scansnap_lens.measures.analysis import Analysis
+from scansnap_lens.measures import theory_fit
+from scansnap_lens.reading import atlas
+from scansnap_lens.reading.analysis import Analysis
 from scansnap_lens.recording.recorder import Recorder, trainer_callback
 from scansnap_lens.recording.settings import RecordingSettings
 from scansnap_lens.report import write_report

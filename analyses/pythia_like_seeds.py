@@ -5,7 +5,7 @@
 
 Each run folder is one `pythia_like_run.py` output (its trajectory and statistics; the seed
 sets the initialisation and the data order, the evaluation rows and the plan are the same).
-The runs are compared with `measures.measure_runs` (`scansnap report RUN_A RUN_B ...` does
+The runs are compared with `reading.measure_runs` (`scansnap report RUN_A RUN_B ...` does
 the same): per layer, whichever heads they are (seeds permute the heads), the heads that scan,
 the best AUROC, the median snap step and the heads that became previous-token, induction or
 first-token heads, each with its interval over seeds; per head, each seed's verdict and the
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from scansnap_lens.measures.runs import measure_runs
+from scansnap_lens.reading.runs import measure_runs
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.report import write_runs_report
 from scansnap_lens.statistics.corpus import CooccurrenceStats

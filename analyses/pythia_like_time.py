@@ -25,9 +25,9 @@ import torch
 from pythia_like_run import model_config, prepare, pythia_steps
 
 from scansnap_lens.measures.head_types import head_type
-from scansnap_lens.measures.placement import AdaptiveSchedule
 from scansnap_lens.measures.snap import snap_step_interval, snapping
 from scansnap_lens.models.steps import select_steps
+from scansnap_lens.planning.placement import AdaptiveSchedule
 from scansnap_lens.recording.recorder import Recorder, trainer_callback
 from scansnap_lens.recording.settings import RecordingSettings
 

@@ -46,10 +46,10 @@ from _common import measure_or_nan, parser
 from scansnap_lens import measures, viz
 from scansnap_lens.inputs.text import encode_documents, wikitext_documents, word_level_tokenizer
 from scansnap_lens.lab import FIG6_NUM_LAST, recall_sweep
-from scansnap_lens.measures.analysis import Analysis
 from scansnap_lens.measures.entropy import position_entropy
 from scansnap_lens.models.training import train
 from scansnap_lens.models.tutorial import FIRST_FEED_FORWARD, tutorial_model
+from scansnap_lens.reading.analysis import Analysis
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder
 from scansnap_lens.recording.settings import RecordingSettings

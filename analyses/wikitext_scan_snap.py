@@ -41,9 +41,9 @@ from _common import measure_or_nan, parser
 from scansnap_lens import measures, viz
 from scansnap_lens.inputs.text import encode_documents, wikitext_documents, word_level_tokenizer
 from scansnap_lens.inputs.tokens import rows_of
-from scansnap_lens.measures.analysis import Analysis
 from scansnap_lens.models.backend import build_model as backend_model
 from scansnap_lens.models.training import attention_only_model, train
+from scansnap_lens.reading.analysis import Analysis
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder
 from scansnap_lens.recording.settings import RecordingSettings

@@ -16,6 +16,8 @@ The folders follow the pipeline, each stage importing only the ones before it:
     recording/    hooks, the recording plan, the recorder, trajectories
     theory/       the paper's predictions: the phase transition, population dynamics
     measures/     one module per quantity: scan, frequency bias, sparsity, growth, snap
+    planning/     where and how much to record: checkpoint placement, planned power
+    reading/      what the measurements say: the analysis value, findings, heads, runs
     viz/          figures (PNG) and circuitsvis views
     lab/          the paper's synthetic experiments (sequence classes, the Y/Z model)
     report, cli, demo, distributed (Ray), testing: built on all of these
@@ -43,9 +45,9 @@ _CHOSEN = {  # what a notebook needs at the top, by the module that defines it
     "recording.settings": "RecordingSettings",
     "recording.trajectory": "Trajectory",
     "theory.transition": "PhaseTransition",
-    "measures.analysis": "Analysis AnalysisSettings",
+    "reading.analysis": "Analysis AnalysisSettings",
     "measures.entropy": "position_entropy",
-    "measures.runs": "measure_runs",
+    "reading.runs": "measure_runs",
     "measures.summary": "summarize",
     "measures.uncertainty": "scan_uncertainty",
     "lab.synthetic": "sequence_classes sequence_sampler syn_medium syn_small",
@@ -55,6 +57,7 @@ _CHOSEN = {  # what a notebook needs at the top, by the module that defines it
 }
 # ``ss.<module>`` for each stage and tool, never dependent on import order
 _MODULES = (
-    "inputs models statistics recording theory measures lab viz report demo distributed testing"
+    "inputs models statistics recording theory measures planning reading viz lab"
+    " report demo distributed testing"
 )
 __all__, __getattr__, __dir__ = exports(__name__, _MODULES, _CHOSEN)

@@ -34,7 +34,7 @@ __all__ = ["build_parser", "cli_message", "main"]
 def _print_summary(summary, traj) -> None:
     from scansnap_lens.measures.catalog import columns as shown
     from scansnap_lens.measures.catalog import measures_of
-    from scansnap_lens.measures.findings import findings_of
+    from scansnap_lens.reading.findings import findings_of
     from scansnap_lens.report import number
 
     columns = [c for c in shown("key", measures_of(traj)) if c in summary]
@@ -204,7 +204,7 @@ def _record(args: argparse.Namespace) -> int:
 
         execute = ray_execute(address=args.ray or None)
     if auto:
-        from scansnap_lens.measures.placement import PLACEMENT_FILE, record_placed
+        from scansnap_lens.planning.placement import PLACEMENT_FILE, record_placed
 
         budget = BUDGET if args.budget is None else args.budget
         traj = record_placed(recorder, source, budget, execute=execute)
@@ -235,7 +235,7 @@ def _say_power(stats):
     groups = _groups_or_none(stats)
 
     def say(plan, heads: int) -> None:
-        from scansnap_lens.measures.power import planned_mde
+        from scansnap_lens.planning.power import planned_mde
 
         mde = math.nan if groups is None else planned_mde(plan, groups, heads)
         where = f"{plan.num_queries:,} queries, {heads} heads"
@@ -256,7 +256,7 @@ def _say_power(stats):
 
 def _rows_for_power(args: argparse.Namespace, tokens, stats, source):
     """The first rows of the evaluation text that give the scan verdict `args.power`."""
-    from scansnap_lens.measures.power import rows_for_power
+    from scansnap_lens.planning.power import rows_for_power
     from scansnap_lens.recording.hooks import watched
 
     if stats is None:
@@ -295,7 +295,7 @@ def _rows_for_power(args: argparse.Namespace, tokens, stats, source):
 # ------------------------------------------------------------------ report
 def _report(args: argparse.Namespace) -> int:
     from scansnap_lens._io import check_writable
-    from scansnap_lens.measures.analysis import Analysis, AnalysisSettings
+    from scansnap_lens.reading.analysis import Analysis, AnalysisSettings
     from scansnap_lens.recording.trajectory import Trajectory
     from scansnap_lens.report import write_report
     from scansnap_lens.statistics.corpus import CooccurrenceStats
@@ -367,8 +367,8 @@ def _run_names(paths: list[Path]) -> list[str]:
 
 
 def _report_runs(args, analyses, out) -> int:
-    from scansnap_lens.measures.findings import runs_findings_of
-    from scansnap_lens.measures.runs import measure_runs
+    from scansnap_lens.reading.findings import runs_findings_of
+    from scansnap_lens.reading.runs import measure_runs
     from scansnap_lens.report import number, write_runs_report
 
     comparison = measure_runs(analyses)
@@ -725,7 +725,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="report folder (default TRAJECTORY/report; several runs need it)",
     )  # fmt: skip
     report.add_argument("--title", help="the page's title (default: the trajectory's source)")
-    from scansnap_lens.measures.analysis import AnalysisSettings
+    from scansnap_lens.reading.analysis import AnalysisSettings
 
     report.add_argument(
         "--no-theory", action="store_false", dest="theory",

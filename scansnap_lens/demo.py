@@ -21,8 +21,8 @@ import torch
 
 from scansnap_lens._io import write_text
 from scansnap_lens.lab.synthetic import sequence_sampler, syn_medium, syn_small
-from scansnap_lens.measures.analysis import Analysis
 from scansnap_lens.models.training import Rates, TrainResult, attention_only_model, train
+from scansnap_lens.reading.analysis import Analysis
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder
 from scansnap_lens.recording.settings import RecordingSettings

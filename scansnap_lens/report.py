@@ -3,7 +3,7 @@ one of several runs compared (`write_runs_report`).
 
     report = write_report(Analysis.of(traj, groups, source=stats), "out/report")
     report.path            # out/report/report.html: opens offline in any browser
-    write_runs_report(measures.measure_runs({"seed0": a, "seed1": b}, groups), "out/runs")
+    write_runs_report(reading.measure_runs({"seed0": a, "seed1": b}, groups), "out/runs")
 
 Beside ``report.html`` the folder holds ``summary.json`` (the summary rows, the trajectory's
 meta data, what could not be measured and why), one CSV per measurement, and the figures as
@@ -25,11 +25,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from scansnap_lens import measures
+from scansnap_lens import measures, reading
 from scansnap_lens._io import check_writable, make_folder, staged_folder, write_bytes, write_text
-from scansnap_lens.measures.analysis import Analysis
 from scansnap_lens.measures.catalog import Plot, columns, measures_of
-from scansnap_lens.measures.runs import median_bounds
+from scansnap_lens.reading.analysis import Analysis
+from scansnap_lens.reading.runs import median_bounds
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.context import require_same
 from scansnap_lens.statistics.groups import TokenGroups
@@ -280,7 +280,7 @@ def _ranking(summary: pd.DataFrame, folder: _Folder) -> pd.DataFrame | None:
     if not {"auroc", "bias"} & set(summary):
         folder.not_measured["head ranking"] = "needs auroc or bias (discriminative_bias)"
         return None
-    ranking = measures.rank_heads(summary)
+    ranking = reading.rank_heads(summary)
     folder.csv("head_ranking", ranking)
     return ranking
 
@@ -435,7 +435,7 @@ def _page(
 ) -> str:
     from scansnap_lens.viz import views as cv
 
-    found = measures.findings_of(summary, measures_of(traj), traj.step_unit)
+    found = reading.findings_of(summary, measures_of(traj), traj.step_unit)
     heads_map = folder.figures.pop("heads", "")  # none for one head: the loss takes its place
     loss = folder.figures.pop("loss", "")
     beside, below = (heads_map, loss) if heads_map else (loss, "")
@@ -463,7 +463,7 @@ def _page(
             ),
         ]
     if len(summary) > 1:
-        table = measures.atlas(summary, measures_of(traj))
+        table = reading.atlas(summary, measures_of(traj))
         shown = [c for c in table.columns if not c.endswith(("_lo", "_hi")) and c != "snap_step"]
         body += [
             "<h2>Head atlas</h2>",
@@ -645,7 +645,7 @@ HOW_TO_READ_RUNS = (
 
 
 def write_runs_report(comparison, out: str | Path, title: str | None = None) -> Report:
-    """Write several runs' comparison (`measures.measure_runs`) into the folder `out`:
+    """Write several runs' comparison (`reading.measure_runs`) into the folder `out`:
     ``runs.html`` (what survives across the runs, the across-run tables, how heads were
     matched, each run's verdicts, the figures), the comparison's CSVs (`RunComparison.save`)
     and the figures as PNG files.  Made beside `out` and moved in, as `write_report`."""
@@ -750,7 +750,7 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
             " near chance says the heads do nothing this prompt tells apart.</p>"
             + table_html(comparison.matching[comparison.matching["run"] != comparison.runs[0]])
         )
-    found = measures.runs_findings_of(comparison)
+    found = reading.runs_findings_of(comparison)
     maps = next((folder.figures.pop(k) for k in list(folder.figures) if k.startswith("runs_map")),
                 "")  # fmt: skip
     loss = folder.figures.pop("runs_loss", "")

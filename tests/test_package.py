@@ -19,7 +19,10 @@ import scansnap_lens as ss
 
 PACKAGE = Path(ss.__file__).parent
 # The pipeline, first stage first: a module may import its own stage and those before it.
-STAGES = ["inputs", "models", "statistics", "recording", "theory", "measures", "viz", "lab"]
+STAGES = [
+    "inputs", "models", "statistics", "recording", "theory", "measures", "planning", "reading",
+    "viz", "lab",
+]  # fmt: skip
 TOOLS = ["report", "demo", "distributed", "testing", "cli"]  # built on every stage
 
 

@@ -19,7 +19,7 @@ import torch
 from _browser import open_page, screenshot
 
 from scansnap_lens.lab.synthetic import syn_medium
-from scansnap_lens.measures.analysis import Analysis
+from scansnap_lens.reading.analysis import Analysis
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.report import write_report
 from scansnap_lens.statistics.groups import TokenGroups

@@ -1,4 +1,4 @@
-"""Coverage of the interval over runs (`measures.runs`): how often it holds the recipe's mean,
+"""Coverage of the interval over runs (`reading.runs`): how often it holds the recipe's mean,
 by simulation, for few runs and run effects shaped as seeds shape them.
 
     python analyses/benchmarks/bench_runs.py        # about 10 seconds

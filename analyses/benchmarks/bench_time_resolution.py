@@ -42,7 +42,7 @@ a step its initial weights set (4 inits: 124-163) and its batches move a little,
 come twice: against the recipe's mean over seeds, and with the truth given the initial weights
 (4 inits x 25 runs, each against the mean over 48 other batch orders from the same weights).
 
-**Placed recordings** (`measures.placement`), each run alone, at a budget of 40 recordings
+**Placed recordings** (`planning.placement`), each run alone, at a budget of 40 recordings
 against the log grid of 40 (``log40``): ``placed`` (checkpoints at every step exist, as hub
 revisions or a folder would hold them: a coarse pass, then the checkpoints that split each
 unresolved bracket, `record --steps auto`) and ``online`` (a training run's
@@ -64,15 +64,15 @@ import torch
 from scansnap_lens.lab.synthetic import sequence_classes, sequence_sampler, syn_medium
 from scansnap_lens.lab.yz import train_yz
 from scansnap_lens.measures.head_types import formation_step, head_type
-from scansnap_lens.measures.placement import (
+from scansnap_lens.measures.snap import head_movement, snap_step_interval, snapping
+from scansnap_lens.models.steps import select_steps
+from scansnap_lens.models.training import initial_weights
+from scansnap_lens.planning.placement import (
     AdaptiveSchedule,
     coarse_steps,
     next_steps,
     step_brackets,
 )
-from scansnap_lens.measures.snap import head_movement, snap_step_interval, snapping
-from scansnap_lens.models.steps import select_steps
-from scansnap_lens.models.training import initial_weights
 from scansnap_lens.recording.plan import RecordPlan, plan_recording
 from scansnap_lens.recording.trajectory import Trajectory
 

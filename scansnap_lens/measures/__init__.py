@@ -24,28 +24,18 @@ P(l|m, n), common tokens of each query), and returns a `Measurement`: a table wi
 - `catalog`: `MEASURES`, the table of measurements (function, needs, summary columns,
   figures, explanation) that `measure_all`, `summarize` and the report iterate over;
 - `summary`: `measure_all` (each measurement once) and `summarize` (one row per head);
-- `analysis`: `Analysis.of`, every measurement of a trajectory once with its
-  `AnalysisSettings`, saved and reloaded where its inputs match: what the report, the runs
-  page, the command line and a notebook read;
-- `findings`: `findings_of`, what the summary found in sentences (the report's first lines);
-- `heads`: `rank_heads`, `head_grid`, `atlas` (every head's verdict, snap beside the head
-  types, fit, entropy);
-- `runs`: `measure_runs` / `compare_runs`, several runs of one recipe head by head (verdict per
-  run, bias, AUROC and snap step with an interval over runs beside the within-run one,
-  the share of runs scanning), `RunComparison`;
 - `matching`: `match_heads`, the heads of several runs matched by their attention;
 - `head_types`: `head_type`, the field's head types over training (previous-token,
   first-token, induction): scores with intervals over rows, and `formation_step`;
-- `placement`: where to record so the checkpoints resolve those steps: `record_placed` (a
-  coarse pass, then the checkpoints that split each unresolved bracket) and
-  `AdaptiveSchedule` (a training run's next step from the movement it saw);
 - `uncertainty`: `scan_uncertainty`, every head's intervals, p-values, the untrained baseline
-  and its verdict (`scans`), each figure from its own module and `resampling`;
-- `power`: power planned before recording, `planned_mde` and `rows_for_power`.
+  and its verdict (`scans`), each figure from its own module and `resampling`.
+
+What the measurements say (the analysis value, findings, head ranking, runs) is `reading`;
+where to record next is `planning`.
 """
 
 from scansnap_lens._lazy import exports
 
-_MODULES = """analysis catalog discriminative entropy findings fit frequency growth head_types heads
-matching measurement placement power rates resampling runs snap summary uncertainty"""
+_MODULES = """catalog discriminative entropy fit frequency growth head_types matching measurement
+rates resampling snap summary uncertainty"""
 __all__, __getattr__, __dir__ = exports(__name__, _MODULES)

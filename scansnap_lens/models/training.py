@@ -351,7 +351,7 @@ def train(
         setup, where the final token is the next token n of the query before it).
     save_steps: the steps to save (see `schedule`); step 0 is the initial model.  Or an object
         that chooses as training goes (``wants(step) -> bool``, e.g.
-        `measures.placement.AdaptiveSchedule`, also passed as `on_checkpoint`).
+        `planning.placement.AdaptiveSchedule`, also passed as `on_checkpoint`).
     clip_grad_norm: clip the gradients' global norm to this before each step.
     lr_by_name: {name pattern: rate} for parameters whose name matches (``re.search``; the
         first pattern wins), beyond the eta_Y / eta_Z split, e.g. ``{r"mlp\.W_in": 10.0}``.

@@ -679,7 +679,7 @@ def trainer_callback(recorder: Recorder, steps=None):
     with `steps` (optimizer steps, e.g. Pythia's 0, 1, 2, 4, ..., 512, 1000, ...), at each of
     them whether or not the Trainer saves there (no weights are written for those); `steps`
     may choose as training goes (``wants(step)`` and called as the recorder's
-    `on_checkpoint`: `measures.placement.AdaptiveSchedule`), and then every recording,
+    `on_checkpoint`: `planning.placement.AdaptiveSchedule`), and then every recording,
     saves included, goes through it.  The
     Trainer's rate, optimizer and schedule go into the trajectory's meta (what the recorder's
     `meta` already says stays).

@@ -389,7 +389,7 @@ def plot_head_grid(
     """[layer, head] heat maps of summary columns, `per_row` maps a row: where in the model the
     scan and snap are.  A head the summary says ``scans`` (`measures.uncertainty`) is ringed in
     white; a cell without a value (a head not yet snapped) is grey with a dash."""
-    from scansnap_lens.measures.heads import head_grid
+    from scansnap_lens.reading.heads import head_grid
 
     columns = [c for c in columns if c in summary]
     if not columns:
@@ -420,7 +420,7 @@ def plot_head_grid(
 
 
 def plot_runs(comparison, column: str = "auroc", path: str | Path | None = None) -> Figure:
-    """One summary column of every head in every run side by side (`measures.RunComparison`):
+    """One summary column of every head in every run side by side (`reading.RunComparison`):
     each run's value with its within-run interval (a colour per run), and in black the mean
     over runs with its interval over runs.  Where the black bar is longer than the coloured
     ones, the runs differ beyond what each one knows of itself."""
@@ -467,7 +467,7 @@ def plot_runs(comparison, column: str = "auroc", path: str | Path | None = None)
 def plot_runs_maps(comparison, column: str = "bias", path: str | Path | None = None) -> Figure:
     """[layer, head] maps of one column, one panel per run on one colour scale, heads that
     scan in that run ringed in white: the runs side by side."""
-    from scansnap_lens.measures.heads import head_grid
+    from scansnap_lens.reading.heads import head_grid
 
     per_run = comparison.per_run
     if column not in per_run:

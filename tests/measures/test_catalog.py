@@ -8,11 +8,11 @@ import re
 import torch
 from _tiny import QUIET, V, tiny_model
 
-from scansnap_lens.measures.analysis import Analysis
 from scansnap_lens.measures.catalog import MEASURES, ROLES, columns, measures_of
-from scansnap_lens.measures.heads import atlas
-from scansnap_lens.measures.runs import measure_runs
 from scansnap_lens.models.checkpoints import in_memory
+from scansnap_lens.reading.analysis import Analysis
+from scansnap_lens.reading.heads import atlas
+from scansnap_lens.reading.runs import measure_runs
 from scansnap_lens.recording.aggregates import DEFAULT, Aggregate
 from scansnap_lens.recording.recorder import record_trajectory
 from scansnap_lens.report import write_report

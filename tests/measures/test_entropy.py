@@ -47,7 +47,7 @@ def test_sparsity_of_single_distinct_tokens_is_not_measured(tmp_path):
     assert math.isnan(last["entropy"]) and math.isnan(last["top_share"])
     assert last["distinct_mass"] == pytest.approx(0.4)
     assert last["sparsity_classes"] == 0
-    from scansnap_lens.measures.analysis import Analysis
+    from scansnap_lens.reading.analysis import Analysis
     from scansnap_lens.report import write_report
 
     report = write_report(Analysis.of(traj, g), tmp_path / "r", views=False)

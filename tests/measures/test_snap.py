@@ -226,7 +226,7 @@ def test_straightness_tells_a_drift_from_step_to_step_noise():
     say a noisy layer's snap steps depend on the checkpoints' spacing."""
     import pandas as pd
 
-    from scansnap_lens.measures.findings import findings_of
+    from scansnap_lens.reading.findings import findings_of
 
     steps = list(range(0, 400, 10))
     g = torch.Generator().manual_seed(0)
@@ -265,8 +265,8 @@ def test_a_noisy_run_recorded_at_every_step_snaps_where_its_drift_does():
 
     from scansnap_lens.lab.synthetic import sequence_classes
     from scansnap_lens.lab.yz import train_yz
-    from scansnap_lens.measures.findings import findings_of
     from scansnap_lens.measures.snap import class_movement, snap_step, snap_step_interval
+    from scansnap_lens.reading.findings import findings_of
 
     classes = sequence_classes(num_queries=3, next_per_query=2)
     run = train_yz(classes, lr_z=6.0, lr_y=0.6, seeds=[1], momentum=0.0, num_steps=400,

@@ -142,7 +142,7 @@ def test_trainer_callback_records_where_an_adaptive_schedule_says(tmp_path):
     training is unchanged."""
     import json
 
-    from scansnap_lens.measures.placement import PLACEMENT_FILE, AdaptiveSchedule
+    from scansnap_lens.planning.placement import PLACEMENT_FILE, AdaptiveSchedule
 
     plain = trainer_run("gpt2", tmp_path / "plain")
     recorder = Recorder(tmp_path / "traj", EVAL, QUIET, plan=plan_recording(EVAL, V))

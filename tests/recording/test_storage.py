@@ -12,9 +12,9 @@ from _tiny import QUIET
 from scansnap_lens.demo import DEMO_DATA
 from scansnap_lens.lab.synthetic import sequence_sampler
 from scansnap_lens.measures import measure_all
-from scansnap_lens.measures.analysis import Analysis
 from scansnap_lens.models.checkpoints import in_memory
 from scansnap_lens.models.training import attention_only_model
+from scansnap_lens.reading.analysis import Analysis
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder
 from scansnap_lens.recording.settings import RecordingSettings

@@ -410,7 +410,7 @@ def test_placed_steps_sweep_within_the_bound_and_leave_the_users_cache(
     sweep of its own steps, within the disk bound, reading the user's cached revision and
     deleting its own downloads; the values equal the kept recording's at the steps chosen,
     at most the budget, each with why."""
-    from scansnap_lens.measures.placement import PLACEMENT_FILE, record_placed
+    from scansnap_lens.planning.placement import PLACEMENT_FILE, record_placed
 
     out = tmp_path / "placed"
     server = _watched({NAME: revisions}, out)

@@ -38,10 +38,10 @@ import torch
 from torch import Tensor
 
 from scansnap_lens._io import make_folder, write_text
-from scansnap_lens.measures.analysis import Analysis, AnalysisSettings
 from scansnap_lens.measures.catalog import MEASURES, columns, measures_of
 from scansnap_lens.measures.matching import match_heads
 from scansnap_lens.measures.resampling import interval_over_runs, share_interval
+from scansnap_lens.reading.analysis import Analysis, AnalysisSettings
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 

@@ -1,4 +1,4 @@
-"""Recordings placed where they resolve the snap and formation steps (`measures.placement`):
+"""Recordings placed where they resolve the snap and formation steps (`planning.placement`):
 against the truth at every step of the lab's population runs and of a real training loop."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ import pandas as pd
 import pytest
 import torch
 
-from scansnap_lens.measures.placement import (
+from scansnap_lens.measures.snap import head_movement, snap_step, snapping
+from scansnap_lens.models.steps import select_steps
+from scansnap_lens.planning.placement import (
     PLACEMENT_FILE,
     AdaptiveSchedule,
     coarse_steps,
     next_steps,
     step_brackets,
 )
-from scansnap_lens.measures.snap import head_movement, snap_step, snapping
-from scansnap_lens.models.steps import select_steps
 
 LAST = 1000
 

@@ -1,4 +1,4 @@
-"""Several runs compared (`measures.runs`): a planted difference between runs that the interval
+"""Several runs compared (`reading.runs`): a planted difference between runs that the interval
 over runs shows and the within-run intervals do not, its coverage by simulation, refusals of
 runs that do not share a plan, and the CLI over three trained seeds."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from scansnap_lens.lab.calibration import Scenario, crossed_run
-from scansnap_lens.measures.runs import RunComparison, check_same_runs, compare_runs, measure_runs
+from scansnap_lens.reading.runs import RunComparison, check_same_runs, compare_runs, measure_runs
 
 PLANTED = [0.62, 0.76, 0.9]  # head 0's AUROC in each run: the runs differ
 SHARED = 0.8  # head 1's AUROC in every run
@@ -211,7 +211,7 @@ def test_a_scanning_head_is_named_in_each_run_by_its_own_number_too():
     """Matched by behaviour, a run's heads take the first run's numbers: the sentence names
     the runs in which the head scans and, where a run numbers it otherwise, its own number
     (the one that run's own report shows)."""
-    from scansnap_lens.measures.findings import runs_findings_of
+    from scansnap_lens.reading.findings import runs_findings_of
 
     runs = {}
     for r, own in enumerate([[0, 1], [1, 0]]):  # run s1's heads swapped
@@ -227,7 +227,7 @@ def test_the_runs_page_carries_each_runs_noise_and_power():
     """What each run's own page says (its layer's snap moved mostly by noise; no head could
     have been seen) is said where the runs are compared, naming the runs; runs without either
     add nothing."""
-    from scansnap_lens.measures.findings import runs_findings_of
+    from scansnap_lens.reading.findings import runs_findings_of
 
     def run(drift, mde):
         return pd.DataFrame({
@@ -291,7 +291,7 @@ def test_step_intervals_over_runs_hold_what_the_checkpoints_allow_by_head_and_by
 def test_a_runs_skipped_step_is_said_first(three_runs):
     """A run with a checkpoint it could not read (on_error="skip") has its steps bracketed by
     the checkpoints it has: the comparison says so before anything else."""
-    from scansnap_lens.measures.findings import runs_findings_of
+    from scansnap_lens.reading.findings import runs_findings_of
 
     runs, groups = three_runs
     error = "run/checkpoint-50/model.safetensors is truncated or corrupt"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from scansnap_lens.lab.synthetic import syn_medium
-from scansnap_lens.measures.analysis import Analysis, AnalysisSettings, fingerprint
+from scansnap_lens.reading.analysis import Analysis, AnalysisSettings, fingerprint
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
@@ -133,7 +133,7 @@ def test_a_page_drawn_again_copies_its_figures_and_a_new_analysis_draws(demo, tm
 def test_without_a_cache_nothing_is_fingerprinted_until_saved(demo, tmp_path, monkeypatch):
     """Fingerprinting reads every input: an analysis nobody keeps is not made to pay for it,
     and one saved later is reloaded by the key a cached one would have."""
-    import scansnap_lens.measures.analysis as module
+    import scansnap_lens.reading.analysis as module
 
     traj, groups, classes = demo
     calls = []

@@ -7,8 +7,8 @@ import torch
 from _tiny import QUIET, V, tiny_model
 
 from scansnap_lens import measures
-from scansnap_lens.measures import heads
 from scansnap_lens.models.checkpoints import in_memory
+from scansnap_lens.reading import heads
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import record_trajectory
 
