@@ -163,6 +163,7 @@ def _tokens(args: argparse.Namespace) -> int:
 def _record(args: argparse.Namespace) -> int:
     from scansnap_lens.models import checkpoints
     from scansnap_lens.recording.recorder import Recorder
+    from scansnap_lens.recording.settings import RecordingSettings
 
     if bool(args.checkpoints) == bool(args.model):
         raise ValueError("give either --checkpoints DIR or --model NAME")
@@ -196,7 +197,8 @@ def _record(args: argparse.Namespace) -> int:
     if stats is not None:
         on_plan = _say_power(stats)
     # plans from the first checkpoint it loads (its vocabulary)
-    recorder = Recorder(args.out, tokens, _settings(args), stats=stats, on_plan=on_plan)
+    settings = _settings(args, RecordingSettings)
+    recorder = Recorder(args.out, tokens, settings, stats=stats, on_plan=on_plan)
     before = len(recorder.done)
     execute = None
     if args.ray is not None:
@@ -295,6 +297,7 @@ def _rows_for_power(args: argparse.Namespace, tokens, stats, source):
 # ------------------------------------------------------------------ report
 def _report(args: argparse.Namespace) -> int:
     from scansnap_lens._io import check_writable
+    from scansnap_lens.models.training import Rates
     from scansnap_lens.reading.analysis import Analysis, AnalysisSettings
     from scansnap_lens.recording.trajectory import Trajectory
     from scansnap_lens.report import write_report
@@ -323,19 +326,10 @@ def _report(args: argparse.Namespace) -> int:
     check_writable(out)
     trajs = {name: Trajectory.load(path) for name, path in zip(_run_names(runs), runs)}
     stats_of = [CooccurrenceStats.load(p) for p in args.stats]
-    classification = Classification(
-        scope=args.scope, min_support=args.min_support, purity=args.purity,
-        guard=args.guard, min_distinct=args.min_distinct,
-    )  # fmt: skip
-    training = None
-    if args.lr_y is not None:
-        from scansnap_lens.models.training import Rates
-
-        training = Rates(args.lr_y, args.lr_z, args.optimizer, args.momentum).to_dict()
-    settings = AnalysisSettings(
-        classification=classification, training=training, theory=args.theory,
-        theory_classes=args.theory_classes or None,
-    )  # fmt: skip
+    training = _settings(args, Rates).to_dict() if args.lr_y is not None else None
+    settings = _settings(args, AnalysisSettings).replace(
+        classification=_settings(args, Classification).to_dict(), training=training
+    )
     for i, traj in enumerate(trajs.values()):  # before anything is measured
         check_vocabulary(stats_of[i if len(stats_of) > 1 else 0].vocab_size, traj.plan)
     analyses = {}
@@ -438,10 +432,10 @@ def _ints(text: str) -> list[int]:
         ) from None
 
 
-def _count_or_all(low: int):
-    """An argparse type: an integer >= low, or "all" (0)."""
+def _count_or_all(low: int, all=0):
+    """An argparse type: an integer >= low, or "all" (`all`)."""
     count = _count(low)
-    return lambda text: 0 if text.strip().lower() == "all" else count(text)
+    return lambda text: all if text.strip().lower() == "all" else count(text)
 
 
 def _count(low: int, high: int = 2**31 - 1):
@@ -691,7 +685,9 @@ def build_parser() -> argparse.ArgumentParser:
         " have distinct tokens, most frequent first",
     )  # fmt: skip
     record.add_argument("--include-bos", action="store_true", help=argparse.SUPPRESS)  # former
-    _setting_options(record)
+    from scansnap_lens.recording.settings import RecordingSettings
+
+    _setting_options(record, RecordingSettings)
     record.add_argument(
         "--trust-pickle", action="store_true", help="allow pickled .pt files (trusted only)"
     )
@@ -725,59 +721,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="report folder (default TRAJECTORY/report; several runs need it)",
     )  # fmt: skip
     report.add_argument("--title", help="the page's title (default: the trajectory's source)")
+    from scansnap_lens.models.training import Rates
     from scansnap_lens.reading.analysis import AnalysisSettings
-
-    report.add_argument(
-        "--no-theory", action="store_false", dest="theory",
-        help="leave out the theory fit (the paper's population dynamics on the statistics; by"
-        " default it runs on the --theory-classes most frequent classes)",
-    )  # fmt: skip
-    report.add_argument(
-        "--theory-classes", type=_count_or_all(2), default=AnalysisSettings().theory_classes,
-        metavar="N",
-        help="the theory fit's classes, the most frequent (default: %(default)s; its time grows"
-        " faster than the classes; all: every recorded class)",
-    )  # fmt: skip
     from scansnap_lens.statistics.groups import Classification
 
-    kinds = Classification()  # the defaults the library uses too
-    report.add_argument(
-        "--scope", choices=["local", "global"], default=kinds.scope,
-        help="distinct for the next token of its own query (local, Sec. 7) or of all queries"
-        " (global, Sec. 3.2) (default: %(default)s)",
-    )  # fmt: skip
-    report.add_argument(
-        "--min-support", type=_count(1), default=kinds.min_support,
-        help="occurrences a context token needs before it is judged (default: %(default)s)",
-    )  # fmt: skip
-    report.add_argument(
-        "--purity", type=_purity, default=kinds.purity,
-        help="a token is distinct when its top next token takes at least this share of its"
-        " occurrences (1: the paper's definition) (default: %(default)s)",
-    )  # fmt: skip
-    report.add_argument(
-        "--no-guard", action="store_false", dest="guard",
-        help="no binomial guard (by default a distinct-looking token must be significantly"
-        f" more often before its next token than the query's base rate, at alpha {kinds.alpha})",
-    )  # fmt: skip
-    report.add_argument(
-        "--min-distinct", type=_count(0), default=kinds.min_distinct,
-        help="classes need this many distinct tokens (default: %(default)s)",
-    )  # fmt: skip
-    report.add_argument(
-        "--lr-y",
-        type=_positive_float,
-        help="the training's rate of all but W_Q, W_K (eta_Y;"
-        " default: what the trajectory recorded)",
-    )
-    report.add_argument("--lr-z", type=_positive_float, help="the training's rate of W_Q, W_K")
-    report.add_argument(
-        "--optimizer",
-        choices=["sgd", "adam"],
-        default="sgd",
-        help="the training's optimizer, with --lr-y and --lr-z (default: %(default)s)",
-    )
-    report.add_argument("--momentum", type=_fraction, default=0.0, help="SGD momentum in [0, 1)")
+    _setting_options(report, AnalysisSettings, Classification, Rates)
     report.set_defaults(func=_report)
 
     theory = sub.add_parser("theory", help="predicted transition times and the B_n(t) curve")
@@ -815,26 +763,32 @@ _SETTING_TYPES = {
     "max_checkpoint_bytes": lambda: _positive_float, "max_run_bytes": lambda: _positive_float,
     "batch_size": lambda: _count(1, 1 << 20), "device": lambda: _device,
     "on_disk": lambda: _count(1, 1 << 16), "download_dir": lambda: Path,
+    "min_support": lambda: _count(1), "purity": lambda: _purity, "min_distinct": lambda: _count(0),
+    "theory_classes": lambda: _count_or_all(2, all=None), "lr_y": lambda: _positive_float,
+    "lr_z": lambda: _positive_float, "momentum": lambda: _fraction,
 }  # fmt: skip
 
 
-def _setting_options(parser: argparse.ArgumentParser) -> None:
-    """The record command's options, one per `RecordingSettings` field the command line sets,
+def _setting_options(parser: argparse.ArgumentParser, *settings: type) -> None:
+    """One option per field of each settings value the command line sets (`_settings.options`),
     grouped and explained as the value's fields are."""
-    from scansnap_lens.recording.settings import RecordingSettings
+    from scansnap_lens._settings import options
 
+    every = [o for cls in settings for o in options(cls)]
+    kinds = {True: "storefalse", False: "storetrue"}
+    flags = {o["name"]: (o["flag"], kinds.get(o["default"], "store")) for o in every}
     groups: dict[str, argparse._ArgumentGroup] = {}
-    flags = {o["name"]: (o["flag"], "store") for o in RecordingSettings.options()}
-    for option in RecordingSettings.options():
-        group = groups.get(option["group"]) or parser.add_argument_group(option["group"])
-        groups[option["group"]] = group
+    for option in every:
+        title = flag_text(option["group"], help=True, flags=flags)
+        group = groups.get(title) or parser.add_argument_group(title)
+        groups[title] = group
         help_text, default = flag_text(option["help"], help=True, flags=flags), option["default"]
         kwargs = {"dest": option["name"], "help": help_text}
-        if default is not False:
-            kwargs["metavar"] = option["flag"][2:].upper().replace("-", "_")
-        if default is False:
-            kwargs["action"] = "store_true"
+        if isinstance(default, bool):
+            kwargs["action"] = f"store_{str(not default).lower()}"
         else:
+            if option["choices"] is None:
+                kwargs["metavar"] = option["flag"][2:].upper().replace("-", "_")
             kwargs["type"] = _SETTING_TYPES.get(option["name"], lambda: str)()
             kwargs["choices"] = option["choices"]
             scale = option["scale"]
@@ -845,17 +799,17 @@ def _setting_options(parser: argparse.ArgumentParser) -> None:
         group.add_argument(option["flag"], **kwargs)
 
 
-def _settings(args: argparse.Namespace):
-    """The `RecordingSettings` the record command's options give."""
-    from scansnap_lens.recording.settings import RecordingSettings
+def _settings(args: argparse.Namespace, cls: type):
+    """The settings value `cls` its options give (`_setting_options`)."""
+    from scansnap_lens._settings import options
 
     values = {}
-    for option in RecordingSettings.options():
+    for option in options(cls):
         value = getattr(args, option["name"])
         if value is not None and option["scale"] != 1:
             value = int(value * option["scale"])
         values[option["name"]] = value
-    return RecordingSettings(**values)
+    return cls(**values)
 
 
 @functools.cache

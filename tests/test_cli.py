@@ -516,6 +516,7 @@ def test_the_notebook_route_and_the_command_line_give_one_answer(own_run, tmp_pa
     page = (tmp_path / "rep" / "report.html").read_text()
     assert ss.Classification().describe() in page
     again = ss.Analysis.of(traj, source=loaded, cache=traj_dir / "analysis")
+    analysis.save(tmp_path / "mine")  # one nobody cached takes its key when saved
     assert again.reused and again.key == analysis.key
     pd.testing.assert_frame_equal(again.summary, analysis.summary)
 
@@ -1011,3 +1012,26 @@ def test_a_run_given_twice_is_refused_by_name(tmp_path, capsys, monkeypatch):
         assert main(["report", "a", second, "--stats", "s", "--out", "o"]) == 2
         err = capsys.readouterr().err
         assert f"a and {named} are the same run" in err and "Traceback" not in err
+
+
+def test_the_report_options_are_the_settings_fields():
+    """`scansnap report`'s options are generated from the settings values the library reads:
+    their defaults are the library's, and each option lands in its field."""
+    from scansnap_lens.cli import _settings, build_parser
+    from scansnap_lens.models.training import Rates
+    from scansnap_lens.reading.analysis import AnalysisSettings
+    from scansnap_lens.statistics.groups import Classification
+
+    parser = build_parser()
+    plain = parser.parse_args(["report", "traj", "--stats", "stats"])
+    assert _settings(plain, Classification) == Classification()
+    assert _settings(plain, AnalysisSettings) == AnalysisSettings()
+    given = parser.parse_args([
+        "report", "traj", "--stats", "stats", "--no-guard", "--purity", "0.9", "--scope",
+        "global", "--theory-classes", "all", "--no-theory", "--lr-y", "0.1", "--lr-z", "2",
+        "--optimizer", "adam",
+    ])  # fmt: skip
+    assert _settings(given, Classification) == Classification("global", purity=0.9, guard=False)
+    assert _settings(given, AnalysisSettings) == AnalysisSettings(theory=False,
+                                                                  theory_classes=None)  # fmt: skip
+    assert _settings(given, Rates) == Rates(0.1, 2.0, "adam")

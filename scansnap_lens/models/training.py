@@ -29,6 +29,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from scansnap_lens._io import make_folder, write_tensors, write_text
+from scansnap_lens._settings import setting
 from scansnap_lens.models.backend import (
     HookedModel,
     attention_logit_parameters,
@@ -204,6 +205,7 @@ def _param_groups(model, lr_y: float, lr_z: float, weight_decay: float,
 
 
 OPTIMIZERS = ("sgd", "adam")
+TRAINING = "how the run was trained (the theory's rates; lr_y= and lr_z= go together)"
 
 
 @dataclass(frozen=True)
@@ -220,10 +222,13 @@ class Rates:
     ValueError: training.json: lr_y must be a finite number >= 0, got 'fast'
     """
 
-    lr_y: float
-    lr_z: float
-    optimizer: str = "sgd"
-    momentum: float = 0.0
+    lr_y: float = setting(
+        group=TRAINING, help="the training's rate of all but W_Q, W_K (eta_Y; default: what the"
+        " trajectory recorded)",
+    )  # fmt: skip
+    lr_z: float = setting(group=TRAINING, help="the training's rate of W_Q, W_K (eta_Z)")
+    optimizer: str = setting("sgd", TRAINING, "the training's optimizer", choices=OPTIMIZERS)
+    momentum: float = setting(0.0, TRAINING, "SGD momentum in [0, 1)")
 
     def __post_init__(self) -> None:
         _checked_rates(self.to_dict(), "Rates")

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from scansnap_lens._io import read_tensors, staged_folder, write_bytes, write_tensors, write_text
+from scansnap_lens._settings import setting
 from scansnap_lens.measures.catalog import measures_of
 from scansnap_lens.measures.entropy import SINGLE_DISTINCT
 from scansnap_lens.measures.fit import THEORY_CLASSES
@@ -38,6 +39,8 @@ __all__ = ["Analysis", "AnalysisSettings", "fingerprint"]
 
 FORMAT = 1  # of the saved folder; a folder of another format is measured again
 TAG = f"scansnap-analysis-{FORMAT}"
+
+THEORY = "the theory fit"
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,14 @@ class AnalysisSettings:
 
     classification: Classification = field(default_factory=Classification)
     training: dict | None = None
-    theory: bool = True
-    theory_classes: int | None = THEORY_CLASSES
+    theory: bool = setting(
+        True, THEORY, "leave out the theory fit (the paper's population dynamics on the"
+        " statistics; by default it runs on the theory_classes= most frequent classes)",
+    )  # fmt: skip
+    theory_classes: int | None = setting(
+        THEORY_CLASSES, THEORY, "the theory fit's classes, the most frequent (its time grows"
+        " faster than the classes; all: every recorded class)",
+    )  # fmt: skip
     loss_positions: int | None = None
     prediction: float | tuple[float, ...] | None = None
     leave_out: tuple[str, ...] = ()

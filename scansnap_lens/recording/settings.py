@@ -19,24 +19,16 @@ ValueError: on_error must be one of ('raise', 'skip'), got 'ignore'
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from scansnap_lens._settings import options, setting
 from scansnap_lens.recording.budget import CHECKPOINT_BUDGET, RUN_BUDGET
 
 __all__ = ["DUPLICATES", "ON_DISK", "RecordingSettings"]
 
 ON_DISK = 2  # revisions of a hub sweep on disk at once: the one recording, the next
 DUPLICATES = ("refuse", "skip", "record")
-_CHOICES = {"on_error": ("raise", "skip"), "duplicates": DUPLICATES,
-            "step_unit": ("steps", "tokens")}  # fmt: skip
-
-
-def _setting(default, group: str, help: str, flag: str | None = None, scale: float = 1):
-    """A field with its group, its help, and its command-line flag (None: the field's name
-    with dashes; "": none) in units of `scale` (bytes as MB: 1e6)."""
-    return field(default=default, metadata={"group": group, "help": help, "scale": scale,
-                                            "given_flag": flag})  # fmt: skip
 
 
 PROMPT_LENGTH = 64  # tokens of the example prompt of a new recording
@@ -50,72 +42,75 @@ TRACKED, WATCHED, BUDGET, RUNNING = (
 class RecordingSettings:
     """How a run is recorded (every field optional; the defaults are the command line's)."""
 
-    queries: Any = _setting(
+    queries: Any = setting(
         None, TRACKED,
         "all, a share of events covered by the most frequent queries (0.5), or ids (a,b,c);"
         " default: the queries that fit max_checkpoint_bytes= (with statistics, those whose"
         " classes have distinct tokens first, else the most frequent)",
     )  # fmt: skip
-    window: int | None = _setting(
+    window: int | None = setting(
         None, TRACKED,
         "most context positions before a query (default: the statistics' window, else the"
         " whole row)",
     )  # fmt: skip
-    exclude_bos: bool = _setting(
+    exclude_bos: bool = setting(
         False, TRACKED, "keep position 0 out of context (as the statistics must have been counted)",
     )  # fmt: skip
-    tokenizer: Any = _setting(
+    tokenizer: Any = setting(
         None, TRACKED, "tokenizer.json, a hub name or a tokenizer: the plan's token strings"
         " (default: the model's)",
     )  # fmt: skip
-    aggregates: tuple | None = _setting(
+    aggregates: tuple | None = setting(
         None, TRACKED, "what each checkpoint records (names in aggregates.AGGREGATES, or your"
         " own Aggregate); default aggregates.DEFAULT, or what a resumed folder records", "",
     )  # fmt: skip
-    prompt: tuple[int, ...] | None = _setting(
+    prompt: tuple[int, ...] | None = setting(
         None, TRACKED, "token ids whose whole attention is kept at every checkpoint (default:"
         " the first prompt_length evaluation tokens)", "",
     )  # fmt: skip
-    prompt_length: int | None = _setting(
+    prompt_length: int | None = setting(
         None, TRACKED, "tokens of the example prompt whose whole attention is kept (0: none;"
         f" default {PROMPT_LENGTH}, or what a resumed folder keeps)",
     )  # fmt: skip
-    layers: tuple[int, ...] | None = _setting(None, WATCHED, "layers to watch (a,b); default all")
-    heads: tuple[int, ...] | None = _setting(None, WATCHED, "heads to watch (a,b); default all")
-    max_checkpoint_bytes: int = _setting(
+    layers: tuple[int, ...] | None = setting(None, WATCHED, "layers to watch (a,b); default all")
+    heads: tuple[int, ...] | None = setting(None, WATCHED, "heads to watch (a,b); default all")
+    max_checkpoint_bytes: int = setting(
         CHECKPOINT_BUDGET, BUDGET, "default queries: at most this many MB per checkpoint",
         "--max-checkpoint-mb", 1e6,
     )  # fmt: skip
-    max_run_bytes: int = _setting(
+    max_run_bytes: int = setting(
         RUN_BUDGET, BUDGET, "refuse a recording that would write more than this many GB",
         "--max-run-gb", 1e9,
     )  # fmt: skip
-    batch_size: int = _setting(8, RUNNING, "rows per forward pass")
-    device: str | None = _setting(None, RUNNING, "cpu, cuda, ... (default: the model's)")
-    step_unit: str = _setting("steps", RUNNING, "what a step counts: steps or tokens", "")
-    progress: bool = _setting(True, RUNNING, "progress bars and estimates", "")
-    overwrite: bool = _setting(False, RUNNING, "replace a trajectory of another run in the folder")
-    on_error: str = _setting(
-        "raise", RUNNING, "at an unreadable checkpoint: stop, or note it and go on"
+    batch_size: int = setting(8, RUNNING, "rows per forward pass")
+    device: str | None = setting(None, RUNNING, "cpu, cuda, ... (default: the model's)")
+    step_unit: str = setting(
+        "steps", RUNNING, "what a step counts: steps or tokens", "", choices=("steps", "tokens")
     )
-    on_disk: int = _setting(
+    progress: bool = setting(True, RUNNING, "progress bars and estimates", "")
+    overwrite: bool = setting(False, RUNNING, "replace a trajectory of another run in the folder")
+    on_error: str = setting(
+        "raise", RUNNING, "at an unreadable checkpoint: stop, or note it and go on",
+        choices=("raise", "skip"),
+    )  # fmt: skip
+    on_disk: int = setting(
         ON_DISK, RUNNING,
         "hub revisions of the sweep on disk at once, the one recording included (on Ray: the"
         " checkpoints recording at once); each is deleted from the sweep's own cache once"
         " recorded, and revisions your hub cache holds are read from it, never changed",
     )  # fmt: skip
-    keep_checkpoints: bool = _setting(
+    keep_checkpoints: bool = setting(
         False, RUNNING, "download hub revisions into your hub cache (HF_HUB_CACHE) and keep them"
     )
-    download_dir: str | None = _setting(
+    download_dir: str | None = setting(
         None, RUNNING, "the sweep's own cache: an empty or new folder apart from the"
         " recording's; it deletes there only what it downloaded (default: OUT/hub-cache)",
     )  # fmt: skip
-    duplicates: str = _setting(
+    duplicates: str = setting(
         "refuse", RUNNING,
         "checkpoints whose weights files are identical under different steps (from the hashes"
         " the hub lists, or of local files): stop and say which, skip all but the last step"
-        " of each group, or record them all",
+        " of each group, or record them all", choices=DUPLICATES,
     )  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -141,8 +136,9 @@ class RecordingSettings:
             raise ValueError(f"window must be at least 1, got {self.window}")
         if self.prompt_length is not None and self.prompt_length < 0:
             raise ValueError(f"prompt_length must be 0 or more, got {self.prompt_length}")
-        for name, allowed in _CHOICES.items():
-            if getattr(self, name) not in allowed:
+        for f in dataclasses.fields(self):
+            name, allowed = f.name, f.metadata["choices"]
+            if allowed is not None and getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.download_dir is not None:
             if self.keep_checkpoints:
@@ -177,19 +173,8 @@ class RecordingSettings:
 
     @classmethod
     def options(cls) -> list[dict]:
-        """Each field the command line sets: its name, flag, group, default, help, choices
-        (or None) and scale (the flag's unit in the field's: MB for bytes, 1e6)."""
-        return [
-            {"name": f.name, "flag": _flag(f.name), "default": f.default,
-             "choices": _CHOICES.get(f.name), **f.metadata}
-            for f in dataclasses.fields(cls) if _flag(f.name)
-        ]  # fmt: skip
-
-
-def _flag(name: str) -> str:
-    """The command-line flag of the setting `name` ("" where the command line has none)."""
-    meta = RecordingSettings.__dataclass_fields__[name].metadata
-    return ("--" + name.replace("_", "-")) if meta["given_flag"] is None else meta["given_flag"]
+        """Each field the command line sets (`_settings.options`)."""
+        return options(cls)
 
 
 def _ids(values) -> list:

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from scansnap_lens._io import read_tensors, write_tensors
+from scansnap_lens._settings import setting
 from scansnap_lens.statistics.context import Context, require_same
 
 GROUPS_FORMAT = "scansnap-groups-1"
@@ -37,6 +38,8 @@ def _sizes(parts: list[Tensor]) -> Tensor:
 
 
 __all__ = ["Classification", "TokenGroups"]
+
+KINDS = "how context tokens get their kinds"
 
 
 @dataclass(frozen=True)
@@ -55,13 +58,22 @@ class Classification:
     ['local scope', 'min_support 1', 'purity 0.9', 'binomial guard at alpha 0.05']
     """
 
-    scope: str = "local"
-    min_support: int = 1
-    purity: float = 1.0
-    guard: bool = True
+    scope: str = setting(
+        "local", KINDS, "distinct for the next token of its own query (local, Sec. 7) or of all"
+        " queries (global, Sec. 3.2)", choices=("local", "global"),
+    )  # fmt: skip
+    min_support: int = setting(1, KINDS, "occurrences a context token needs before it is judged")
+    purity: float = setting(
+        1.0, KINDS, "a token is distinct when its top next token takes at least this share of"
+        " its occurrences (1: the paper's definition)",
+    )  # fmt: skip
+    guard: bool = setting(
+        True, KINDS, "no binomial guard (by default a distinct-looking token must be"
+        " significantly more often before its next token than the query's base rate, at alpha)",
+    )  # fmt: skip
     alpha: float = 0.05
     min_events: int = 1
-    min_distinct: int = 1
+    min_distinct: int = setting(1, KINDS, "classes need this many distinct tokens")
 
     def __post_init__(self):
         if self.scope not in ("local", "global"):
