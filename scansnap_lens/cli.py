@@ -470,6 +470,7 @@ def _real(test, rule: str):
 
 _positive_float = _real(lambda v: v > 0, "be a positive finite number")
 _fraction = _real(lambda v: 0 <= v < 1, "lie in [0, 1)")
+_nonnegative_float = _real(lambda v: v >= 0, "be a finite number >= 0")
 _purity = _real(lambda v: 0 < v <= 1, "lie in (0, 1]")
 
 
@@ -766,6 +767,7 @@ _SETTING_TYPES = {
     "min_support": lambda: _count(1), "purity": lambda: _purity, "min_distinct": lambda: _count(0),
     "theory_classes": lambda: _count_or_all(2, all=None), "lr_y": lambda: _positive_float,
     "lr_z": lambda: _positive_float, "momentum": lambda: _fraction,
+    "theory_seconds": lambda: _nonnegative_float,
 }  # fmt: skip
 
 

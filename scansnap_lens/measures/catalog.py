@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from scansnap_lens.measures.discriminative import discriminative_bias
 from scansnap_lens.measures.entropy import attention_entropy, sparsity
-from scansnap_lens.measures.fit import THEORY_CLASSES, growth_bounds, theory_fit
+from scansnap_lens.measures.fit import THEORY_CLASSES, THEORY_SECONDS, growth_bounds, theory_fit
 from scansnap_lens.measures.frequency import frequency_bias
 from scansnap_lens.measures.growth import growth_factor
 from scansnap_lens.measures.head_types import MIN_RISE, head_type
@@ -47,8 +47,8 @@ NEEDS_SOURCE = "needs the training corpus's statistics (source=, stats=)"
 class MeasureInputs:
     """What a measurement may read: the trajectory, the token groups (None where none could be
     formed, `groups_reason` says why), the training corpus's statistics, the training's rates
-    (see `rates.training_of`), the number of loss positions per row and the classes the theory
-    fit integrates at most (see `fit.theory_fit`).
+    (see `rates.training_of`), the number of loss positions per row and the classes and seconds
+    the theory fit may take at most (see `fit.theory_fit`).
     """
 
     traj: Trajectory
@@ -58,6 +58,7 @@ class MeasureInputs:
     loss_positions: int | None = None
     groups_reason: str = "no token groups were given"
     theory_classes: int | None = THEORY_CLASSES  # see `fit.theory_fit`
+    theory_seconds: float | None = THEORY_SECONDS
 
 
 @dataclass(frozen=True)
@@ -270,6 +271,7 @@ MEASURES: tuple[Measure, ...] = (
             training=x.training,
             loss_positions=x.loss_positions,
             theory_classes=x.theory_classes,
+            theory_seconds=x.theory_seconds,
         ),
         needs_groups=False,
         needs_source=True,

@@ -14,12 +14,14 @@ Both return a `measurement.Measurement` whose ``values`` are [step, layer, head]
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pandas as pd
 import torch
 from scipy.stats import rankdata
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from scansnap_lens.measures.measurement import (
     Measurement,
@@ -33,10 +35,20 @@ from scansnap_lens.measures.snap import snapping
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.context import require_same
 from scansnap_lens.statistics.groups import TokenGroups
-from scansnap_lens.theory.population import THEORY_CLASSES, Population, predict
+from scansnap_lens.theory.population import (
+    THEORY_CLASSES,
+    Population,
+    gradients_at_most,
+    predict,
+)
 from scansnap_lens.theory.transition import PhaseTransition, rho0
 
-__all__ = ["growth_bounds", "theory_fit"]
+__all__ = ["THEORY_SECONDS", "growth_bounds", "theory_fit"]
+
+# the theory fit's time at most by default: a report in about a minute on 2 cores
+THEORY_SECONDS = 20.0
+MIN_FIT_CLASSES = 8  # fewest classes the time limit cuts the fit to
+PROBE_GRADIENTS = 4  # timed to estimate the fit's cost
 
 
 def _population(traj: Trajectory, source, loss_positions: int | None, classes=None):
@@ -229,6 +241,43 @@ def fit_classes(traj: Trajectory, theory_classes: int | None = THEORY_CLASSES) -
     return list(zip(plan.class_query[top].tolist(), plan.class_next[top].tolist()))
 
 
+def _classes_within(traj, source, loss_positions, theory_classes, seconds, trainings, progress):
+    """(classes, population, estimated seconds): the most frequent `theory_classes` (None:
+    every class), fewer where their prediction would take over `seconds`.  A gradient's cost
+    grows with triples x next tokens, about the square of the classes: each candidate is
+    timed on a few gradients and the classes scaled by the square root of the time over."""
+    from scansnap_lens.recording.budget import duration
+
+    total = traj.plan.num_classes
+    wanted = total if theory_classes is None else min(theory_classes, total)
+    n, last, checkpoints = wanted, int(traj.steps[-1]), traj.num_steps
+    while True:
+        classes = fit_classes(traj, n)
+        pop = _population(traj, source, loss_positions, classes)
+        if seconds is None:
+            return classes, pop, None
+        estimate = len(trainings) * gradients_at_most(last, checkpoints) * max(
+            _gradient_seconds(pop, setting) for setting in trainings
+        )  # fmt: skip
+        if estimate <= seconds or n <= MIN_FIT_CLASSES:
+            break
+        n = max(MIN_FIT_CLASSES, min(n - 1, int(0.9 * n * math.sqrt(seconds / estimate))))
+    if progress:
+        cut = f" (of {wanted:,}: theory_seconds={seconds:g})" if n < wanted else ""
+        tqdm.write(f"theory fit: the {n:,} most frequent classes{cut}, {pop.num_classes:,} with"
+                   f" statistics, {len(trainings)} run(s) of the population dynamics to step"
+                   f" {last:,}: about {duration(estimate)}")  # fmt: skip
+    return classes, pop, estimate
+
+
+def _gradient_seconds(pop, setting: dict) -> float:
+    """Seconds of one gradient of the population dynamics, timed on a few (the first included:
+    the estimate errs long)."""
+    started = time.perf_counter()
+    predict(pop, steps=[0, PROBE_GRADIENTS], exact=True, **setting)
+    return (time.perf_counter() - started) / (PROBE_GRADIENTS + 1)
+
+
 def theory_fit(
     traj: Trajectory,
     source,
@@ -238,6 +287,7 @@ def theory_fit(
     classes=None,
     progress: bool = True,
     theory_classes: int | None = THEORY_CLASSES,
+    theory_seconds: float | None = THEORY_SECONDS,
 ) -> Measurement:
     """Score every head against attention predicted from corpus statistics alone (the
     population dynamics show their progress where they take over two seconds).
@@ -265,15 +315,24 @@ def theory_fit(
     classes, `fit_classes`; None: every one).  Each class carries its own weight
     N(m, n) / loss positions, so a subset evolves as it would among the others except through
     the parameters it shares with them; one gradient costs triples x next tokens, both growing
-    with the classes, so a user's run of thousands of classes would take hours.  The table's
-    ``fit_classes`` says how many classes were fit.
+    with the classes, so a user's run of thousands of classes would take hours.
+    theory_seconds: the fit's time at most: fewer of the most frequent classes where those
+    would take longer (timed on a few gradients of each candidate, said before it starts);
+    None: no limit.  The table's ``fit_classes`` says how many classes were fit, its attrs
+    ``theory_seconds`` the estimate said and the seconds taken.
     """
     if traj.step_unit != "steps":
         raise ValueError("the prediction counts optimizer steps; this trajectory counts tokens")
-    if classes is None:
-        classes = fit_classes(traj, theory_classes)
-    pop = _population(traj, source, loss_positions, classes)
     heads_training = _head_training(traj, training)
+    trainings = {tuple(sorted(t.items())): t for t in heads_training}
+    estimate = None
+    if classes is None:
+        classes, pop, estimate = _classes_within(
+            traj, source, loss_positions, theory_classes, theory_seconds,
+            list(trainings.values()), progress,
+        )  # fmt: skip
+    else:
+        pop = _population(traj, source, loss_positions, classes)
     plan = traj.plan
     S, L, H = traj.num_steps, len(traj.layers), len(traj.heads)
 
@@ -317,10 +376,14 @@ def theory_fit(
     pop_snap = np.full(H, np.nan)
     per_class = []
     runs: dict[tuple, Trajectory] = {}
+    took = 0.0
     for j, setting in enumerate(heads_training):
         key = tuple(sorted(setting.items()))
         if key not in runs:
-            run = predict(pop, steps=traj.steps, progress=progress, **setting)
+            started = time.perf_counter()
+            run = predict(pop, steps=traj.steps, progress=progress,
+                          announce=estimate is None, **setting)  # fmt: skip
+            took += time.perf_counter() - started
             runs[key] = run.to_trajectory(plan)
         predicted = runs[key]
         pred_dz = (predicted.zbar - predicted.zbar[:1]).double()[:, 0, 0][..., pair_mask]
@@ -350,6 +413,7 @@ def theory_fit(
     ]
     table["population_snap"] = table["head"].map(dict(zip(traj.heads, pop_snap)))
     table["fit_classes"] = len(shared)
+    table.attrs["theory_seconds"] = {"estimate": estimate, "took": took}
     with np.errstate(invalid="ignore", divide="ignore"):
         table["snap_ratio"] = table["snap_step"] / table["population_snap"]
     detail = pd.DataFrame(

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import pandas as pd
 
 from scansnap_lens.measures.catalog import MeasureInputs, measures_of
-from scansnap_lens.measures.fit import THEORY_CLASSES
+from scansnap_lens.measures.fit import THEORY_CLASSES, THEORY_SECONDS
 from scansnap_lens.measures.measurement import Measurement
 from scansnap_lens.measures.rates import predicted_snap
 from scansnap_lens.recording.trajectory import Trajectory
@@ -38,6 +38,7 @@ def measure_all(
     names: Iterable[str] | None = None,
     groups_reason: str | None = None,
     theory_classes: int | None = THEORY_CLASSES,
+    theory_seconds: float | None = THEORY_SECONDS,
 ) -> tuple[dict[str, Measurement], dict[str, str]]:
     """Each measurement of the trajectory (`catalog.measures_of`: `catalog.MEASURES` and a
     head type per rows aggregate of your own; or those of `names`) once, in order:
@@ -45,13 +46,15 @@ def measure_all(
 
     groups: the token groups, or None where none could be formed (`groups_reason` says why;
     the measurements that need them are then left out with that reason).  source, training,
-    loss_positions, theory_classes: see `catalog.MeasureInputs`.  Nothing raises because one
-    measurement cannot be made (its ValueError is its reason); any other error is a defect and
-    raises: `summarize` and `report.write_report` share these results.
+    loss_positions, theory_classes, theory_seconds: see `catalog.MeasureInputs`.  Nothing
+    raises because one measurement cannot be made (its ValueError is its reason); any other
+    error is a defect and raises: `summarize` and `report.write_report` share these results.
     """
     _check_inputs(traj, groups)
-    inputs = MeasureInputs(traj, groups, source, training, loss_positions,
-                           theory_classes=theory_classes)  # fmt: skip
+    inputs = MeasureInputs(
+        traj, groups, source, training, loss_positions,
+        theory_classes=theory_classes, theory_seconds=theory_seconds,
+    )  # fmt: skip
     if groups_reason:
         inputs.groups_reason = groups_reason
     wanted = None if names is None else set(names)

@@ -29,7 +29,7 @@ from scansnap_lens._io import read_tensors, staged_folder, write_bytes, write_te
 from scansnap_lens._settings import setting
 from scansnap_lens.measures.catalog import measures_of
 from scansnap_lens.measures.entropy import SINGLE_DISTINCT
-from scansnap_lens.measures.fit import THEORY_CLASSES
+from scansnap_lens.measures.fit import THEORY_CLASSES, THEORY_SECONDS
 from scansnap_lens.measures.measurement import Measurement
 from scansnap_lens.measures.summary import measure_all, summarize
 from scansnap_lens.recording.trajectory import Trajectory
@@ -49,7 +49,8 @@ class AnalysisSettings:
     (used where `Analysis.of` forms the token groups itself); training: the training's rates
     (`rates.training_of`: ``lr_y``, ``lr_z``, optimizer, momentum), for the theory's
     prediction; theory: False leaves out the theory fit (the population dynamics);
-    theory_classes: the classes it integrates at most (`fit.theory_fit`); loss_positions:
+    theory_classes, theory_seconds: the classes it integrates and the seconds it takes at
+    most (`fit.theory_fit`); loss_positions:
     `catalog.MeasureInputs`; prediction: the theory's snap step (one value, or one per head;
     default `rates.predicted_snap`); leave_out: names of measurements not made."""
 
@@ -62,6 +63,11 @@ class AnalysisSettings:
     theory_classes: int | None = setting(
         THEORY_CLASSES, THEORY, "the theory fit's classes, the most frequent (its time grows"
         " faster than the classes; all: every recorded class)",
+    )  # fmt: skip
+    theory_seconds: float | None = setting(
+        THEORY_SECONDS, THEORY, "the theory fit's seconds at most: fewer of the most frequent"
+        " classes where theory_classes= would take longer (timed before it starts; 0: no"
+        " limit)",
     )  # fmt: skip
     loss_positions: int | None = None
     prediction: float | tuple[float, ...] | None = None
@@ -229,6 +235,7 @@ class Analysis:
             names=[m.name for m in measures_of(traj) if m.name not in skip],
             groups_reason="needs token groups (see 'token groups')",
             theory_classes=settings.theory_classes,
+            theory_seconds=settings.theory_seconds or None,
         )  # fmt: skip
         results = {**made, **(given or {})}
         not_measured.update(why)

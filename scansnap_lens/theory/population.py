@@ -307,6 +307,7 @@ def predict(
     dtype: torch.dtype = torch.float64,
     progress: bool = False,
     exact: bool = False,
+    announce: bool = True,
 ) -> PopulationRun:
     """Train the population Y/Z model from zero (the paper's start) with the optimizer the model
     used (PyTorch's SGD with `momentum`, or Adam with `betas`, `eps`) at the rates `lr_y`
@@ -320,7 +321,9 @@ def predict(
     of `ERROR` and halves past it, never below 1/`RESOLUTION` of the step reached; every
     checkpoint step is hit exactly.  The work grows with the log of the last step, not with the
     step: a checkpoint at step 10^12 takes at most about 5,000 gradients.  ``exact=True``: every
-    step one by one (the reference the merged steps are tested against).
+    step one by one (the reference the merged steps are tested against).  With `progress`, the
+    cost is said at the second gradient (`announce`) and the bar counts gradients, so its
+    estimate is measured again as it goes.
 
     Cost per gradient: O(T x O) for T triples and O output rows (sparse), not K x C x O."""
     steps_t = torch.as_tensor(steps, dtype=torch.long).flatten()
@@ -348,6 +351,7 @@ def predict(
     wanted = steps_t.tolist()
     snaps, losses = [], []
     step, h, at = 0, 1, 0  # the optimizer step reached, steps per update, next checkpoint
+    gradients = 0
     last = None  # (attention, its rate of change per step, the steps since the one before)
     # made once the cost is said: `tqdm.write` redraws an open bar before its delay is up,
     # and a bar never redrawn after that ends without its newline
@@ -378,18 +382,21 @@ def predict(
                 else:
                     change = _adam_steps(m1, m2, g, betas, eps, step, n)
                 p.sub_(rate_ * change)
-        if progress and step == 1:  # the second gradient: the first pays for warming up
+        gradients += 1
+        if progress and announce and step == 1:  # the second gradient: the first warms up
             _say_cost(pop, outputs.numel(), wanted, time.perf_counter() - started, exact)
         if bar is None and (step == 1 or not progress):
-            bar = tqdm(total=wanted[-1], initial=step, desc="population dynamics", unit="step",
-                       disable=not progress, delay=2)  # fmt: skip
+            most = gradients_at_most(wanted[-1], len(wanted), exact)
+            bar = tqdm(total=most, initial=gradients - 1, desc="population dynamics",
+                       unit="gradient", disable=not progress, delay=2)  # fmt: skip
         started = time.perf_counter()
         previous_rate = None if last is None else (attention - last[0]) / last[2]
         last = (attention, previous_rate, n)
         step += n
         if bar is not None:
-            bar.update(n)
+            bar.update(1)
     if bar is not None:
+        bar.total = bar.n  # fewer than at most: the merged steps grew where the error allowed
         bar.close()
     training = {"lr_y": lr_y, "lr_z": lr_z, "optimizer": optimizer, "momentum": momentum}
     Z_snaps = torch.stack(snaps).double()

@@ -174,7 +174,7 @@ def test_the_fit_ends_on_a_trajectory_at_step_ten_to_the_twelve(tmp_path, monkey
 def test_the_fit_integrates_the_most_frequent_classes_and_says_its_cost(tmp_path, capsys):
     """A user's run tracks thousands of classes and a gradient of the population dynamics costs
     triples x next tokens (hours): the fit takes the `theory_classes` most frequent, says so in its
-    table, and says its cost after the first gradient; a cap above the count changes nothing."""
+    table, and says its cost before it starts; a cap above the count changes nothing."""
     from _tiny import QUIET, V, tiny_model
 
     from scansnap_lens.measures.fit import fit_classes
@@ -194,7 +194,7 @@ def test_the_fit_integrates_the_most_frequent_classes_and_says_its_cost(tmp_path
     assert len(top) == 12 and min(events[c] for c in top) >= sorted(events.values())[-12]
     capped = measures.theory_fit(traj, stats, training=training, theory_classes=12)
     said = capsys.readouterr().out
-    assert "population dynamics: 12 classes" in said and "gradients to step 40" in said
+    assert "theory fit: the 12 most frequent classes" in said and "to step 40: about" in said
     assert (capped.table["fit_classes"] == 12).all()
     every = measures.theory_fit(traj, stats, training=training, theory_classes=None,
                                 progress=False)  # fmt: skip
@@ -202,3 +202,38 @@ def test_the_fit_integrates_the_most_frequent_classes_and_says_its_cost(tmp_path
                                 progress=False)  # fmt: skip
     assert (every.table["fit_classes"] == plan.num_classes).all()
     pd.testing.assert_frame_equal(every.table, above.table)
+
+
+def test_the_fit_takes_fewer_classes_where_its_time_would_pass_the_limit(tmp_path, capsys,
+                                                                        monkeypatch):  # fmt: skip
+    """theory_seconds: the classes are cut until the estimate (a gradient's time, here made
+    to grow with the square of the classes as triples x next tokens does, times the gradients
+    at most) fits, and the cut is said with the setting that made it; no limit keeps them."""
+    from _tiny import QUIET, V, tiny_model
+
+    from scansnap_lens.measures import fit
+    from scansnap_lens.models.checkpoints import in_memory
+    from scansnap_lens.recording.recorder import record_trajectory
+    from scansnap_lens.statistics.corpus import cooccurrence
+    from scansnap_lens.theory.population import gradients_at_most
+
+    tokens = torch.randint(0, V, (8, 24), generator=torch.Generator().manual_seed(0))
+    models = in_memory({0: tiny_model(seed=0), 5: tiny_model(seed=1), 40: tiny_model(seed=2)})
+    traj = record_trajectory(models, tokens, tmp_path / "t", QUIET)
+    stats = cooccurrence(tokens, V)
+    training = {"lr_y": 1.0, "lr_z": 1.0}
+    per_class = 1e-5
+    monkeypatch.setattr(fit, "_gradient_seconds", lambda pop, s: per_class * pop.num_classes**2)
+    most = gradients_at_most(40, 3)
+    limit = per_class * 16**2 * most  # 16 classes fit, more do not
+    cut = fit.theory_fit(traj, stats, training=training, theory_classes=None,
+                         theory_seconds=limit)  # fmt: skip
+    said = capsys.readouterr().out
+    n = int(cut.table["fit_classes"].iloc[0])
+    assert fit.MIN_FIT_CLASSES <= n <= 16, n
+    assert f"(of {traj.plan.num_classes:,}: theory_seconds=" in said
+    assert cut.table.attrs["theory_seconds"]["estimate"] <= limit
+    every = fit.theory_fit(traj, stats, training=training, theory_classes=None,
+                           theory_seconds=None, progress=False)  # fmt: skip
+    assert (every.table["fit_classes"] == traj.plan.num_classes).all()
+    assert every.table.attrs["theory_seconds"]["estimate"] is None
