@@ -230,18 +230,31 @@ def _rank(x: Tensor) -> Tensor:
     return torch.from_numpy(rankdata(x.numpy(), axis=-1)).double()
 
 
-def fit_classes(traj: Trajectory, theory_classes: int | None = THEORY_CLASSES) -> list | None:
+def fit_classes(traj: Trajectory, theory_classes: int | None = THEORY_CLASSES,
+                groups: TokenGroups | None = None) -> list | None:  # fmt: skip
     """The `theory_classes` most frequent tracked classes (m, n) (by their events in the
-    recording), or None (every class) where the plan tracks no more."""
+    recording), those the fit can rank first (two or more of their tracked context tokens
+    distinct in `groups`); None (every class) where the plan tracks no more."""
     plan = traj.plan
     if theory_classes is None or plan.num_classes <= theory_classes:
         return None
-    top = torch.argsort(plan.class_events, descending=True, stable=True)[:theory_classes]
+    events = plan.class_events.double()
+    if groups is not None and groups.num_classes:
+        V = plan.vocab_size
+        keys = groups.query * V + groups.next_token
+        sizes = torch.tensor([d.numel() for d in groups.distinct])
+        held = torch.repeat_interleave(keys, sizes) * V + torch.cat(groups.distinct)
+        triple = plan.class_keys[plan.triple_class] * V + plan.triple_token
+        ranked = torch.bincount(plan.triple_class[torch.isin(triple, held)],
+                                minlength=plan.num_classes) >= 2  # fmt: skip
+        events = events + ranked.double() * (events.max() + 1)  # those first
+    top = torch.argsort(events, descending=True, stable=True)[:theory_classes]
     top = top.sort().values
     return list(zip(plan.class_query[top].tolist(), plan.class_next[top].tolist()))
 
 
-def _classes_within(traj, source, loss_positions, theory_classes, seconds, trainings, progress):
+def _classes_within(traj, source, groups, loss_positions, theory_classes, seconds, trainings,
+                    progress):  # fmt: skip
     """(classes, population, estimated seconds): the most frequent `theory_classes` (None:
     every class), fewer where their prediction would take over `seconds`.  A gradient's cost
     grows with triples x next tokens, about the square of the classes: each candidate is
@@ -252,7 +265,7 @@ def _classes_within(traj, source, loss_positions, theory_classes, seconds, train
     wanted = total if theory_classes is None else min(theory_classes, total)
     n, last, checkpoints = wanted, int(traj.steps[-1]), traj.num_steps
     while True:
-        classes = fit_classes(traj, n)
+        classes = fit_classes(traj, n, groups)
         pop = _population(traj, source, loss_positions, classes)
         if seconds is None:
             return classes, pop, None
@@ -312,10 +325,10 @@ def theory_fit(
     loss_positions: see `population.Population.from_stats`; by default every next-token
     prediction, or one per row where the trajectory's meta says ``loss_on: "last"``.
     classes: pairs (m, n) to predict (default: the `theory_classes` most frequent tracked
-    classes, `fit_classes`; None: every one).  Each class carries its own weight
-    N(m, n) / loss positions, so a subset evolves as it would among the others except through
-    the parameters it shares with them; one gradient costs triples x next tokens, both growing
-    with the classes, so a user's run of thousands of classes would take hours.
+    classes, those it can rank first, `fit_classes`; None: every one).  Each class carries its
+    own weight N(m, n) / loss positions, so a subset evolves as it would among the others
+    except through the parameters it shares with them; one gradient costs triples x next
+    tokens, both growing with the classes, so a user's run of thousands of classes would take hours.
     theory_seconds: the fit's time at most: fewer of the most frequent classes where those
     would take longer (timed on a few gradients of each candidate, said before it starts);
     None: no limit.  The table's ``fit_classes`` says how many classes were fit, its attrs
@@ -328,7 +341,7 @@ def theory_fit(
     estimate = None
     if classes is None:
         classes, pop, estimate = _classes_within(
-            traj, source, loss_positions, theory_classes, theory_seconds,
+            traj, source, groups, loss_positions, theory_classes, theory_seconds,
             list(trainings.values()), progress,
         )  # fmt: skip
     else:

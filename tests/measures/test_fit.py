@@ -237,3 +237,38 @@ def test_the_fit_takes_fewer_classes_where_its_time_would_pass_the_limit(tmp_pat
                            theory_seconds=None, progress=False)  # fmt: skip
     assert (every.table["fit_classes"] == traj.plan.num_classes).all()
     assert every.table.attrs["theory_seconds"]["estimate"] is None
+
+
+def test_the_fit_takes_first_the_classes_it_can_rank():
+    """With token groups, the most frequent classes with two or more tracked distinct tokens
+    come first (a class without them only feeds the population): the lab's groups with the
+    most frequent classes cut to one distinct token, against a brute-force count."""
+    import dataclasses
+
+    from scansnap_lens.lab.synthetic import sequence_classes
+    from scansnap_lens.measures.fit import fit_classes
+
+    classes = sequence_classes(num_queries=3, next_per_query=4)
+    traj = train_yz(classes, lr_z=[1.0], ratio=[2.0], seeds=[0], num_steps=20,
+                    population=True, snapshot_every=10).to_trajectory()  # fmt: skip
+    groups = TokenGroups.from_synthetic(classes)
+    plan = traj.plan
+    frequent = torch.argsort(groups.events, descending=True)[: groups.num_classes // 3].tolist()
+    cut = dataclasses.replace(
+        groups,
+        distinct=[d[:1] if k in frequent else d for k, d in enumerate(groups.distinct)],
+        distinct_p=[p[:1] if k in frequent else p for k, p in enumerate(groups.distinct_p)],
+    )  # fmt: skip
+    ranked = []
+    for c in range(plan.num_classes):
+        m, n = int(plan.class_query[c]), int(plan.class_next[c])
+        tracked = plan.triple_token[plan.triple_class == c]
+        k = [i for i in range(cut.num_classes)
+             if int(cut.query[i]) == m and int(cut.next_token[i]) == n]  # fmt: skip
+        if k and torch.isin(tracked, cut.distinct[k[0]]).sum() >= 2:
+            ranked.append((m, n))
+    assert 2 <= len(ranked) < plan.num_classes, len(ranked)
+    chosen = fit_classes(traj, len(ranked), cut)
+    assert sorted(chosen) == sorted(ranked)
+    assert set(ranked) < set(fit_classes(traj, len(ranked) + 1, cut))
+    assert sorted(fit_classes(traj, len(ranked))) != sorted(ranked)  # by events alone: others
