@@ -49,6 +49,7 @@ __all__ = ["THEORY_SECONDS", "growth_bounds", "theory_fit"]
 THEORY_SECONDS = 20.0
 MIN_FIT_CLASSES = 8  # fewest classes the time limit cuts the fit to
 PROBE_GRADIENTS = 4  # timed to estimate the fit's cost
+NOTHING_TO_RANK = "no tracked class has two distinct tokens to rank"
 
 
 def _population(traj: Trajectory, source, loss_positions: int | None, classes=None):
@@ -239,18 +240,26 @@ def fit_classes(traj: Trajectory, theory_classes: int | None = THEORY_CLASSES,
     if theory_classes is None or plan.num_classes <= theory_classes:
         return None
     events = plan.class_events.double()
-    if groups is not None and groups.num_classes:
-        V = plan.vocab_size
-        keys = groups.query * V + groups.next_token
-        sizes = torch.tensor([d.numel() for d in groups.distinct])
-        held = torch.repeat_interleave(keys, sizes) * V + torch.cat(groups.distinct)
-        triple = plan.class_keys[plan.triple_class] * V + plan.triple_token
-        ranked = torch.bincount(plan.triple_class[torch.isin(triple, held)],
-                                minlength=plan.num_classes) >= 2  # fmt: skip
-        events = events + ranked.double() * (events.max() + 1)  # those first
+    if groups is not None:
+        events = events + _rankable(plan, groups).double() * (events.max() + 1)  # those first
     top = torch.argsort(events, descending=True, stable=True)[:theory_classes]
     top = top.sort().values
     return list(zip(plan.class_query[top].tolist(), plan.class_next[top].tolist()))
+
+
+def _rankable(plan, groups: TokenGroups) -> Tensor:
+    """[K] bool: the plan's classes with two or more tracked context tokens distinct in
+    `groups` (those whose attention the fit can rank)."""
+    if not groups.num_classes:
+        return torch.zeros(plan.num_classes, dtype=torch.bool)
+    V = plan.vocab_size
+    keys = groups.query * V + groups.next_token
+    sizes = torch.tensor([d.numel() for d in groups.distinct])
+    held = torch.repeat_interleave(keys, sizes) * V + torch.cat(groups.distinct)
+    triple = plan.class_keys[plan.triple_class] * V + plan.triple_token
+    counts = torch.bincount(plan.triple_class[torch.isin(triple, held)],
+                            minlength=plan.num_classes)  # fmt: skip
+    return counts >= 2
 
 
 def _classes_within(traj, source, groups, loss_positions, theory_classes, seconds, trainings,
@@ -338,6 +347,8 @@ def theory_fit(
         raise ValueError("the prediction counts optimizer steps; this trajectory counts tokens")
     heads_training = _head_training(traj, training)
     trainings = {tuple(sorted(t.items())): t for t in heads_training}
+    if groups is not None and not _rankable(traj.plan, groups).any():
+        raise ValueError(NOTHING_TO_RANK)  # before the population dynamics are timed
     estimate = None
     if classes is None:
         classes, pop, estimate = _classes_within(
@@ -375,7 +386,7 @@ def theory_fit(
         if slots.numel() >= 2:
             class_sets.append((m, n, slots, weight))
     if not class_sets:
-        raise ValueError("no tracked class has two distinct tokens to rank")
+        raise ValueError(NOTHING_TO_RANK)
 
     shared = list(zip(plan.class_query[held].tolist(), plan.class_next[held].tolist()))
     # the snap of both is measured on the classes the statistics hold
