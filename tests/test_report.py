@@ -502,7 +502,7 @@ def test_a_terminated_or_killed_report_leaves_no_stage_and_a_blocked_move_in_not
         while not list(tmp_path.glob(".r.*.partial")):
             assert process.poll() is None, process.communicate()[1].decode()[-2000:]
             time.sleep(0.02)
-        time.sleep(0.5)
+        # at once: a page of a saved analysis (figures kept) is written in about a second
         process.send_signal(sig)
         return process.wait(timeout=120), process.stderr.read().decode()
 
