@@ -345,6 +345,7 @@ def theory_fit(
     """
     if traj.step_unit != "steps":
         raise ValueError("the prediction counts optimizer steps; this trajectory counts tokens")
+    require_same(source, traj.plan)  # a convention mismatch first: it is the inputs' fault
     heads_training = _head_training(traj, training)
     trainings = {tuple(sorted(t.items())): t for t in heads_training}
     if groups is not None and not _rankable(traj.plan, groups).any():
