@@ -275,7 +275,7 @@ MEASURES: tuple[Measure, ...] = (
         ),
         needs_groups=False,
         needs_source=True,
-        summary=("population_snap", "snap_ratio", "rank_agreement", "dz_corr"),
+        summary=("population_snap", "snap_ratio", "rank_agreement", "dz_corr", "fit_classes"),
         plots=(
             Plot(
                 "theory_fit",

@@ -224,8 +224,12 @@ def _theory(summary: pd.DataFrame) -> list[str]:
     if "population_snap" not in summary or summary["population_snap"].isna().all():
         return []
     predicted = float(summary["population_snap"].median())
+    classes = ""
+    if "fit_classes" in summary and summary["fit_classes"].notna().any():
+        classes = f" ({int(summary['fit_classes'].max()):,} classes fit)"
     said = (
-        f"The paper's population dynamics on the corpus statistics snap near step {_num(predicted)}"
+        f"The paper's population dynamics on the corpus statistics{classes} snap near step"
+        f" {_num(predicted)}"
     )
     if "snap_ratio" in summary and summary["snap_ratio"].notna().any():
         said += f"; measured over predicted, median {_num(summary['snap_ratio'].median())}"
