@@ -1035,3 +1035,8 @@ def test_the_report_options_are_the_settings_fields():
     assert _settings(given, AnalysisSettings) == AnalysisSettings(theory=False,
                                                                   theory_classes=None)  # fmt: skip
     assert _settings(given, Rates) == Rates(0.1, 2.0, "adam")
+    limit = parser.parse_args(["report", "traj", "--stats", "stats", "--theory-seconds", "0"])
+    assert _settings(limit, AnalysisSettings).theory_seconds == 0.0  # 0: no limit
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["report", "traj", "--stats", "stats", "--theory-seconds", "-1"])
+    assert exit_.value.code == 2

@@ -232,16 +232,18 @@ def _rank(x: Tensor) -> Tensor:
 
 
 def fit_classes(traj: Trajectory, theory_classes: int | None = THEORY_CLASSES,
-                groups: TokenGroups | None = None) -> list | None:  # fmt: skip
-    """The `theory_classes` most frequent tracked classes (m, n) (by their events in the
-    recording), those the fit can rank first (two or more of their tracked context tokens
-    distinct in `groups`); None (every class) where the plan tracks no more."""
+                groups: TokenGroups | Tensor | None = None) -> list | None:  # fmt: skip
+    """The `theory_classes` tracked classes (m, n) the fit can rank (two or more of their
+    tracked context tokens distinct in `groups`, or `_rankable`'s [K] mask of them) first, the
+    most frequent (by their events in the recording) next; None (every class) where the plan
+    tracks no more."""
     plan = traj.plan
     if theory_classes is None or plan.num_classes <= theory_classes:
         return None
     events = plan.class_events.double()
     if groups is not None:
-        events = events + _rankable(plan, groups).double() * (events.max() + 1)  # those first
+        rankable = groups if isinstance(groups, Tensor) else _rankable(plan, groups)
+        events = events + rankable.double() * (events.max() + 1)  # those first
     top = torch.argsort(events, descending=True, stable=True)[:theory_classes]
     top = top.sort().values
     return list(zip(plan.class_query[top].tolist(), plan.class_next[top].tolist()))
@@ -262,9 +264,9 @@ def _rankable(plan, groups: TokenGroups) -> Tensor:
     return counts >= 2
 
 
-def _classes_within(traj, source, groups, loss_positions, theory_classes, seconds, trainings,
+def _classes_within(traj, source, rankable, loss_positions, theory_classes, seconds, trainings,
                     progress):  # fmt: skip
-    """(classes, population, estimated seconds): the most frequent `theory_classes` (None:
+    """(classes, population, estimated seconds): `theory_classes` of `fit_classes` (None:
     every class), fewer where their prediction would take over `seconds`.  A gradient's cost
     grows with triples x next tokens, about the square of the classes: each candidate is
     timed on a few gradients and the classes scaled by the square root of the time over."""
@@ -274,7 +276,7 @@ def _classes_within(traj, source, groups, loss_positions, theory_classes, second
     wanted = total if theory_classes is None else min(theory_classes, total)
     n, last, checkpoints = wanted, int(traj.steps[-1]), traj.num_steps
     while True:
-        classes = fit_classes(traj, n, groups)
+        classes = fit_classes(traj, n, rankable)
         pop = _population(traj, source, loss_positions, classes)
         if seconds is None:
             return classes, pop, None
@@ -285,8 +287,10 @@ def _classes_within(traj, source, groups, loss_positions, theory_classes, second
             break
         n = max(MIN_FIT_CLASSES, min(n - 1, int(0.9 * n * math.sqrt(seconds / estimate))))
     if progress:
-        cut = f" (of {wanted:,}: theory_seconds={seconds:g})" if n < wanted else ""
-        tqdm.write(f"theory fit: the {n:,} most frequent classes{cut}, {pop.num_classes:,} with"
+        cut = f" of {wanted:,} (theory_seconds={seconds:g})" if n < wanted else ""
+        order = "those with two distinct tokens first, then the most frequent"
+        order = "the most frequent" if rankable is None else order
+        tqdm.write(f"theory fit: {n:,} classes{cut} ({order}), {pop.num_classes:,} with"
                    f" statistics, {len(trainings)} run(s) of the population dynamics to step"
                    f" {last:,}: about {duration(estimate)}")  # fmt: skip
     return classes, pop, estimate
@@ -338,22 +342,26 @@ def theory_fit(
     own weight N(m, n) / loss positions, so a subset evolves as it would among the others
     except through the parameters it shares with them; one gradient costs triples x next
     tokens, both growing with the classes, so a user's run of thousands of classes would take hours.
-    theory_seconds: the fit's time at most: fewer of the most frequent classes where those
-    would take longer (timed on a few gradients of each candidate, said before it starts);
-    None: no limit.  The table's ``fit_classes`` says how many classes were fit, its attrs
-    ``theory_seconds`` the estimate said and the seconds taken.
+    theory_seconds: the fit's time at most: fewer classes where those would take longer
+    (timed on a few gradients of each candidate, said before it starts); None or 0: no limit.
+    The table's ``fit_classes`` says how many classes were fit, its attrs ``theory_seconds``
+    the estimate said and the seconds taken.
     """
     if traj.step_unit != "steps":
         raise ValueError("the prediction counts optimizer steps; this trajectory counts tokens")
+    if theory_seconds is not None and not theory_seconds >= 0:
+        raise ValueError(f"theory_seconds must be >= 0 (0: no limit), not {theory_seconds}")
+    theory_seconds = theory_seconds or None
     require_same(source, traj.plan)  # a convention mismatch first: it is the inputs' fault
     heads_training = _head_training(traj, training)
     trainings = {tuple(sorted(t.items())): t for t in heads_training}
-    if groups is not None and not _rankable(traj.plan, groups).any():
+    rankable = None if groups is None else _rankable(traj.plan, groups)
+    if rankable is not None and not rankable.any():
         raise ValueError(NOTHING_TO_RANK)  # before the population dynamics are timed
     estimate = None
     if classes is None:
         classes, pop, estimate = _classes_within(
-            traj, source, groups, loss_positions, theory_classes, theory_seconds,
+            traj, source, rankable, loss_positions, theory_classes, theory_seconds,
             list(trainings.values()), progress,
         )  # fmt: skip
     else:

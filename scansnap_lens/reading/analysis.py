@@ -58,15 +58,16 @@ class AnalysisSettings:
     training: dict | None = None
     theory: bool = setting(
         True, THEORY, "leave out the theory fit (the paper's population dynamics on the"
-        " statistics; by default it runs on the theory_classes= most frequent classes)",
+        " statistics, on theory_classes= classes)",
     )  # fmt: skip
     theory_classes: int | None = setting(
-        THEORY_CLASSES, THEORY, "the theory fit's classes, the most frequent (its time grows"
-        " faster than the classes; all: every recorded class)",
+        THEORY_CLASSES, THEORY, "the theory fit's classes: those with two distinct tokens"
+        " first, then the most frequent (its time grows faster than the classes; all: every"
+        " recorded class)",
     )  # fmt: skip
     theory_seconds: float | None = setting(
-        THEORY_SECONDS, THEORY, "the theory fit's seconds at most: fewer of the most frequent"
-        " classes where theory_classes= would take longer (timed before it starts; 0: no"
+        THEORY_SECONDS, THEORY, "the theory fit's seconds at most: fewer classes where"
+        " theory_classes= would take longer (timed before it starts; 0: no"
         " limit)",
     )  # fmt: skip
     loss_positions: int | None = None

@@ -194,7 +194,7 @@ def test_the_fit_integrates_the_most_frequent_classes_and_says_its_cost(tmp_path
     assert len(top) == 12 and min(events[c] for c in top) >= sorted(events.values())[-12]
     capped = measures.theory_fit(traj, stats, training=training, theory_classes=12)
     said = capsys.readouterr().out
-    assert "theory fit: the 12 most frequent classes" in said and "to step 40: about" in said
+    assert "theory fit: 12 classes (the most frequent)" in said and "to step 40: about" in said
     assert (capped.table["fit_classes"] == 12).all()
     every = measures.theory_fit(traj, stats, training=training, theory_classes=None,
                                 progress=False)  # fmt: skip
@@ -231,12 +231,17 @@ def test_the_fit_takes_fewer_classes_where_its_time_would_pass_the_limit(tmp_pat
     said = capsys.readouterr().out
     n = int(cut.table["fit_classes"].iloc[0])
     assert fit.MIN_FIT_CLASSES <= n <= 16, n
-    assert f"(of {traj.plan.num_classes:,}: theory_seconds=" in said
+    assert f"classes of {traj.plan.num_classes:,} (theory_seconds=" in said
     assert cut.table.attrs["theory_seconds"]["estimate"] <= limit
     every = fit.theory_fit(traj, stats, training=training, theory_classes=None,
                            theory_seconds=None, progress=False)  # fmt: skip
     assert (every.table["fit_classes"] == traj.plan.num_classes).all()
     assert every.table.attrs["theory_seconds"]["estimate"] is None
+    zero = fit.theory_fit(traj, stats, training=training, theory_classes=None,
+                          theory_seconds=0, progress=False)  # fmt: skip
+    assert zero.table.attrs["theory_seconds"]["estimate"] is None  # 0: no limit, as the CLI's
+    with pytest.raises(ValueError, match="theory_seconds must be >= 0"):
+        fit.theory_fit(traj, stats, training=training, theory_seconds=-1, progress=False)
 
 
 def test_the_fit_takes_first_the_classes_it_can_rank():
