@@ -1,12 +1,5 @@
-"""The paper's synthetic laboratory (Sec. 8, App. G).
-
-- `synthetic`: sequence classes with known distinct and common tokens (Syn-Small,
-  Syn-Medium) and a sampler of training rows;
-- `yz`: the Y/Z model of Lemma 1 and its trainer;
-- `experiments`: Figs. 4-6 and 11-12 as library calls;
-- `calibration`: trajectories whose truth is known, shaped like real text (or counted from a
-  corpus whose truth is known), that the scan's intervals, p-values and verdict are checked
-  against.
+"""The paper's synthetic laboratory (Sec. 8, App. G), and runs whose truth is known
+(its modules, one concept each: docs/architecture.md).
 """
 
 from scansnap_lens._lazy import exports

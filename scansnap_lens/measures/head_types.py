@@ -1,29 +1,16 @@
 """The field's head types over training: previous-token, first-token (sink) and induction
-scores of every head, each with its interval over the evaluation rows, and when it formed.
+scores of every head, each with its interval over the evaluation rows, its rise and when it
+formed (the columns ``X``, ``X_lo``/``_hi``, ``X_rise`` (``_lo``, ``_hi``, ``_p``), ``X_step``
+(``_lo``, ``_hi``) and ``X_reason``: docs/glossary.md).
+
+A score is the mean over rows of each row's recorded mean (`recording.aggregates`), every row
+counting once; its interval takes the rows as units (none below `MIN_ROWS`); the rise is
+paired per row, Holm over heads; the formation step (`formation_step`) is where the score has
+covered half its rise on the log-step axis, its interval a percentile one over rows, and NaN
+where the rise is not significant or under `MIN_RISE`.  The intervals cover other rows of the
+same text for this trained model, not another run.
 
 Shape letters (docs/shapes.md): S checkpoints, L layers, H heads, N rows.
-
-A head's score at a checkpoint is the mean over rows of each row's recorded mean
-(`recording.aggregates`: previous_token, first_token, induction), every row counting once
-(a row without a position to read is left out).  Per head (one `head_type` measurement per
-type, columns prefixed by its name, ``induction`` here):
-
-- ``induction``, ``induction_lo``, ``induction_hi``: the score per checkpoint and its 95 %
-  interval with the rows as units (`resampling.mean_over_units`; none below `MIN_ROWS`
-  rows, where skewed rows made it too short);
-- ``induction_rise`` (``_lo``, ``_hi``), ``induction_rise_p``: the rise from the first
-  checkpoint to the last, paired per row, with its interval and its two-sided p-value,
-  Holm-corrected over the heads;
-- ``induction_step``: its formation step, the step by which the score has covered half its
-  rise from the first checkpoint to the last (`formation_step`: a fraction crossing on the
-  log-step axis, as `snap.snap_step` finds its), with ``induction_step_lo`` and
-  ``induction_step_hi`` its percentile interval over rows resampled with replacement (widened
-  for few rows); NaN where the head did not become one: its rise is not significant ("no
-  rise"), or it is but moved less than `MIN_RISE` of the attention ("rise 0.004 below 0.1":
-  real, and too small to call the head an induction head), or "too few units", "one
-  checkpoint" (``induction_reason``).
-
-The intervals cover other rows of the same text for this trained model, not another run.
 
 >>> import torch
 >>> from scansnap_lens.lab.calibration import head_type_run

@@ -1,34 +1,15 @@
 """How sure a figure is: every interval, p-value, correction over heads and minimal detectable
-effect of the package comes from this module.
+effect of the package comes from this module (what each covers: docs/glossary.md, "How sure").
 
-A measure hands over the pieces of its figure per unit (`measures.measurement.QueryTokens`
-for the scan over queries and context tokens, the per-class values of the frequency bias and
-the entropy, the per-class movement behind `snap_step`) and gets an `Estimate` back:
+A measure hands over its figure's pieces per unit (`measurement.QueryTokens`, the per-class
+values, the per-class movement behind `snap_step`) and gets an `Estimate` back: a weighted
+mean over units (`mean_over_units`, cluster-robust with CR2 leverage), a contrast over crossed
+queries and tokens (`crossed`, two-way cluster-robust), a bootstrap percentile interval
+(`bootstrap_percentile`, for figures that are no mean); intervals and p-values are Student t
+on ``n_eff - 1`` degrees of freedom (Kish's effective units), none below `MIN_UNITS`; Holm or
+Benjamini-Hochberg over heads; `Estimate.mde` at 80 % power.
 
-- **Weighted means over units** (`mean_over_units`: classes, queries): the standard error is
-  the cluster-robust (delta-method) one of a weighted mean, sum_u (w_u (x_u - mean) / W)^2,
-  each unit corrected for its leverage w_u / W (`sum_of_squares`: CR2; one query that
-  carries half the weight pulls the mean halfway to itself and hides half its deviation).
-- **Contrasts over crossed units** (`crossed`: the scan's bias and AUROC): queries and context
-  tokens are crossed factors (the frequent common words belong to every query), so the
-  variance is the two-way cluster-robust one (the linearised two-way bootstrap's without its
-  double count): the squared influence of each query plus that of each token, less that of
-  each (query, token) cell, each corrected for its leverage.  A token shared by many queries
-  moves the figure through all of them at once; the query-only bootstrap missed that.
-- **Intervals and p-values** are Student t with ``n_eff - 1`` degrees of freedom, ``n_eff``
-  the effective number of units of the sparser side (Kish's (sum w)^2 / sum w^2 of the units'
-  weights in the figure): asymptotic, so they resolve any level (alpha / 144 heads and below),
-  and checked by simulation on real-text structure (`lab.calibration`,
-  ``analyses/benchmarks/bench_calibration.py``).  Below `MIN_UNITS` there is no interval and
-  no p-value: "too few units (n_eff = ...)".
-- **Over heads**: Holm's step-down correction (family-wise), or Benjamini-Hochberg (`fdr`).
-- **Minimal detectable effect** (`Estimate.mde`): the smallest true value the test would have
-  detected with 80 % power at its level.
-- **Bootstrap** (`bootstrap_percentile`): for a figure that is no mean (``snap_step``), the
-  percentile interval over resampled units.
-
-Shape letters (docs/shapes.md): U units, B resamples, ``...`` any leading shape (layers,
-heads).
+Shape letters (docs/shapes.md): U units, B resamples, ``...`` any leading shape.
 
 >>> x = torch.tensor([[1.0], [2.0], [3.0], [4.0], [5.0], [6.0]], dtype=torch.float64)
 >>> est = mean_over_units(x, torch.ones(6))

@@ -1,36 +1,9 @@
 """How sure each head's figures are, and the `scans` verdict, at the last checkpoint.
 
 Nothing is measured here: each figure comes from its own module's one definition
-(`discriminative.QueryTokens`: bias, AUROC, frequency-matched AUROC; `frequency.ClassTokens`:
-spearman; `entropy`: the entropies; `snap.snap_step_interval`), and its interval and p-value
-from `resampling`.  What each interval covers (docs/glossary.md):
-
-- bias, AUROC, matched AUROC: other queries and other context tokens like these, of this
-  text, for this trained model (queries and tokens crossed: `resampling.crossed`);
-- spearman, the entropy over distinct tokens, snap_step: other classes like these;
-- attention entropy: other queries like these.
-
-None covers another training run (a seed): that needs several runs.
-
-**The verdict** of a head (``verdict``, and ``scans`` where it says "scans"): with Holm's
-correction over the heads (or `correction="fdr"`), every part at level `alpha`:
-
-1. its AUROC rests on at least `resampling.MIN_UNITS` effective units, else "too few units";
-2. bias > 0 and AUROC > 0.5, each significant (two-sided, so that a head that scans never
-   shows a bias or AUROC interval holding the null), else "no scan (could have seen AUROC >=
-   the verdict's minimal detectable effect)";
-3. not token frequency: the frequency-matched AUROC (each distinct token against the common
-   tokens of its query about as frequent *in the corpus the kinds came from*, the counts that
-   made a rare word distinct; in the evaluation text where the groups carry no corpus counts)
-   is above 0.5, significant.  Else "not beyond frequency", or, where too few units of
-   matched pairs are left (every distinct token rarer than every common one: the paper's
-   Syn-Medium by construction), "cannot tell from frequency": the head scans or prefers
-   rarer tokens, and this text cannot tell which.  No figure with fewer than `MIN_UNITS`
-   units decides.
-
-The minimal detectable effect (``auroc_mde``) is the verdict's: the AUROC of a pure kind effect
-at which stages 2 and 3 both pass with 80 % power (`resampling.joint_mde`), NaN where the
-matched pairs are too few for any effect to be called scanning.
+(`discriminative.QueryTokens`, `frequency.ClassTokens`, `entropy`,
+`snap.snap_step_interval`), its interval and p-value from `resampling`.  What each interval
+covers, the verdict's stages and its minimal detectable effect: docs/glossary.md, "How sure".
 
 Shape letters (docs/shapes.md): L layers, H heads.
 """

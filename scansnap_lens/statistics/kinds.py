@@ -1,30 +1,13 @@
 """Token kinds: the one vocabulary (`TokenKind`) and their assignment from co-occurrence
-statistics (`token_kinds`, giving `TokenKinds`).
+statistics (`token_kinds`, giving `TokenKinds`; the kinds and the paper's definitions:
+docs/glossary.md, "Token kinds").
 
 >>> [k.word for k in TokenKind]
 ['undetermined', 'distinct', 'common', 'query', 'next']
 
-Context tokens are *distinct* (they occur before one next token of their query only) or
-*common* (before several); *undetermined* means not judged (too rare, or not a context token
-at all).  The synthetic laboratory also marks the query and next tokens themselves.  Kind
-tensors hold these integer codes; compare against the enum, never against bare numbers.
-
-*Local* (Sec. 7), for each query m: Omega_m(l) = {n : C(m, n, l) > 0}.  *Global* (Sec. 3.2):
-Omega(l) = {n : sum_m C(m, n, l) > 0}.  The paper calls l distinct iff |Omega| = 1 and common
-iff |Omega| > 1.  On real text nearly every frequent token meets several next tokens, so:
-
-  * ``min_support``: l needs at least this many context occurrences (with m) to be judged;
-  * ``purity``: l is distinct when its top next token takes at least this share of its
-    occurrences (1.0: the paper's |Omega| = 1), common otherwise;
-  * ``guard``: a token that passes the purity test must also be significant: a one-sided
-    binomial test of its top next token's count against the base next-token distribution of
-    the query (the share of all context positions of m that precede n), Bonferroni over the
-    query's next tokens, then Benjamini-Hochberg over all candidates at level ``alpha``.  A
-    token that looks distinct only because it is rare becomes *undetermined*.
-
-``token_kinds(stats, purity=1.0, min_support=1, guard=False)`` is exactly the paper's
-definition.
-Counts are context occurrences, so repeats of l in one window count more than once.
+Kind tensors hold these integer codes; compare against the enum, never bare numbers.  The
+synthetic laboratory also marks the query and next tokens themselves.  Counts are context
+occurrences, so repeats of l in one window count more than once.
 
 >>> from scansnap_lens.statistics.corpus import cooccurrence
 >>> rows = torch.tensor([[5, 0, 1, 2], [6, 0, 1, 3], [5, 6, 1, 2]])
@@ -260,7 +243,17 @@ def token_kinds(
     guard: bool = True,
     alpha: float = 0.05,
 ) -> TokenKinds:
-    """Label each context token distinct, common or undetermined (see the module docstring)."""
+    """Label each context token distinct, common or undetermined.
+
+    scope: "local" (Sec. 7: Omega_m(l) = {n : C(m, n, l) > 0}, per query m) or "global"
+    (Sec. 3.2: Omega(l) over every query).  On real text nearly every frequent token meets
+    several next tokens, so: ``min_support``: l needs this many context occurrences (with m)
+    to be judged; ``purity``: l is distinct when its top next token takes at least this
+    share (1.0: the paper's |Omega| = 1); ``guard``: it must also be significant, a one-sided
+    binomial test of its top next token's count against the query's base next-token
+    distribution, Bonferroni over the query's next tokens, then Benjamini-Hochberg over the
+    candidates at ``alpha`` (a token distinct only by rarity becomes undetermined).
+    ``purity=1.0, min_support=1, guard=False`` is exactly the paper's definition."""
     if scope not in ("local", "global"):
         raise ValueError(f"scope must be 'local' or 'global', got {scope!r}")
     if not 0.0 < purity <= 1.0:

@@ -1,8 +1,5 @@
-"""The paper's predictions.
-
-- `transition`: the phase transition (Theorems 1 and 4, Appendix F): `PhaseTransition`, t0,
-  B_n(t), `rho0` from data;
-- `population`: attention predicted from corpus statistics alone (population dynamics).
+"""The paper's predictions: the phase transition and the population dynamics
+(its modules, one concept each: docs/architecture.md).
 """
 
 from scansnap_lens._lazy import exports

@@ -1,13 +1,5 @@
-"""Figures and views.
-
-- `figures`: static matplotlib figures (saved as PNG): the scan (logit change of distinct vs
-  common tokens), frequency bias and entropy over steps with snap markers, the Fig. 4 heat map
-  of per-token attention, attention maps of a prompt (Fig. 7), theory curves (Fig. 3), the
-  growth factor against Theorem 3's bounds, the fit to the population dynamics, the lab,
-  several runs side by side (`plot_runs`, `plot_runs_maps`).
-- `views`: circuitsvis views (rendered inline in a notebook, saved as offline HTML): the
-  prompt's attention across checkpoints, its tokens coloured by kind and by the attention a
-  query pays them.
+"""Figures (PNG files) and circuitsvis views
+(its modules, one concept each: docs/architecture.md).
 """
 
 from scansnap_lens._lazy import exports
