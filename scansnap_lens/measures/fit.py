@@ -337,11 +337,9 @@ def theory_fit(
 
     loss_positions: see `population.Population.from_stats`; by default every next-token
     prediction, or one per row where the trajectory's meta says ``loss_on: "last"``.
-    classes: pairs (m, n) to predict (default: the `theory_classes` most frequent tracked
-    classes, those it can rank first, `fit_classes`; None: every one).  Each class carries its
-    own weight N(m, n) / loss positions, so a subset evolves as it would among the others
-    except through the parameters it shares with them; one gradient costs triples x next
-    tokens, both growing with the classes, so a user's run of thousands of classes would take hours.
+    classes: pairs (m, n) to predict (default: `theory_classes` of `fit_classes`).  Each class
+    carries its own weight N(m, n) / loss positions, so a subset evolves as it would among the
+    others except through the parameters it shares with them.
     theory_seconds: the fit's time at most: fewer classes where those would take longer
     (timed on a few gradients of each candidate, said before it starts); None or 0: no limit.
     The table's ``fit_classes`` says how many classes were fit, its attrs ``theory_seconds``

@@ -61,28 +61,18 @@ def snap_step(steps: Tensor, moves: Tensor, fraction: float = 0.5, grid: bool = 
     rate of movement per step, past its peak, has fallen to `fraction` of that peak.
 
     The theory (Sec. 6): the logits grow fastest near t0' and, after t0, only
-    logarithmically, so their rate of change falls like 1/t.  The crossing is found with the
-    rate of each interval placed at its midpoint and interpolated linearly, and it depends on
-    nothing after it: training longer does not move it.
+    logarithmically, so their rate of change falls like 1/t.  Each interval's rate is placed
+    at its (logarithmic) midpoint and interpolated linearly; the crossing depends on nothing
+    after it.  Intervals far shorter than both neighbours are merged first
+    (`comparable_intervals`).
 
     steps: [S] ascending; moves: [..., S - 1] movement between consecutive checkpoints.
     Returns (snap [...], peak [...], reasons): the snap step and the step of peak rate (NaN
     where undefined), and per entry (flattened) "" or why the snap is NaN: "no scan" (the map
     never moves), "not yet snapped" (the run ends before the rate has fallen that far).  With
-    `grid`, also (lo [...], hi [...]): what the checkpoints allow for a rate that rises to one
-    peak and falls: up to the end of the first interval below the level, from the start of
-    the last interval above the highest level the true peak allows (an interval's mean rate
-    underestimates its peak; see the code), else from the start of the peak's interval; and
-    (peak_lo [...], peak_hi [...]): where such a rate can peak, from the start of the interval
-    before the highest to the end of the one after it (a peak further off would make a
-    neighbour's mean rate the highest).
-
-    An interval far shorter than both its neighbours on the log-step axis (under a quarter of
-    the shorter, `comparable_intervals`) is merged with the shorter neighbour first: in a
-    stochastic run the movement over a few steps is mostly step-to-step noise, which per step
-    is the larger the shorter the interval (Pythia's schedule pairs 250 with 256 and 500 with
-    512: there the rate of every head of a small run was 7 times its neighbours' and took the
-    peak; see docs/glossary.md).
+    `grid`, also (lo [...], hi [...]) and (peak_lo [...], peak_hi [...]): the checkpoints that
+    bracket the snap and the peak for a rate that rises to one peak and falls (docs/glossary.md,
+    ``snap_step_grid_lo`` and ``rate_peak_step_grid_lo``).
 
     >>> steps = torch.tensor([0, 10, 20, 30, 40, 50])
     >>> snap, peak, why = snap_step(steps, torch.tensor([1.0, 4.0, 3.0, 1.0, 0.5]))
