@@ -123,8 +123,6 @@ class _Batch:
     """Index tensors of the tracked position pairs of one batch (J pairs, E events)."""
 
     flat: Tensor  # [J, H] flat index into a [B, n_heads, T, T] tensor ([J]: of head 0)
-    q_pos: Tensor  # [J''] flat index (b * T + T_query) of the query position of each pair
-    k_pos: Tensor  # [J''] flat index (b * T + t) of its key position (pairs the plan holds)
     event: Tensor  # [J] event of each pair (each event's pairs one run, in event order)
     n_ctx: Tensor  # [E] the pairs of each event
     zbar_flat: Tensor | None  # [J'', H] `flat` at the pairs the plan holds (all J: `flat`)
@@ -231,7 +229,6 @@ class _HookAggregator:
         self.state = RunState() if state is None else state
         self.scores_from_qk = self.state.scores_from_qk
         self.qk: dict[int, dict[str, Tensor]] = {}
-        self.kv_heads: dict[int, Tensor] = {}  # by key heads: each watched head's
         if not self.on_plan:
             return
         # the lookups index the tokens on the host: they depend on the text, not the model
@@ -277,7 +274,6 @@ class _HookAggregator:
                 )
             zbar_pairs = torch.nonzero(pair_slot >= 0, as_tuple=True)[0]  # a sampled plan
             pair_slot = pair_slot[zbar_pairs]
-        held = slice(None) if zbar_pairs is None else zbar_pairs
         base = (b * self.n_heads * T + tq) * T + t
         cls_p = event_class[event]
         c_hat_pairs = torch.nonzero(cls_p >= 0, as_tuple=True)[0]
@@ -290,8 +286,6 @@ class _HookAggregator:
             flat=base,
             n_ctx=n_ctx,
             zbar_flat=None,
-            q_pos=(b * T + tq)[held],
-            k_pos=(b * T + t)[held],
             event=event,
             pair_slot=pair_slot,
             zbar_pairs=zbar_pairs,
@@ -400,18 +394,14 @@ class _HookAggregator:
                 " hook_q/hook_k fired to rebuild the scores"
             )
         bt = self.batch
-        # [B, T, heads, d] -> [B*T, heads, d]; keys may have fewer heads (grouped-query
-        # attention), each shared by n_heads / n_kv consecutive query heads
-        q = rearrange(acts["q"], "b t h d -> (b t) h d")
-        k = rearrange(acts["k"], "b t h d -> (b t) h d")
-        kv_heads = self.kv_heads.get(k.shape[1])
-        if kv_heads is None:
-            kv_heads = self.kv_heads[k.shape[1]] = torch.div(
-                self.heads_on_device, self.n_heads // k.shape[1], rounding_mode="floor"
-            )
-        q = q[bt.q_pos[:, None], self.heads_on_device].float()  # [J'', H, d], one gather each
-        k = k[bt.k_pos[:, None], kv_heads].float()
-        vals = torch.linalg.vecdot(q, k).div_(_attn_scale(self.model, layer))  # [J'', H]
+        # the batch's scores [B, n_heads, T, T] as the forward makes them (one matmul, within
+        # the pass's attention bound), read at the tracked pairs as hook_attn_scores would be;
+        # keys may have fewer heads (grouped-query attention), each shared by n_heads / n_kv
+        # consecutive query heads.  Gathering q and k per pair instead cost [J, H, d] each.
+        k = acts["k"].float()
+        q = rearrange(acts["q"].float(), "b t (c g) d -> b t c g d", c=k.shape[2])
+        scores = torch.einsum("bqcgd,bkcd->bcgqk", q, k).div_(_attn_scale(self.model, layer))
+        vals = scores.reshape(-1)[bt.zbar_flat]  # [J'', H]
         self._add(i, self.read_scores, Gathered(bt, scores=vals))
 
     def hooks(self) -> list[tuple[str, object]]:
