@@ -122,10 +122,10 @@ def _index_bytes(kept) -> int:
 class _Batch:
     """Index tensors of the tracked position pairs of one batch (J pairs, E events)."""
 
-    flat: Tensor  # [J, H] flat index into a [B, n_heads, T, T] tensor ([J]: of head 0)
+    flat: Tensor  # [J] flat index of head 0 into a [B, n_heads, T, T] tensor
     event: Tensor  # [J] event of each pair (each event's pairs one run, in event order)
     n_ctx: Tensor  # [E] the pairs of each event
-    zbar_flat: Tensor | None  # [J'', H] `flat` at the pairs the plan holds (all J: `flat`)
+    zbar_flat: Tensor | None  # [J''] `flat` at the pairs the plan holds (all J: `flat`)
     pair_slot: Tensor  # [J] zbar slot ([J''] of `zbar_pairs` where the plan samples pairs)
     zbar_pairs: Tensor | None  # [J''] the pairs the plan holds (None: every pair)
     c_hat_pairs: Tensor  # [J'] the pairs whose class is tracked
@@ -139,7 +139,7 @@ class _Batch:
 
     def to(self, device, flat: Tensor) -> _Batch:
         """This batch (as `index` makes it) on `device`, copied without the host waiting,
-        with `flat` [J, H] the watched heads' indices, made there."""
+        with `flat` [J] its indices there."""
         moved = {k: _to_device(v, device) if isinstance(v, Tensor) else v
                  for k, v in vars(self).items()}  # fmt: skip
         pairs = moved["zbar_pairs"]
@@ -152,7 +152,7 @@ class _Positions:
     """What the hook_pattern hook reads in one batch: n position aggregates' reads, then
     (where the plan's weights are read) the J tracked pairs, in one index tensor."""
 
-    reads: Tensor  # [n + J, H] flat indices into a [B, n_heads, T, T] tensor
+    reads: Tensor  # [n + J] flat indices of head 0 into a [B, n_heads, T, T] tensor
     slot: Tensor  # [n] each position read's slot among the sums' (its aggregate's row)
     n: int
 
@@ -208,6 +208,7 @@ class _HookAggregator:
         self.model, self.plan = model, plan
         self.layers, self.heads = list(layers), torch.as_tensor(list(heads))
         self.heads_on_device = self.heads.to(device)
+        self.all_heads = self.heads.tolist() == list(range(int(model.cfg.n_heads)))
         self.n_heads = int(model.cfg.n_heads)
         self.device = device
         self.on_plan = [a for a in aggregates if a.axis != "rows"]
@@ -321,9 +322,13 @@ class _HookAggregator:
             slots.append(row + self.rows_done + self.sums.region[agg.name][0])
         return torch.cat(flats), torch.cat([torch.zeros(0, dtype=torch.long), *slots]), counts
 
-    def _head_offsets(self, T: int) -> Tensor:
-        """[H] on the device: where each watched head starts in a flat [B, n_heads, T, T]."""
-        return self.heads_on_device * T * T
+    def at_heads(self, t: Tensor, flat: Tensor) -> Tensor:
+        """[J, H]: `t` [B, n_heads, T, T] read at head 0's flat indices `flat` [J] for every
+        watched head (a strided view: the [J, H] indices are never made, or kept)."""
+        n, T = t.shape[1], t.shape[-1]
+        t = t.reshape(-1)
+        every = t.as_strided((t.numel() - (n - 1) * T * T, n), (1, T * T))  # [i, h]: t[i + h T^2]
+        return every[flat] if self.all_heads else every[flat[:, None], self.heads_on_device]
 
     # -- hooks -------------------------------------------------------------------------
     def scores_hook(self, i: int, layer: int):
@@ -332,7 +337,7 @@ class _HookAggregator:
                 return None
             bt = self.batch
             self._add(i, self.read_scores,
-                      Gathered(bt, scores=scores.reshape(-1)[bt.zbar_flat].float()))  # fmt: skip
+                      Gathered(bt, scores=self.at_heads(scores, bt.zbar_flat).float()))  # fmt: skip
             return None
 
         return hook
@@ -359,7 +364,7 @@ class _HookAggregator:
                 return None
             # one gather for every read of the layer (a GPU's hooks cost what they launch)
             read = pos.reads if weights else pos.reads[: pos.n]
-            gathered = pattern.reshape(-1)[read].float()  # [n + J, H]
+            gathered = self.at_heads(pattern, read).float()  # [n + J, H]
             if pos.n:
                 self.sums.add_at(i, pos.slot, gathered[: pos.n])
             if not weights:
@@ -401,7 +406,8 @@ class _HookAggregator:
         k = acts["k"].float()
         q = rearrange(acts["q"].float(), "b t (c g) d -> b t c g d", c=k.shape[2])
         scores = torch.einsum("bqcgd,bkcd->bcgqk", q, k).div_(_attn_scale(self.model, layer))
-        vals = scores.reshape(-1)[bt.zbar_flat]  # [J'', H]
+        scores = rearrange(scores, "b c g q k -> b (c g) q k")
+        vals = self.at_heads(scores, bt.zbar_flat)  # [J'', H]
         self._add(i, self.read_scores, Gathered(bt, scores=vals))
 
     def hooks(self) -> list[tuple[str, object]]:
@@ -511,8 +517,7 @@ class _HookAggregator:
             n = flat.numel()
             if batch is not None:
                 flat = torch.cat([flat, batch.flat])
-            # head 0's flat indices to the device once, every watched head's made there
-            reads = _to_device(flat, self.device)[:, None] + self._head_offsets(part.shape[1])
+            reads = _to_device(flat, self.device)  # head 0's: each hook reads every head's
             if batch is not None:
                 batch = batch.to(self.device, reads[n:])
             kept = (batch, _Positions(reads, _to_device(slot, self.device), n), counts)
