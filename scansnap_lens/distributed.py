@@ -1,5 +1,5 @@
 """Ray: corpus statistics counted in shards and merged in a tree; checkpoints recorded in
-parallel into one trajectory folder.
+parallel into one trajectory folder (what it costs: docs/scale.md).
 
     pip install "scansnap-lens[ray]"
 
@@ -8,20 +8,13 @@ parallel into one trajectory folder.
 
     traj = Recorder("out/traj", tokens, settings).record(source, execute=ray_execute())
 
-Counts add (`CooccurrenceStats.__add__`), so the merged statistics equal those of one process
-on the whole corpus (`canonical()` forms are identical; tested).  Each worker holds one
-shard's statistics; pruning (`min_count`) runs once, after the last merge, as it must.  Shards
-(`Corpus.shards`) are small callables that read their own data (a range of an indexed dataset
-or of a ``datasets`` dataset, or a slice of rows in memory, which Ray passes through its object
-store), so a worker never receives a file-backed corpus through the driver.
-
-`ray_execute` runs one task per checkpoint (one GPU each where the cluster has GPUs); each
-worker fetches its checkpoint as the sweep would, records it with the recorder's one step
-(`RecordingRun.record`) and writes its file into the trajectory folder, which every worker
-must see (a shared file system on a cluster).  Files are written atomically and
-the manifest is updated under the folder's lock, so workers may finish in any order, a worker
-killed mid-write leaves nothing half-written (Ray runs its task again), and an interrupted
-recording resumes where it stopped.
+Counts add (`CooccurrenceStats.__add__`), so the merged statistics equal one process's on the
+whole corpus (tested); pruning (`min_count`) runs once, after the last merge.  Shards
+(`Corpus.shards`) read their own data, so a worker never receives a file-backed corpus
+through the driver.  `ray_execute` runs one task per checkpoint, each fetching its checkpoint
+as the sweep would and recording it with the recorder's one step (`RecordingRun.record`) into
+the folder every worker must see; files are atomic and the manifest is updated under the
+folder's lock, so workers may finish in any order or die mid-write (Ray runs the task again).
 """
 
 from __future__ import annotations

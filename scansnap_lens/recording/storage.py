@@ -1,26 +1,12 @@
 """The trajectory folder on disk: its format, the tensor names, the writer, the locks, and the
-lazy reader.
-
-    manifest.json                            steps done, skipped checkpoints, layers, heads,
-                                             step unit, meta, the example prompt, the plan file
-    plan.safetensors                         the RecordPlan (tracked queries, classes, slots)
-    checkpoints/step_000001000.safetensors   one tensor per recorded aggregate, under its key
-                                             (`aggregates.AGGREGATES`; c_hat as "chat"), and
-                                             prompt_pattern where a prompt is recorded
+lazy reader (the layout, what it costs and why float32: docs/trajectories.md).
 
 The manifest lists the recorded aggregates (name, key, axis; for a rows aggregate its rows);
 a folder written before the list existed holds the four plan aggregates (`aggregates.V1`).
-
-Every file is written to a temporary name, synced and renamed, so an interrupted recording
-leaves only whole files, and `TrajectoryWriter` resumes by skipping the steps already done.
-A replacing save writes the new files under new names first, then the manifest (the moment
-the new trajectory replaces the old one), and only then removes the old checkpoint files, and
-never a file outside the folder's ``checkpoints/``.
-
-Reading is lazy: `read_steps` maps each checkpoint's tensors into memory (`StepStack`), so a
-measurement that needs some slots, or one step at a time, reads only those pages; nothing
-holds all checkpoints in memory unless asked to.  Every tensor is float32 (see
-docs/trajectories.md for why that keeps zbar's small changes).
+Every file is written to a temporary name, synced and renamed; a replacing save writes the
+new files first, then the manifest (the moment the new trajectory replaces the old one), then
+removes the old checkpoint files, never a file outside the folder's ``checkpoints/``.
+Reading is lazy (`read_steps`, `StepStack`): only the pages a measurement selects are read.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """A sweep: checkpoints brought onto disk ahead of the recorder, at most `on_disk` at a time.
 
-While checkpoint k records, one background thread fetches checkpoint k+1: it downloads a
-hub revision, or reads a local checkpoint's files through (warm in the page cache, for slow
-or network storage).  A sweep's wall time then nears the larger of fetching and recording,
-not their sum.
-
-A hub sweep downloads only into a cache of its own (`SweepCache`: ``hub-cache/`` in the
-recording folder, or ``download_dir``), and deletes there only what it noted downloading, by
-repository, revision and commit: each revision once recorded, and at the start of every run
-whatever a killed run left that is not still to record.  Revisions you already
-have in your hub cache (``HF_HUB_CACHE``), by branch name or pinned by commit hash, are
-read from there and nothing is ever written or deleted in it.  At most `on_disk` revisions
-of the sweep are on disk at once (default 2: the one recording and the one downloading).  A
-killed sweep resumes: it re-records nothing (the manifest), re-downloads no file it had
-whole (its cache), and removes the partial file a killed download left (`huggingface_hub`
->= 1.0 never resumes one).  ``keep_checkpoints=True`` downloads into your hub cache instead,
-as ``from_pretrained`` would, and deletes nothing: what it kept is yours from then on.  It
-refuses to start, with sizes, where the disk cannot hold what it needs.
+While checkpoint k records, one background thread fetches checkpoint k+1 (downloads a hub
+revision, or reads a local checkpoint's files through), so a sweep takes about the longer of
+fetching and recording, not their sum.  A hub sweep downloads only into a cache of its own
+(`SweepCache`) and deletes there only what it noted downloading, each revision once recorded;
+your hub cache is read, never written or deleted in (``keep_checkpoints=True`` downloads into
+it instead and deletes nothing).  A killed sweep resumes without re-recording or
+re-downloading a whole file.  The rules, the disk it needs and what it costs: docs/scale.md,
+"A whole sweep on one machine".
 
 >>> [checkpoint.step for checkpoint, error in Ahead([], None)]
 []
