@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
 
@@ -29,9 +28,6 @@ def _check_inputs(traj, groups) -> None:
         )
 
 
-APART = ("theory_fit",)  # measured while the others are, in a thread beside it
-
-
 def measure_all(
     traj: Trajectory,
     groups: TokenGroups | None = None,
@@ -45,9 +41,8 @@ def measure_all(
     theory_seconds: float | None = THEORY_SECONDS,
 ) -> tuple[dict[str, Measurement], dict[str, str]]:
     """Each measurement of the trajectory (`catalog.measures_of`: `catalog.MEASURES` and a
-    head type per rows aggregate of your own; or those of `names`) once:
-    ({name: result} in that order, {name: why it could not be made}); the others are made in
-    a thread while those of `APART` are.
+    head type per rows aggregate of your own; or those of `names`) once, in order:
+    ({name: result}, {name: why it could not be made}).
 
     groups: the token groups, or None where none could be formed (`groups_reason` says why;
     the measurements that need them are then left out with that reason).  source, training,
@@ -63,27 +58,15 @@ def measure_all(
     if groups_reason:
         inputs.groups_reason = groups_reason
     wanted = None if names is None else set(names)
-    entries = [e for e in measures_of(traj) if wanted is None or e.name in wanted]
     results, why = {}, {}
-
-    def run(entry):
+    for entry in measures_of(traj):
+        if wanted is not None and entry.name not in wanted:
+            continue
         try:
             results[entry.name] = entry.run(inputs)
         except ValueError as err:  # what cannot be measured says so; a bug raises
             why[entry.name] = str(err)
-
-    # the theory fit, the one long part, depends on no other: the others are made while it
-    # runs (in this thread, so that an interrupt stops it at once)
-    apart = [e for e in entries if e.name in APART]
-    others = [e for e in entries if e not in apart]
-    with ThreadPoolExecutor(1) as pool:
-        beside = pool.submit(lambda: [run(e) for e in others]) if apart else None
-        for entry in apart if apart else others:
-            run(entry)
-        if beside is not None:
-            beside.result()
-    order = [e.name for e in entries]
-    return dict(sorted(results.items(), key=lambda kv: order.index(kv[0]))), why
+    return results, why
 
 
 def summarize(

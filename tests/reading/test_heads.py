@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 import torch
 from _tiny import QUIET, V, tiny_model
@@ -113,39 +112,6 @@ def test_a_measure_with_a_bug_raises_and_one_that_cannot_be_made_says_why(tmp_pa
     monkeypatch.setattr(summary, "measures_of", lambda traj: only)
     assert summary.measure_all(traj) == ({}, {"a": "needs what this run lacks"})
     bug = (Measure("b", defect, needs_groups=False),)
-    monkeypatch.setattr(summary, "measures_of", lambda traj: bug)
-    with pytest.raises(TypeError):
-        summary.measure_all(traj)
-
-
-def test_the_theory_fit_beside_the_other_measures_changes_nothing(tmp_path, monkeypatch):
-    """The others are made in a thread while the theory fit runs: the same tables, in the
-    table's order, as one after the other; a defect in either still raises."""
-    from scansnap_lens.measures import summary
-    from scansnap_lens.measures.catalog import Measure
-    from scansnap_lens.statistics.corpus import cooccurrence
-    from scansnap_lens.statistics.groups import TokenGroups
-
-    tokens = torch.randint(0, V, (8, 24), generator=torch.Generator().manual_seed(0))
-    models = in_memory({0: tiny_model(seed=0), 5: tiny_model(seed=1), 40: tiny_model(seed=2)})
-    traj = record_trajectory(models, tokens, tmp_path / "t", QUIET)
-    stats = cooccurrence(tokens, V)
-    groups = TokenGroups.from_statistics(stats, guard=False, purity=0.5)
-    run = dict(source=stats, training={"lr_y": 1.0, "lr_z": 1.0})
-    beside, why = summary.measure_all(traj, groups, **run)
-    assert "theory_fit" in beside, why
-    monkeypatch.setattr(summary, "APART", ())
-    alone, why_alone = summary.measure_all(traj, groups, **run)
-    assert list(beside) == list(alone) and why == why_alone
-    for name in alone:
-        pd.testing.assert_frame_equal(beside[name].table, alone[name].table)
-    monkeypatch.setattr(summary, "APART", ("b",))
-
-    def defect(x):
-        return None + 1
-
-    bug = (Measure("a", lambda x: alone["sparsity"], needs_groups=False),
-           Measure("b", defect, needs_groups=False))  # fmt: skip
     monkeypatch.setattr(summary, "measures_of", lambda traj: bug)
     with pytest.raises(TypeError):
         summary.measure_all(traj)
