@@ -287,10 +287,11 @@ def _classes_within(traj, source, rankable, loss_positions, theory_classes, seco
             break
         n = max(MIN_FIT_CLASSES, min(n - 1, int(0.9 * n * math.sqrt(seconds / estimate))))
     if progress:
-        cut = f" of {wanted:,} (theory_seconds={seconds:g})" if n < wanted else ""
+        cut = f" of {wanted:,}" if n < wanted else ""
         order = "those with two distinct tokens first, then the most frequent"
         order = "the most frequent" if rankable is None else order
-        tqdm.write(f"theory fit: {n:,} classes{cut} ({order}), {pop.num_classes:,} with"
+        order = f"theory_seconds={seconds:g}; {order}" if cut else order
+        tqdm.write(f"theory fit: {n:,}{cut} classes ({order}), {pop.num_classes:,} with"
                    f" statistics, {len(trainings)} run(s) of the population dynamics to step"
                    f" {last:,}: about {duration(estimate)}")  # fmt: skip
     return classes, pop, estimate

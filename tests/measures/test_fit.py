@@ -231,7 +231,7 @@ def test_the_fit_takes_fewer_classes_where_its_time_would_pass_the_limit(tmp_pat
     said = capsys.readouterr().out
     n = int(cut.table["fit_classes"].iloc[0])
     assert fit.MIN_FIT_CLASSES <= n <= 16, n
-    assert f"classes of {traj.plan.num_classes:,} (theory_seconds=" in said
+    assert f" of {traj.plan.num_classes:,} classes (theory_seconds=" in said
     assert cut.table.attrs["theory_seconds"]["estimate"] <= limit
     every = fit.theory_fit(traj, stats, training=training, theory_classes=None,
                            theory_seconds=None, progress=False)  # fmt: skip
