@@ -58,7 +58,7 @@ class AnalysisSettings:
     training: dict | None = None
     theory: bool = setting(
         True, THEORY, "leave out the theory fit (the paper's population dynamics on the"
-        " statistics, on theory_classes= classes)",
+        " statistics, on theory_classes= classes; made by default)",
     )  # fmt: skip
     theory_classes: int | None = setting(
         THEORY_CLASSES, THEORY, "the theory fit's classes: those with two distinct tokens"
