@@ -1014,7 +1014,7 @@ def test_a_run_given_twice_is_refused_by_name(tmp_path, capsys, monkeypatch):
         assert f"a and {named} are the same run" in err and "Traceback" not in err
 
 
-def test_the_report_options_are_the_settings_fields():
+def test_the_report_options_are_the_settings_fields(capsys):
     """`scansnap report`'s options are generated from the settings values the library reads:
     their defaults are the library's, and each option lands in its field."""
     from scansnap_lens.cli import _settings, build_parser
@@ -1039,4 +1039,6 @@ def test_the_report_options_are_the_settings_fields():
     assert _settings(limit, AnalysisSettings).theory_seconds == 0.0  # 0: no limit
     with pytest.raises(SystemExit) as exit_:
         parser.parse_args(["report", "traj", "--stats", "stats", "--theory-seconds", "-1"])
-    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--theory-seconds" in error and "-1" in error, error
+    assert "Traceback" not in error
