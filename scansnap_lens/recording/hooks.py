@@ -39,6 +39,7 @@ from scansnap_lens.recording.aggregates import (
     Gathered,
     resolve,
 )
+from scansnap_lens.recording.fused import FusedReads, fusable_layers, fused_attention
 from scansnap_lens.recording.plan import RecordPlan, find_sorted
 from scansnap_lens.statistics.corpus import rows_fingerprint
 
@@ -110,9 +111,10 @@ def _to_host(t: Tensor) -> Tensor:
 
 def _index_bytes(kept) -> int:
     """The bytes of a batch's kept index tensors (views of one storage counted once)."""
-    batch, positions, counts = kept
+    batch, positions, counts, fused = kept
     tensors = [*(vars(batch).values() if batch is not None else ()), *counts.values(),
-               positions.reads, positions.slot]  # fmt: skip
+               *(vars(fused).values() if fused is not None else ()), positions.reads,
+               positions.slot]  # fmt: skip
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                 for t in tensors if isinstance(t, Tensor)}  # fmt: skip
     return sum(storages.values())
@@ -230,6 +232,13 @@ class _HookAggregator:
         self.state = RunState() if state is None else state
         self.scores_from_qk = self.state.scores_from_qk
         self.qk: dict[int, dict[str, Tensor]] = {}
+        # layers up to the last watched whose attention runs fused (`recording.fused`)
+        self.fused = fusable_layers(model, max(self.layers), device)
+        for layer in self.layers:
+            if layer in self.fused:  # its scores are read from q and k, not probed
+                self.scores_from_qk.setdefault(layer, False)
+        self.fused_reads: FusedReads | None = None
+        self.stop_after: int | None = None  # the fused layer that ends a pass (`run_until`)
         if not self.on_plan:
             return
         # the lookups index the tokens on the host: they depend on the text, not the model
@@ -323,11 +332,12 @@ class _HookAggregator:
         return torch.cat(flats), torch.cat([torch.zeros(0, dtype=torch.long), *slots]), counts
 
     def at_heads(self, t: Tensor, flat: Tensor) -> Tensor:
-        """[J, H]: `t` [B, n_heads, T, T] read at head 0's flat indices `flat` [J] for every
-        watched head (a strided view: the [J, H] indices are never made, or kept)."""
-        n, T = t.shape[1], t.shape[-1]
+        """[J, H]: `t` [B, n_heads, ...] (the attention's [B, n_heads, T, T]) read at head 0's
+        flat indices `flat` [J] for every watched head (a strided view: the [J, H] indices
+        are never made, or kept)."""
+        n, per = t.shape[1], t[0, 0].numel()
         t = t.reshape(-1)
-        every = t.as_strided((t.numel() - (n - 1) * T * T, n), (1, T * T))  # [i, h]: t[i + h T^2]
+        every = t.as_strided((t.numel() - (n - 1) * per, n), (1, per))  # [i, h]: t[i + h per]
         return every[flat] if self.all_heads else every[flat[:, None], self.heads_on_device]
 
     # -- hooks -------------------------------------------------------------------------
@@ -364,27 +374,59 @@ class _HookAggregator:
                 return None
             # one gather for every read of the layer (a GPU's hooks cost what they launch)
             read = pos.reads if weights else pos.reads[: pos.n]
-            gathered = self.at_heads(pattern, read).float()  # [n + J, H]
-            if pos.n:
-                self.sums.add_at(i, pos.slot, gathered[: pos.n])
-            if not weights:
-                return None
-            a = gathered[pos.n :]  # [J, H]
-            H = a.shape[1]
-            # each event's context weight and sum of a log a in one scatter: [E, 2H]
-            sums = a.new_zeros(bt.num_events, 2 * H).index_add_(
-                0, bt.event, torch.cat([a, torch.special.xlogy(a, a)], 1)
-            )
-            den, a_log_a = sums[:, :H], sums[:, H:]
-            # the entropy of a / den is log den - sum(a log a) / den, written (den log den -
-            # sum a log a) / den so that an event whose context weights all underflow to 0
-            # contributes 0 without a comparison and a select
-            context = den.clamp_min(1e-30)
-            ent = torch.special.xlogy(den, den).sub_(a_log_a).div_(context)
-            self._add(i, self.read_weights, Gathered(bt, pattern=a, context=context, entropy=ent))
+            self._add_weights(i, self.at_heads(pattern, read).float(), weights)
             return None
 
         return hook
+
+    def fused_reader(self, layer: int):
+        """What a fused layer calls with its q, k [B, H, T, d], row log-sum-exp [B, H, T] and
+        scale: the reads the scores and pattern hooks make, from them (None: unwatched)."""
+        if layer not in self.layers:
+            return None
+        i = self.layers.index(layer)
+
+        def read(q: Tensor, k: Tensor, lse: Tensor, scale: float) -> None:
+            bt, pos, where = self.batch, self.positions, self.fused_reads
+            heads = None if self.all_heads else self.heads_on_device
+            weights = bool(self.read_weights) and bt.num_events > 0
+            parts = [where.position_weights(q, k, lse, scale, heads)] if pos.n else []
+            if bt is not None and (self.read_scores or weights):
+                scores = where.plan_scores(q, k, scale)  # [B, H, N, T] of the event rows
+                if self.read_scores:
+                    zbar = self.at_heads(scores, where.plan if where.zbar is None else where.zbar)
+                    self._add(i, self.read_scores, Gathered(bt, scores=zbar))
+                if weights:
+                    s = self.at_heads(scores, where.plan)
+                    parts.append(s.sub_(self.at_heads(where.row_lse(lse), where.plan_row)).exp_())
+            if parts:
+                self._add_weights(i, torch.cat(parts), weights)
+            if layer == self.stop_after:
+                raise _Enough
+
+        return read
+
+    def _add_weights(self, i: int, gathered: Tensor, weights: bool) -> None:
+        """Add the weights `gathered` [n + J, H] at the batch's reads (`_Positions`: the
+        plan's J where `weights`) into the sums of layer `i`."""
+        bt, pos = self.batch, self.positions
+        if pos.n:
+            self.sums.add_at(i, pos.slot, gathered[: pos.n])
+        if not weights:
+            return None
+        a = gathered[pos.n :]  # [J, H]
+        H = a.shape[1]
+        # each event's context weight and sum of a log a in one scatter: [E, 2H]
+        sums = a.new_zeros(bt.num_events, 2 * H).index_add_(
+            0, bt.event, torch.cat([a, torch.special.xlogy(a, a)], 1)
+        )
+        den, a_log_a = sums[:, :H], sums[:, H:]
+        # the entropy of a / den is log den - sum(a log a) / den, written (den log den -
+        # sum a log a) / den so that an event whose context weights all underflow to 0
+        # contributes 0 without a comparison and a select
+        context = den.clamp_min(1e-30)
+        ent = torch.special.xlogy(den, den).sub_(a_log_a).div_(context)
+        self._add(i, self.read_weights, Gathered(bt, pattern=a, context=context, entropy=ent))
 
     def _add(self, i: int, aggregates: list[Aggregate], gathered: Gathered) -> None:
         for agg in aggregates:
@@ -413,6 +455,8 @@ class _HookAggregator:
     def hooks(self) -> list[tuple[str, object]]:
         hooks = []
         for i, layer in enumerate(self.layers):
+            if layer in self.fused:  # read by `fused_reader`
+                continue
             if self.read_scores:
                 hooks.append((f"blocks.{layer}.attn.hook_attn_scores", self.scores_hook(i, layer)))
                 if self.scores_from_qk.get(layer):
@@ -476,14 +520,19 @@ class _HookAggregator:
         pairs = torch.cumsum(self.pairs_per_row(x), 0)
         per_row = 4 * self.n_heads * x.shape[1] ** 2  # bytes of one row's float32 attention
         most_rows = max(1, self.MAX_ATTENTION_BYTES // per_row)
+        with fused_attention(self.model, self.fused, self.fused_reader):
+            self._run_parts(x, pairs, most_rows, loss_rows)
+
+    def _run_parts(self, x: Tensor, pairs: Tensor, most_rows: int, loss_rows: int) -> None:
         start = 0
         while start < x.shape[0]:  # rows [start, stop) within both bounds (one at least)
             before = int(pairs[start - 1]) if start else 0
             stop = int(torch.searchsorted(pairs, before + self.MAX_PAIRS, right=True))
             stop = min(max(stop, start + 1), start + most_rows)
             part = x[start:stop]
-            self.batch, self.positions = self._indices(part)
+            self.batch, self.positions, self.fused_reads = self._indices(part)
             with_loss = min(stop, loss_rows) - start  # of this pass's rows
+            self.stop_after = None if with_loss > 0 else max(self.layers)
             if with_loss > 0:  # the whole forward, to the unembedding: its loss per next token
                 per_token = self.model.run_with_hooks(
                     _to_device(part, self.device), return_type="loss", loss_per_token=True,
@@ -495,7 +544,7 @@ class _HookAggregator:
                 run_until(self.model, _to_device(part, self.device), max(self.layers),
                           self.hooks())  # fmt: skip
             self.sums.flush()
-            self.batch, self.positions = None, None
+            self.batch, self.positions, self.fused_reads = None, None, None
             self.qk.clear()
             self.rows_done += part.shape[0]
             start = stop
@@ -504,10 +553,11 @@ class _HookAggregator:
     # the same at every checkpoint); batches past it are indexed again at each.
     KEEP_INDEX_BYTES = 1 << 30
 
-    def _indices(self, part: Tensor) -> tuple[_Batch | None, _Positions]:
+    def _indices(self, part: Tensor) -> tuple[_Batch | None, _Positions, FusedReads | None]:
         """`part`'s index tensors on the device: made on the host, or kept from an earlier
         checkpoint of the run (`RunState.indices`)."""
-        key = (bool(self.on_plan), tuple(a.name for a in self.on_rows), self.rows_done,
+        fused = any(layer in self.fused for layer in self.layers)
+        key = (bool(self.on_plan), fused, tuple(a.name for a in self.on_rows), self.rows_done,
                tuple(self.sums.region[a.name] for a in self.on_rows),
                hashlib.blake2b(part.numpy().tobytes(), digest_size=16).digest())  # fmt: skip
         kept = self.state.indices.get(key)
@@ -517,18 +567,23 @@ class _HookAggregator:
             n = flat.numel()
             if batch is not None:
                 flat = torch.cat([flat, batch.flat])
+            where = None
+            if fused:
+                where = FusedReads.of(flat, n, None if batch is None else batch.zbar_pairs,
+                                      part.shape[0], self.n_heads, part.shape[1])  # fmt: skip
+                where = where.to(self.device)
             reads = _to_device(flat, self.device)  # head 0's: each hook reads every head's
             if batch is not None:
                 batch = batch.to(self.device, reads[n:])
-            kept = (batch, _Positions(reads, _to_device(slot, self.device), n), counts)
+            kept = (batch, _Positions(reads, _to_device(slot, self.device), n), counts, where)
             size = _index_bytes(kept)
             if self.state.index_bytes + size <= self.KEEP_INDEX_BYTES:
                 self.state.indices[key] = kept
                 self.state.index_bytes += size
-        batch, positions, counts = kept
+        batch, positions, counts, where = kept
         for name, rows in counts.items():
             self.row_counts[name].index_add_(0, rows, torch.ones_like(rows))
-        return batch, positions
+        return batch, positions, where
 
     def mean_loss(self) -> float | None:
         """The mean next-token loss of the rows run with ``loss`` (one read from the device)."""

@@ -1,0 +1,174 @@
+"""Fused attention while recording (`recording.fused`): a bridge's joint-QKV attention runs
+the flash kernel and the recorder reads scores and weights from q, k and the row
+log-sum-exp; every aggregate equals the eager path's and the brute-force reference's, and
+whatever the fused path cannot honour keeps the eager one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _reference import assert_matches, brute_force
+
+from scansnap_lens.recording import fused, hooks
+from scansnap_lens.recording.aggregates import DEFAULT, Aggregate, earlier_copies
+from scansnap_lens.recording.hooks import record_checkpoint
+from scansnap_lens.recording.plan import plan_recording
+from scansnap_lens.statistics.corpus import cooccurrence
+from scansnap_lens.statistics.groups import TokenGroups
+from scansnap_lens.testing import bridge_from_hf, tiny_hf_model
+
+V = 24
+ARCHS = ["gpt2", "gpt_neox"]  # joint QKV, and joint QKV with (partial) rotary
+COPIES = Aggregate("copies", axis="rows", positions=earlier_copies, doc="earlier copies")
+
+
+def _bridge(arch: str, n_layers: int = 2, n_heads: int = 4):
+    hf = tiny_hf_model(arch, vocab_size=V, n_ctx=32, d_model=32, n_layers=n_layers,
+                       n_heads=n_heads)  # fmt: skip
+    with torch.no_grad():  # peaked attention, where a renormalisation slip would show
+        for name, p in hf.named_parameters():
+            if "attn" in name or "attention" in name:
+                p.mul_(3)
+    return bridge_from_hf(hf, arch)
+
+
+def _tokens(rows: int = 6, length: int = 17, seed: int = 0):
+    return torch.randint(0, V, (rows, length), generator=torch.Generator().manual_seed(seed))
+
+
+class _Count:
+    """Counts the eager `_reconstruct_attention` calls of a model's attention classes (the
+    counting method replaces the class's, so `fusable_layers` knows it as the eager one)."""
+
+    def __init__(self, model, monkeypatch):
+        self.calls = 0
+        for cls in {type(b.attn) for b in model.blocks}:
+            eager = cls._reconstruct_attention
+
+            def counted(attn, *a, _eager=eager, **k):
+                self.calls += 1
+                return _eager(attn, *a, **k)
+
+            monkeypatch.setattr(cls, "_reconstruct_attention", counted)
+
+
+def _record(model, tokens, plan, enabled, monkeypatch, **kw):
+    monkeypatch.setattr(fused, "ENABLED", enabled)
+    return record_checkpoint(model, tokens, plan, progress=False, **kw)
+
+
+def _assert_same(a, b, tol):
+    """Every aggregate of two recordings equal to float32 rounding: each is within the
+    brute-force tolerance `tol` of the exact value (`float32_tolerance`), so of each other
+    within twice that."""
+    assert a.values.keys() == b.values.keys()
+    for name in a.values:
+        bound = 2 * tol["zbar" if name == "zbar" else "entropy" if "entropy" in name else "c_hat"]
+        x, y = a.values[name], b.values[name]
+        assert torch.equal(x.isnan(), y.isnan()), name
+        diff = (x - y).nan_to_num().abs().max().item()
+        assert diff <= bound, (name, diff, bound)
+    assert abs(a.loss - b.loss) <= 1e-5 * max(1.0, abs(a.loss))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(("exclude_bos", "include_self", "window"),
+                         [(False, False, None), (True, True, None), (True, False, 3)])  # fmt: skip
+def test_fused_recording_equals_eager_and_brute_force(arch, exclude_bos, include_self, window,
+                                                      monkeypatch):  # fmt: skip
+    model = _bridge(arch)
+    tokens = _tokens()
+    plan = plan_recording(tokens, V, exclude_bos=exclude_bos, include_self=include_self,
+                          window=window)  # fmt: skip
+    monkeypatch.setattr(hooks, "LOSS_TOKENS", 30)  # two loss rows, in a pass of their own
+    aggregates = [*DEFAULT, COPIES]
+    count = _Count(model, monkeypatch)
+    on = _record(model, tokens, plan, True, monkeypatch, batch_size=4, aggregates=aggregates)
+    assert count.calls == 0  # every layer fused, the loss rows' pass too
+    off = _record(model, tokens, plan, False, monkeypatch, batch_size=4, aggregates=aggregates)
+    assert count.calls > 0
+    ref = brute_force(model, tokens, exclude_bos, include_self, window=window)
+    _assert_same(on, off, ref[-1])
+    assert_matches(on, plan, ref, range(2), range(4))
+    assert "_reconstruct_attention" not in vars(model.blocks[0].attn)  # the eager one back
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_watched_heads_layers_and_a_sampled_plan_read_the_same_slots(arch, monkeypatch):
+    """Some heads of the first layer only (the forward stops there), and a plan made for power
+    (a sample of each query's common tokens: the plan's reads are a subset of the pairs)."""
+    model = _bridge(arch, n_layers=3)
+    tokens = _tokens(rows=8, length=20, seed=1)
+    stats = cooccurrence(tokens, V, window=6)
+    groups = TokenGroups.from_statistics(stats, guard=False, purity=0.5)
+    plan = plan_recording(tokens, V, window=6, groups=groups, max_slots=10**6,
+                          common_per_query=2, classes_per_query=1)  # fmt: skip
+    assert plan.common_per_query == 2
+    kw = dict(layers=[0, 1], heads=[1, 3], batch_size=3)
+    on = _record(model, tokens, plan, True, monkeypatch, **kw)
+    off = _record(model, tokens, plan, False, monkeypatch, **kw)
+    _assert_same(on, off, brute_force(model, tokens, window=6)[-1])
+    assert on.zbar.shape[:2] == (2, 2)
+
+
+def test_a_users_hook_on_the_pattern_keeps_that_layer_eager(monkeypatch):
+    """A hook someone left on a layer's hook_pattern still sees every batch's pattern: that
+    layer runs eagerly (the others fused), and the recording is the same."""
+    model = _bridge("gpt_neox")
+    tokens = _tokens()
+    plan = plan_recording(tokens, V)
+    seen = []
+    model.blocks[1].attn.hook_pattern.add_hook(lambda t, hook: seen.append(t.shape[0]))
+    assert fused.fusable_layers(model, 1, "cpu") == {0: True}
+    count = _Count(model, monkeypatch)
+    on = _record(model, tokens, plan, True, monkeypatch, batch_size=3)
+    # layer 1 in every pass; both layers in the one-row probe of layer 1's scores hook
+    assert seen[0] == 1 and count.calls == len(seen) + 1
+    model.reset_hooks()
+    off = _record(model, tokens, plan, False, monkeypatch, batch_size=3)
+    _assert_same(on, off, brute_force(model, tokens)[-1])
+
+
+def test_what_the_fused_path_cannot_honour_stays_eager():
+    neox = _bridge("gpt_neox")
+    assert fused.fusable_layers(neox, 1, "cpu") == {0: True, 1: True}
+    assert fused.fusable_layers(neox, 0, "cpu") == {0: True}  # nothing after the last watched
+    assert fused.fusable_layers(neox, 1, "cuda") == {}  # the CPU kernel's log-sum-exp only
+    assert fused.fusable_layers(_bridge("gpt2"), 1, "cpu") == {0: False, 1: False}
+    neox.cfg.use_attn_result = True  # per-head results: the eager path computes them
+    assert fused.fusable_layers(neox, 1, "cpu") == {}
+    # masks: the causal one only (no padding, no additive bias)
+    T = 5
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    additive = torch.zeros(2, 1, T, T).masked_fill(~causal, torch.finfo(torch.float32).min)
+    assert fused._causal_only(None, T) and fused._causal_only(additive, T)
+    assert fused._causal_only(causal.expand(2, 1, T, T), T)
+    assert fused._causal_only(torch.ones(2, T, dtype=torch.bool), T)
+    padded = torch.ones(2, T, dtype=torch.bool)
+    padded[1, 0] = False
+    assert not fused._causal_only(padded, T)
+    assert not fused._causal_only(torch.ones(2, T), T)  # the eager path adds it to the scores
+    biased = additive.clone()
+    biased[..., 3, 1] = -0.5  # ALiBi-like
+    assert not fused._causal_only(biased, T)
+    assert not fused._causal_only(additive[..., :4], T)
+
+
+def test_fused_reads_index_the_event_rows():
+    """The plan's reads re-indexed into [B, H, N, T] of each row's event rows read the same
+    values as in [B, H, T, T]; position reads keep (row, query, key)."""
+    B, H, T = 2, 3, 6
+    full = torch.randn(B, H, T, T)
+    flat_of = lambda b, q, k: (b * H * T + q) * T + k  # noqa: E731  head 0
+    pos = torch.tensor([flat_of(1, 4, 3), flat_of(0, 2, 0)])
+    plan = torch.tensor([flat_of(0, 3, 1), flat_of(0, 3, 2), flat_of(1, 5, 0), flat_of(0, 1, 0)])
+    where = fused.FusedReads.of(torch.cat([pos, plan]), 2, torch.tensor([1, 2]), B, H, T)
+    assert where.rows.tolist() == [[1, 3], [5, 0]]  # row 1 pads with position 0
+    assert where.at.tolist() == [[1, 4, 3], [0, 2, 0]]
+    compact = full.gather(2, where.rows[:, None, :, None].expand(-1, H, -1, T))
+    agg = hooks._HookAggregator.__new__(hooks._HookAggregator)
+    agg.all_heads = True
+    torch.testing.assert_close(agg.at_heads(compact, where.plan), agg.at_heads(full, plan),
+                               rtol=0, atol=0)  # fmt: skip
+    torch.testing.assert_close(agg.at_heads(compact, where.zbar), agg.at_heads(full, plan[1:3]),
+                               rtol=0, atol=0)  # fmt: skip
