@@ -66,6 +66,11 @@ def brute_force(model, tokens, exclude_bos=False, include_self=False, queries=No
         if torch.equal(S, A):  # a bridge that shows the pattern at the scores hook
             q = cache[f"blocks.{layer}.attn.hook_q"].double()  # [batch, pos, head, d_head]
             k = cache[f"blocks.{layer}.attn.hook_k"].double()
+            native = getattr(exact.blocks[layer].attn, "original_component", None)
+            if getattr(native, "rotary", None) is not None:  # hook_q, hook_k are unrotated
+                pos = torch.arange(q.shape[1]).expand(q.shape[0], -1)
+                q, k = (t.transpose(1, 2) for t in native.rotary.apply_rope(
+                    q.transpose(1, 2), k.transpose(1, 2), position_ids=pos))  # fmt: skip
             # grouped-query attention: each key head serves n_heads / n_kv query heads
             k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
             S = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])

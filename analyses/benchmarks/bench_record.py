@@ -109,9 +109,10 @@ def run_mode(mode: str, folder: Path, batch_size: int, repeats: int) -> dict:
             ]
             rec = _HookAggregator(model, plan, range(2), range(8), "cpu", scan, N_SEQ)
             rec.scores_from_qk.update({0: False, 1: False})
+            rec.fused = {}  # the hooks read the cache's tensors
             for j, cache in enumerate(caches):
                 rows = tokens[j * batch_size : (j + 1) * batch_size]
-                rec.batch, rec.positions = rec._indices(rows)
+                rec.batch, rec.positions, _ = rec._indices(rows)
                 for layer in range(2):
                     rec.scores_hook(layer, layer)(cache[f"blocks.{layer}.attn.hook_attn_scores"])
                     rec.pattern_hook(layer, layer)(cache[f"blocks.{layer}.attn.hook_pattern"])

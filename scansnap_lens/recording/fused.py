@@ -40,50 +40,63 @@ ENABLED = True
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def _known_methods() -> dict:
-    """{the eager `_reconstruct_attention` this module replaces: whether it applies rotary}."""
-    try:
-        from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import (
-            JointQKVAttentionBridge,
+def _known() -> dict:
+    """{the eager method this module replaces: the kind of attention it computes}."""
+    known = {}
+    with contextlib.suppress(ImportError):
+        from transformer_lens.model_bridge.generalized_components import joint_qkv_attention
+        from transformer_lens.model_bridge.generalized_components import (
+            joint_qkv_position_embeddings_attention as rotary,
         )
-        from transformer_lens.model_bridge.generalized_components.joint_qkv_position_embeddings_attention import (  # noqa: E501
-            JointQKVPositionEmbeddingsAttentionBridge,
-        )
-    except ImportError:
-        return {}
-    return {
-        JointQKVAttentionBridge._reconstruct_attention: False,
-        JointQKVPositionEmbeddingsAttentionBridge._reconstruct_attention: True,
-    }
+
+        known[joint_qkv_attention.JointQKVAttentionBridge._reconstruct_attention] = "joint"
+        cls = rotary.JointQKVPositionEmbeddingsAttentionBridge
+        known[cls._reconstruct_attention] = "joint_rotary"
+    with contextlib.suppress(ImportError):
+        from transformer_lens.model_bridge.sources.native.model import NativeAttention
+
+        known[NativeAttention.forward] = "native"
+    return known
 
 
-def fusable_layers(model, last_layer: int, device) -> dict[int, bool]:
-    """{layer <= `last_layer`: whether it applies rotary} for the layers whose attention
-    `fused_attention` can run (none where the switch, the device or the model says no)."""
-    if not ENABLED or _FLASH_CPU is None or torch.device(device).type != "cpu":
-        return {}
-    blocks = getattr(model, "blocks", None)
-    if blocks is None or not hasattr(model, "original_model"):  # a bridge's
-        return {}
-    known = _known_methods()
-    out = {}
-    for layer in range(last_layer + 1):
-        attn = getattr(blocks[layer], "attn", None)
-        method = getattr(type(attn), "_reconstruct_attention", None)
-        cfg = getattr(attn, "config", None)
-        if method not in known or cfg is None or "_reconstruct_attention" in vars(attn):
-            continue
+def _kind(attn, known: dict) -> str | None:
+    """The kind of `attn`'s attention where it can run fused, else None."""
+    if attn.hook_attn_scores._forward_hooks or attn.hook_pattern._forward_hooks:
+        return None  # someone watches what the fused path never makes
+    cfg = getattr(attn, "config", None)
+    joint = known.get(getattr(type(attn), "_reconstruct_attention", None))
+    if joint and cfg is not None and "_reconstruct_attention" not in vars(attn):
         n_kv = getattr(cfg, "n_key_value_heads", None)
         if (
             (n_kv and n_kv != cfg.n_heads)
             or getattr(cfg, "use_attn_result", False)
             or getattr(attn, "_reorder_and_upcast_attn", False)
-            or attn.hook_attn_scores._forward_hooks
-            or attn.hook_pattern._forward_hooks
         ):
-            continue
-        out[layer] = known[method]
-    return out
+            return None
+        return joint
+    native = getattr(attn, "original_component", None)
+    if known.get(getattr(type(native), "forward", None)) == "native" and (
+        "forward" not in vars(native)
+        and native.causal
+        and native.kv_repeats == 1
+        and native.attn_scores_soft_cap <= 0
+    ):
+        return "native"
+    return None
+
+
+def fusable_layers(model, last_layer: int, device) -> dict[int, str]:
+    """{layer <= `last_layer`: its kind ("joint", "joint_rotary", "native")} for the layers
+    whose attention `fused_attention` can run (none where the switch, the device or the
+    model says no)."""
+    if not ENABLED or _FLASH_CPU is None or torch.device(device).type != "cpu":
+        return {}
+    blocks = getattr(model, "blocks", None)
+    if blocks is None or not hasattr(model, "original_model"):  # a bridge's
+        return {}
+    known = _known()
+    kinds = {layer: _kind(blocks[layer].attn, known) for layer in range(last_layer + 1)}
+    return {layer: kind for layer, kind in kinds.items() if kind is not None}
 
 
 def _scale(attn, d_head: int, rotary: bool) -> float:
@@ -97,8 +110,8 @@ def _scale(attn, d_head: int, rotary: bool) -> float:
 
 
 def _causal_only(mask: Tensor | None, T: int) -> bool:
-    """Whether `mask` (None, [B, T] or a Hugging Face [B, 1, T, T] additive or boolean mask)
-    masks exactly the future: no padding, no bias."""
+    """Whether `mask` (None, [B, T] or a Hugging Face [B, 1, T, T] additive or boolean mask,
+    True or 0 where a key is seen) masks exactly the future: no padding, no bias."""
     if mask is None:
         return True
     if mask.dtype == torch.bool:
@@ -127,16 +140,22 @@ def _no_cached_keys(attn, kwargs: dict) -> bool:
         return False
 
 
-def _fused_method(attn, eager: Callable, rotary: bool, on_qk: Callable | None, masks: dict):
-    """The replacement of `attn`'s ``_reconstruct_attention``: the eager one's steps, with
-    the flash kernel for scores, softmax and the value matmul; `on_qk(q, k, lse, scale)`
-    reads (it may raise to stop the forward)."""
+def _flash(q: Tensor, k: Tensor, v: Tensor, scale: float, on_qk: Callable | None) -> Tensor:
+    out, lse = _FLASH_CPU(q, k, v, is_causal=True, scale=scale)[:2]
+    if on_qk is not None:
+        on_qk(q, k, lse, scale)
+    return out
+
+
+def _joint(attn, eager: Callable, rotary: bool, on_qk: Callable | None, masks: dict):
+    """The replacement of a joint-QKV bridge's ``_reconstruct_attention``: the eager one's
+    steps, with the flash kernel for scores, softmax and the value matmul; `on_qk(q, k, lse,
+    scale)` reads (it may raise to stop the forward)."""
 
     def method(q: Tensor, k: Tensor, v: Tensor, **kwargs):
-        T = q.shape[1]
         mask = kwargs.get("attention_mask")
         if "mask" not in masks or masks["mask"] is not mask:  # every layer of a pass gets
-            masks["mask"], masks["causal"] = mask, _causal_only(mask, T)  # the same: once
+            masks["mask"], masks["causal"] = mask, _causal_only(mask, q.shape[1])  # the same
         if attn.training or not masks["causal"] or not _no_cached_keys(attn, kwargs):
             return eager(q, k, v, **kwargs)
         H = attn.config.n_heads
@@ -146,78 +165,123 @@ def _fused_method(attn, eager: Callable, rotary: bool, on_qk: Callable | None, m
             cos, sin = attn._apply_position_embedding_hooks(pe)
             q, k = attn._apply_rotary_pos_emb(q, k, cos, sin)
         k, v = attn._update_kv_cache(k, v, **kwargs)
-        scale = _scale(attn, d, rotary)
-        out, lse = _FLASH_CPU(q, k, v, is_causal=True, scale=scale)[:2]
-        if on_qk is not None:
-            on_qk(q, k, lse, scale)
-        out = attn._reshape_attn_output(out, B, T, H, d)
-        return (attn._apply_output_projection(out), None)
+        out = _flash(q, k, v, _scale(attn, d, rotary), on_qk)
+        return (attn._apply_output_projection(attn._reshape_attn_output(out, B, T, H, d)), None)
 
     return method
 
 
+def _native(mod, eager: Callable, on_qk: Callable | None):
+    """The replacement of TransformerLens 4's ``NativeAttention.forward`` (the native
+    bridge's attention): its steps, with the flash kernel (no pattern returned)."""
+
+    def forward(hidden_states: Tensor, attention_mask=None, position_ids=None, **kwargs):
+        if mod.training or attention_mask is not None:
+            return eager(hidden_states, attention_mask, position_ids, **kwargs)
+        B, T, _ = hidden_states.shape
+        q, k, v = (proj(hidden_states).view(B, T, mod.n_heads, mod.d_head).transpose(1, 2)
+                   for proj in (mod.q, mod.k, mod.v))  # fmt: skip
+        if mod.rotary is not None:
+            q, k = mod.rotary.apply_rope(q, k, position_ids=position_ids)
+        out = _flash(q, k, v, 1.0 / mod.scale, on_qk)
+        return mod.o(rearrange(out, "b h t d -> b t (h d)")), None
+
+    return forward
+
+
 @contextlib.contextmanager
-def fused_attention(model, layers: dict[int, bool], on_qk: Callable[[int], Callable | None]):
-    """Inside, each layer of `layers` ({layer: rotary}, `fusable_layers`) runs fused
-    attention and calls ``on_qk(layer)``'s reader (None: reads nothing); after, the eager
-    method is back."""
+def fused_attention(model, layers: dict[int, str], on_qk: Callable[[int], Callable | None]):
+    """Inside, each layer of `layers` ({layer: kind}, `fusable_layers`) runs fused attention
+    and calls ``on_qk(layer)``'s reader (None: reads nothing); after, the eager methods are
+    back."""
     masks: dict = {}
-    attns = [model.blocks[layer].attn for layer in layers]
+    replaced = []  # (object, attribute) set on an instance
     try:
-        for (layer, rotary), attn in zip(layers.items(), attns):
-            eager = attn._reconstruct_attention
-            attn._reconstruct_attention = _fused_method(attn, eager, rotary, on_qk(layer), masks)
+        for layer, kind in layers.items():
+            attn = model.blocks[layer].attn
+            if kind == "native":
+                mod = attn.original_component
+                mod.forward = _native(mod, mod.forward, on_qk(layer))
+                replaced.append((mod, "forward"))
+            else:
+                eager = attn._reconstruct_attention
+                rotary = kind == "joint_rotary"
+                attn._reconstruct_attention = _joint(attn, eager, rotary, on_qk(layer), masks)
+                replaced.append((attn, "_reconstruct_attention"))
         yield
     finally:
-        for attn in attns:
-            vars(attn).pop("_reconstruct_attention", None)
+        for obj, name in replaced:
+            vars(obj).pop(name, None)
 
 
 @dataclass
 class FusedReads:
     """Where the recorder's reads of one batch lie for fused layers (kept with its indices).
 
-    The plan's reads (head-0 flat indices into [B, H, T, T]) are re-indexed into a
-    [B, H, N, T] tensor of the N event rows of each batch row (`rows`), which one matmul
-    fills; position reads stay (row, query, key) triples, read by dot products.
+    The plan's reads (head-0 flat indices into [B, H, T, T]) are re-indexed into scores
+    [B, H, nb, N, S + W] that one matmul fills: each batch row's event rows in blocks of S
+    query positions (`rows`: up to N per block), each block against the S + W keys its
+    rows' windows of W can reach (one block of all T keys without a window, or where
+    blocks would save little).  Position reads stay (row, query, key) triples, read by dot
+    products.
     """
 
-    rows: Tensor  # [B, N] each batch row's query positions the plan reads (padded with 0)
-    plan: Tensor  # [J] the plan's reads, head 0's flat indices into [B, H, N, T]
-    plan_row: Tensor  # [J] their row, head 0's flat indices into [B, H, N]
+    rows: Tensor  # [B, nb, N] each block's event rows' query positions (padded with 0)
+    plan: Tensor  # [J] the plan's reads, head 0's flat indices into [B, H, nb, N, S + W]
+    plan_row: Tensor  # [J] their row, head 0's flat indices into [B, H, nb, N]
     zbar: Tensor | None  # [J''] `plan` at the pairs the plan holds (None: all of them)
     at: Tensor  # [n, 3] the position reads' (batch row, query, key)
+    block: int  # S, query positions per block
+    window: int  # W, keys before a block's first row that its rows reach (0: no window)
+
+    MIN_BLOCK = 32  # fewer rows per block: the matmul's calls cost more than they save
 
     @classmethod
-    def of(cls, flat: Tensor, n: int, zbar_pairs: Tensor | None, B: int, H: int, T: int):
+    def of(cls, flat: Tensor, n: int, zbar_pairs: Tensor | None, B: int, H: int, T: int,
+           window: int | None = None) -> FusedReads:  # fmt: skip
         """From the batch's reads `flat` [n + J] (head 0 into [B, H, T, T]; the first n the
-        position aggregates'), on the host."""
+        position aggregates'; the plan's within `window` keys before their query), on the
+        host."""
         b, within = flat // (H * T * T), flat % (T * T)
         q, k = within // T, within % T
         at = torch.stack([b[:n], q[:n], k[:n]], 1)
         b, q, k = b[n:], q[n:], k[n:]
-        rows, inverse = torch.unique(b * T + q, return_inverse=True)
-        row_b = rows // T
-        counts = torch.bincount(row_b, minlength=B)
+        S = max(window or 0, cls.MIN_BLOCK)
+        S, W = (T, 0) if not window or S + window >= T * 3 // 4 else (S, window)
+        nb = -(-T // S)
+        group = b * nb + q // S
+        rows, inverse = torch.unique(group * T + q, return_inverse=True)
+        row_group = rows // T
+        counts = torch.bincount(row_group, minlength=B * nb)
         N = max(int(counts.max()) if counts.numel() else 0, 1)
-        slot = torch.arange(rows.numel()) - (torch.cumsum(counts, 0) - counts)[row_b]
-        padded = torch.zeros(B, N, dtype=torch.long)
-        padded[row_b, slot] = rows % T
-        plan_row = b * H * N + slot[inverse]
-        plan = plan_row * T + k
-        return cls(padded, plan, plan_row, None if zbar_pairs is None else plan[zbar_pairs], at)
+        slot = torch.arange(rows.numel()) - (torch.cumsum(counts, 0) - counts)[row_group]
+        padded = torch.zeros(B * nb, N, dtype=torch.long)
+        padded[row_group, slot] = rows % T
+        blk = q // S
+        plan_row = (b * H * nb + blk) * N + slot[inverse]
+        plan = plan_row * (S + W) + k - (blk * S - W)
+        zbar = None if zbar_pairs is None else plan[zbar_pairs]
+        return cls(padded.view(B, nb, N), plan, plan_row, zbar, at, S, W)
 
     def to(self, device) -> FusedReads:
-        return FusedReads(*(None if t is None else t.to(device) for t in vars(self).values()))
+        return FusedReads(*(t.to(device) if isinstance(t, Tensor) else t
+                            for t in vars(self).values()))  # fmt: skip
 
     def plan_scores(self, q: Tensor, k: Tensor, scale: float) -> Tensor:
-        """[B, H, N, T] float32: the scores of the event rows."""
-        index = self.rows[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[-1])
-        return torch.matmul(q.gather(2, index).float(), k.float().transpose(-1, -2)).mul_(scale)
+        """[B, H, nb, N, S + W] float32: the scores of the event rows with their blocks' keys."""
+        B, H, T, d = q.shape
+        _, nb, N = self.rows.shape
+        S, W = self.block, self.window
+        index = self.rows.view(B, 1, nb * N, 1).expand(-1, H, -1, d)
+        rows = q.gather(2, index).view(B, H, nb, N, d).float()
+        # keys padded so that block j's start at j S - W: [B, H, nb, d, S + W], a view
+        keys = torch.nn.functional.pad(k.float(), (0, 0, W, nb * S - T)).unfold(2, S + W, S)
+        return torch.matmul(rows, keys).mul_(scale)
 
     def row_lse(self, lse: Tensor) -> Tensor:
-        """[B, H, N]: the event rows' log-sum-exp."""
-        return lse.gather(2, self.rows[:, None, :].expand(-1, lse.shape[1], -1))
+        """[B, H, nb * N]: the event rows' log-sum-exp."""
+        B, nb, N = self.rows.shape
+        return lse.gather(2, self.rows.view(B, 1, nb * N).expand(-1, lse.shape[1], -1))
 
     def position_weights(self, q: Tensor, k: Tensor, lse: Tensor, scale: float,
                          heads: Tensor | None) -> Tensor:  # fmt: skip
@@ -236,7 +300,7 @@ class FusedReads:
             qq, kk = qs.index_select(0, at_q), ks.index_select(0, at_k)  # [m, H, d]
             d = qq.shape[-1]  # one dot product per (read, head): a batched [1, d] x [d, 1]
             s = torch.bmm(qq.view(-1, 1, d), kk.view(-1, d, 1)).view(qq.shape[:2]).mul_(scale)
-            w = s.sub_(ls.index_select(0, at_q)).exp_()
+            w = s.sub_(ls.index_select(0, at_q)).clamp_max_(0).exp_()  # <= 1, as a softmax
             out.append(w.masked_fill_((kp[part] > qp[part])[:, None], 0.0))
         H = q.shape[1] if heads is None else heads.numel()
         return torch.cat(out) if out else q.new_zeros(0, H, dtype=torch.float32)

@@ -12,7 +12,9 @@ or every t < T without one; minus BOS, plus T if ``include_self``), never from t
 for -inf: masked scores are -inf on
 HookedTransformer and the dtype's minimum on TransformerBridge.  Where a bridge fires
 ``hook_attn_scores`` with the softmax pattern, scores are rebuilt from ``hook_q``/``hook_k``
-(whether it does is probed once per run, `RunState`).
+(whether it does is probed once per run, `RunState`).  Where a bridge's joint-QKV attention
+allows it, a layer runs fused attention instead and the same reads come from q, k and each
+row's log-sum-exp (`recording.fused`): no hook fires there.
 """
 
 from __future__ import annotations
@@ -398,7 +400,8 @@ class _HookAggregator:
                     self._add(i, self.read_scores, Gathered(bt, scores=zbar))
                 if weights:
                     s = self.at_heads(scores, where.plan)
-                    parts.append(s.sub_(self.at_heads(where.row_lse(lse), where.plan_row)).exp_())
+                    s.sub_(self.at_heads(where.row_lse(lse), where.plan_row))
+                    parts.append(s.clamp_max_(0).exp_())  # a weight <= 1, as a softmax's
             if parts:
                 self._add_weights(i, torch.cat(parts), weights)
             if layer == self.stop_after:
@@ -570,7 +573,8 @@ class _HookAggregator:
             where = None
             if fused:
                 where = FusedReads.of(flat, n, None if batch is None else batch.zbar_pairs,
-                                      part.shape[0], self.n_heads, part.shape[1])  # fmt: skip
+                                      part.shape[0], self.n_heads, part.shape[1],
+                                      self.plan.window)  # fmt: skip
                 where = where.to(self.device)
             reads = _to_device(flat, self.device)  # head 0's: each hook reads every head's
             if batch is not None:

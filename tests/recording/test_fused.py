@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 from _reference import assert_matches, brute_force
+from _tiny import V as TINY_V
+from _tiny import tiny_model
 
 from scansnap_lens.recording import fused, hooks
 from scansnap_lens.recording.aggregates import DEFAULT, Aggregate, earlier_copies
@@ -81,6 +83,7 @@ def test_fused_recording_equals_eager_and_brute_force(arch, exclude_bos, include
     plan = plan_recording(tokens, V, exclude_bos=exclude_bos, include_self=include_self,
                           window=window)  # fmt: skip
     monkeypatch.setattr(hooks, "LOSS_TOKENS", 30)  # two loss rows, in a pass of their own
+    monkeypatch.setattr(fused.FusedReads, "MIN_BLOCK", 4)  # a window's rows in blocks
     aggregates = [*DEFAULT, COPIES]
     count = _Count(model, monkeypatch)
     on = _record(model, tokens, plan, True, monkeypatch, batch_size=4, aggregates=aggregates)
@@ -91,6 +94,24 @@ def test_fused_recording_equals_eager_and_brute_force(arch, exclude_bos, include
     _assert_same(on, off, ref[-1])
     assert_matches(on, plan, ref, range(2), range(4))
     assert "_reconstruct_attention" not in vars(model.blocks[0].attn)  # the eager one back
+
+
+@pytest.mark.parametrize("positional", ["standard", "rotary"])
+def test_the_native_bridge_records_fused_as_eager(positional, monkeypatch):
+    """The native bridge's attention (what `build_model` makes as a bridge): every aggregate
+    fused equals the brute-force reference and the eager path's."""
+    model = tiny_model(positional=positional, backend="bridge")
+    assert set(fused.fusable_layers(model, 1, "cpu").values()) == {"native"}
+    tokens = torch.randint(0, TINY_V, (5, 13), generator=torch.Generator().manual_seed(2))
+    plan = plan_recording(tokens, TINY_V, window=4)
+    monkeypatch.setattr(fused.FusedReads, "MIN_BLOCK", 4)
+    on = _record(model, tokens, plan, True, monkeypatch, batch_size=2)
+    ref = brute_force(model, tokens, window=4)
+    assert_matches(on, plan, ref, range(2), range(3))
+    if positional == "standard":  # rotary: the eager path finds no rotated q, k to rebuild
+        off = _record(model, tokens, plan, False, monkeypatch, batch_size=2)  # scores from
+        _assert_same(on, off, ref[-1])
+    assert "forward" not in vars(model.blocks[0].attn.original_component)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -105,6 +126,7 @@ def test_watched_heads_layers_and_a_sampled_plan_read_the_same_slots(arch, monke
                           common_per_query=2, classes_per_query=1)  # fmt: skip
     assert plan.common_per_query == 2
     kw = dict(layers=[0, 1], heads=[1, 3], batch_size=3)
+    monkeypatch.setattr(fused.FusedReads, "MIN_BLOCK", 4)  # blocks of 6 rows and 12 keys
     on = _record(model, tokens, plan, True, monkeypatch, **kw)
     off = _record(model, tokens, plan, False, monkeypatch, **kw)
     _assert_same(on, off, brute_force(model, tokens, window=6)[-1])
@@ -119,7 +141,7 @@ def test_a_users_hook_on_the_pattern_keeps_that_layer_eager(monkeypatch):
     plan = plan_recording(tokens, V)
     seen = []
     model.blocks[1].attn.hook_pattern.add_hook(lambda t, hook: seen.append(t.shape[0]))
-    assert fused.fusable_layers(model, 1, "cpu") == {0: True}
+    assert fused.fusable_layers(model, 1, "cpu") == {0: "joint_rotary"}
     count = _Count(model, monkeypatch)
     on = _record(model, tokens, plan, True, monkeypatch, batch_size=3)
     # layer 1 in every pass; both layers in the one-row probe of layer 1's scores hook
@@ -131,10 +153,11 @@ def test_a_users_hook_on_the_pattern_keeps_that_layer_eager(monkeypatch):
 
 def test_what_the_fused_path_cannot_honour_stays_eager():
     neox = _bridge("gpt_neox")
-    assert fused.fusable_layers(neox, 1, "cpu") == {0: True, 1: True}
-    assert fused.fusable_layers(neox, 0, "cpu") == {0: True}  # nothing after the last watched
+    assert fused.fusable_layers(neox, 1, "cpu") == {0: "joint_rotary", 1: "joint_rotary"}
+    assert fused.fusable_layers(neox, 0, "cpu") == {0: "joint_rotary"}  # to the last watched
     assert fused.fusable_layers(neox, 1, "cuda") == {}  # the CPU kernel's log-sum-exp only
-    assert fused.fusable_layers(_bridge("gpt2"), 1, "cpu") == {0: False, 1: False}
+    assert fused.fusable_layers(_bridge("gpt2"), 1, "cpu") == {0: "joint", 1: "joint"}
+    assert fused.fusable_layers(tiny_model(n_key_value_heads=1, backend="bridge"), 1, "cpu") == {}
     neox.cfg.use_attn_result = True  # per-head results: the eager path computes them
     assert fused.fusable_layers(neox, 1, "cpu") == {}
     # masks: the causal one only (no padding, no additive bias)
@@ -154,21 +177,38 @@ def test_what_the_fused_path_cannot_honour_stays_eager():
     assert not fused._causal_only(additive[..., :4], T)
 
 
-def test_fused_reads_index_the_event_rows():
-    """The plan's reads re-indexed into [B, H, N, T] of each row's event rows read the same
-    values as in [B, H, T, T]; position reads keep (row, query, key)."""
-    B, H, T = 2, 3, 6
-    full = torch.randn(B, H, T, T)
+@pytest.mark.parametrize("window", [None, 3])
+def test_fused_reads_are_the_scores_and_weights_at_the_reads(window, monkeypatch):
+    """The plan's reads re-indexed into blocks of event rows (of 4 query positions against
+    their 4 + window keys, or one block of all keys) read the scores q.k * scale and weights
+    softmax of the full [B, H, T, T]; position reads the weights, 0 above the diagonal."""
+    monkeypatch.setattr(fused.FusedReads, "MIN_BLOCK", 4)
+    B, H, T, d, scale = 2, 3, 16, 5, 0.7
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(B, H, T, d, generator=g), torch.randn(B, H, T, d, generator=g)
+    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(
+        torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))  # fmt: skip
+    lse, weights = scores.logsumexp(-1), scores.softmax(-1)
     flat_of = lambda b, q, k: (b * H * T + q) * T + k  # noqa: E731  head 0
-    pos = torch.tensor([flat_of(1, 4, 3), flat_of(0, 2, 0)])
-    plan = torch.tensor([flat_of(0, 3, 1), flat_of(0, 3, 2), flat_of(1, 5, 0), flat_of(0, 1, 0)])
-    where = fused.FusedReads.of(torch.cat([pos, plan]), 2, torch.tensor([1, 2]), B, H, T)
-    assert where.rows.tolist() == [[1, 3], [5, 0]]  # row 1 pads with position 0
-    assert where.at.tolist() == [[1, 4, 3], [0, 2, 0]]
-    compact = full.gather(2, where.rows[:, None, :, None].expand(-1, H, -1, T))
+    W = window or T
+    plan = torch.tensor([flat_of(b, tq, t) for b in range(B) for tq in (3, 6, 7, 11, 15)
+                         if (tq + b) % 3 for t in range(max(0, tq - W), tq + 1)])  # fmt: skip
+    pos = torch.tensor([flat_of(1, 4, 3), flat_of(0, 2, 0), flat_of(1, 5, 9)])
+    zbar = torch.arange(0, plan.numel(), 2)
+    where = fused.FusedReads.of(torch.cat([pos, plan]), 3, zbar, B, H, T, window)
+    assert (where.block, where.window) == ((4, 3) if window else (T, 0))
     agg = hooks._HookAggregator.__new__(hooks._HookAggregator)
     agg.all_heads = True
-    torch.testing.assert_close(agg.at_heads(compact, where.plan), agg.at_heads(full, plan),
-                               rtol=0, atol=0)  # fmt: skip
-    torch.testing.assert_close(agg.at_heads(compact, where.zbar), agg.at_heads(full, plan[1:3]),
-                               rtol=0, atol=0)  # fmt: skip
+    got = where.plan_scores(q, k, scale)
+    torch.testing.assert_close(agg.at_heads(got, where.plan), agg.at_heads(scores, plan))
+    torch.testing.assert_close(agg.at_heads(got, where.zbar), agg.at_heads(scores, plan[zbar]))
+    torch.testing.assert_close(
+        agg.at_heads(where.row_lse(lse), where.plan_row),
+        agg.at_heads(lse[..., None].expand(-1, -1, -1, T), plan),
+    )
+    assert where.at.tolist() == [[1, 4, 3], [0, 2, 0], [1, 5, 9]]
+    want = agg.at_heads(weights, pos)
+    torch.testing.assert_close(where.position_weights(q, k, lse, scale, None), want)
+    assert want[2].eq(0).all()  # key after the query
+    heads = torch.tensor([2, 0])
+    torch.testing.assert_close(where.position_weights(q, k, lse, scale, heads), want[:, heads])
