@@ -4,10 +4,10 @@ row's log-sum-exp, so that no [rows, heads, T, T] tensor is made for the forward
 
 A TransformerBridge's joint-QKV attention (GPT-2, GPT-NeoX / Pythia; TransformerLens 3 and
 4) rebuilds the attention eagerly in ``_reconstruct_attention``: scores, mask, softmax and
-a second matmul, about half of a Pythia-70m forward on a CPU.  Inside `fused_attention`
-that method of each such layer runs instead the CPU's flash attention, which returns each
-query row's log-sum-exp L beside its output; the recorder's callback gets q, k (rotary
-applied) and L and forms
+a second matmul, about half of a Pythia-70m forward on a CPU; the native bridge's
+``NativeAttention`` does the same.  Inside `fused_attention` that method of each such layer
+runs instead the CPU's flash attention, which returns each query row's log-sum-exp L beside
+its output; the recorder's callback gets q, k (rotary applied) and L and forms
 
     scores S[b, h, q, k] = q . k * scale        weights A[b, h, q, k] = exp(S - L[b, h, q])
 
