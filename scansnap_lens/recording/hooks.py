@@ -12,9 +12,9 @@ or every t < T without one; minus BOS, plus T if ``include_self``), never from t
 for -inf: masked scores are -inf on
 HookedTransformer and the dtype's minimum on TransformerBridge.  Where a bridge fires
 ``hook_attn_scores`` with the softmax pattern, scores are rebuilt from ``hook_q``/``hook_k``
-(whether it does is probed once per run, `RunState`).  Where a bridge's joint-QKV attention
-allows it, a layer runs fused attention instead and the same reads come from q, k and each
-row's log-sum-exp (`recording.fused`): no hook fires there.
+(whether it does is probed once per run, `RunState`).  Where a bridge's attention allows it
+(joint-QKV or native, on a CPU), a layer runs fused attention instead and the same reads come
+from q, k and each row's log-sum-exp (`recording.fused`): no hook fires there.
 """
 
 from __future__ import annotations
@@ -394,7 +394,7 @@ class _HookAggregator:
             weights = bool(self.read_weights) and bt.num_events > 0
             parts = [where.position_weights(q, k, lse, scale, heads)] if pos.n else []
             if bt is not None and (self.read_scores or weights):
-                scores = where.plan_scores(q, k, scale)  # [B, H, N, T] of the event rows
+                scores = where.plan_scores(q, k, scale)  # the event rows' [B, H, nb, N, S + W]
                 if self.read_scores:
                     zbar = self.at_heads(scores, where.plan if where.zbar is None else where.zbar)
                     self._add(i, self.read_scores, Gathered(bt, scores=zbar))
