@@ -8,11 +8,13 @@ d_vocab 50304) with random weights (the cost does not depend on them), bridged a
 bridges a Hugging Face checkpoint; evaluation rows of Zipf-distributed token ids (64 x 512 for
 70m, 16 x 2048 for 160m); the plan `scansnap record` makes by default without statistics for
 that many heads (the most frequent queries that fit 64 MB per checkpoint).  Timed on the
-device, synchronised, the best of `--rounds` taking turns: the forward without hooks stopped
-after the last layer (`run_until`), and `record_checkpoint` with every default aggregate (the
-scan's and the head types': hooks, gathers, sums, the copy of the sums back to the host),
+device, synchronised, the best of `--rounds` taking turns: the TransformerLens forward without
+hooks stopped after the last layer (`run_until`), the Hugging Face body of the same shape with
+its default (SDPA) attention, and `record_checkpoint` with every default aggregate (the
+scan's and the head types': reads, sums, the copy of the sums back to the host) as it runs
+by default, with fused attention at every length (`recording.fused`) and eagerly, each
 after a first checkpoint of the run has decided what a run decides once (`RunState`).  Prints
-one JSON line per shape with both times, their ratio, and on a GPU how often each made the
+one JSON line per shape with the times, their ratios, and on a GPU how often each made the
 host wait for the device (`torch.cuda.set_sync_debug_mode`).
 """
 
@@ -31,10 +33,9 @@ SHAPES = {  # hidden, layers, heads, intermediate; rows, row length
 D_VOCAB = 50304
 
 
-def model_of(shape: str, device: str, quick: bool):
+def hf_model_of(shape: str, device: str, quick: bool):
+    """A GPT-NeoX of `shape` with random weights, with Hugging Face's default attention."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
-
-    from scansnap_lens.models.backend import hf_bridge
 
     hidden, layers, heads, inter, _, _ = SHAPES[shape]
     if quick:
@@ -45,8 +46,14 @@ def model_of(shape: str, device: str, quick: bool):
         num_attention_heads=heads, intermediate_size=inter, rotary_pct=0.25,
         max_position_embeddings=2048, use_parallel_residual=True, tie_word_embeddings=False,
     )  # fmt: skip
-    hf = GPTNeoXForCausalLM(cfg).eval()
-    return hf_bridge(hf).to(device).eval()  # a placeholder tokenizer: ids only
+    return GPTNeoXForCausalLM(cfg).eval().to(device)
+
+
+def model_of(shape: str, device: str, quick: bool):
+    """That model bridged as the recorder bridges a Hugging Face checkpoint."""
+    from scansnap_lens.models.backend import hf_bridge
+
+    return hf_bridge(hf_model_of(shape, "cpu", quick)).to(device).eval()  # ids only
 
 
 def tokens_of(rows: int, length: int) -> torch.Tensor:
@@ -71,6 +78,7 @@ def main() -> None:
 
 def time_shape(shape: str, args) -> dict:
     """The best times of the forward and of `record_checkpoint` at one shape."""
+    from scansnap_lens.recording import fused
     from scansnap_lens.recording.budget import BYTES_PER_VALUE, CHECKPOINT_BUDGET
     from scansnap_lens.recording.hooks import RunState, record_checkpoint, run_until
     from scansnap_lens.recording.plan import plan_recording
@@ -86,6 +94,8 @@ def time_shape(shape: str, args) -> dict:
     batches = tokens.split(args.batch_size)
     last = int(model.cfg.n_layers) - 1
 
+    hf = hf_model_of(shape, args.device, args.quick)
+
     def sync():
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -95,36 +105,49 @@ def time_shape(shape: str, args) -> dict:
         for x in batches:
             run_until(model, x.to(args.device), last, [])
 
-    state = RunState()  # what a Recorder decides at a run's first checkpoint, kept
+    @torch.no_grad()
+    def hf_passes():
+        for x in batches:
+            hf.gpt_neox(input_ids=x.to(args.device))
 
-    def record_passes():
-        record_checkpoint(model, tokens, plan, batch_size=args.batch_size,
-                          device=args.device, progress=False, state=state)  # fmt: skip
+    # what a Recorder decides once, kept: per way to record (defaults, forced fused, eager)
+    states = {way: RunState() for way in ("default", "fused", "eager")}
 
-    def forward():
-        forward_passes(), sync()
+    def record_passes(way: str = "default"):
+        shortest = fused.GPU_MIN_POSITIONS
+        fused.ENABLED, fused.GPU_MIN_POSITIONS = way != "eager", 0 if way == "fused" else shortest
+        try:
+            record_checkpoint(model, tokens, plan, batch_size=args.batch_size,
+                              device=args.device, progress=False, state=states[way])  # fmt: skip
+        finally:
+            fused.ENABLED, fused.GPU_MIN_POSITIONS = True, shortest
 
-    def record():
-        record_passes(), sync()
-
-    forward(), record()  # warm: the first passes allocate and compile
-    syncs = {name: count_syncs(fn, args.device) for name, fn in
-             (("forward", forward_passes), ("record", record_passes))}  # fmt: skip
-    times = {"forward": [], "record": []}
+    timed = {"forward": forward_passes, "hf_forward": hf_passes, "record": record_passes,
+             "record_fused": lambda: record_passes("fused"),
+             "record_eager": lambda: record_passes("eager")}  # fmt: skip
+    for fn in timed.values():  # warm: the first passes allocate and compile
+        fn(), sync()
+    syncs = {name: count_syncs(fn, args.device) for name, fn in timed.items()}
+    times = {name: [] for name in timed}
     for _ in range(args.rounds):
-        for name, fn in (("forward", forward), ("record", record)):
+        for name, fn in timed.items():
             start = time.perf_counter()
-            fn()
+            fn(), sync()
             times[name].append(time.perf_counter() - start)
     best = {name: min(t) for name, t in times.items()}
     device = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
     return {
         "shape": shape, "device": device, "rows": rows, "seq_len": length,
-        "heads": layers * heads, "plan": {"queries": plan.num_queries, "pairs": plan.num_pairs,
-                                          "triples": plan.num_triples},
-        "forward_s": round(best["forward"], 4), "record_s": round(best["record"], 4),
+        "batch_size": args.batch_size, "heads": layers * heads,
+        "fused_layers": len(fused.fusable_layers(model, last, args.device, length)),
+        "plan": {"queries": plan.num_queries, "pairs": plan.num_pairs,
+                 "triples": plan.num_triples},
+        **{f"{name}_s": round(t, 4) for name, t in best.items()},
         "record_over_forward": round(best["record"] / best["forward"], 3),
-        "host_waits_forward": syncs["forward"], "host_waits_record": syncs["record"],
+        "record_over_hf_forward": round(best["record"] / best["hf_forward"], 3),
+        "record_fused_over_forward": round(best["record_fused"] / best["forward"], 3),
+        "record_eager_over_forward": round(best["record_eager"] / best["forward"], 3),
+        **{f"host_waits_{name}": n for name, n in syncs.items()},
     }  # fmt: skip
 
 

@@ -6,8 +6,10 @@ A TransformerBridge's joint-QKV attention (GPT-2, GPT-NeoX / Pythia; Transformer
 4) rebuilds the attention eagerly in ``_reconstruct_attention``: scores, mask, softmax and
 a second matmul, about half of a Pythia-70m forward on a CPU; the native bridge's
 ``NativeAttention`` does the same.  Inside `fused_attention` that method of each such layer
-runs instead the CPU's flash attention, which returns each query row's log-sum-exp L beside
-its output; the recorder's callback gets q, k (rotary applied) and L and forms
+runs instead a fused kernel that returns each query row's log-sum-exp L beside its output
+(the CPU's flash attention; on a GPU flash attention in half precision, memory-efficient
+attention in float32, for rows of `GPU_MIN_POSITIONS` or more); the recorder's callback gets
+q, k (rotary applied) and L and forms
 
     scores S[b, h, q, k] = q . k * scale        weights A[b, h, q, k] = exp(S - L[b, h, q])
 
@@ -18,12 +20,17 @@ eager path's to float32 rounding (tests: both majors, both model kinds).
 A layer keeps the eager path where anything else would change what the model computes or
 what someone observes: a hook on its ``hook_attn_scores`` or ``hook_pattern``, an attention
 mask other than the causal one, cached keys, dropout in training mode, grouped-query heads,
-``use_attn_result`` or GPT-2's ``reorder_and_upcast_attn``, a device without the kernel.
+``use_attn_result`` or GPT-2's ``reorder_and_upcast_attn``, a device without the kernel, or
+short rows on a GPU (there the forward is bound by its launches, and the eager attention
+launches fewer kernels than the fused reads).  A GPU's mask is checked without the host
+waiting: `MaskCheck` reads its flags once per checkpoint and refuses a recording that ran
+fused under another mask.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,13 +38,21 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
-__all__ = ["FusedReads", "fusable_layers", "fused_attention"]
+__all__ = ["FusedReads", "MaskCheck", "fusable_layers", "fused_attention"]
 
 # Set False to record every layer through the eager attention (the tests compare both).
 ENABLED = True
+# On a GPU, rows shorter than this run eagerly: there the forward is bound by its launches,
+# and the eager attention's few kernels cost less than the fused reads' (bench_device.py on
+# an H200: 512 positions 1.46x the forward eager, 1.72x fused; 2048 positions 1.26x, 1.04x).
+GPU_MIN_POSITIONS = 1024
 
-# [B, H, T, d] q, k, v -> (output [B, H, T, d], log-sum-exp [B, H, T] float32)
+# [B, H, T, d] q, k, v -> (output [B, H, T, d], log-sum-exp [B, H, T] float32, ...)
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+# on a GPU: flash for half precision, memory-efficient for float32 (its log-sum-exp padded to
+# a multiple of 32 positions)
+_FLASH_GPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention", None)
+_EFFICIENT_GPU = getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", None)
 
 
 def _known() -> dict:
@@ -85,14 +100,22 @@ def _kind(attn, known: dict) -> str | None:
     return None
 
 
-def fusable_layers(model, last_layer: int, device) -> dict[int, str]:
+def fusable_layers(model, last_layer: int, device, positions: int | None = None
+                   ) -> dict[int, str]:  # fmt: skip
     """{layer <= `last_layer`: its kind ("joint", "joint_rotary", "native")} for the layers
-    whose attention `fused_attention` can run (none where the switch, the device or the
-    model says no)."""
-    if not ENABLED or _FLASH_CPU is None or torch.device(device).type != "cpu":
+    whose attention `fused_attention` can run (none where the switch, the device, the rows'
+    `positions` or the model says no)."""
+    kind = torch.device(device).type
+    if kind == "cuda" and positions is not None and positions < GPU_MIN_POSITIONS:
         return {}
+    kernel = {"cpu": _FLASH_CPU, "cuda": _EFFICIENT_GPU and _FLASH_GPU}.get(kind)
     blocks = getattr(model, "blocks", None)
-    if blocks is None or not hasattr(model, "original_model"):  # a bridge's
+    if not ENABLED or kernel is None or blocks is None or not hasattr(model, "original_model"):
+        return {}  # the switch, the device, or not a bridge
+    if kind == "cuda" and (
+        int(model.cfg.d_head) % 8  # the GPU kernels' alignment, and their precisions
+        or next(model.parameters()).dtype not in (torch.float32, torch.float16, torch.bfloat16)
+    ):
         return {}
     known = _known()
     kinds = {layer: _kind(blocks[layer].attn, known) for layer in range(last_layer + 1)}
@@ -109,22 +132,58 @@ def _scale(attn, d_head: int, rotary: bool) -> float:
     return scale
 
 
-def _causal_only(mask: Tensor | None, T: int) -> bool:
-    """Whether `mask` (None, [B, T] or a Hugging Face [B, 1, T, T] additive or boolean mask,
-    True or 0 where a key is seen) masks exactly the future: no padding, no bias."""
+def _causal_only(mask: Tensor | None, T: int) -> bool | Tensor:
+    """Whether `mask` (None, [B, T] or a Hugging Face [B, 1, T, T] additive or boolean mask)
+    masks exactly the future: no padding, no bias (an additive mask other than 0 and the
+    dtype's least value counts as a bias).  On a GPU a bool on the device (`MaskCheck`
+    reads it later: reading it here would make the host wait)."""
     if mask is None:
         return True
-    if mask.dtype == torch.bool:
-        allowed, zero = mask, True
-    else:
-        allowed = mask > torch.finfo(mask.dtype).min / 2
-        zero = bool((mask.masked_fill(~allowed, 0) == 0).all())
-    if mask.ndim < 4:
-        return zero and bool(allowed.all())
-    if mask.shape[-2:] != (T, T):
+    if mask.ndim >= 4 and mask.shape[-2:] != (T, T):
         return False
-    causal = torch.ones(T, T, dtype=torch.bool, device=mask.device).tril_()
-    return zero and bool((allowed == causal).all())
+    if mask.ndim < 4:  # a [B, T] mask: True where seen, or 0 added
+        ok = mask.all() if mask.dtype == torch.bool else (mask == 0).all()
+    else:
+        ok = (mask == _causal_mask(T, mask.dtype, mask.device)).all()
+    return ok if mask.device.type == "cuda" else bool(ok)
+
+
+@functools.lru_cache(maxsize=8)
+def _causal_mask(T: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """[T, T] the causal mask as Hugging Face writes it in `dtype`: True where a key is seen
+    (bool), else 0 there and the dtype's least value above the diagonal."""
+    seen = torch.ones(T, T, dtype=torch.bool, device=device).tril_()
+    if dtype == torch.bool:
+        return seen
+    return torch.zeros(T, T, dtype=dtype, device=device).masked_fill_(~seen, torch.finfo(dtype).min)
+
+
+class MaskCheck:
+    """The attention masks fused layers ran under, one check per pass (each layer of a pass
+    gets the same mask): on a CPU at once, so a layer under another mask runs eagerly; on a
+    GPU a flag left on the device and read by `verify` where the host waits anyway."""
+
+    def __init__(self):
+        self.mask: Tensor | None = None
+        self.causal, self.pending = True, []
+
+    def causal_for(self, mask: Tensor | None, T: int) -> bool:
+        if self.mask is not mask or mask is None:
+            ok = _causal_only(mask, T)
+            if isinstance(ok, Tensor):
+                self.pending.append(ok)
+            self.mask, self.causal = mask, ok is not False
+        return self.causal
+
+    def verify(self) -> None:
+        """Raise where a pass on a GPU ran fused under a mask other than the causal one."""
+        pending, self.pending = self.pending, []
+        if pending and not bool(torch.stack(pending).all()):
+            raise RuntimeError(
+                "a fused attention layer ran under an attention mask other than the causal one"
+                " (padding or a bias), which it does not apply; record with"
+                " scansnap_lens.recording.fused.ENABLED = False"
+            )
 
 
 def _no_cached_keys(attn, kwargs: dict) -> bool:
@@ -141,22 +200,26 @@ def _no_cached_keys(attn, kwargs: dict) -> bool:
 
 
 def _flash(q: Tensor, k: Tensor, v: Tensor, scale: float, on_qk: Callable | None) -> Tensor:
-    out, lse = _FLASH_CPU(q, k, v, is_causal=True, scale=scale)[:2]
+    if q.device.type != "cuda":
+        out, lse = _FLASH_CPU(q, k, v, is_causal=True, scale=scale)[:2]
+    elif q.dtype in (torch.float16, torch.bfloat16):
+        out, lse = _FLASH_GPU(q, k, v, 0.0, True, False, scale=scale)[:2]
+    else:
+        out, lse = _EFFICIENT_GPU(q, k, v, None, True, 0.0, True, scale=scale)[:2]
+        lse = lse[..., : q.shape[2]]
     if on_qk is not None:
         on_qk(q, k, lse, scale)
     return out
 
 
-def _joint(attn, eager: Callable, rotary: bool, on_qk: Callable | None, masks: dict):
+def _joint(attn, eager: Callable, rotary: bool, on_qk: Callable | None, masks: MaskCheck):
     """The replacement of a joint-QKV bridge's ``_reconstruct_attention``: the eager one's
     steps, with the flash kernel for scores, softmax and the value matmul; `on_qk(q, k, lse,
     scale)` reads (it may raise to stop the forward)."""
 
     def method(q: Tensor, k: Tensor, v: Tensor, **kwargs):
-        mask = kwargs.get("attention_mask")
-        if "mask" not in masks or masks["mask"] is not mask:  # every layer of a pass gets
-            masks["mask"], masks["causal"] = mask, _causal_only(mask, q.shape[1])  # the same
-        if attn.training or not masks["causal"] or not _no_cached_keys(attn, kwargs):
+        causal = masks.causal_for(kwargs.get("attention_mask"), q.shape[1])
+        if attn.training or not causal or not _no_cached_keys(attn, kwargs):
             return eager(q, k, v, **kwargs)
         H = attn.config.n_heads
         q, k, v, B, T, d = attn._reshape_qkv_to_heads(q, k, v, H, H)
@@ -190,11 +253,12 @@ def _native(mod, eager: Callable, on_qk: Callable | None):
 
 
 @contextlib.contextmanager
-def fused_attention(model, layers: dict[int, str], on_qk: Callable[[int], Callable | None]):
+def fused_attention(model, layers: dict[int, str], on_qk: Callable[[int], Callable | None],
+                    masks: MaskCheck | None = None):  # fmt: skip
     """Inside, each layer of `layers` ({layer: kind}, `fusable_layers`) runs fused attention
     and calls ``on_qk(layer)``'s reader (None: reads nothing); after, the eager methods are
-    back."""
-    masks: dict = {}
+    back.  `masks` checks the passes' attention masks (its `verify` is the caller's)."""
+    masks = MaskCheck() if masks is None else masks
     replaced = []  # (object, attribute) set on an instance
     try:
         for layer, kind in layers.items():
@@ -263,8 +327,9 @@ class FusedReads:
         zbar = None if zbar_pairs is None else plan[zbar_pairs]
         return cls(padded.view(B, nb, N), plan, plan_row, zbar, at, S, W)
 
-    def to(self, device) -> FusedReads:
-        return FusedReads(*(t.to(device) if isinstance(t, Tensor) else t
+    def to(self, device, move: Callable = Tensor.to) -> FusedReads:
+        """These reads on `device`, each tensor moved by `move(tensor, device)`."""
+        return FusedReads(*(move(t, device) if isinstance(t, Tensor) else t
                             for t in vars(self).values()))  # fmt: skip
 
     def plan_scores(self, q: Tensor, k: Tensor, scale: float) -> Tensor:
@@ -286,21 +351,16 @@ class FusedReads:
     def position_weights(self, q: Tensor, k: Tensor, lse: Tensor, scale: float,
                          heads: Tensor | None) -> Tensor:  # fmt: skip
         """[n, H'] the weights at the position reads, of `heads` (None: all)."""
-        b, qp, kp = self.at.unbind(1)
-        T = q.shape[2]
-        if heads is not None:
-            q, k, lse = q[:, heads], k[:, heads], lse[:, heads]
-        # position-major copies (a forward's q and k: a few MB), from which reads are rows
-        qs, ks = (rearrange(t, "b h t d -> (b t) h d").float() for t in (q, k))
-        ls = rearrange(lse, "b h t -> (b t) h").float()
         out = []
-        for start in range(0, b.numel(), 1 << 16):  # [chunk, H, d] at a time
-            part = slice(start, start + (1 << 16))
-            at_q, at_k = b[part] * T + qp[part], b[part] * T + kp[part]
-            qq, kk = qs.index_select(0, at_q), ks.index_select(0, at_k)  # [m, H, d]
-            d = qq.shape[-1]  # one dot product per (read, head): a batched [1, d] x [d, 1]
-            s = torch.bmm(qq.view(-1, 1, d), kk.view(-1, d, 1)).view(qq.shape[:2]).mul_(scale)
-            w = s.sub_(ls.index_select(0, at_q)).clamp_max_(0).exp_()  # <= 1, as a softmax
-            out.append(w.masked_fill_((kp[part] > qp[part])[:, None], 0.0))
+        for part in self.at.split(1 << 16):  # [chunk, H', d] at a time
+            b, qp, kp = part.unbind(1)
+            if heads is None:  # [m, H, d] rows of q and k, [m, H] row log-sum-exps
+                qq, kk, ls = q[b, :, qp], k[b, :, kp], lse[b, :, qp]
+            else:
+                b, qp, kp = b[:, None], qp[:, None], kp[:, None]
+                qq, kk, ls = q[b, heads, qp], k[b, heads, kp], lse[b, heads, qp]
+            s = qq.float().mul_(kk.float()).sum(-1).mul_(scale)  # one dot product per (read, head)
+            w = s.sub_(ls).clamp_max_(0).exp_()  # <= 1, as a softmax
+            out.append(w.masked_fill_(kp.view(-1, 1) > qp.view(-1, 1), 0.0))
         H = q.shape[1] if heads is None else heads.numel()
-        return torch.cat(out) if out else q.new_zeros(0, H, dtype=torch.float32)
+        return out[0] if len(out) == 1 else torch.cat(out) if out else q.new_zeros(0, H)

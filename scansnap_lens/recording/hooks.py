@@ -26,6 +26,7 @@ import time
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -41,7 +42,7 @@ from scansnap_lens.recording.aggregates import (
     Gathered,
     resolve,
 )
-from scansnap_lens.recording.fused import FusedReads, fusable_layers, fused_attention
+from scansnap_lens.recording.fused import FusedReads, MaskCheck, fusable_layers, fused_attention
 from scansnap_lens.recording.plan import RecordPlan, find_sorted
 from scansnap_lens.statistics.corpus import rows_fingerprint
 
@@ -204,11 +205,13 @@ class _HookAggregator:
     (`recorder.Recorder` is the public, resumable recorder).
 
     plan aggregates read the plan's tracked pairs (none: the pass reads positions only);
-    rows: the rows of the pass (the slots of its position aggregates).
+    rows: the rows of the pass (the slots of its position aggregates); positions: their
+    length (on a GPU, short rows keep the eager attention: `fused.GPU_MIN_POSITIONS`).
     """
 
     def __init__(self, model, plan: RecordPlan, layers, heads, device,
-                 aggregates: Sequence[Aggregate], rows: int, state=None):  # fmt: skip
+                 aggregates: Sequence[Aggregate], rows: int, state=None,
+                 positions: int | None = None):  # fmt: skip
         self.model, self.plan = model, plan
         self.layers, self.heads = list(layers), torch.as_tensor(list(heads))
         self.heads_on_device = self.heads.to(device)
@@ -235,23 +238,31 @@ class _HookAggregator:
         self.scores_from_qk = self.state.scores_from_qk
         self.qk: dict[int, dict[str, Tensor]] = {}
         # layers up to the last watched whose attention runs fused (`recording.fused`)
-        self.fused = fusable_layers(model, max(self.layers), device)
+        self.fused = fusable_layers(model, max(self.layers), device, positions)
         for layer in self.layers:
             if layer in self.fused:  # its scores are read from q and k, not probed
                 self.scores_from_qk.setdefault(layer, False)
         self.fused_reads: FusedReads | None = None
+        self.masks = MaskCheck()  # the attention masks the fused layers ran under
         self.stop_after: int | None = None  # the fused layer that ends a pass (`run_until`)
-        if not self.on_plan:
-            return
-        # the lookups index the tokens on the host: they depend on the text, not the model
-        V = plan.vocab_size
-        self.query_slot = torch.full((V,), -1, dtype=torch.long)
-        self.query_slot[plan.queries] = torch.arange(plan.num_queries)
-        qs = self.query_slot
-        Q, C = plan.num_queries, plan.num_classes
-        self.pair_lookup = _Lookup(qs[plan.pair_query], plan.pair_token, Q, V)
-        self.class_lookup = _Lookup(qs[plan.class_query], plan.class_next, Q, V)
-        self.triple_lookup = _Lookup(plan.triple_class, plan.triple_token, C, V)
+
+    # the lookups index the tokens on the host (they depend on the text, not the model); made
+    # where a batch's indices are not kept from an earlier checkpoint (`RunState`)
+    @cached_property
+    def query_slot(self) -> Tensor:
+        """[V] each query token's slot, -1 for other tokens."""
+        slot = torch.full((self.plan.vocab_size,), -1, dtype=torch.long)
+        slot[self.plan.queries] = torch.arange(self.plan.num_queries)
+        return slot
+
+    @cached_property
+    def lookups(self) -> tuple[_Lookup, _Lookup, _Lookup]:
+        """The slots of (query slot, token) pairs, (query slot, next token) classes and
+        (class, token) triples."""
+        plan, qs, V = self.plan, self.query_slot, self.plan.vocab_size
+        return (_Lookup(qs[plan.pair_query], plan.pair_token, plan.num_queries, V),
+                _Lookup(qs[plan.class_query], plan.class_next, plan.num_queries, V),
+                _Lookup(plan.triple_class, plan.triple_token, plan.num_classes, V))  # fmt: skip
 
     # -- indices ---------------------------------------------------------------------
     def index(self, x: Tensor) -> _Batch:
@@ -266,7 +277,8 @@ class _HookAggregator:
         b_e, t_e = torch.nonzero(is_event, as_tuple=True)
         E = b_e.numel()
         qslot_e, n_e = qslot[b_e, t_e], x[b_e, t_e + 1]
-        event_class = self.class_lookup(qslot_e, n_e)
+        pair_lookup, class_lookup, triple_lookup = self.lookups
+        event_class = class_lookup(qslot_e, n_e)
         W = self.plan.window
         start = t_e - W if W else torch.zeros_like(t_e)
         start = start.clamp_min_(first)  # the first context position of each event
@@ -276,7 +288,7 @@ class _HookAggregator:
         t = torch.arange(event.numel(), device=dev) - starts[event] + start[event]
         b, tq = b_e[event], t_e[event]
         key_l = x[b, t]
-        pair_slot = self.pair_lookup(qslot_e[event], key_l)
+        pair_slot = pair_lookup(qslot_e[event], key_l)
         zbar_pairs = None
         if bool((pair_slot < 0).any()):
             if self.plan.common_per_query is None:  # a whole plan knows every pair
@@ -290,7 +302,7 @@ class _HookAggregator:
         cls_p = event_class[event]
         c_hat_pairs = torch.nonzero(cls_p >= 0, as_tuple=True)[0]
         tracked = event_class >= 0
-        triple_slot = self.triple_lookup(cls_p[c_hat_pairs], key_l[c_hat_pairs])
+        triple_slot = triple_lookup(cls_p[c_hat_pairs], key_l[c_hat_pairs])
         if self.plan.common_per_query is not None:  # tokens a class does not keep
             kept = triple_slot >= 0
             c_hat_pairs, triple_slot = c_hat_pairs[kept], triple_slot[kept]
@@ -520,10 +532,13 @@ class _HookAggregator:
         x = x.cpu()
         if self.read_scores and len(self.scores_from_qk) < len(self.layers):
             self.probe(x[:1].to(self.device))
-        pairs = torch.cumsum(self.pairs_per_row(x), 0)
+        key = (bool(self.on_plan), _digest(x))
+        pairs = self.state.pairs.get(key)
+        if pairs is None:
+            pairs = self.state.pairs[key] = torch.cumsum(self.pairs_per_row(x), 0)
         per_row = 4 * self.n_heads * x.shape[1] ** 2  # bytes of one row's float32 attention
         most_rows = max(1, self.MAX_ATTENTION_BYTES // per_row)
-        with fused_attention(self.model, self.fused, self.fused_reader):
+        with fused_attention(self.model, self.fused, self.fused_reader, self.masks):
             self._run_parts(x, pairs, most_rows, loss_rows)
 
     def _run_parts(self, x: Tensor, pairs: Tensor, most_rows: int, loss_rows: int) -> None:
@@ -562,7 +577,7 @@ class _HookAggregator:
         fused = any(layer in self.fused for layer in self.layers)
         key = (bool(self.on_plan), fused, tuple(a.name for a in self.on_rows), self.rows_done,
                tuple(self.sums.region[a.name] for a in self.on_rows),
-               hashlib.blake2b(part.numpy().tobytes(), digest_size=16).digest())  # fmt: skip
+               _digest(part))  # fmt: skip
         kept = self.state.indices.get(key)
         if kept is None:
             batch = self.index(part) if self.on_plan else None
@@ -575,7 +590,7 @@ class _HookAggregator:
                 where = FusedReads.of(flat, n, None if batch is None else batch.zbar_pairs,
                                       part.shape[0], self.n_heads, part.shape[1],
                                       self.plan.window)  # fmt: skip
-                where = where.to(self.device)
+                where = where.to(self.device, _to_device)
             reads = _to_device(flat, self.device)  # head 0's: each hook reads every head's
             if batch is not None:
                 batch = batch.to(self.device, reads[n:])
@@ -610,6 +625,7 @@ class _HookAggregator:
             out[agg.name] = _to_host(rearrange(avg, "l s h -> l h s").float())  # [L, H, slot]
         if torch.device(self.device).type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # once: the copies landed
+        self.masks.verify()  # the host waited already
         return out
 
 
@@ -762,10 +778,17 @@ class RunState:
     rows: dict[str, tuple[Tensor | None, str]] = field(default_factory=dict)
     indices: dict = field(default_factory=dict, repr=False)  # each batch's, on the device
     index_bytes: int = 0
+    pairs: dict = field(default_factory=dict, repr=False)  # each batch's [B] cumulative pairs
 
     def __getstate__(self) -> dict:
         # sent to other processes (Ray) without the index tensors, which may be on a GPU
-        return {**self.__dict__, "indices": {}, "index_bytes": 0}
+        return {**self.__dict__, "indices": {}, "index_bytes": 0, "pairs": {}}
+
+
+def _digest(x: Tensor) -> bytes:
+    """A 16-byte digest of host tensor `x`'s values (a batch's tokens: what its indices are
+    kept under)."""
+    return hashlib.blake2b(x.numpy().tobytes(), digest_size=16).digest()
 
 
 def row_sources(
@@ -856,7 +879,9 @@ def record_checkpoint(
     own = [a for a in aggregates if a.axis == "rows" and sources[a.name][0] is not None]
     main = [a for a in aggregates if a not in own]
     rows = sum(x.shape[0] for x in batches)
-    aggregator = _HookAggregator(model, plan, layers, heads, device, main, rows, state)
+    positions = max((x.shape[1] for x in batches), default=None)
+    aggregator = _HookAggregator(model, plan, layers, heads, device, main, rows, state,
+                                 positions)  # fmt: skip
     fingerprint = 0
     start = time.perf_counter()
     values = {}
@@ -893,7 +918,8 @@ def record_checkpoint(
 def _own_rows_means(model, plan, layers, heads, device, agg, rows, batch_size, state):
     """{name: [L, H, R]} of a position aggregate over rows of its own [R, T']."""
     check_tokens(rows, model_vocab_size(model))
-    extra = _HookAggregator(model, plan, layers, heads, device, [agg], rows.shape[0], state)
+    extra = _HookAggregator(model, plan, layers, heads, device, [agg], rows.shape[0], state,
+                            rows.shape[1])  # fmt: skip
     for x in rows.split(batch_size):
         extra.run(x)
     return extra.means()

@@ -155,7 +155,11 @@ def test_what_the_fused_path_cannot_honour_stays_eager():
     neox = _bridge("gpt_neox")
     assert fused.fusable_layers(neox, 1, "cpu") == {0: "joint_rotary", 1: "joint_rotary"}
     assert fused.fusable_layers(neox, 0, "cpu") == {0: "joint_rotary"}  # to the last watched
-    assert fused.fusable_layers(neox, 1, "cuda") == {}  # the CPU kernel's log-sum-exp only
+    assert fused.fusable_layers(neox, 1, "cuda") == {0: "joint_rotary", 1: "joint_rotary"}
+    assert fused.fusable_layers(neox, 1, "mps") == {}  # no kernel known to give log-sum-exp
+    assert fused.fusable_layers(neox, 1, "cuda", positions=512) == {}  # launches bind there
+    assert fused.fusable_layers(neox, 1, "cpu", positions=512) == {0: "joint_rotary",
+                                                                   1: "joint_rotary"}  # fmt: skip
     assert fused.fusable_layers(_bridge("gpt2"), 1, "cpu") == {0: "joint", 1: "joint"}
     assert fused.fusable_layers(tiny_model(n_key_value_heads=1, backend="bridge"), 1, "cpu") == {}
     neox.cfg.use_attn_result = True  # per-head results: the eager path computes them
@@ -175,6 +179,32 @@ def test_what_the_fused_path_cannot_honour_stays_eager():
     biased[..., 3, 1] = -0.5  # ALiBi-like
     assert not fused._causal_only(biased, T)
     assert not fused._causal_only(additive[..., :4], T)
+    check = fused.MaskCheck()  # on a GPU, a pass's flag read later, where the host waits
+    check.pending += [torch.tensor(True), torch.tensor(False)]
+    with pytest.raises(RuntimeError, match="other than the causal one"):
+        check.verify()
+    check.verify()  # each flag read once
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU's kernels")
+@pytest.mark.parametrize("arch", [*ARCHS, "native"])
+def test_fused_on_a_gpu_equals_eager_on_the_cpu(arch, monkeypatch):
+    """The GPU's kernels (memory-efficient attention for float32) with the reads on the GPU:
+    every aggregate equals the CPU's eager recording and the brute-force reference."""
+    model = tiny_model(backend="bridge") if arch == "native" else _bridge(arch)
+    tokens = _tokens(rows=6, length=24) % TINY_V if arch == "native" else _tokens(length=24)
+    plan = plan_recording(tokens, TINY_V if arch == "native" else V, window=9)
+    monkeypatch.setattr(hooks, "LOSS_TOKENS", 60)
+    monkeypatch.setattr(fused.FusedReads, "MIN_BLOCK", 8)
+    monkeypatch.setattr(fused, "GPU_MIN_POSITIONS", 16)  # these rows of 24 too
+    ref = brute_force(model, tokens, window=9)
+    off = _record(model, tokens, plan, False, monkeypatch, batch_size=4)
+    model.to("cuda")
+    on = _record(model, tokens, plan, True, monkeypatch, batch_size=4, device="cuda")
+    assert fused.fusable_layers(model, 1, "cuda")
+    model.to("cpu")
+    _assert_same(on, off, ref[-1])
+    assert_matches(on, plan, ref, range(2), range(model.cfg.n_heads))
 
 
 @pytest.mark.parametrize("window", [None, 3])
