@@ -227,7 +227,8 @@ def _joint(attn, eager: Callable, rotary: bool, on_qk: Callable | None, masks: M
         if rotary and isinstance(pe, tuple):
             cos, sin = attn._apply_position_embedding_hooks(pe)
             q, k = attn._apply_rotary_pos_emb(q, k, cos, sin)
-        k, v = attn._update_kv_cache(k, v, **kwargs)
+        # no `_update_kv_cache`: the cache is empty (checked above) and the recorder's passes
+        # discard it, so appending k and v to it (a copy per layer) would be wasted
         out = _flash(q, k, v, _scale(attn, d, rotary), on_qk)
         return (attn._apply_output_projection(attn._reshape_attn_output(out, B, T, H, d)), None)
 

@@ -388,7 +388,8 @@ class _HookAggregator:
                 return None
             # one gather for every read of the layer (a GPU's hooks cost what they launch)
             read = pos.reads if weights else pos.reads[: pos.n]
-            self._add_weights(i, self.at_heads(pattern, read).float(), weights)
+            gathered = self.at_heads(pattern, read).float()
+            self._add_weights(i, gathered[: pos.n], gathered[pos.n :] if weights else None)
             return None
 
         return hook
@@ -404,7 +405,8 @@ class _HookAggregator:
             bt, pos, where = self.batch, self.positions, self.fused_reads
             heads = None if self.all_heads else self.heads_on_device
             weights = bool(self.read_weights) and bt.num_events > 0
-            parts = [where.position_weights(q, k, lse, scale, heads)] if pos.n else []
+            at_positions = where.position_weights(q, k, lse, scale, heads) if pos.n else None
+            at_plan = None
             if bt is not None and (self.read_scores or weights):
                 scores = where.plan_scores(q, k, scale)  # the event rows' [B, H, nb, N, S + W]
                 if self.read_scores:
@@ -413,29 +415,26 @@ class _HookAggregator:
                 if weights:
                     s = self.at_heads(scores, where.plan)
                     s.sub_(self.at_heads(where.row_lse(lse), where.plan_row))
-                    parts.append(s.clamp_max_(0).exp_())  # a weight <= 1, as a softmax's
-            if parts:
-                self._add_weights(i, torch.cat(parts), weights)
+                    at_plan = s.clamp_max_(0).exp_()  # a weight <= 1, as a softmax's
+            self._add_weights(i, at_positions, at_plan)
             if layer == self.stop_after:
                 raise _Enough
 
         return read
 
-    def _add_weights(self, i: int, gathered: Tensor, weights: bool) -> None:
-        """Add the weights `gathered` [n + J, H] at the batch's reads (`_Positions`: the
-        plan's J where `weights`) into the sums of layer `i`."""
+    def _add_weights(self, i: int, at_positions: Tensor | None, at_plan: Tensor | None
+                     ) -> None:  # fmt: skip
+        """Add the weights read at the batch's position reads [n, H] and at the plan's reads
+        [J, H] (`_Positions`; None: not read) into the sums of layer `i`."""
         bt, pos = self.batch, self.positions
-        if pos.n:
-            self.sums.add_at(i, pos.slot, gathered[: pos.n])
-        if not weights:
+        if pos.n and at_positions is not None:
+            self.sums.add_at(i, pos.slot, at_positions)
+        if at_plan is None:
             return None
-        a = gathered[pos.n :]  # [J, H]
-        H = a.shape[1]
-        # each event's context weight and sum of a log a in one scatter: [E, 2H]
-        sums = a.new_zeros(bt.num_events, 2 * H).index_add_(
-            0, bt.event, torch.cat([a, torch.special.xlogy(a, a)], 1)
-        )
-        den, a_log_a = sums[:, :H], sums[:, H:]
+        a, E, H = at_plan, bt.num_events, at_plan.shape[1]
+        # each event's context weight and sum of a log a, by one scatter each: [E, H]
+        den = a.new_zeros(E, H).index_add_(0, bt.event, a)
+        a_log_a = a.new_zeros(E, H).index_add_(0, bt.event, torch.special.xlogy(a, a))
         # the entropy of a / den is log den - sum(a log a) / den, written (den log den -
         # sum a log a) / den so that an event whose context weights all underflow to 0
         # contributes 0 without a comparison and a select
@@ -552,11 +551,11 @@ class _HookAggregator:
             with_loss = min(stop, loss_rows) - start  # of this pass's rows
             self.stop_after = None if with_loss > 0 else max(self.layers)
             if with_loss > 0:  # the whole forward, to the unembedding: its loss per next token
-                per_token = self.model.run_with_hooks(
-                    _to_device(part, self.device), return_type="loss", loss_per_token=True,
-                    fwd_hooks=self.hooks(),
-                )[:with_loss]  # fmt: skip
-                self.loss_sum += per_token.detach().double().sum()
+                on_device = _to_device(part, self.device)
+                logits = self.model.run_with_hooks(on_device, return_type="logits",
+                                                   fwd_hooks=self.hooks())  # fmt: skip
+                per_token = next_token_loss(logits[:with_loss], on_device[:with_loss])
+                self.loss_sum += per_token.double().sum()
                 self.loss_tokens += per_token.numel()
             else:
                 run_until(self.model, _to_device(part, self.device), max(self.layers),
@@ -638,6 +637,24 @@ class _Enough(Exception):
 # rows skip (with Pythia's 50k-token vocabulary a row's unembedding costs more than the body:
 # 16 loss rows of 64 made the recording 1.45x the forward instead of 1.12x)
 LOSS_TOKENS = 2048
+
+
+def next_token_loss(logits: Tensor, tokens: Tensor) -> Tensor:
+    """[B, T - 1] each next token's cross-entropy, from `logits` [B, T, V] of `tokens` [B, T]:
+    log-sum-exp minus the next token's logit, a few positions at a time.  A log-softmax, or
+    a log-sum-exp of the whole, writes a [B, T, V] temporary (at Pythia's vocabulary 100 MB
+    a row of 512), on pages the allocator takes afresh each time on a CPU."""
+    logits = logits[:, :-1].detach()
+    B, T, V = logits.shape
+    picked = logits.gather(-1, tokens[:, 1:, None]).squeeze(-1).float()
+    per = max(1, LOSS_CHUNK_BYTES // (4 * V))  # positions at a time
+    lse = torch.cat([torch.logsumexp(row[start : start + per].float(), -1)
+                     for row in logits for start in range(0, T, per)])  # fmt: skip
+    return lse.view(B, T).sub_(picked)
+
+
+# The bytes of logits one step of `next_token_loss` reads (small enough to stay on the heap)
+LOSS_CHUNK_BYTES = 8 << 20
 
 
 def loss_rows(seq_len: int) -> int:

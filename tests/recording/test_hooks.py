@@ -468,3 +468,21 @@ def test_the_hooks_launch_few_calls_per_layer_whatever_the_position_aggregates(m
     assert per_layer <= 23, per_layer
     assert _hook_kernels(monkeypatch, [*scan, *heads, mine]) == per_layer
     assert _hook_kernels(monkeypatch, scan) == per_layer - 1  # the positions' scatter
+
+
+@pytest.mark.parametrize("chunk_bytes", [4 * 11 * 3, 8 << 20])  # 3 positions a step, or all
+def test_the_next_token_loss_is_transformer_lens_cross_entropy(chunk_bytes, monkeypatch):
+    """Log-sum-exp minus the next token's logit, a few positions at a time, equals
+    TransformerLens's log-softmax cross-entropy per token, at every chunk boundary."""
+    from transformer_lens.utilities import lm_cross_entropy_loss
+
+    import scansnap_lens.recording.hooks as hooks
+
+    monkeypatch.setattr(hooks, "LOSS_CHUNK_BYTES", chunk_bytes)
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 8, 11, generator=g) * 5
+    tokens = torch.randint(0, 11, (3, 8), generator=g)
+    want = lm_cross_entropy_loss(logits.double(), tokens, per_token=True)
+    got = hooks.next_token_loss(logits, tokens)
+    assert got.shape == (3, 7) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=64 * torch.finfo(torch.float32).eps)
