@@ -92,11 +92,14 @@ class CooccurrenceStats:
     tokenizer: str | None = None
     min_count: int = 1
     _index: dict[tuple[int, int], int] | None = field(default=None, repr=False, compare=False)
+    # {Classification: TokenGroups} of these statistics, each made once (`from_statistics`)
+    _groups: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __reduce__(self):
         """Pickled as numpy arrays: Ray's object store then hands them to the next task
         without a copy (pickle protocol 5 buffers), where torch tensors would be copied."""
-        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_index"}
+        values = {f.name: getattr(self, f.name) for f in fields(self)
+                  if f.name not in ("_index", "_groups")}  # fmt: skip
         arrays = {k: v.numpy() for k, v in values.items() if isinstance(v, Tensor)}
         return _from_arrays, ({k: v for k, v in values.items() if k not in arrays}, arrays)
 

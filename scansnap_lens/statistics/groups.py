@@ -301,7 +301,9 @@ class TokenGroups:
         them (`from_kinds`) with `settings` (default `Classification()`, the report's), any
         field replaced by a keyword (``purity=0.9``): the one call from statistics to the
         groups that every measurement takes.  queries: keep the classes of these queries (a
-        trajectory's, ``traj.plan.queries``)."""
+        trajectory's, ``traj.plan.queries``).  Without `queries`, the groups of one
+        statistics value and settings are made once and shared (the recorder's plan and the
+        command line's power take the same; seconds at a real corpus's size)."""
         from scansnap_lens.statistics.corpus import CooccurrenceStats
         from scansnap_lens.statistics.kinds import token_kinds
 
@@ -311,11 +313,15 @@ class TokenGroups:
                 f" CooccurrenceStats.load, scansnap stats), got {type(stats).__name__}"
             )
         settings = (settings or Classification()).replace(**overrides)
+        if queries is None and settings in stats._groups:
+            return stats._groups[settings]
         kinds = token_kinds(stats, scope=settings.scope, min_support=settings.min_support,
                             purity=settings.purity, guard=settings.guard,
                             alpha=settings.alpha)  # fmt: skip
         groups = cls.from_kinds(kinds, stats, queries, settings.min_events, settings.min_distinct)
         groups.settings = settings
+        if queries is None:
+            stats._groups[settings] = groups
         return groups
 
     @classmethod

@@ -120,3 +120,24 @@ def test_groups_save_and_load_every_field(tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(b"nope")
     with pytest.raises(ValueError, match="token groups file"):
         TokenGroups.load(tmp_path / "bad.safetensors")
+
+
+def test_the_groups_of_one_statistics_value_and_settings_are_made_once():
+    """The recorder's plan and the command line's power ask for the same groups: made once
+    per statistics value and settings, anew for other settings, queries, or statistics."""
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, 40, (30, 25), generator=gen)
+    rows = torch.where(torch.rand(rows.shape, generator=gen) < 0.7, rows % 6, rows)
+    stats = cooccurrence(rows, 40, window=6)
+    kw = dict(scope="local", guard=False, purity=0.5, min_distinct=0, min_events=2)
+    first = TokenGroups.from_statistics(stats, **kw)
+    assert TokenGroups.from_statistics(stats, **kw) is first
+    other = TokenGroups.from_statistics(stats, **{**kw, "purity": 0.6})
+    assert other is not first and other.settings.purity == 0.6
+    assert TokenGroups.from_statistics(stats, [0, 1], **kw) is not first
+    canonical = stats.canonical()  # another value: its own groups, equal to the first's
+    again = TokenGroups.from_statistics(canonical, **kw)
+    assert again is not first and again.query.tolist() == first.query.tolist()
+    assert [d.sort().values.tolist() for d in again.distinct] == [
+        d.sort().values.tolist() for d in first.distinct
+    ]
