@@ -595,7 +595,7 @@ class _HookAggregator:
                 batch = batch.to(self.device, reads[n:])
             kept = (batch, _Positions(reads, _to_device(slot, self.device), n), counts, where)
             size = _index_bytes(kept)
-            if self.state.index_bytes + size <= self.KEEP_INDEX_BYTES:
+            if self.state.keep_indices and self.state.index_bytes + size <= self.KEEP_INDEX_BYTES:
                 self.state.indices[key] = kept
                 self.state.index_bytes += size
         batch, positions, counts, where = kept
@@ -613,14 +613,16 @@ class _HookAggregator:
         for a row with none)."""
         out = {}
         for agg in [*self.on_plan, *self.on_rows]:
-            total = self.sums.of(agg.name).double()  # the division in float64
+            count = self.row_counts[agg.name] if agg.axis == "rows" else agg.count(self.plan)
+            # counts below 2^24 are exact in float32, whose one correctly rounded division
+            # then equals the float64 one's to an ulp, without a float64 copy of the sums
+            exact = count.numel() == 0 or int(count.max()) < 1 << 24
+            dtype = torch.float32 if exact else torch.float64
+            total = self.sums.of(agg.name).to(dtype)
+            count = _to_device(count.to(dtype), self.device)[None, :, None]
+            avg = total / count.clamp_min(1)
             if agg.axis == "rows":
-                count = _to_device(self.row_counts[agg.name], self.device).double()
-                avg = torch.where(count[None, :, None] > 0, total / count.clamp_min(1)[None, :,
-                                  None], math.nan)  # fmt: skip
-            else:
-                count = _to_device(agg.count(self.plan), self.device).double()
-                avg = total / count[None, :, None].clamp_min(1)
+                avg = avg.masked_fill_(count == 0, math.nan)
             out[agg.name] = _to_host(rearrange(avg, "l s h -> l h s").float())  # [L, H, slot]
         if torch.device(self.device).type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # once: the copies landed
@@ -796,6 +798,7 @@ class RunState:
     indices: dict = field(default_factory=dict, repr=False)  # each batch's, on the device
     index_bytes: int = 0
     pairs: dict = field(default_factory=dict, repr=False)  # each batch's [B] cumulative pairs
+    keep_indices: bool = True  # False: no later checkpoint will reuse them (a one-off call)
 
     def __getstate__(self) -> dict:
         # sent to other processes (Ray) without the index tensors, which may be on a GPU
@@ -874,7 +877,8 @@ def record_checkpoint(
     per aggregate (`aggregates.AGGREGATES`; default `aggregates.DEFAULT`).
     prompt: [T'] ids of an example whose full attention weights are kept as well.
     on_batch: called after each batch with (batches done, batches in all or None, seconds).
-    state: what a run's checkpoints share (`RunState`), decided once and kept in it.
+    state: what a run's checkpoints share (`RunState`), decided once and kept in it (without
+    one, a one-off call: each batch's indices are not kept past it).
     """
     vocab = model_vocab_size(model)
     if plan.vocab_size != vocab:
@@ -890,7 +894,7 @@ def record_checkpoint(
     layers, heads = watched(model, layers, heads)
     if device is None:
         device = next(model.parameters()).device
-    state = RunState() if state is None else state
+    state = RunState(keep_indices=False) if state is None else state
     batches = list(_batches(tokens, batch_size))
     sources = row_sources(aggregates, batches, vocab, state)
     own = [a for a in aggregates if a.axis == "rows" and sources[a.name][0] is not None]
