@@ -163,35 +163,46 @@ class _Positions:
 
 
 class _Sums:
-    """Every aggregate's sums in one [layer, slot, head] tensor, each aggregate a run of
-    slots (`region`), so that one index_add_ adds contiguous head rows wherever they go.
+    """Every aggregate's sums in one float32 [layer, slot, head] tensor, each aggregate a run
+    of slots (`region`), so that one index_add_ adds contiguous head rows wherever they go
+    (each hook adds with one call per aggregate and none more: a GPU's hooks are bound by how
+    many calls they launch).
 
-    A forward pass adds into a float32 buffer of the same layout, which is then added to the
-    totals: a two-level sum, so rounding grows with the number of passes, not of positions,
-    the scatter stays in cheap float32, and each hook adds with one call per aggregate and
-    none more (a GPU's hooks are bound by how many calls they launch).
+    The scores' aggregates (`buffered`: zbar, whose changes between checkpoints are small
+    differences of logits up to 100) are summed in two levels: a pass adds into a zeroed
+    buffer of their slots, then into the totals, so rounding grows with the passes, not the
+    positions (docs/trajectories.md).  The weights (at most 1) and entropies are added to the
+    totals at once: against float64 sums at Pythia-70m's shape (slots seen up to 31,557
+    times) their means moved by at most 7e-6, for no buffer of their (most) slots.
     """
 
-    def __init__(self, sizes: dict[str, int], n_layers: int, n_heads: int, device):
+    def __init__(self, sizes: dict[str, int], n_layers: int, n_heads: int, device,
+                 buffered: Sequence[str] = ()):  # fmt: skip
         starts = np.cumsum([0, *sizes.values()])
         self.region = {k: (int(a), int(b)) for k, a, b in zip(sizes, starts[:-1], starts[1:])}
-        shape = (n_layers, int(starts[-1]), n_heads)
-        self.total = torch.zeros(shape, dtype=torch.float32, device=device)
-        self.buffer = torch.zeros(shape, dtype=torch.float32, device=device)
+        self.total = torch.zeros((n_layers, int(starts[-1]), n_heads), dtype=torch.float32,
+                                 device=device)  # fmt: skip
+        self.buffer = {name: torch.zeros((n_layers, sizes[name], n_heads), dtype=torch.float32,
+                                         device=device) for name in buffered}  # fmt: skip
 
     def add(self, name: str, layer: int, slot: Tensor, values: Tensor) -> None:
         """Add `values` [n, H] into slots `slot` [n] of aggregate `name` at `layer`."""
-        start, stop = self.region[name]
-        self.buffer[layer, start:stop].index_add_(0, slot, values)
+        if name in self.buffer:
+            self.buffer[name][layer].index_add_(0, slot, values)
+        else:
+            start, stop = self.region[name]
+            self.total[layer, start:stop].index_add_(0, slot, values)
 
     def add_at(self, layer: int, slot: Tensor, values: Tensor) -> None:
-        """Add `values` [n, H] into `slot` [n] of the whole layout (offsets included)."""
-        self.buffer[layer].index_add_(0, slot, values)
+        """Add `values` [n, H] into `slot` [n] of the whole layout (offsets included; the
+        slots of aggregates that are not buffered)."""
+        self.total[layer].index_add_(0, slot, values)
 
     def flush(self) -> None:
-        """Add the buffer into the totals (after each forward pass)."""
-        self.total += self.buffer
-        self.buffer.zero_()
+        """Add the buffers into the totals (after each forward pass)."""
+        for name, buffer in self.buffer.items():
+            self.of(name).add_(buffer)
+            buffer.zero_()
 
     def of(self, name: str) -> Tensor:
         """[L, slots, H] aggregate `name`'s totals."""
@@ -226,7 +237,7 @@ class _HookAggregator:
         # position aggregates first: their regions depend only on the rows (kept indices)
         order = [*self.on_rows, *self.on_plan]
         self.sums = _Sums({a.name: sizes[a.name] for a in order}, len(self.layers),
-                          len(self.heads), device)  # fmt: skip
+                          len(self.heads), device, [a.name for a in self.read_scores])  # fmt: skip
         self.row_counts = {a.name: torch.zeros(rows, dtype=torch.long) for a in self.on_rows}
         self.rows_done = 0
         self.loss_sum, self.loss_tokens = torch.zeros((), dtype=torch.float64, device=device), 0
