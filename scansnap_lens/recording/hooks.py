@@ -656,10 +656,13 @@ def next_token_loss(logits: Tensor, tokens: Tensor) -> Tensor:
     """[B, T - 1] each next token's cross-entropy, from `logits` [B, T, V] of `tokens` [B, T]:
     log-sum-exp minus the next token's logit, a few positions at a time.  A log-softmax, or
     a log-sum-exp of the whole, writes a [B, T, V] temporary (at Pythia's vocabulary 100 MB
-    a row of 512), on pages the allocator takes afresh each time on a CPU."""
+    a row of 512), on pages the allocator takes afresh each time on a CPU (a GPU's allocator
+    keeps its memory, and there each step costs a launch: one step)."""
     logits = logits[:, :-1].detach()
     B, T, V = logits.shape
     picked = logits.gather(-1, tokens[:, 1:, None]).squeeze(-1).float()
+    if logits.device.type != "cpu":
+        return torch.logsumexp(logits.float(), -1).sub_(picked)
     per = max(1, LOSS_CHUNK_BYTES // (4 * V))  # positions at a time
     lse = torch.cat([torch.logsumexp(row[start : start + per].float(), -1)
                      for row in logits for start in range(0, T, per)])  # fmt: skip
