@@ -13,8 +13,9 @@ for -inf: masked scores are -inf on
 HookedTransformer and the dtype's minimum on TransformerBridge.  Where a bridge fires
 ``hook_attn_scores`` with the softmax pattern, scores are rebuilt from ``hook_q``/``hook_k``
 (whether it does is probed once per run, `RunState`).  Where a bridge's attention allows it
-(joint-QKV or native, on a CPU), a layer runs fused attention instead and the same reads come
-from q, k and each row's log-sum-exp (`recording.fused`): no hook fires there.
+(joint-QKV or native; on a GPU for rows of 1024 positions or more), a layer runs fused
+attention instead and the same reads come from q, k and each row's log-sum-exp
+(`recording.fused`): no hook fires there.
 """
 
 from __future__ import annotations
