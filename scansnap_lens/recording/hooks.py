@@ -113,6 +113,11 @@ def _to_host(t: Tensor) -> Tensor:
     return out.copy_(t, non_blocking=True)
 
 
+def _cat(tensors: list[Tensor]) -> Tensor:
+    """`tensors` joined along their first axis (one alone as it is: no copy)."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+
+
 def _index_bytes(kept) -> int:
     """The bytes of a batch's kept index tensors (views of one storage counted once)."""
     batch, positions, counts, fused = kept
@@ -161,6 +166,10 @@ class _Positions:
     reads: Tensor  # [n + J] flat indices of head 0 into a [B, n_heads, T, T] tensor
     slot: Tensor  # [n] each position read's slot among the sums' (its aggregate's row)
     n: int
+    # the slots of every weight read (`_HookAggregator.add_weights`): (the slot tensors it
+    # joins, their join) once made, kept while the aggregates return the same tensors
+    joined: tuple[list[Tensor], Tensor] | None = field(default=None, repr=False)
+    kept: bool = False  # kept for later checkpoints (`RunState.indices`)
 
 
 class _Sums:
@@ -185,19 +194,21 @@ class _Sums:
                                  device=device)  # fmt: skip
         self.buffer = {name: torch.zeros((n_layers, sizes[name], n_heads), dtype=torch.float32,
                                          device=device) for name in buffered}  # fmt: skip
+        # each layer's view of each aggregate's slots and of the whole layout, made once (a
+        # view costs an operation each time, and a GPU's hooks are bound by their operations)
+        self.slots = {name: [self.buffer[name][i] if name in self.buffer
+                             else self.total[i, a:b] for i in range(n_layers)]
+                      for name, (a, b) in self.region.items()}  # fmt: skip
+        self.layer = list(self.total.unbind(0))
 
     def add(self, name: str, layer: int, slot: Tensor, values: Tensor) -> None:
         """Add `values` [n, H] into slots `slot` [n] of aggregate `name` at `layer`."""
-        if name in self.buffer:
-            self.buffer[name][layer].index_add_(0, slot, values)
-        else:
-            start, stop = self.region[name]
-            self.total[layer, start:stop].index_add_(0, slot, values)
+        self.slots[name][layer].index_add_(0, slot, values)
 
     def add_at(self, layer: int, slot: Tensor, values: Tensor) -> None:
         """Add `values` [n, H] into `slot` [n] of the whole layout (offsets included; the
         slots of aggregates that are not buffered)."""
-        self.total[layer].index_add_(0, slot, values)
+        self.layer[layer].index_add_(0, slot, values)
 
     def flush(self) -> None:
         """Add the buffers into the totals (after each forward pass)."""
@@ -358,13 +369,14 @@ class _HookAggregator:
         return torch.cat(flats), torch.cat([torch.zeros(0, dtype=torch.long), *slots]), counts
 
     def at_heads(self, t: Tensor, flat: Tensor) -> Tensor:
-        """[J, H]: `t` [B, n_heads, ...] (the attention's [B, n_heads, T, T]) read at head 0's
-        flat indices `flat` [J] for every watched head (a strided view: the [J, H] indices
-        are never made, or kept)."""
-        n, per = t.shape[1], t[0, 0].numel()
-        t = t.reshape(-1)
+        """[J, H] float32: `t` [B, n_heads, ...] (the attention's [B, n_heads, T, T]) read at
+        head 0's flat indices `flat` [J] for every watched head (a strided view: the [J, H]
+        indices are never made, or kept)."""
+        n, per = t.shape[1], math.prod(t.shape[2:])
+        t = t if t.is_contiguous() else t.contiguous()
         every = t.as_strided((t.numel() - (n - 1) * per, n), (1, per))  # [i, h]: t[i + h per]
-        return every[flat] if self.all_heads else every[flat[:, None], self.heads_on_device]
+        out = every[flat] if self.all_heads else every[flat[:, None], self.heads_on_device]
+        return out if out.dtype == torch.float32 else out.float()
 
     # -- hooks -------------------------------------------------------------------------
     def scores_hook(self, i: int, layer: int):
@@ -373,7 +385,7 @@ class _HookAggregator:
                 return None
             bt = self.batch
             self._add(i, self.read_scores,
-                      Gathered(bt, scores=self.at_heads(scores, bt.zbar_flat).float()))  # fmt: skip
+                      Gathered(bt, scores=self.at_heads(scores, bt.zbar_flat)))  # fmt: skip
             return None
 
         return hook
@@ -400,7 +412,7 @@ class _HookAggregator:
                 return None
             # one gather for every read of the layer (a GPU's hooks cost what they launch)
             read = pos.reads if weights else pos.reads[: pos.n]
-            gathered = self.at_heads(pattern, read).float()
+            gathered = self.at_heads(pattern, read)
             self._add_weights(i, gathered[: pos.n], gathered[pos.n :] if weights else None)
             return None
 
@@ -437,22 +449,49 @@ class _HookAggregator:
     def _add_weights(self, i: int, at_positions: Tensor | None, at_plan: Tensor | None
                      ) -> None:  # fmt: skip
         """Add the weights read at the batch's position reads [n, H] and at the plan's reads
-        [J, H] (`_Positions`; None: not read) into the sums of layer `i`."""
+        [J, H] (`_Positions`; None: not read) into the sums of layer `i`: every weight
+        aggregate's values by one scatter into the layer's whole layout."""
         bt, pos = self.batch, self.positions
+        slots, values = [], []
         if pos.n and at_positions is not None:
-            self.sums.add_at(i, pos.slot, at_positions)
-        if at_plan is None:
-            return None
-        a, E, H = at_plan, bt.num_events, at_plan.shape[1]
-        # each event's context weight and sum of a log a, by one scatter each: [E, H]
-        den = a.new_zeros(E, H).index_add_(0, bt.event, a)
-        a_log_a = a.new_zeros(E, H).index_add_(0, bt.event, torch.special.xlogy(a, a))
-        # the entropy of a / den is log den - sum(a log a) / den, written (den log den -
-        # sum a log a) / den so that an event whose context weights all underflow to 0
-        # contributes 0 without a comparison and a select
-        context = den.clamp_min(1e-30)
-        ent = torch.special.xlogy(den, den).sub_(a_log_a).div_(context)
-        self._add(i, self.read_weights, Gathered(bt, pattern=a, context=context, entropy=ent))
+            slots.append(pos.slot)
+            values.append(at_positions)
+        if at_plan is not None:
+            a, E, H = at_plan, bt.num_events, at_plan.shape[1]
+            # each event's context weight and sum of a log a, by one scatter each: [E, H]
+            den = a.new_zeros(E, H).index_add_(0, bt.event, a)
+            a_log_a = a.new_zeros(E, H).index_add_(0, bt.event, torch.special.xlogy(a, a))
+            # the entropy of a / den is log den - sum(a log a) / den, written (den log den -
+            # sum a log a) / den so that an event whose context weights all underflow to 0
+            # contributes 0 without a comparison and a select
+            context = den.clamp_min(1e-30)
+            ent = torch.special.xlogy(den, den).sub_(a_log_a).div_(context)
+            gathered = Gathered(bt, pattern=a, context=context, entropy=ent)
+            for agg in self.read_weights:
+                slot, v = agg.gather(gathered)
+                slots.append(slot)
+                values.append(v)
+        if values:
+            self.sums.add_at(i, self._joined_slots(slots), _cat(values))
+
+    def _joined_slots(self, slots: list[Tensor]) -> Tensor:
+        """The slots of `_add_weights`' reads in the whole layout: [position slots, each
+        weight aggregate's slots offset by its region], joined once per batch (each layer's
+        hook returns the same tensors; an aggregate that makes new ones is joined anew)."""
+        pos = self.positions
+        if (
+            pos.joined is not None
+            and len(pos.joined[0]) == len(slots)
+            and all(a is b for a, b in zip(pos.joined[0], slots))
+        ):
+            return pos.joined[1]
+        first = [pos.slot] if slots and slots[0] is pos.slot else []
+        regions = [self.sums.region[a.name][0] for a in self.read_weights]
+        joined = _cat([*first, *(s + r for s, r in zip(slots[len(first) :], regions))])
+        if pos.kept and pos.joined is None:
+            self.state.index_bytes += joined.numel() * joined.element_size()
+        pos.joined = (slots, joined)
+        return joined
 
     def _add(self, i: int, aggregates: list[Aggregate], gathered: Gathered) -> None:
         for agg in aggregates:
@@ -610,6 +649,7 @@ class _HookAggregator:
             if self.state.keep_indices and self.state.index_bytes + size <= self.KEEP_INDEX_BYTES:
                 self.state.indices[key] = kept
                 self.state.index_bytes += size
+                kept[1].kept = True
         batch, positions, counts, where = kept
         for name, rows in counts.items():
             self.row_counts[name].index_add_(0, rows, torch.ones_like(rows))
@@ -625,21 +665,32 @@ class _HookAggregator:
         for a row with none)."""
         out = {}
         for agg in [*self.on_plan, *self.on_rows]:
-            count = self.row_counts[agg.name] if agg.axis == "rows" else agg.count(self.plan)
-            # counts below 2^24 are exact in float32, whose one correctly rounded division
-            # then equals the float64 one's to an ulp, without a float64 copy of the sums
-            exact = count.numel() == 0 or int(count.max()) < 1 << 24
-            dtype = torch.float32 if exact else torch.float64
-            total = self.sums.of(agg.name).to(dtype)
-            count = _to_device(count.to(dtype), self.device)[None, :, None]
-            avg = total / count.clamp_min(1)
-            if agg.axis == "rows":
-                avg = avg.masked_fill_(count == 0, math.nan)
+            count = self._count(agg)
+            avg = self.sums.of(agg.name).to(count.dtype) / count
             out[agg.name] = _to_host(rearrange(avg, "l s h -> l h s").float())  # [L, H, slot]
         if torch.device(self.device).type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # once: the copies landed
         self.masks.verify()  # the host waited already
         return out
+
+    def _count(self, agg: Aggregate) -> Tensor:
+        """[1, slots, 1] on the device: what `agg`'s sums divide by (a plan slot never seen
+        by 1, its sum being 0; a row without reads by 0, its mean NaN), made once per run
+        (`RunState.counts`: a GPU checkpoint's host time is mostly its launches, and these
+        are counted and copied on the host)."""
+        rows = agg.axis == "rows"
+        key = (agg.name, _digest(self.row_counts[agg.name]) if rows else id(self.plan))
+        kept = self.state.counts.get(key)
+        if kept is not None and kept[0] is (None if rows else self.plan):
+            return kept[1]
+        count = self.row_counts[agg.name] if rows else agg.count(self.plan)
+        # counts below 2^24 are exact in float32, whose one correctly rounded division
+        # then equals the float64 one's to an ulp, without a float64 copy of the sums
+        exact = count.numel() == 0 or int(count.max()) < 1 << 24
+        count = count.to(torch.float32 if exact else torch.float64)
+        count = _to_device(count if rows else count.clamp_min(1), self.device)[None, :, None]
+        self.state.counts[key] = (None if rows else self.plan, count)
+        return count
 
 
 class _Enough(Exception):
@@ -814,10 +865,11 @@ class RunState:
     index_bytes: int = 0
     pairs: dict = field(default_factory=dict, repr=False)  # each batch's [B] cumulative pairs
     keep_indices: bool = True  # False: no later checkpoint will reuse them (a one-off call)
+    counts: dict = field(default_factory=dict, repr=False)  # each aggregate's, on the device
 
     def __getstate__(self) -> dict:
         # sent to other processes (Ray) without the index tensors, which may be on a GPU
-        return {**self.__dict__, "indices": {}, "index_bytes": 0, "pairs": {}}
+        return {**self.__dict__, "indices": {}, "index_bytes": 0, "pairs": {}, "counts": {}}
 
 
 def _digest(x: Tensor) -> bytes:
@@ -852,11 +904,12 @@ def count_rows(tokens) -> int:
 def _warn_broken(model, step: int) -> None:
     """Warn where the weights hold NaN or inf (a diverged run: its attention is what it is,
     but the user should know); one fused norm over all weights, the names only then."""
-    params = [p.detach() for p in model.parameters() if p.numel()]
+    params = [p for p in model.parameters() if p.numel()]  # under no_grad: no detach
     if not params:
         return
-    norms = torch._foreach_norm(params, math.inf)
-    if bool(torch.isfinite(torch.stack([n.float() for n in norms])).all()):
+    # one stack of the norms (it promotes mixed dtypes): a call per weight would cost a GPU
+    # checkpoint a launch per weight
+    if bool(torch.stack(torch._foreach_norm(params, math.inf)).isfinite().all()):
         return
     broken = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
     if broken:
