@@ -173,10 +173,9 @@ class _Positions:
 
 
 class _Sums:
-    """Every aggregate's sums in one float32 [layer, slot, head] tensor, each aggregate a run
-    of slots (`region`), so that one index_add_ adds contiguous head rows wherever they go
-    (each hook adds with one call per aggregate and none more: a GPU's hooks are bound by how
-    many calls they launch).
+    """Every aggregate's sums in one float32 [slot, layer, head] tensor, each aggregate a run
+    of slots (`region`), so that one index_add_ adds a layer's head rows, or every layer's at
+    once, wherever they go (a GPU's hooks are bound by how many calls they launch).
 
     The scores' aggregates (`buffered`: zbar, whose changes between checkpoints are small
     differences of logits up to 100) are summed in two levels: a pass adds into a zeroed
@@ -190,25 +189,32 @@ class _Sums:
                  buffered: Sequence[str] = ()):  # fmt: skip
         starts = np.cumsum([0, *sizes.values()])
         self.region = {k: (int(a), int(b)) for k, a, b in zip(sizes, starts[:-1], starts[1:])}
-        self.total = torch.zeros((n_layers, int(starts[-1]), n_heads), dtype=torch.float32,
+        self.total = torch.zeros((int(starts[-1]), n_layers, n_heads), dtype=torch.float32,
                                  device=device)  # fmt: skip
-        self.buffer = {name: torch.zeros((n_layers, sizes[name], n_heads), dtype=torch.float32,
+        self.buffer = {name: torch.zeros((sizes[name], n_layers, n_heads), dtype=torch.float32,
                                          device=device) for name in buffered}  # fmt: skip
-        # each layer's view of each aggregate's slots and of the whole layout, made once (a
-        # view costs an operation each time, and a GPU's hooks are bound by their operations)
-        self.slots = {name: [self.buffer[name][i] if name in self.buffer
-                             else self.total[i, a:b] for i in range(n_layers)]
+        # the views a scatter adds into, made once (a view costs an operation each time, and a
+        # GPU's hooks are bound by their operations): per aggregate and for the whole layout,
+        # each layer's [slots, H] (index i) and every layer's [slots, L * H] (index -1)
+        flat = n_layers * n_heads
+        self.slots = {name: self._views(self.buffer[name] if name in self.buffer
+                                        else self.total[a:b], flat)
                       for name, (a, b) in self.region.items()}  # fmt: skip
-        self.layer = list(self.total.unbind(0))
+        self.layout = self._views(self.total, flat)
+
+    @staticmethod
+    def _views(t: Tensor, flat: int) -> list[Tensor]:
+        return [*t.unbind(1), t.view(t.shape[0], flat)]
 
     def add(self, name: str, layer: int, slot: Tensor, values: Tensor) -> None:
-        """Add `values` [n, H] into slots `slot` [n] of aggregate `name` at `layer`."""
+        """Add `values` into slots `slot` [n] of aggregate `name`: [n, H] at `layer`, or
+        [n, L * H] at every layer (layer -1)."""
         self.slots[name][layer].index_add_(0, slot, values)
 
     def add_at(self, layer: int, slot: Tensor, values: Tensor) -> None:
-        """Add `values` [n, H] into `slot` [n] of the whole layout (offsets included; the
-        slots of aggregates that are not buffered)."""
-        self.layer[layer].index_add_(0, slot, values)
+        """`add` into `slot` [n] of the whole layout (offsets included; the slots of
+        aggregates that are not buffered)."""
+        self.layout[layer].index_add_(0, slot, values)
 
     def flush(self) -> None:
         """Add the buffers into the totals (after each forward pass)."""
@@ -217,9 +223,9 @@ class _Sums:
             buffer.zero_()
 
     def of(self, name: str) -> Tensor:
-        """[L, slots, H] aggregate `name`'s totals."""
+        """[slots, L, H] aggregate `name`'s totals."""
         start, stop = self.region[name]
-        return self.total[:, start:stop]
+        return self.total[start:stop]
 
 
 class _HookAggregator:
@@ -268,6 +274,13 @@ class _HookAggregator:
         self.fused_reads: FusedReads | None = None
         self.masks = MaskCheck()  # the attention masks the fused layers ran under
         self.stop_after: int | None = None  # the fused layer that ends a pass (`run_until`)
+        # a GPU's passes sum their reads once, for every layer (`_read`), where the plan
+        # aggregates are the built-in ones (a user's gather sees [J, H], one layer's heads)
+        self.can_defer = torch.device(device).type in self.DEFER_ON and all(
+            a in AGGREGATES for a in self.on_plan
+        )
+        self.defer = False
+        self.reads: dict[int, list[Tensor | None]] = {}
 
     # the lookups index the tokens on the host (they depend on the text, not the model); made
     # where a batch's indices are not kept from an earlier checkpoint (`RunState`)
@@ -383,9 +396,7 @@ class _HookAggregator:
         def hook(scores: Tensor, hook=None):
             if self.scores_from_qk[layer]:
                 return None
-            bt = self.batch
-            self._add(i, self.read_scores,
-                      Gathered(bt, scores=self.at_heads(scores, bt.zbar_flat)))  # fmt: skip
+            self._read(i, zbar=self.at_heads(scores, self.batch.zbar_flat))
             return None
 
         return hook
@@ -413,7 +424,8 @@ class _HookAggregator:
             # one gather for every read of the layer (a GPU's hooks cost what they launch)
             read = pos.reads if weights else pos.reads[: pos.n]
             gathered = self.at_heads(pattern, read)
-            self._add_weights(i, gathered[: pos.n], gathered[pos.n :] if weights else None)
+            self._read(i, at_positions=gathered[: pos.n] if pos.n else None,
+                       at_plan=gathered[pos.n :] if weights else None)  # fmt: skip
             return None
 
         return hook
@@ -430,27 +442,64 @@ class _HookAggregator:
             heads = None if self.all_heads else self.heads_on_device
             weights = bool(self.read_weights) and bt.num_events > 0
             at_positions = where.position_weights(q, k, lse, scale, heads) if pos.n else None
-            at_plan = None
+            zbar = at_plan = None
             if bt is not None and (self.read_scores or weights):
                 scores = where.plan_scores(q, k, scale)  # the event rows' [B, H, nb, N, S + W]
                 if self.read_scores:
                     zbar = self.at_heads(scores, where.plan if where.zbar is None else where.zbar)
-                    self._add(i, self.read_scores, Gathered(bt, scores=zbar))
                 if weights:
                     s = self.at_heads(scores, where.plan)
                     s.sub_(self.at_heads(where.row_lse(lse), where.plan_row))
                     at_plan = s.clamp_max_(0).exp_()  # a weight <= 1, as a softmax's
-            self._add_weights(i, at_positions, at_plan)
+            self._read(i, zbar, at_positions, at_plan)
             if layer == self.stop_after:
                 raise _Enough
 
         return read
 
+    def _read(self, i: int, zbar: Tensor | None = None, at_positions: Tensor | None = None,
+              at_plan: Tensor | None = None) -> None:  # fmt: skip
+        """What layer `i` read: the scores at the plan's pairs [J'', H], the weights at the
+        position reads [n, H] and at the plan's pairs [J, H] (None: not read).  Summed at
+        once, or, where the pass defers (`defer`), kept until its end and summed for every
+        layer at once (a GPU's small model is bound by the calls it launches: the sums' ~15
+        calls a layer become ~15 a pass)."""
+        if not self.defer:
+            self._sum(i, zbar, at_positions, at_plan)
+            return
+        kept = self.reads.setdefault(i, [None, None, None])
+        for j, t in enumerate((zbar, at_positions, at_plan)):
+            if t is not None:
+                kept[j] = t
+
+    def _sum_reads(self) -> None:
+        """Sum the reads the pass kept (`_read`): every layer's at once where every watched
+        layer read the same things, else each layer's."""
+        reads, self.reads = self.reads, {}
+        L = len(self.layers)
+        present = {tuple(t is not None for t in r) for r in reads.values()}
+        if len(reads) == L and len(present) == 1:
+            parts = [[r[j] for r in (reads[i] for i in range(L))] for j in range(3)]
+            # [n, H] per layer -> [n, L * H]: the layers as heads of one read
+            stacked = [None if p[0] is None else torch.stack(p, 1).flatten(1) for p in parts]
+            self._sum(-1, *stacked)
+        else:
+            for i, r in reads.items():
+                self._sum(i, *r)
+
+    def _sum(self, i: int, zbar: Tensor | None, at_positions: Tensor | None,
+             at_plan: Tensor | None) -> None:  # fmt: skip
+        """Add layer `i`'s reads ([n, H] each; layer -1: every layer's, [n, L * H]) into the
+        sums."""
+        if zbar is not None:
+            self._add(i, self.read_scores, Gathered(self.batch, scores=zbar))
+        self._add_weights(i, at_positions, at_plan)
+
     def _add_weights(self, i: int, at_positions: Tensor | None, at_plan: Tensor | None
                      ) -> None:  # fmt: skip
         """Add the weights read at the batch's position reads [n, H] and at the plan's reads
-        [J, H] (`_Positions`; None: not read) into the sums of layer `i`: every weight
-        aggregate's values by one scatter into the layer's whole layout."""
+        [J, H] (`_Positions`; None: not read) into the sums of layer `i` (-1: every layer,
+        [n, L * H]): every weight aggregate's values by one scatter into the whole layout."""
         bt, pos = self.batch, self.positions
         slots, values = [], []
         if pos.n and at_positions is not None:
@@ -514,8 +563,7 @@ class _HookAggregator:
         q = rearrange(acts["q"].float(), "b t (c g) d -> b t c g d", c=k.shape[2])
         scores = torch.einsum("bqcgd,bkcd->bcgqk", q, k).div_(_attn_scale(self.model, layer))
         scores = rearrange(scores, "b c g q k -> b (c g) q k")
-        vals = self.at_heads(scores, bt.zbar_flat)  # [J'', H]
-        self._add(i, self.read_scores, Gathered(bt, scores=vals))
+        self._read(i, zbar=self.at_heads(scores, bt.zbar_flat))  # [J'', H]
 
     def hooks(self) -> list[tuple[str, object]]:
         hooks = []
@@ -551,6 +599,10 @@ class _HookAggregator:
     # grow with T^2 past these (8 rows of 2048 tokens and 12 heads would make 1.6 GB each).
     MAX_PAIRS = 1 << 21
     MAX_ATTENTION_BYTES = 1 << 29
+    # the devices whose passes sum their reads at their end, and the most bytes of reads one
+    # pass keeps to do so (`_read`)
+    DEFER_ON = ("cuda",)
+    DEFER_BYTES = 1 << 28
 
     def pairs_per_row(self, x: Tensor) -> Tensor:
         """[B] the tracked position pairs of each row (what `index` would gather)."""
@@ -599,6 +651,9 @@ class _HookAggregator:
             stop = min(max(stop, start + 1), start + most_rows)
             part = x[start:stop]
             self.batch, self.positions, self.fused_reads = self._indices(part)
+            read = (int(pairs[stop - 1]) - before + self.positions.n) * len(self.layers)
+            self.defer = self.can_defer and read * len(self.heads) * 4 <= self.DEFER_BYTES
+            self.reads = {}
             with_loss = min(stop, loss_rows) - start  # of this pass's rows
             self.stop_after = None if with_loss > 0 else max(self.layers)
             if with_loss > 0:  # the whole forward, to the unembedding: its loss per next token
@@ -611,6 +666,7 @@ class _HookAggregator:
             else:
                 run_until(self.model, _to_device(part, self.device), max(self.layers),
                           self.hooks())  # fmt: skip
+            self._sum_reads()
             self.sums.flush()
             self.batch, self.positions, self.fused_reads = None, None, None
             self.qk.clear()
@@ -667,14 +723,14 @@ class _HookAggregator:
         for agg in [*self.on_plan, *self.on_rows]:
             count = self._count(agg)
             avg = self.sums.of(agg.name).to(count.dtype) / count
-            out[agg.name] = _to_host(rearrange(avg, "l s h -> l h s").float())  # [L, H, slot]
+            out[agg.name] = _to_host(rearrange(avg, "s l h -> l h s").float())  # [L, H, slot]
         if torch.device(self.device).type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # once: the copies landed
         self.masks.verify()  # the host waited already
         return out
 
     def _count(self, agg: Aggregate) -> Tensor:
-        """[1, slots, 1] on the device: what `agg`'s sums divide by (a plan slot never seen
+        """[slots, 1, 1] on the device: what `agg`'s sums divide by (a plan slot never seen
         by 1, its sum being 0; a row without reads by 0, its mean NaN), made once per run
         (`RunState.counts`: a GPU checkpoint's host time is mostly its launches, and these
         are counted and copied on the host)."""
@@ -688,7 +744,7 @@ class _HookAggregator:
         # then equals the float64 one's to an ulp, without a float64 copy of the sums
         exact = count.numel() == 0 or int(count.max()) < 1 << 24
         count = count.to(torch.float32 if exact else torch.float64)
-        count = _to_device(count if rows else count.clamp_min(1), self.device)[None, :, None]
+        count = _to_device(count if rows else count.clamp_min(1), self.device)[:, None, None]
         self.state.counts[key] = (None if rows else self.plan, count)
         return count
 

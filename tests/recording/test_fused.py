@@ -188,9 +188,11 @@ def test_what_the_fused_path_cannot_honour_stays_eager():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU's kernels")
 @pytest.mark.parametrize("arch", [*ARCHS, "native"])
-def test_fused_on_a_gpu_equals_eager_on_the_cpu(arch, monkeypatch):
-    """The GPU's kernels (memory-efficient attention for float32) with the reads on the GPU:
-    every aggregate equals the CPU's eager recording and the brute-force reference."""
+@pytest.mark.parametrize("fused_on", [True, False], ids=["fused", "eager"])
+def test_a_gpu_recording_equals_eager_on_the_cpu(arch, fused_on, monkeypatch):
+    """The GPU's kernels (memory-efficient attention for float32, or the eager attention)
+    with the reads on the GPU, each pass's sums made once for every layer at its end: every
+    aggregate equals the CPU's eager recording and the brute-force reference."""
     model = tiny_model(backend="bridge") if arch == "native" else _bridge(arch)
     tokens = _tokens(rows=6, length=24) % TINY_V if arch == "native" else _tokens(length=24)
     plan = plan_recording(tokens, TINY_V if arch == "native" else V, window=9)
@@ -200,8 +202,15 @@ def test_fused_on_a_gpu_equals_eager_on_the_cpu(arch, monkeypatch):
     ref = brute_force(model, tokens, window=9)
     off = _record(model, tokens, plan, False, monkeypatch, batch_size=4)
     model.to("cuda")
-    on = _record(model, tokens, plan, True, monkeypatch, batch_size=4, device="cuda")
-    assert fused.fusable_layers(model, 1, "cuda")
+    summed, original = [], hooks._HookAggregator._sum
+
+    def spy(self, i, *reads):
+        summed.append(i)
+        return original(self, i, *reads)
+
+    monkeypatch.setattr(hooks._HookAggregator, "_sum", spy)
+    on = _record(model, tokens, plan, fused_on, monkeypatch, batch_size=4, device="cuda")
+    assert bool(fused.fusable_layers(model, 1, "cuda")) == fused_on and set(summed) == {-1}
     model.to("cpu")
     _assert_same(on, off, ref[-1])
     assert_matches(on, plan, ref, range(2), range(model.cfg.n_heads))
