@@ -123,7 +123,7 @@ def _index_bytes(kept) -> int:
     batch, positions, counts, fused = kept
     tensors = [*(vars(batch).values() if batch is not None else ()), *counts.values(),
                *(vars(fused).values() if fused is not None else ()), positions.reads,
-               positions.slot]  # fmt: skip
+               positions.slot, positions.tokens]  # fmt: skip
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                 for t in tensors if isinstance(t, Tensor)}  # fmt: skip
     return sum(storages.values())
@@ -166,6 +166,7 @@ class _Positions:
     reads: Tensor  # [n + J] flat indices of head 0 into a [B, n_heads, T, T] tensor
     slot: Tensor  # [n] each position read's slot among the sums' (its aggregate's row)
     n: int
+    tokens: Tensor | None = None  # [B, T] the pass's rows on the device (one copy a run)
     # the slots of every weight read (`_HookAggregator.add_weights`): (the slot tensors it
     # joins, their join) once made, kept while the aggregates return the same tensors
     joined: tuple[list[Tensor], Tensor] | None = field(default=None, repr=False)
@@ -656,16 +657,15 @@ class _HookAggregator:
             self.reads = {}
             with_loss = min(stop, loss_rows) - start  # of this pass's rows
             self.stop_after = None if with_loss > 0 else max(self.layers)
+            on_device = self.positions.tokens
             if with_loss > 0:  # the whole forward, to the unembedding: its loss per next token
-                on_device = _to_device(part, self.device)
                 logits = self.model.run_with_hooks(on_device, return_type="logits",
                                                    fwd_hooks=self.hooks())  # fmt: skip
                 per_token = next_token_loss(logits[:with_loss], on_device[:with_loss])
                 self.loss_sum += per_token.double().sum()
                 self.loss_tokens += per_token.numel()
             else:
-                run_until(self.model, _to_device(part, self.device), max(self.layers),
-                          self.hooks())  # fmt: skip
+                run_until(self.model, on_device, max(self.layers), self.hooks())
             self._sum_reads()
             self.sums.flush()
             self.batch, self.positions, self.fused_reads = None, None, None
@@ -700,7 +700,9 @@ class _HookAggregator:
             reads = _to_device(flat, self.device)  # head 0's: each hook reads every head's
             if batch is not None:
                 batch = batch.to(self.device, reads[n:])
-            kept = (batch, _Positions(reads, _to_device(slot, self.device), n), counts, where)
+            positions = _Positions(reads, _to_device(slot, self.device), n,
+                                   _to_device(part, self.device))  # fmt: skip
+            kept = (batch, positions, counts, where)
             size = _index_bytes(kept)
             if self.state.keep_indices and self.state.index_bytes + size <= self.KEEP_INDEX_BYTES:
                 self.state.indices[key] = kept
