@@ -234,11 +234,11 @@ def _groups_or_none(stats):
 
 def _say_power(stats):
     """What the recorder calls with its plan: the scan verdict's planned power, said once."""
-    groups = _groups_or_none(stats)
 
     def say(plan, heads: int) -> None:
         from scansnap_lens.planning.power import planned_mde
 
+        groups = _groups_or_none(stats)  # the plan's own (made once)
         mde = math.nan if groups is None else planned_mde(plan, groups, heads)
         where = f"{plan.num_queries:,} queries, {heads} heads"
         if mde != mde:

@@ -198,6 +198,8 @@ class Recorder:
         except BaseException:
             self.lock.release()  # a refused folder stays free for a corrected recorder
             raise
+        if self.plan is None and stats is not None and settings.queries is None:
+            TokenGroups.ahead(stats)  # the plan's groups, made while the first model loads
 
     # ---------------------------------------------------------------- the folder
     def _open(self, plan: RecordPlan | None) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -92,14 +93,17 @@ class CooccurrenceStats:
     tokenizer: str | None = None
     min_count: int = 1
     _index: dict[tuple[int, int], int] | None = field(default=None, repr=False, compare=False)
-    # {Classification: TokenGroups} of these statistics, each made once (`from_statistics`)
+    # {Classification: TokenGroups} of these statistics, each made once (`from_statistics`),
+    # and the lock a caller takes to make or read one (one may be made in the background)
     _groups: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _groups_lock: threading.Lock = field(default_factory=threading.Lock, init=False,
+                                         repr=False, compare=False)  # fmt: skip
 
     def __reduce__(self):
         """Pickled as numpy arrays: Ray's object store then hands them to the next task
         without a copy (pickle protocol 5 buffers), where torch tensors would be copied."""
         values = {f.name: getattr(self, f.name) for f in fields(self)
-                  if f.name not in ("_index", "_groups")}  # fmt: skip
+                  if f.name not in ("_index", "_groups", "_groups_lock")}  # fmt: skip
         arrays = {k: v.numpy() for k, v in values.items() if isinstance(v, Tensor)}
         return _from_arrays, ({k: v for k, v in values.items() if k not in arrays}, arrays)
 

@@ -14,6 +14,7 @@ measurement runs the same way on the lab and on real models.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import asdict, dataclass, fields, replace
 from functools import cached_property
 from pathlib import Path
@@ -305,7 +306,6 @@ class TokenGroups:
         statistics value and settings are made once and shared (the recorder's plan and the
         command line's power take the same; seconds at a real corpus's size)."""
         from scansnap_lens.statistics.corpus import CooccurrenceStats
-        from scansnap_lens.statistics.kinds import token_kinds
 
         if not isinstance(stats, CooccurrenceStats):
             raise TypeError(
@@ -313,16 +313,40 @@ class TokenGroups:
                 f" CooccurrenceStats.load, scansnap stats), got {type(stats).__name__}"
             )
         settings = (settings or Classification()).replace(**overrides)
-        if queries is None and settings in stats._groups:
+        if queries is not None:
+            return cls._classified(stats, queries, settings)
+        with stats._groups_lock:  # one made in the background (`ahead`) is waited for
+            if settings not in stats._groups:
+                stats._groups[settings] = cls._classified(stats, None, settings)
             return stats._groups[settings]
+
+    @classmethod
+    def _classified(cls, stats, queries, settings: Classification) -> TokenGroups:
+        from scansnap_lens.statistics.kinds import token_kinds
+
         kinds = token_kinds(stats, scope=settings.scope, min_support=settings.min_support,
                             purity=settings.purity, guard=settings.guard,
                             alpha=settings.alpha)  # fmt: skip
         groups = cls.from_kinds(kinds, stats, queries, settings.min_events, settings.min_distinct)
         groups.settings = settings
-        if queries is None:
-            stats._groups[settings] = groups
         return groups
+
+    @classmethod
+    def ahead(cls, stats, settings: Classification | None = None) -> threading.Thread:
+        """Start making `from_statistics(stats, settings=settings)` in a background thread
+        and return it: a later call takes its groups, waiting for them if need be (the
+        recorder classifies while it loads its first model: seconds each at a real corpus's
+        size).  An error there is left for that later call to raise."""
+
+        def classify() -> None:
+            try:
+                cls.from_statistics(stats, settings=settings)
+            except Exception:  # the caller's own call raises it, in its thread
+                pass
+
+        thread = threading.Thread(target=classify, name="scansnap-groups", daemon=True)
+        thread.start()
+        return thread
 
     @classmethod
     def from_kinds(cls, kinds, stats, queries=None, min_events: int = Classification.min_events,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from scansnap_lens.statistics.corpus import cooccurrence
-from scansnap_lens.statistics.groups import TokenGroups
+from scansnap_lens.statistics.groups import Classification, TokenGroups
 from scansnap_lens.statistics.kinds import COMMON, DISTINCT, token_kinds
 
 
@@ -141,3 +141,37 @@ def test_the_groups_of_one_statistics_value_and_settings_are_made_once():
     assert [d.sort().values.tolist() for d in again.distinct] == [
         d.sort().values.tolist() for d in first.distinct
     ]
+
+
+def test_groups_made_in_the_background_are_waited_for_and_made_once(monkeypatch):
+    """`TokenGroups.ahead` classifies in a thread (the recorder, while its first model
+    loads): a call meanwhile waits for those groups instead of making its own, and an error
+    there is raised by the caller's call, in its thread."""
+    import threading
+
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, 40, (30, 25), generator=gen)
+    rows = torch.where(torch.rand(rows.shape, generator=gen) < 0.7, rows % 6, rows)
+    stats = cooccurrence(rows, 40, window=6)
+    settings = Classification(scope="local", guard=False, purity=0.5, min_distinct=0,
+                              min_events=2)  # fmt: skip
+    made, go = [], threading.Event()
+    original = TokenGroups._classified.__func__
+
+    def slow(cls, *args):
+        made.append(threading.current_thread().name)
+        go.wait(10)  # the caller's call below comes while this one is under way
+        return original(cls, *args)
+
+    monkeypatch.setattr(TokenGroups, "_classified", classmethod(slow))
+    thread = TokenGroups.ahead(stats, settings)
+    while not made:  # the background call holds the statistics' lock
+        thread.join(0.01)
+    threading.Timer(0.2, go.set).start()
+    groups = TokenGroups.from_statistics(stats, settings=settings)
+    assert made == ["scansnap-groups"] and groups is stats._groups[settings]
+    thread.join()
+    empty = cooccurrence(torch.zeros((3, 10), dtype=torch.long), 40, window=6)
+    TokenGroups.ahead(empty).join()  # nothing distinct: its thread ends quietly
+    with pytest.raises(ValueError):
+        TokenGroups.from_statistics(empty)
