@@ -298,7 +298,8 @@ def _rows_for_power(args: argparse.Namespace, tokens, stats, source):
 def _report(args: argparse.Namespace) -> int:
     from scansnap_lens._io import check_writable
     from scansnap_lens.models.training import Rates
-    from scansnap_lens.reading.analysis import Analysis, AnalysisSettings
+    from scansnap_lens.reading.analysis import Analysis
+    from scansnap_lens.reading.settings import AnalysisSettings
     from scansnap_lens.recording.trajectory import Trajectory
     from scansnap_lens.report import write_report
     from scansnap_lens.statistics.corpus import CooccurrenceStats
@@ -723,7 +724,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     report.add_argument("--title", help="the page's title (default: the trajectory's source)")
     from scansnap_lens.models.training import Rates
-    from scansnap_lens.reading.analysis import AnalysisSettings
+    from scansnap_lens.reading.settings import AnalysisSettings
     from scansnap_lens.statistics.groups import Classification
 
     _setting_options(report, AnalysisSettings, Classification, Rates)

@@ -1019,7 +1019,7 @@ def test_the_report_options_are_the_settings_fields(capsys):
     their defaults are the library's, and each option lands in its field."""
     from scansnap_lens.cli import _settings, build_parser
     from scansnap_lens.models.training import Rates
-    from scansnap_lens.reading.analysis import AnalysisSettings
+    from scansnap_lens.reading.settings import AnalysisSettings
     from scansnap_lens.statistics.groups import Classification
 
     parser = build_parser()
@@ -1042,3 +1042,17 @@ def test_the_report_options_are_the_settings_fields(capsys):
     error = capsys.readouterr().err
     assert exit_.value.code == 2 and "--theory-seconds" in error and "-1" in error, error
     assert "Traceback" not in error
+
+
+def test_building_the_parser_imports_no_measurement():
+    """Every command builds the whole parser, the report's options from `AnalysisSettings`:
+    that must not import the measurements and scipy (about a second of every command)."""
+
+    code = (
+        "import sys; from scansnap_lens.cli import build_parser; build_parser();"
+        " print(sorted(m for m in ('scansnap_lens.measures.catalog', 'scansnap_lens.measures.fit',"
+        " 'scansnap_lens.reading.analysis', 'scipy.stats') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    assert done.stdout.strip() == "[]", done.stdout

@@ -37,6 +37,7 @@ from scansnap_lens.statistics.context import require_same
 from scansnap_lens.statistics.groups import TokenGroups
 from scansnap_lens.theory.population import (
     THEORY_CLASSES,
+    THEORY_SECONDS,
     Population,
     gradients_at_most,
     predict,
@@ -45,8 +46,6 @@ from scansnap_lens.theory.transition import PhaseTransition, rho0
 
 __all__ = ["THEORY_SECONDS", "growth_bounds", "theory_fit"]
 
-# the theory fit's time at most by default: a report in about a minute on 2 cores
-THEORY_SECONDS = 20.0
 MIN_FIT_CLASSES = 8  # fewest classes the time limit cuts the fit to
 PROBE_GRADIENTS = 4  # timed to estimate the fit's cost
 NOTHING_TO_RANK = "no tracked class has two distinct tokens to rank"

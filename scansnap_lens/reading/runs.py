@@ -41,7 +41,8 @@ from scansnap_lens._io import make_folder, write_text
 from scansnap_lens.measures.catalog import MEASURES, columns, measures_of
 from scansnap_lens.measures.matching import match_heads
 from scansnap_lens.measures.resampling import interval_over_runs, share_interval
-from scansnap_lens.reading.analysis import Analysis, AnalysisSettings
+from scansnap_lens.reading.analysis import Analysis
+from scansnap_lens.reading.settings import AnalysisSettings
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 

@@ -287,6 +287,8 @@ def _loss(Y: Tensor, Z: Tensor, pop: Population, q: Tensor, target: Tensor, log_
 # costs triples x next tokens, both growing with the classes (a user's 7,913: hours; 128 on
 # WikiText with a 64-token window: 26 s for 800 steps on 2 cores)
 THEORY_CLASSES = 128
+# the theory fit's time at most by default: a report in about a minute on 2 cores
+THEORY_SECONDS = 20.0
 EXACT_STEPS = 256  # optimizer steps taken one by one before steps are merged
 ERROR = 2e-5  # the largest error of the attention (a probability) one merged step may make
 # A merged step is at least 1/RESOLUTION of the steps taken: at most about RESOLUTION x log2
