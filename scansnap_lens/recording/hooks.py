@@ -168,8 +168,9 @@ class _Positions:
     n: int
     tokens: Tensor | None = None  # [B, T] the pass's rows on the device (one copy a run)
     # the slots of every weight read (`_HookAggregator.add_weights`): (the slot tensors it
-    # joins, their join) once made, kept while the aggregates return the same tensors
-    joined: tuple[list[Tensor], Tensor] | None = field(default=None, repr=False)
+    # joins, their regions' starts, their join) once made, kept while the aggregates return
+    # the same tensors into the same regions
+    joined: tuple[list[Tensor], list[int], Tensor] | None = field(default=None, repr=False)
     kept: bool = False  # kept for later checkpoints (`RunState.indices`)
 
 
@@ -538,18 +539,19 @@ class _HookAggregator:
         weight aggregate's slots offset by its region], joined once per batch (each layer's
         hook returns the same tensors; an aggregate that makes new ones is joined anew)."""
         pos = self.positions
+        regions = [self.sums.region[a.name][0] for a in self.read_weights]
         if (
             pos.joined is not None
+            and pos.joined[1] == regions  # another aggregate list may lay the sums out anew
             and len(pos.joined[0]) == len(slots)
             and all(a is b for a, b in zip(pos.joined[0], slots))
         ):
-            return pos.joined[1]
+            return pos.joined[2]
         first = [pos.slot] if slots and slots[0] is pos.slot else []
-        regions = [self.sums.region[a.name][0] for a in self.read_weights]
         joined = _cat([*first, *(s + r for s, r in zip(slots[len(first) :], regions))])
         if pos.kept and pos.joined is None:
             self.state.index_bytes += joined.numel() * joined.element_size()
-        pos.joined = (slots, joined)
+        pos.joined = (slots, regions, joined)
         return joined
 
     def _add(self, i: int, aggregates: list[Aggregate], gathered: Gathered) -> None:

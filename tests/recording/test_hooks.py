@@ -474,6 +474,23 @@ def test_a_runs_later_checkpoints_reuse_the_index_of_its_tokens(monkeypatch):
     assert len(calls) == 4 * made and small.indices == {}  # fresh, then 2 checkpoints
 
 
+def test_a_kept_batch_recorded_with_another_aggregate_list_sums_into_its_own_layout():
+    """The weight reads' joined slots are kept with a batch's indices; another aggregate list
+    on the same run state lays the sums out anew (zbar's slots first), and is joined anew."""
+    import scansnap_lens.recording.hooks as hooks
+
+    tokens = torch.randint(0, V, (6, 12), generator=torch.Generator().manual_seed(7))
+    plan, state, model = plan_recording(tokens, V), hooks.RunState(), tiny_model(seed=1)
+    record = lambda aggs, state: hooks.record_checkpoint(  # noqa: E731
+        model, tokens, plan, batch_size=4, progress=False, state=state, aggregates=aggs
+    )
+    record(["c_hat", "first_token"], state)
+    again = record(["zbar", "c_hat", "first_token"], state)
+    fresh = record(["zbar", "c_hat", "first_token"], None)
+    for name in fresh.values:
+        assert torch.equal(again.values[name].nan_to_num(7.0), fresh.values[name].nan_to_num(7.0))
+
+
 def test_a_run_makes_each_aggregates_divisor_once():
     """The plan's counts are counted and copied to the device once per run (`RunState.counts`):
     a later checkpoint divides by the kept ones, and a new plan gets its own."""
