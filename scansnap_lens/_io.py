@@ -79,17 +79,24 @@ def staged_folder(out: str | Path) -> Iterator[Path]:
     out = Path(out)
     make_folder(out.parent)
     _remove_stale_stages(out)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    lock = open_lock(stage / STAGE_LOCK)
+    # made under another name and renamed once locked: a stage seen by its name always
+    # has its lock, so a kill at any moment leaves one that the next process can remove
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".new", dir=out.parent))
+    lock = None
     try:
+        lock = open_lock(stage / STAGE_LOCK)
         if fcntl is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)
+        named = stage.with_suffix(".partial")
+        os.rename(stage, named)
+        stage = named
         yield stage
         files = sorted(p for p in stage.rglob("*") if p.is_file() and p.name != STAGE_LOCK)
         _move_in(stage, files, out)
         _fsync(out)
     finally:
-        lock.close()
+        if lock is not None:
+            lock.close()
         shutil.rmtree(stage, ignore_errors=True)
 
 
@@ -138,11 +145,12 @@ def _remove_stale_stages(out: Path) -> None:
     """Remove the stages beside `out` that no process fills (a kill's leftovers)."""
     if fcntl is None:
         return
-    for stage in out.parent.glob(f".{glob_escape(out.name)}.*.partial"):
+    name = glob_escape(out.name)
+    for stage in [*out.parent.glob(f".{name}.*.partial"), *out.parent.glob(f".{name}.*.new")]:
         lock_file = stage / STAGE_LOCK
         if stage.is_symlink() or not stage.is_dir():
             continue
-        if not lock_file.is_file():  # an older version's, or one a moment old: by its age
+        if stage.suffix == ".new" or not lock_file.is_file():  # not yet locked: by its age
             with suppress(OSError):
                 if time.time() - stage.stat().st_mtime > 60:
                     shutil.rmtree(stage, ignore_errors=True)

@@ -179,3 +179,40 @@ def test_the_librarys_saves_refuse_a_planted_link(tmp_path):
         with pytest.raises(ValueError, match="is a symbolic link"):
             save()
     assert outside.read_text() == "mine"
+
+
+def test_a_stage_is_seen_by_its_name_only_once_locked_so_a_kill_leaves_one_to_remove(
+    tmp_path, monkeypatch
+):
+    """A kill between a stage's making and its lock left a `.partial` without a lock, kept
+    for a minute by its age (a report killed at that moment under load left it beside the
+    folder): the stage takes its name once locked, and a lockless one, from a kill before
+    that, goes by its age."""
+    import os
+    import time
+
+    out = tmp_path / "r"
+    seen = []
+    real = _io.open_lock
+
+    def watching(path):
+        seen.append(sorted(p.name for p in tmp_path.glob(".r.*.partial")))
+        return real(path)
+
+    monkeypatch.setattr(_io, "open_lock", watching)
+    with _io.staged_folder(out) as stage:
+        assert stage.suffix == ".partial" and (stage / _io.STAGE_LOCK).is_file()
+        (stage / "a.txt").write_text("a")
+    assert seen == [[]] and (out / "a.txt").read_text() == "a"
+    monkeypatch.setattr(_io, "open_lock", real)
+    # what a kill leaves: one locked stage (named), one before its lock (unnamed, old)
+    killed, early = tmp_path / ".r.k1.partial", tmp_path / ".r.k2.new"
+    killed.mkdir()
+    (killed / _io.STAGE_LOCK).touch()
+    early.mkdir()
+    os.utime(early, (time.time() - 120, time.time() - 120))
+    young = tmp_path / ".r.k3.new"  # another process's, a moment old: kept
+    young.mkdir()
+    with _io.staged_folder(out):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".r.k3.new", "r"]
