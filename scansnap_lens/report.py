@@ -17,6 +17,7 @@ import base64
 import html
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from scansnap_lens import measures, reading
 from scansnap_lens._io import check_writable, make_folder, staged_folder, write_bytes, write_text
@@ -128,8 +130,10 @@ def _best_head(summary: pd.DataFrame) -> tuple[int, int]:
 class _Folder:
     """The report folder as it fills: files written, figures made, what could not be made."""
 
-    def __init__(self, out: Path, drawn: dict | None = None):
+    def __init__(self, out: Path, drawn: dict | None = None, expected: int = 0):
         self.out = out
+        self.expected = expected  # figures this page may draw, to say their cost
+        self.timed: list[float] = []  # seconds of each figure drawn here
         self.files: dict[str, Path] = {}
         self.figures: dict[str, str] = {}  # name: its HTML
         self.not_measured: dict[str, str] = {}
@@ -150,12 +154,23 @@ class _Folder:
             if earlier is not None:
                 write_bytes(path, earlier)
             else:
+                start = time.perf_counter()
                 make(path)
+                self._say_cost(time.perf_counter() - start)
         except (ValueError, KeyError) as err:  # a missing column: the figure is left out
             self.not_measured[f"figure {name}"] = self.failed[name] = str(err).strip("'")
             return
         self.files[f"figure_{name}"] = path
         self.figures[name] = _figure_tag(path, caption)
+
+    def _say_cost(self, seconds: float) -> None:
+        """After the first figure drawn, the others' cost where it may pass 10 s."""
+        self.timed.append(seconds)
+        left = self.expected - len(self.timed)
+        if len(self.timed) == 1 and seconds * left > 10:
+            from scansnap_lens.recording.budget import duration
+
+            tqdm.write(f"report: {left} more figures to draw, about {duration(seconds * left)}")
 
     def missing(self, heading: str) -> str:
         """The page's list of what was left out and why (nothing where nothing was)."""
@@ -213,7 +228,8 @@ def _write_report(analysis: Analysis, out: Path, title, views, token_strings, dr
     traj, groups, results = analysis.traj, analysis.groups, analysis.results
     training, summary = analysis.settings.training, analysis.summary
     make_folder(out / "figures")
-    folder = _Folder(out, drawn)
+    plots = sum(len(entry.plots) for entry in measures_of(traj) if entry.name in results)
+    folder = _Folder(out, drawn, expected=plots + MODEL_FIGURES)
     folder.not_measured.update(analysis.not_measured)
     folder.csv("summary", summary)
     snaps = results["snapping"].table if "snapping" in results else None
@@ -283,6 +299,9 @@ def _ranking(summary: pd.DataFrame, folder: _Folder) -> pd.DataFrame | None:
     ranking = reading.rank_heads(summary)
     folder.csv("head_ranking", ranking)
     return ranking
+
+
+MODEL_FIGURES = 6  # most figures `_model_figures` draws
 
 
 def _model_figures(traj, groups, summary, results, folder, layer, head, training) -> None:

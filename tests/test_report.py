@@ -519,3 +519,22 @@ def test_a_terminated_or_killed_report_leaves_no_stage_and_a_blocked_move_in_not
     assert main(command) == 2
     assert contents() == before and (folder / "summary.json").is_dir()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # the killed stage: gone
+
+
+def test_a_report_says_its_figures_cost_once_the_first_shows_they_may_pass_ten_seconds(
+    tmp_path, capsys, monkeypatch
+):
+    """The first figure drawn times the others: 3 s with 4 to go is said, 2 s is not."""
+    from types import SimpleNamespace
+
+    from scansnap_lens import report
+
+    for first, said in ((3.0, "report: 4 more figures to draw, about 12 s"), (2.0, None)):
+        clock = iter([0.0, first] + [first] * 8)
+        monkeypatch.setattr(report, "time", SimpleNamespace(perf_counter=clock.__next__))
+        folder = report._Folder(tmp_path, expected=5)
+        (tmp_path / "figures").mkdir(exist_ok=True)
+        for name in "abcde":
+            folder.figure(name, name, lambda path: path.write_bytes(b"png"))
+        lines = [line for line in capsys.readouterr().out.splitlines() if line]
+        assert lines == ([said] if said else []) and len(folder.figures) == 5
