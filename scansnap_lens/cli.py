@@ -513,8 +513,6 @@ def _steps(text: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from scansnap_lens.inputs.text import DOCUMENT_SPLITS
-
     parser = argparse.ArgumentParser(
         prog="scansnap",
         description=__doc__.split("\n\n")[0],
@@ -522,7 +520,27 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _demo_command(sub)
+    _stats_command(sub)
+    _tokens_command(sub)
+    _record_command(sub)
+    _report_command(sub)
+    _theory_command(sub)
+    return parser
 
+
+def _documents_option(command) -> None:
+    from scansnap_lens.inputs.text import DOCUMENT_SPLITS
+
+    command.add_argument(
+        "--documents", choices=DOCUMENT_SPLITS, default="paragraph",
+        help="how a text file splits into documents, which co-occurrences and rows never"
+        " cross: paragraph (blank lines; default), wikitext (articles), line, or document (the"
+        " file)",
+    )  # fmt: skip
+
+
+def _demo_command(sub) -> None:
     demo = sub.add_parser(
         "demo",
         help="train a small transformer, record, measure and report scan and snap",
@@ -552,6 +570,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(func=_demo)
 
+
+def _stats_command(sub) -> None:
     stats = sub.add_parser(
         "stats",
         help="co-occurrence statistics of a corpus (text, token files or a datasets dataset)",
@@ -584,11 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--text-column", help="dataset column of text (needs --tokenizer)")
     stats.add_argument("--tokenizer", help="tokenizer.json or a Hugging Face tokenizer name")
     stats.add_argument("--max-vocab", type=int, help="size of the word-level tokenizer built")
-    stats.add_argument(
-        "--documents", choices=DOCUMENT_SPLITS, default="paragraph",
-        help="how a text file splits into documents, which co-occurrences never cross:"
-        " paragraph (blank lines; default), wikitext (articles), line, or document (the file)",
-    )  # fmt: skip
+    _documents_option(stats)
     stats.add_argument(
         "--vocab-size", type=_count(1, 2**31 - 1), help="vocabulary size of token ids"
     )
@@ -606,6 +622,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stats.set_defaults(func=_stats)
 
+
+def _tokens_command(sub) -> None:
     tokens = sub.add_parser(
         "tokens",
         help="write an evaluation token file [rows, positions] from a text file",
@@ -619,13 +637,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--seq-len", type=_count(2, 1 << 20), default=64, help="row length (default: %(default)s)"
     )
     tokens.add_argument("--max-rows", type=_count(1), help="keep only the first rows")
-    tokens.add_argument(
-        "--documents", choices=DOCUMENT_SPLITS, default="paragraph",
-        help="how the file splits into documents (rows never cross one): paragraph (default),"
-        " wikitext, line, or document",
-    )  # fmt: skip
+    _documents_option(tokens)
     tokens.set_defaults(func=_tokens)
 
+
+def _record_command(sub) -> None:
     record = sub.add_parser(
         "record",
         help="record attention over a model's checkpoints into a trajectory (resumable)",
@@ -662,11 +678,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     record.add_argument("--tokens", type=Path, help="evaluation token file [rows, positions]")
     record.add_argument("--text", type=Path, help="evaluation text file (with --tokenizer)")
-    record.add_argument(
-        "--documents", choices=DOCUMENT_SPLITS, default="paragraph",
-        help="how a text file splits into documents, which co-occurrences never cross:"
-        " paragraph (blank lines; default), wikitext (articles), line, or document (the file)",
-    )  # fmt: skip
+    _documents_option(record)
     record.add_argument(
         "--seq-len", type=_count(2, 1 << 20), help=f"row length for --text (default {SEQ_LEN})"
     )
@@ -700,6 +712,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     record.set_defaults(func=_record)
 
+
+def _report_command(sub) -> None:
     report = sub.add_parser(
         "report",
         help="measure a trajectory (or several runs) against corpus statistics and write an"
@@ -730,6 +744,8 @@ def build_parser() -> argparse.ArgumentParser:
     _setting_options(report, AnalysisSettings, Classification, Rates)
     report.set_defaults(func=_report)
 
+
+def _theory_command(sub) -> None:
     theory = sub.add_parser("theory", help="predicted transition times and the B_n(t) curve")
     theory.add_argument("--K", type=_count(1, 10**6), required=True, help="number of next tokens")
     theory.add_argument("--M", type=_count(3, 10**9), required=True, help="vocabulary size")
@@ -755,7 +771,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     theory.add_argument("--csv", type=Path, help="write the curve to this CSV instead")
     theory.set_defaults(func=_theory)
-    return parser
 
 
 # how a setting's value is read from the command line (the rest: str, or a switch)

@@ -16,9 +16,10 @@ the recorder loads it: the TransformerLens forward pass without hooks, stopped a
 last layer (`run_until`), the plain Hugging Face forward of the same rows (the GPT-NeoX body,
 no unembedding), and one `record_checkpoint` of the default plan, on the same rows and
 threads; and the `Recorder`'s whole per-checkpoint call (recorded and written, the load
-aside) after its first checkpoint.  Prints one JSON line: per stage the seconds and peak RSS,
-the bytes per checkpoint, and the recorder's ratios to both forward passes in wall and CPU
-time.
+aside) after its first checkpoint.  Prints one JSON line: per stage the seconds and peak RSS
+(the record's also the most RSS while each checkpoint was recorded: flat over checkpoints or
+not), the bytes per checkpoint, and the recorder's ratios to both forward passes in wall and
+CPU time.
 """
 
 from __future__ import annotations
@@ -125,8 +126,10 @@ def train_checkpoints(shape: str, shared: Path, tokenizer: Path, out: Path, step
     return out
 
 
-def run_stage(name: str, argv: list[str], log: Path) -> dict:
-    """One `scansnap` command in its own process: seconds and its own peak RSS."""
+def run_stage(name: str, argv: list[str], log: Path, watch: Path | None = None) -> dict:
+    """One `scansnap` command in its own process: seconds and its own peak RSS; with `watch`
+    (the folder its checkpoints' files appear in) the most RSS sampled while each checkpoint
+    was recorded (``rss_mb_by_checkpoint``: memory flat over checkpoints or not)."""
     code = (
         "import sys\n"
         "from scansnap_lens.cli import main\n"
@@ -138,13 +141,33 @@ def run_stage(name: str, argv: list[str], log: Path) -> dict:
         "sys.exit(rc)\n"
     )
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    with open(log, "w") as sink:
+        process = subprocess.Popen([sys.executable, "-c", code], stdout=sink, stderr=sink,
+                                   text=True)  # fmt: skip
+        by_checkpoint, most, written = [], 0.0, 0
+        while process.poll() is None:
+            time.sleep(0.1)
+            if watch is None:
+                continue
+            try:
+                status = Path(f"/proc/{process.pid}/status").read_text().splitlines()
+                rss = next(int(x.split()[1]) for x in status if x.startswith("VmRSS"))
+                most = max(most, rss)
+            except (OSError, StopIteration):
+                continue
+            files = len(list(watch.glob("*.safetensors"))) if watch.is_dir() else 0
+            if files > written:
+                by_checkpoint += [round(most / 1024)] * (files - written)
+                most, written = 0.0, files
     seconds = time.perf_counter() - start
-    log.write_text(done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise SystemExit(f"{name} failed ({done.returncode}); see {log}:\n{done.stderr[-3000:]}")
-    peak = [line for line in done.stderr.splitlines() if line.startswith("PEAK_MB=")]
-    return {"s": round(seconds, 1), "peak_mb": int(peak[-1].split("=")[1])}
+    text = log.read_text()
+    if process.returncode != 0:
+        raise SystemExit(f"{name} failed ({process.returncode}); see {log}:\n{text[-3000:]}")
+    peak = [line for line in text.splitlines() if line.startswith("PEAK_MB=")]
+    result = {"s": round(seconds, 1), "peak_mb": int(peak[-1].split("=")[1])}
+    if watch is not None:
+        result["rss_mb_by_checkpoint"] = by_checkpoint
+    return result
 
 
 def best_of(functions: dict, rounds: int = 3) -> dict[str, dict[str, float]]:
@@ -262,7 +285,7 @@ def main() -> None:
         str(tokenizer), "--documents", "wikitext", "--seq-len", str(args.seq_len),
         "--max-rows", str(args.rows), "--batch-size", str(args.batch_size), "--out",
         str(traj), *([] if args.no_stats else ["--stats", str(stats)])],
-        work / "record.log")  # fmt: skip
+        work / "record.log", watch=traj / "checkpoints")  # fmt: skip
     files = sorted((traj / "checkpoints").glob("*.safetensors"))
     result["checkpoints"] = len(files)
     result["bytes_per_checkpoint"] = int(sum(f.stat().st_size for f in files) / len(files))
