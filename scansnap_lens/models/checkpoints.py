@@ -22,6 +22,7 @@ import pickle
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -204,6 +205,31 @@ def folder(
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint folder {path} does not exist")
+    found = _steps_in(path)
+    if backend == "hooked" and any(p.is_dir() and formats.is_hf_folder(p) for p in found.values()):
+        raise BackendError(
+            f"{path} holds Hugging Face checkpoints, which load through TransformerBridge:"
+            " use backend='bridge'"
+        )
+    fields = None
+    if model_factory is None:
+        if config is not None:
+            fields = _config_fields(config)
+        elif (path / "config.json").is_file() and not formats.is_hf_folder(path):
+            fields = formats.read_tl_config(path / "config.json")[0]
+    if backend is not None:
+        resolve_backend(backend)
+    load = _FolderLoad(fields, model_factory, trust_pickle, device, backend, tokenizer)
+    chosen = select_steps(found, steps)
+    return CheckpointSource(
+        str(path),
+        [Checkpoint(s, str(found[s]), partial(load, found[s]), path=found[s]) for s in chosen],
+        meta=_training_meta(path),
+    )
+
+
+def _steps_in(path: Path) -> dict[int, Path]:
+    """{step: its file or checkpoint-N folder} of a checkpoint folder."""
     found: dict[int, Path] = {}
     items = [path] if formats.is_hf_folder(path) else sorted(path.iterdir())
     for item in items:
@@ -233,68 +259,56 @@ def folder(
             f"no checkpoint files in {path} (expected Hugging Face checkpoint-N/ folders, or"
             " names like step_000100.safetensors, model_100.pt, ckpt.pt)"
         )
-    if backend == "hooked" and any(p.is_dir() and formats.is_hf_folder(p) for p in found.values()):
-        raise BackendError(
-            f"{path} holds Hugging Face checkpoints, which load through TransformerBridge:"
-            " use backend='bridge'"
-        )
-    fields = None
-    if model_factory is None:
-        if config is not None:
-            fields = _config_fields(config)
-        elif (path / "config.json").is_file() and not formats.is_hf_folder(path):
-            fields = formats.read_tl_config(path / "config.json")[0]
-    if backend is not None:
-        resolve_backend(backend)
+    return found
 
-    def loader(item: Path):
-        def load():
-            if item.is_dir() and formats.is_hf_folder(item):
-                model = formats.hf_folder_model(item, tokenizer)
-            else:
-                model = _load_weights_item(item)
-            if device is not None:
-                model.to(device)
-            return model.eval()
 
-        return load
+@dataclass
+class _FolderLoad:
+    """Load one item of a checkpoint folder (see `folder`) as a model in eval mode."""
 
-    def _load_weights_item(item: Path):
-        file = item
-        if item.is_dir():
-            state = formats.load_state_dict(item, trust_pickle)
-            obj = state
+    fields: dict | None
+    model_factory: Callable[[], Any] | None
+    trust_pickle: bool
+    device: str | None
+    backend: str | None
+    tokenizer: TokenizerLike | None
+
+    def __call__(self, item: Path):
+        if item.is_dir() and formats.is_hf_folder(item):
+            model = formats.hf_folder_model(item, self.tokenizer)
         else:
-            obj = formats.load_file_object(file, trust_pickle)
+            model = self._weights(item)
+        if self.device is not None:
+            model.to(self.device)
+        return model.eval()
+
+    def _weights(self, item: Path):
+        if item.is_dir():
+            obj = formats.load_state_dict(item, self.trust_pickle)
+        else:
+            obj = formats.load_file_object(item, self.trust_pickle)
         if formats.is_nanogpt(obj):
             step = obj.get("iter_num")
             named = parse_step(item.name)
             if named is not None and step is not None and int(step) != named:
                 raise CheckpointError(f"{item}: named step {named}, but its iter_num is {step}")
-            return formats.nanogpt_model(obj, str(item), tokenizer)
+            return formats.nanogpt_model(obj, str(item), self.tokenizer)
         state = formats.tensor_dict(obj)
         if state is None:
-            return formats.model_from_object(obj, str(item), tokenizer)
-        if model_factory is not None:
-            model = model_factory()
+            return formats.model_from_object(obj, str(item), self.tokenizer)
+        if self.model_factory is not None:
+            model = self.model_factory()
             try:
                 load_weights(model, state, str(item))
             except ValueError as err:
                 raise CheckpointError(str(err)) from None
             return model
-        if fields is None:
+        if self.fields is None:
             raise CheckpointError(
                 f"{item}: a state dict needs the model's architecture: put its config.json"
                 " beside the checkpoints (or pass config= or model_factory= to folder)"
             )
-        return formats.tl_model(fields, state, str(item), backend)
-
-    chosen = select_steps(found, steps)
-    return CheckpointSource(
-        str(path),
-        [Checkpoint(s, str(found[s]), loader(found[s]), path=found[s]) for s in chosen],
-        meta=_training_meta(path),
-    )
+        return formats.tl_model(self.fields, state, str(item), self.backend)
 
 
 def _training_meta(path: Path) -> dict:
