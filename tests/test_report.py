@@ -538,3 +538,37 @@ def test_a_report_says_its_figures_cost_once_the_first_shows_they_may_pass_ten_s
             folder.figure(name, name, lambda path: path.write_bytes(b"png"))
         lines = [line for line in capsys.readouterr().out.splitlines() if line]
         assert lines == ([said] if said else []) and len(folder.figures) == 5
+
+
+def test_figures_of_one_axes_keep_their_labels_inside_the_shared_margins():
+    """No layout pass of their own: the margins in inches hold a 7-character tick label, the
+    axis labels and the title of every one-axes figure the report draws (drawn and measured)."""
+    import numpy as np
+    import pandas as pd
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from scansnap_lens.viz import figures
+
+    steps = np.array([0, 9, 99, 999])
+    table = pd.DataFrame({"step": np.tile(steps, 2), "layer": 0, "head": np.repeat([0, 1], 4),
+                          "top_share": [-0.0025, 0.0055, 0.001, 0.002] * 2})  # fmt: skip
+    curves = {"evaluation loss": (steps + 1, [8.1, 7.0, 5.5, 4.25])}
+    made = [
+        figures.plot_over_steps(table, "top_share", title="mass on distinct tokens"),
+        figures.plot_loss_with_steps(curves, {"layer 0 snap": (50.0, 20.0, 90.0)}),
+        figures.plot_growth_bounds(table.assign(chi=1.5, chi_lower=1.1, chi_upper=2.5e3)),
+    ]
+    for fig in made:
+        renderer = FigureCanvasAgg(fig).get_renderer()
+        fig.draw(renderer)
+        width, height = fig.bbox.width, fig.bbox.height
+        for ax in fig.axes:
+            (x0, x1), (y0, y1) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
+            drawn = [t for t in ax.get_xticklabels() if x0 <= t.get_position()[0] <= x1]
+            drawn += [t for t in ax.get_yticklabels() if y0 <= t.get_position()[1] <= y1]
+            for text in [*drawn, ax.yaxis.label, ax.xaxis.label, ax.title]:
+                if not text.get_text():
+                    continue
+                box = text.get_window_extent(renderer)
+                assert box.x0 >= 0 and box.y0 >= 0, (text.get_text(), box)
+                assert box.x1 <= width and box.y1 <= height, (text.get_text(), box)

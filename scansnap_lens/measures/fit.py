@@ -304,6 +304,33 @@ def _gradient_seconds(pop, setting: dict) -> float:
     return (time.perf_counter() - started) / (PROBE_GRADIENTS + 1)
 
 
+def _class_sets(plan, held: Tensor, groups: TokenGroups | None) -> list[tuple]:
+    """(m, n, triple slots, weight) of each `held` class with two tokens to rank: its distinct
+    tokens and N(m, n) from `groups`, else all its tracked tokens and the plan's events."""
+    class_sets = []
+    # each class's triples are one run of the sorted triple_class; groups found by key
+    bounds = torch.searchsorted(plan.triple_class, torch.arange(plan.num_classes + 1))
+    group_of = {}
+    if groups is not None:
+        keys = (groups.query * plan.vocab_size + groups.next_token).tolist()
+        group_of = {key: k for k, key in reversed(list(enumerate(keys)))}  # the first wins
+    for c in held.nonzero().flatten().tolist():
+        m, n = int(plan.class_query[c]), int(plan.class_next[c])
+        slots = torch.arange(int(bounds[c]), int(bounds[c + 1]))
+        weight = float(plan.class_events[c])
+        if groups is not None:
+            k = group_of.get(m * plan.vocab_size + n)
+            if k is None:
+                continue
+            keep = torch.isin(plan.triple_token[slots], groups.distinct[k])
+            slots, weight = slots[keep], float(groups.events[k])
+        if slots.numel() >= 2:
+            class_sets.append((m, n, slots, weight))
+    if not class_sets:
+        raise ValueError(NOTHING_TO_RANK)
+    return class_sets
+
+
 def theory_fit(
     traj: Trajectory,
     source,
@@ -371,30 +398,8 @@ def theory_fit(
     pair_mask = torch.isin(plan.pair_query, pop.queries)
     measured_z = traj.zbar[..., pair_mask].double()  # [S, L, H, P]: only these slots read
     measured_dz = measured_z - measured_z[:1]
-    class_sets = []
-    # each class's triples are one run of the sorted triple_class; groups found by key
-    bounds = torch.searchsorted(plan.triple_class, torch.arange(plan.num_classes + 1))
-    group_of = {}
-    if groups is not None:
-        keys = (groups.query * plan.vocab_size + groups.next_token).tolist()
-        group_of = {key: k for k, key in reversed(list(enumerate(keys)))}  # the first wins
     held = torch.isin(plan.class_keys, pop.query * plan.vocab_size + pop.next_token)
-    for c in held.nonzero().flatten().tolist():
-        m, n = int(plan.class_query[c]), int(plan.class_next[c])
-        slots = torch.arange(int(bounds[c]), int(bounds[c + 1]))
-        tokens = plan.triple_token[slots]
-        weight = float(plan.class_events[c])
-        if groups is not None:
-            k = group_of.get(m * plan.vocab_size + n)
-            if k is None:
-                continue
-            keep = torch.isin(tokens, groups.distinct[k])
-            slots, weight = slots[keep], float(groups.events[k])
-        if slots.numel() >= 2:
-            class_sets.append((m, n, slots, weight))
-    if not class_sets:
-        raise ValueError(NOTHING_TO_RANK)
-
+    class_sets = _class_sets(plan, held, groups)
     shared = list(zip(plan.class_query[held].tolist(), plan.class_next[held].tolist()))
     # the snap of both is measured on the classes the statistics hold
     measured_snap = snapping(traj, classes=shared).table
@@ -437,18 +442,24 @@ def theory_fit(
             w = torch.tensor(weights, dtype=torch.float64)
             rank[:, :, j] = _weighted_nanmean(torch.stack(ranks, -1), w)
         pop_snap[j] = float(snapping(predicted, classes=shared).table["snap_step"].iloc[0])
+    table = _fit_table(traj, rank, corr, measured_snap, pop_snap)
+    table["fit_classes"] = len(shared)
+    table.attrs["theory_seconds"] = {"estimate": estimate, "took": took}
+    detail = pd.DataFrame(
+        per_class,
+        columns=["layer", "head", "query", "next", "tokens", "events", "rank_agreement"],
+    )
+    return Measurement("theory_fit", table, detail, values=corr, predictions=list(runs.values()))
+
+
+def _fit_table(traj, rank: Tensor, corr: Tensor, measured_snap, pop_snap) -> pd.DataFrame:
+    """`theory_fit`'s table: each step, layer and head's scores, and each head's snaps."""
     table = _frame(traj, {"rank_agreement": rank, "dz_corr": corr})
     by_head = measured_snap.set_index(["layer", "head"])["snap_step"]
     table["snap_step"] = [
         by_head.get((la, h), math.nan) for la, h in zip(table["layer"], table["head"])
     ]
     table["population_snap"] = table["head"].map(dict(zip(traj.heads, pop_snap)))
-    table["fit_classes"] = len(shared)
-    table.attrs["theory_seconds"] = {"estimate": estimate, "took": took}
     with np.errstate(invalid="ignore", divide="ignore"):
         table["snap_ratio"] = table["snap_step"] / table["population_snap"]
-    detail = pd.DataFrame(
-        per_class,
-        columns=["layer", "head", "query", "next", "tokens", "events", "rank_agreement"],
-    )
-    return Measurement("theory_fit", table, detail, values=corr, predictions=list(runs.values()))
+    return table
