@@ -26,12 +26,6 @@ def _z(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:
     return traj.zbar[..., slot[held]].double(), held
 
 
-def _dz(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:
-    """zbar(t) - zbar(t_first) of `_z`."""
-    z, held = _z(traj, query, tokens)
-    return z - z[:1], held
-
-
 def _tracked(traj: Trajectory, groups) -> list[int]:
     """Indices of the groups' classes that the recording tracks (class slots of its plan): the
     per-class measurements average over these, one vectorised lookup for all of them."""
