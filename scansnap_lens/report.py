@@ -164,10 +164,11 @@ class _Folder:
         self.figures[name] = _figure_tag(path, caption)
 
     def _say_cost(self, seconds: float) -> None:
-        """After the first figure drawn, the others' cost where it may pass 10 s."""
+        """After the second figure drawn (the first pays matplotlib's warm-up), the others'
+        cost where it may pass 10 s."""
         self.timed.append(seconds)
         left = self.expected - len(self.timed)
-        if len(self.timed) == 1 and seconds * left > 10:
+        if len(self.timed) == 2 and seconds * left > 10:
             from scansnap_lens.recording.budget import duration
 
             tqdm.write(f"report: {left} more figures to draw, about {duration(seconds * left)}")
@@ -455,17 +456,9 @@ def _page(
     from scansnap_lens.viz import views as cv
 
     found = reading.findings_of(summary, measures_of(traj), traj.step_unit)
-    heads_map = folder.figures.pop("heads", "")  # none for one head: the loss takes its place
-    loss = folder.figures.pop("loss", "")
-    beside, below = (heads_map, loss) if heads_map else (loss, "")
     body = [
         f"<h1>{html.escape(title)}</h1>",
-        "<div class='findings'><div><h2>Findings</h2><ul>"
-        + "".join(f"<li>{html.escape(line)}</li>" for line in found)
-        + "</ul><p>Each is measured below; the settings are at the end.</p></div>"
-        + beside
-        + "</div>",
-        below,
+        _findings("Findings", found, folder, "heads", "loss", SETTINGS_AT_THE_END),
         "<h2>Summary (one row per layer and head, at the last checkpoint)</h2>",
         table_html(with_intervals(summary, columns("key", measures_of(traj))).head(50)),
         _legend(results),
@@ -508,6 +501,20 @@ def _page(
     body += ["<h2>Settings</h2>", _overview(traj, groups, settings)]
     body.append(folder.missing("Not measured"))
     return cv.page(title, "\n".join(body), head=_STYLE)
+
+
+SETTINGS_AT_THE_END = "<p>Each is measured below; the settings are at the end.</p>"
+
+
+def _findings(heading: str, lines: list[str], folder: _Folder, mapped: str, loss: str,
+              note: str = "") -> str:  # fmt: skip
+    """The findings with the map figure `mapped` beside them and the `loss` figure below (the
+    loss beside them where there is no map: one head, or no figure to map)."""
+    maps, curve = folder.figures.pop(mapped, ""), folder.figures.pop(loss, "")
+    beside, below = (maps, curve) if maps else (curve, "")
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    return (f"<div class='findings'><div><h2>{html.escape(heading)}</h2><ul>{items}</ul>{note}"
+            f"</div>{beside}</div>{below}")  # fmt: skip
 
 
 THEORY_COLUMNS = ["layer", "head", "snap_step", "predicted_snap", "population_snap", "snap_ratio",
@@ -703,17 +710,10 @@ def _runs_loss_figure(comparison, path: Path):
     return plot_loss_with_steps(curves, marks, path=path)
 
 
-def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
-    from scansnap_lens.viz import views as cv
+def _runs_figures(comparison, folder: _Folder) -> None:
+    """The runs page's figures: each figure over runs, the losses, the map of one figure."""
     from scansnap_lens.viz.figures import plot_runs, plot_runs_maps
 
-    make_folder(out / "figures")
-    folder = _Folder(out)
-    comparison.save(out)
-    for name in ("runs.json", "per_run.csv", "across_runs.csv", "across_runs_layers.csv",
-                 "matching.csv"):  # fmt: skip
-        if (out / name).is_file():
-            folder.files[name.split(".")[0]] = out / name
     for column in ("bias", "auroc", "snap_step"):
         folder.figure(
             f"runs_{column}",
@@ -737,6 +737,19 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
         " table below says; heads that scan ringed)",
         partial(plot_runs_maps, comparison, mapped),
     )
+
+
+def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
+    from scansnap_lens.viz import views as cv
+
+    make_folder(out / "figures")
+    folder = _Folder(out, expected=5)
+    comparison.save(out)
+    for name in ("runs.json", "per_run.csv", "across_runs.csv", "across_runs_layers.csv",
+                 "matching.csv"):  # fmt: skip
+        if (out / name).is_file():
+            folder.files[name.split(".")[0]] = out / name
+    _runs_figures(comparison, folder)
     title = title or f"scansnap_lens: {len(comparison.runs)} runs compared"
     table = comparison.table
     verdicts = table[["layer", "head", *[c for c in table if c.startswith("verdict_")]]]
@@ -770,19 +783,11 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
             + table_html(comparison.matching[comparison.matching["run"] != comparison.runs[0]])
         )
     found = reading.runs_findings_of(comparison)
-    maps = next((folder.figures.pop(k) for k in list(folder.figures) if k.startswith("runs_map")),
-                "")  # fmt: skip
-    loss = folder.figures.pop("runs_loss", "")
-    beside, below = (maps, loss) if maps else (loss, "")
+    mapped = next((k for k in folder.figures if k.startswith("runs_map")), "")
     body = [
         f"<h1>{html.escape(title)}</h1>",
         "<p>Runs: " + ", ".join(html.escape(r) for r in comparison.runs) + "</p>",
-        "<div class='findings'><div><h2>What holds across the runs</h2><ul>"
-        + "".join(f"<li>{html.escape(line)}</li>" for line in found)
-        + "</ul></div>"
-        + beside
-        + "</div>",
-        below,
+        _findings("What holds across the runs", found, folder, mapped, "runs_loss"),
         *layer_html,
         "<h2>Across runs (one row per matched head)</h2>",
         table_html(shown),

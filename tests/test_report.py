@@ -521,16 +521,17 @@ def test_a_terminated_or_killed_report_leaves_no_stage_and_a_blocked_move_in_not
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # the killed stage: gone
 
 
-def test_a_report_says_its_figures_cost_once_the_first_shows_they_may_pass_ten_seconds(
+def test_a_report_says_its_figures_cost_once_the_second_shows_they_may_pass_ten_seconds(
     tmp_path, capsys, monkeypatch
 ):
-    """The first figure drawn times the others: 3 s with 4 to go is said, 2 s is not."""
+    """The second figure drawn times the others (the first pays the warm-up): 4 s with 3 to
+    go is said, 3 s is not."""
     from types import SimpleNamespace
 
     from scansnap_lens import report
 
-    for first, said in ((3.0, "report: 4 more figures to draw, about 12 s"), (2.0, None)):
-        clock = iter([0.0, first] + [first] * 8)
+    for second, said in ((4.0, "report: 3 more figures to draw, about 12 s"), (3.0, None)):
+        clock = iter([0.0, 9.0, 10.0, 10.0 + second] + [20.0] * 6)
         monkeypatch.setattr(report, "time", SimpleNamespace(perf_counter=clock.__next__))
         folder = report._Folder(tmp_path, expected=5)
         (tmp_path / "figures").mkdir(exist_ok=True)
