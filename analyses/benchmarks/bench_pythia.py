@@ -159,6 +159,9 @@ def run_stage(name: str, argv: list[str], log: Path, watch: Path | None = None) 
             if files > written:
                 by_checkpoint += [round(most / 1024)] * (files - written)
                 most, written = 0.0, files
+    if watch is not None and watch.is_dir():  # written after the last sample
+        files = len(list(watch.glob("*.safetensors")))
+        by_checkpoint += [round(most / 1024)] * (files - written)
     seconds = time.perf_counter() - start
     text = log.read_text()
     if process.returncode != 0:
