@@ -554,21 +554,7 @@ def snapping(
     if traj.num_steps < 2:
         raise ValueError("snapping needs at least two checkpoints")
     plan = traj.plan
-    if groups is not None:
-        classes = zip(groups.query.tolist(), groups.next_token.tolist())
-    if classes is None:
-        slots = list(range(plan.num_classes))
-    else:
-        classes = list(classes)
-        if classes:
-            m, n = torch.as_tensor(classes, dtype=torch.long).reshape(-1, 2).unbind(-1)
-            found = find_sorted(plan.class_keys, m * plan.vocab_size + n)
-            slots = found[found >= 0].tolist()
-        else:
-            slots = []
-    if not slots:
-        raise ValueError("no tracked class to measure")
-    slots = torch.as_tensor(slots, dtype=torch.long)
+    slots = _class_slots(plan, groups, classes)
     weights = _weights(traj, slots)
     keep = drift_knots(traj, slots)
     both = _movements(traj, weights, keep)
@@ -627,6 +613,22 @@ def snapping(
             table[name] = head[name].numpy()
     table["step_unit"] = traj.step_unit
     return Measurement("snapping", table, detail)
+
+
+def _class_slots(plan, groups: TokenGroups | None, classes) -> Tensor:
+    """[K] the plan's slots of the classes of `groups`, or of `classes` (pairs (m, n)), else
+    of every tracked class; ValueError where none is tracked."""
+    if groups is not None:
+        classes = zip(groups.query.tolist(), groups.next_token.tolist())
+    if classes is None:
+        if not plan.num_classes:
+            raise ValueError("no tracked class to measure")
+        return torch.arange(plan.num_classes)
+    pairs = torch.as_tensor(list(classes), dtype=torch.long).reshape(-1, 2)
+    found = find_sorted(plan.class_keys, pairs[:, 0] * plan.vocab_size + pairs[:, 1])
+    if not (found >= 0).any():
+        raise ValueError("no tracked class to measure")
+    return found[found >= 0]
 
 
 _HEAD_COLUMNS = (
