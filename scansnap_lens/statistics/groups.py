@@ -165,6 +165,10 @@ def check_vocabulary(stats_vocab: int, plan) -> None:
         )
 
 
+# measured on 2 cores: 0.35-0.56 us a triple of C(m, n, l) (the first-day and 160m benches)
+CLASSIFY_SECONDS_PER_TRIPLE = 6e-7
+
+
 @dataclass
 class TokenGroups:
     """Per class k = (query[k], next_token[k]) with weight events[k]:
@@ -324,6 +328,12 @@ class TokenGroups:
     def _classified(cls, stats, queries, settings: Classification) -> TokenGroups:
         from scansnap_lens.statistics.kinds import token_kinds
 
+        estimate = stats.num_triples * CLASSIFY_SECONDS_PER_TRIPLE
+        if estimate > 10:  # a real corpus's statistics: said before it starts
+            from tqdm.auto import tqdm
+
+            tqdm.write(f"classifying the context tokens of {stats.num_triples:,} co-occurrences:"
+                       f" about {estimate:.0f} s")  # fmt: skip
         kinds = token_kinds(stats, scope=settings.scope, min_support=settings.min_support,
                             purity=settings.purity, guard=settings.guard,
                             alpha=settings.alpha)  # fmt: skip

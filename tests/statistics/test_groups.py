@@ -175,3 +175,19 @@ def test_groups_made_in_the_background_are_waited_for_and_made_once(monkeypatch)
     TokenGroups.ahead(empty).join()  # nothing distinct: its thread ends quietly
     with pytest.raises(ValueError):
         TokenGroups.from_statistics(empty)
+
+
+def test_a_classification_says_its_cost_before_it_starts_where_it_may_pass_ten_seconds(
+    capsys, monkeypatch
+):
+    """Seconds a triple of the statistics times their count: said above 10 s, not below."""
+    from scansnap_lens.statistics import groups as module
+
+    rows = torch.tensor([[5, 0, 1, 2], [6, 0, 1, 3], [5, 6, 1, 2], [5, 4, 1, 2]])
+    stats = cooccurrence(rows, vocab_size=7)
+    TokenGroups.from_statistics(stats, guard=False)
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(module, "CLASSIFY_SECONDS_PER_TRIPLE", 20.0 / stats.num_triples)
+    TokenGroups.from_statistics(stats, guard=False, purity=0.9)  # another: made anew
+    said = f"classifying the context tokens of {stats.num_triples:,} co-occurrences: about 20 s"
+    assert capsys.readouterr().out.strip() == said
