@@ -54,7 +54,7 @@ def _save(fig: Figure, path: str | Path, **kwargs) -> None:
 
 # inches around a figure of one axes: a tick label of 7 characters, the axis label and the
 # title; every such figure shares them, so none pays a layout pass (a draw) of its own
-MARGINS = {"left": 0.9, "right": 0.2, "bottom": 0.55, "top": 0.4}
+MARGINS = {"left": 0.9, "right": 0.2, "bottom": 0.55, "top": 0.4, "top_untitled": 0.15}
 
 
 def _one_axes(size: tuple[float, float]):
@@ -69,6 +69,8 @@ def _one_axes(size: tuple[float, float]):
 def _finish(fig: Figure, path: str | Path | None, laid_out: bool = False) -> Figure:
     if not laid_out:
         fig.tight_layout()
+    elif not any(ax.get_title() for ax in fig.axes):  # no room kept for a title
+        fig.subplots_adjust(top=1 - MARGINS["top_untitled"] / fig.get_figheight())
     if path is not None:
         _save(fig, path)
     return fig
