@@ -14,7 +14,8 @@ q, k (rotary applied) and L and forms
     scores S[b, h, q, k] = q . k * scale        weights A[b, h, q, k] = exp(S - L[b, h, q])
 
 only at the positions it reads (`FusedReads`): the plan's event rows by one matmul over
-those rows, the position aggregates' few reads by dot products.  The values equal the
+those rows, the position aggregates' reads from the lines of scores many share (on a CPU)
+or by a dot product each.  The values equal the
 eager path's to float32 rounding (tests: both majors, both model kinds).
 
 A layer keeps the eager path where anything else would change what the model computes or
@@ -297,8 +298,10 @@ class FusedReads:
     [B, H, nb, N, S + W] that one matmul fills: each batch row's event rows in blocks of S
     query positions (`rows`: up to N per block), each block against the S + W keys its
     rows' windows of W can reach (one block of all T keys without a window, or where
-    blocks would save little).  Position reads stay (row, query, key) triples, read by dot
-    products.
+    blocks would save little).  Position reads stay (row, query, key) triples; those that
+    many share a line of the [T, T] scores (`lines`: the previous token's diagonal k = q - 1,
+    the first token's column k = 0) are read from that line's dot products, made whole, the
+    others by a dot product each.
     """
 
     rows: Tensor  # [B, nb, N] each block's event rows' query positions (padded with 0)
@@ -308,8 +311,17 @@ class FusedReads:
     at: Tensor  # [n, 3] the position reads' (batch row, query, key)
     block: int  # S, query positions per block
     window: int  # W, keys before a block's first row that its rows reach (0: no window)
+    # (diagonal: k = q - c, or column: k = c; c; its reads' indices into `at`, their batch
+    # row, their query) per line, and the indices of the reads on none
+    lines: tuple[tuple[bool, int, Tensor, Tensor, Tensor], ...] = ()
+    off_lines: Tensor | None = None
 
     MIN_BLOCK = 32  # fewer rows per block: the matmul's calls cost more than they save
+    # the fewest reads, as a share of the batch's B * T positions, that a line is made for on
+    # a CPU: a line's dot products cost B T d, a read's own 2 d gathered and a multiply (at
+    # Pythia-70m's shape the previous and first token's reads took 0.49 s of a checkpoint's
+    # 8.0 one by one, 0.27 s by lines)
+    LINE_SHARE = 0.25
 
     @classmethod
     def of(cls, flat: Tensor, n: int, zbar_pairs: Tensor | None, B: int, H: int, T: int,
@@ -336,12 +348,36 @@ class FusedReads:
         plan_row = (b * H * nb + blk) * N + slot[inverse]
         plan = plan_row * (S + W) + k - (blk * S - W)
         zbar = None if zbar_pairs is None else plan[zbar_pairs]
-        return cls(padded.view(B, nb, N), plan, plan_row, zbar, at, S, W)
+        lines, off_lines = cls._lines(at, B * T)
+        return cls(padded.view(B, nb, N), plan, plan_row, zbar, at, S, W, lines, off_lines)
+
+    @classmethod
+    def _lines(cls, at: Tensor, positions: int) -> tuple[tuple, Tensor]:
+        """The lines that at least `LINE_SHARE` of the `positions` reads of `at` [n, 3] share
+        (diagonals at or below the main one first), and the indices of the reads on none."""
+        lines, left = [], torch.arange(at.shape[0])
+        for diagonal in (True, False):
+            b, q, k = at[left].unbind(1)
+            c = q - k if diagonal else k
+            values, counts = torch.unique(c[c >= 0] if diagonal else c, return_counts=True)
+            for value in values[counts >= max(1, cls.LINE_SHARE * positions)].tolist():
+                on = c == value
+                lines.append((diagonal, value, left[on], b[on], q[on]))
+            taken = torch.zeros(at.shape[0], dtype=torch.bool)
+            for line in lines:
+                taken[line[2]] = True
+            left = torch.arange(at.shape[0])[~taken]
+        return tuple(lines), left
 
     def to(self, device, move: Callable = Tensor.to) -> FusedReads:
         """These reads on `device`, each tensor moved by `move(tensor, device)`."""
-        return FusedReads(*(move(t, device) if isinstance(t, Tensor) else t
-                            for t in vars(self).values()))  # fmt: skip
+
+        def moved(v):
+            if isinstance(v, tuple):
+                return tuple(moved(x) for x in v)
+            return move(v, device) if isinstance(v, Tensor) else v
+
+        return FusedReads(*(moved(v) for v in vars(self).values()))
 
     def plan_scores(self, q: Tensor, k: Tensor, scale: float) -> Tensor:
         """[B, H, nb, N, S + W] float32: the scores of the event rows with their blocks' keys."""
@@ -362,10 +398,33 @@ class FusedReads:
     def position_weights(self, q: Tensor, k: Tensor, lse: Tensor, scale: float,
                          heads: Tensor | None) -> Tensor:  # fmt: skip
         """[n, H'] the weights at the position reads, of `heads` (None: all)."""
+        if not self.lines or q.device.type != "cpu":  # a GPU: each line's calls cost more
+            return self._read_weights(self.at, q, k, lse, scale, heads)
+        if heads is not None:
+            q, k, lse = q[:, heads], k[:, heads], lse[:, heads]
+        out = q.new_empty(self.at.shape[0], q.shape[1], dtype=torch.float32)
+        T = q.shape[2]
+        for diagonal, c, reads, b, qp in self.lines:  # [B, H', T'] a line's dot products
+            if diagonal:  # k = q - c: query positions c.., keys ..T - c
+                line = torch.linalg.vecdot(q[:, :, c:].float(), k[:, :, : T - c].float())
+                line = line[b, :, qp - c]
+            else:  # k = c
+                line = torch.linalg.vecdot(q.float(), k[:, :, c : c + 1].float())[b, :, qp]
+            w = line.mul_(scale).sub_(lse[b, :, qp]).clamp_max_(0).exp_()  # [reads, H'] <= 1
+            out[reads] = w.masked_fill_((qp < c)[:, None], 0.0) if not diagonal else w
+        if self.off_lines.numel():
+            rest = self.at[self.off_lines]
+            out[self.off_lines] = self._read_weights(rest, q, k, lse, scale, None)
+        return out
+
+    @staticmethod
+    def _read_weights(at: Tensor, q: Tensor, k: Tensor, lse: Tensor, scale: float,
+                      heads: Tensor | None) -> Tensor:  # fmt: skip
+        """[n, H'] the weights at reads `at` [n, 3], a dot product each."""
         heads = torch.arange(q.shape[1], device=q.device) if heads is None else heads
         (q_rows, qs), (k_rows, ks), (lse_at, ls) = _rows(q), _rows(k), _rows(lse[..., None])
         out = []
-        for part in self.at.split(1 << 16):  # [chunk, H', d] at a time
+        for part in at.split(1 << 16):  # [chunk, H', d] at a time
             b, qp, kp = part.unbind(1)
             # each (read, head)'s row of q and of k, and its row log-sum-exp, by one
             # contiguous gather each (indexing q[b, :, qp] took 3x as long on a CPU)

@@ -124,6 +124,7 @@ def _index_bytes(kept) -> int:
     tensors = [*(vars(batch).values() if batch is not None else ()), *counts.values(),
                *(vars(fused).values() if fused is not None else ()), positions.reads,
                positions.slot, positions.tokens]  # fmt: skip
+    tensors += [t for line in (fused.lines if fused is not None else ()) for t in line]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                 for t in tensors if isinstance(t, Tensor)}  # fmt: skip
     return sum(storages.values())

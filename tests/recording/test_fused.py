@@ -251,3 +251,36 @@ def test_fused_reads_are_the_scores_and_weights_at_the_reads(window, monkeypatch
     assert want[2].eq(0).all()  # key after the query
     heads = torch.tensor([2, 0])
     torch.testing.assert_close(where.position_weights(q, k, lse, scale, heads), want[:, heads])
+
+
+@pytest.mark.parametrize("share", [0.25, 2.0], ids=["lines", "dot products"])
+def test_position_reads_on_shared_lines_read_the_weights_of_their_reads(share, monkeypatch):
+    """Position reads that many share a line of the scores (the previous token's diagonal,
+    the first token's column, the query itself) are read from that line's dot products, the
+    rest one by one: every read's weight is the softmax's, 0 above the diagonal, in the
+    reads' order, for every head and a subset; with no line made, the same."""
+    monkeypatch.setattr(fused.FusedReads, "LINE_SHARE", share)
+    B, H, T, d, scale = 2, 3, 16, 5, 0.7
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(B, H, T, d, generator=g), torch.randn(B, H, T, d, generator=g)
+    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(
+        torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))  # fmt: skip
+    lse, weights = scores.logsumexp(-1), scores.softmax(-1)
+    reads = [(b, t, t - 1) for b in range(B) for t in range(1, T)]  # previous token
+    reads += [(b, t, 0) for b in range(B) for t in range(T)]  # first token
+    reads += [(b, t, t) for b in range(B) for t in range(T)]  # itself
+    reads += [(1, 4, 3), (0, 2, 0), (1, 5, 9), (0, 9, 6), (1, 15, 2)]  # scattered, one after
+    order = torch.randperm(len(reads), generator=g)
+    at = torch.tensor(reads)[order]
+    flat = (at[:, 0] * H * T + at[:, 1]) * T + at[:, 2]  # head 0's
+    where = fused.FusedReads.of(flat, len(reads), None, B, H, T)
+    assert len(where.lines) == (3 if share < 1 else 0)
+    assert where.at.tolist() == at.tolist()
+    agg = hooks._HookAggregator.__new__(hooks._HookAggregator)
+    agg.all_heads = True
+    want = agg.at_heads(weights, flat)
+    got = where.position_weights(q, k, lse, scale, None)
+    torch.testing.assert_close(got, want)
+    assert got[at[:, 2] > at[:, 1]].eq(0).all() and (at[:, 2] > at[:, 1]).any()
+    heads = torch.tensor([2, 0])
+    torch.testing.assert_close(where.position_weights(q, k, lse, scale, heads), want[:, heads])
