@@ -15,8 +15,8 @@ q, k (rotary applied) and L and forms
 
 only at the positions it reads (`FusedReads`): the plan's event rows by one matmul over
 those rows, the position aggregates' reads from the lines of scores many share (on a CPU)
-or by a dot product each.  The values equal the
-eager path's to float32 rounding (tests: both majors, both model kinds).
+or by a dot product each.  The values equal the eager path's to float32 rounding (tests:
+both majors, both model kinds).
 
 A layer keeps the eager path where anything else would change what the model computes or
 what someone observes: a hook on its ``hook_attn_scores`` or ``hook_pattern``, an attention

@@ -216,6 +216,15 @@ def test_a_gpu_recording_equals_eager_on_the_cpu(arch, fused_on, monkeypatch):
     assert_matches(on, plan, ref, range(2), range(model.cfg.n_heads))
 
 
+def _causal_attention(B: int, H: int, T: int, d: int, scale: float, seed: int):
+    """Random q, k [B, H, T, d] and their causal scores, row log-sum-exp and weights."""
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(B, H, T, d, generator=g), torch.randn(B, H, T, d, generator=g)
+    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(
+        torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))  # fmt: skip
+    return q, k, scores, scores.logsumexp(-1), scores.softmax(-1)
+
+
 @pytest.mark.parametrize("window", [None, 3])
 def test_fused_reads_are_the_scores_and_weights_at_the_reads(window, monkeypatch):
     """The plan's reads re-indexed into blocks of event rows (of 4 query positions against
@@ -223,11 +232,7 @@ def test_fused_reads_are_the_scores_and_weights_at_the_reads(window, monkeypatch
     softmax of the full [B, H, T, T]; position reads the weights, 0 above the diagonal."""
     monkeypatch.setattr(fused.FusedReads, "MIN_BLOCK", 4)
     B, H, T, d, scale = 2, 3, 16, 5, 0.7
-    g = torch.Generator().manual_seed(0)
-    q, k = torch.randn(B, H, T, d, generator=g), torch.randn(B, H, T, d, generator=g)
-    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(
-        torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))  # fmt: skip
-    lse, weights = scores.logsumexp(-1), scores.softmax(-1)
+    q, k, scores, lse, weights = _causal_attention(B, H, T, d, scale, seed=0)
     flat_of = lambda b, q, k: (b * H * T + q) * T + k  # noqa: E731  head 0
     W = window or T
     plan = torch.tensor([flat_of(b, tq, t) for b in range(B) for tq in (3, 6, 7, 11, 15)
@@ -261,16 +266,12 @@ def test_position_reads_on_shared_lines_read_the_weights_of_their_reads(share, m
     reads' order, for every head and a subset; with no line made, the same."""
     monkeypatch.setattr(fused.FusedReads, "LINE_SHARE", share)
     B, H, T, d, scale = 2, 3, 16, 5, 0.7
-    g = torch.Generator().manual_seed(1)
-    q, k = torch.randn(B, H, T, d, generator=g), torch.randn(B, H, T, d, generator=g)
-    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(
-        torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))  # fmt: skip
-    lse, weights = scores.logsumexp(-1), scores.softmax(-1)
+    q, k, _, lse, weights = _causal_attention(B, H, T, d, scale, seed=1)
     reads = [(b, t, t - 1) for b in range(B) for t in range(1, T)]  # previous token
     reads += [(b, t, 0) for b in range(B) for t in range(T)]  # first token
     reads += [(b, t, t) for b in range(B) for t in range(T)]  # itself
     reads += [(1, 4, 3), (0, 2, 0), (1, 5, 9), (0, 9, 6), (1, 15, 2)]  # scattered, one after
-    order = torch.randperm(len(reads), generator=g)
+    order = torch.randperm(len(reads), generator=torch.Generator().manual_seed(2))
     at = torch.tensor(reads)[order]
     flat = (at[:, 0] * H * T + at[:, 1]) * T + at[:, 2]  # head 0's
     where = fused.FusedReads.of(flat, len(reads), None, B, H, T)
