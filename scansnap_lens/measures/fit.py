@@ -133,8 +133,7 @@ def growth_bounds(
     rows, dzs, lower, upper = [], [], [], []
     M = traj.plan.vocab_size
     K = int(torch.unique(torch.as_tensor(pop.next_token)).numel())  # next tokens, as `rates`
-    probs = pop.probs  # [K, U], dense once
-    r0 = rho0(probs.numpy()) if rho0_value == "data" else float(rho0_value)
+    r0 = rho0(pop.probs.numpy()) if rho0_value == "data" else float(rho0_value)
     if not math.isfinite(r0):
         raise ValueError(
             "Theorem 4 needs classes that share context tokens (rho0 from data is"
@@ -147,23 +146,7 @@ def growth_bounds(
             theory = PhaseTransition(K=K, M=M, lr_y=y, lr_z=zr, rho0=r0)
             B_head[:, j] = theory.B_integral(t) - theory.B_integral(t[:1])
     B = np.broadcast_to(B_head[:, None, :], (len(t), len(traj.layers), len(traj.heads)))
-    pop_row = {(int(q), int(n)): i for i, (q, n) in enumerate(zip(pop.query, pop.next_token))}
-    for k in _tracked(traj, groups):
-        m, n = int(groups.query[k]), int(groups.next_token[k])
-        z, held = _z(traj, m, groups.distinct[k])
-        if not held.any():
-            continue
-        p_distinct = groups.distinct_p[k][held]
-        i0 = int(torch.argmax(p_distinct))
-        l0 = int(groups.distinct[k][held][i0])
-        if (m, n) not in pop_row:
-            continue
-        p = probs[pop_row[(m, n)]]
-        col = int(torch.searchsorted(pop.tokens, torch.tensor(l0)))
-        if col >= pop.tokens.numel() or int(pop.tokens[col]) != l0:
-            continue
-        f0_sq = float(p[col] ** 2 / (p**2).sum())
-        dz = (z[..., i0] - z[:1, ..., i0]).numpy()  # [S, L, H]
+    for m, n, l0, f0_sq, dz in _dominant_growth(traj, groups, pop):
         dzs.append(dz)
         upper.append(B)
         lower.append(f0_sq * B)
@@ -175,9 +158,13 @@ def growth_bounds(
         raise ValueError(
             "no tracked class has a distinct token in the statistics: Theorem 3 needs one"
         )
-    dz = np.stack(dzs, -1)
-    B = np.stack(upper, -1)
-    lo = np.stack(lower, -1)
+    return _bounds_measurement(traj, rows, np.stack(dzs, -1), np.stack(lower, -1),
+                               np.stack(upper, -1))  # fmt: skip
+
+
+def _bounds_measurement(traj, rows: list, dz: np.ndarray, lo: np.ndarray, B: np.ndarray
+                        ) -> Measurement:  # fmt: skip
+    """`growth_bounds`' result from each class's growth dz and bounds [S, L, H, classes]."""
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.where(B > 0, dz / B, np.nan)
         inside = np.where(B > 0, (dz >= lo - 1e-12) & (dz <= B + 1e-12), np.nan)
@@ -201,6 +188,26 @@ def growth_bounds(
     return Measurement(
         "growth_bounds", table, detail, values=torch.from_numpy(values["bound_ratio"])
     )
+
+
+def _dominant_growth(traj: Trajectory, groups: TokenGroups, pop):
+    """(m, n, l0, f0^2, dz [S, L, H]) of each tracked class with a dominant distinct token l0
+    in the population `pop`: its logit's growth since the first checkpoint."""
+    probs = pop.probs  # [K, U], dense once
+    pop_row = {(int(q), int(n)): i for i, (q, n) in enumerate(zip(pop.query, pop.next_token))}
+    for k in _tracked(traj, groups):
+        m, n = int(groups.query[k]), int(groups.next_token[k])
+        z, held = _z(traj, m, groups.distinct[k])
+        if not held.any() or (m, n) not in pop_row:
+            continue
+        i0 = int(torch.argmax(groups.distinct_p[k][held]))
+        l0 = int(groups.distinct[k][held][i0])
+        p = probs[pop_row[(m, n)]]
+        col = int(torch.searchsorted(pop.tokens, torch.tensor(l0)))
+        if col >= pop.tokens.numel() or int(pop.tokens[col]) != l0:
+            continue
+        f0_sq = float(p[col] ** 2 / (p**2).sum())
+        yield m, n, l0, f0_sq, (z[..., i0] - z[:1, ..., i0]).numpy()
 
 
 def _nanmedian(x: np.ndarray) -> np.ndarray:
@@ -376,21 +383,11 @@ def theory_fit(
         raise ValueError("the prediction counts optimizer steps; this trajectory counts tokens")
     if theory_seconds is not None and not theory_seconds >= 0:
         raise ValueError(f"theory_seconds must be >= 0 (0: no limit), not {theory_seconds}")
-    theory_seconds = theory_seconds or None
     require_same(source, traj.plan)  # a convention mismatch first: it is the inputs' fault
     heads_training = _head_training(traj, training)
-    trainings = {tuple(sorted(t.items())): t for t in heads_training}
-    rankable = None if groups is None else _rankable(traj.plan, groups)
-    if rankable is not None and not rankable.any():
-        raise ValueError(NOTHING_TO_RANK)  # before the population dynamics are timed
-    estimate = None
-    if classes is None:
-        classes, pop, estimate = _classes_within(
-            traj, source, rankable, loss_positions, theory_classes, theory_seconds,
-            list(trainings.values()), progress,
-        )  # fmt: skip
-    else:
-        pop = _population(traj, source, loss_positions, classes)
+    pop, estimate = _fit_population(traj, source, groups, heads_training, loss_positions,
+                                    classes, progress, theory_classes,
+                                    theory_seconds or None)  # fmt: skip
     plan = traj.plan
     S, L, H = traj.num_steps, len(traj.layers), len(traj.heads)
 
@@ -405,42 +402,25 @@ def theory_fit(
     measured_snap = snapping(traj, classes=shared).table
     # the c_hat of every class set, read once: [S, L, H, sum of the sets' sizes]
     measured_c_hat = traj.c_hat[..., torch.cat([c[2] for c in class_sets])].double()
-    sizes = [c[2].numel() for c in class_sets]
-    where = torch.arange(sum(sizes)).split(sizes)
     rank = torch.full((S, L, H), math.nan, dtype=torch.float64)
     corr = torch.full((S, L, H), math.nan, dtype=torch.float64)
     pop_snap = np.full(H, np.nan)
     per_class = []
-    runs: dict[tuple, Trajectory] = {}
-    took = 0.0
-    for j, setting in enumerate(heads_training):
+    started = time.perf_counter()
+    runs: dict[tuple, Trajectory] = {}  # one prediction per training setting
+    for setting in heads_training:
         key = tuple(sorted(setting.items()))
         if key not in runs:
-            started = time.perf_counter()
             run = predict(pop, steps=traj.steps, progress=progress,
                           announce=estimate is None, **setting)  # fmt: skip
-            took += time.perf_counter() - started
             runs[key] = run.to_trajectory(plan)
-        predicted = runs[key]
+    took = time.perf_counter() - started
+    for j, setting in enumerate(heads_training):
+        predicted = runs[tuple(sorted(setting.items()))]
         pred_dz = (predicted.zbar - predicted.zbar[:1]).double()[:, 0, 0][..., pair_mask]
         corr[:, :, j] = _corr(measured_dz[:, :, j], pred_dz[:, None])
         corr[0, :, j] = math.nan
-        ranks, weights = [], []
-        for (m, n, slots, weight), at in zip(class_sets, where):
-            meas = measured_c_hat[:, :, j, at]  # [S, L, n]
-            pred = predicted.c_hat[:, 0, 0][..., slots].double()  # [S, n]
-            if torch.isnan(pred).all():
-                continue
-            r = _corr(_rank(meas), _rank(pred)[:, None])
-            ranks.append(r)
-            weights.append(weight)
-            for li, layer in enumerate(traj.layers):
-                per_class.append(
-                    (layer, traj.heads[j], m, n, slots.numel(), weight, float(r[-1, li]))
-                )
-        if ranks:
-            w = torch.tensor(weights, dtype=torch.float64)
-            rank[:, :, j] = _weighted_nanmean(torch.stack(ranks, -1), w)
+        rank[:, :, j] = _rank_agreement(traj, j, predicted, class_sets, measured_c_hat, per_class)
         pop_snap[j] = float(snapping(predicted, classes=shared).table["snap_step"].iloc[0])
     table = _fit_table(traj, rank, corr, measured_snap, pop_snap)
     table["fit_classes"] = len(shared)
@@ -450,6 +430,43 @@ def theory_fit(
         columns=["layer", "head", "query", "next", "tokens", "events", "rank_agreement"],
     )
     return Measurement("theory_fit", table, detail, values=corr, predictions=list(runs.values()))
+
+
+def _fit_population(traj, source, groups, heads_training, loss_positions, classes, progress,
+                    theory_classes, theory_seconds):  # fmt: skip
+    """(population, estimated seconds or None) of `theory_fit`: its `classes`, or those
+    `_classes_within` the time."""
+    rankable = None if groups is None else _rankable(traj.plan, groups)
+    if rankable is not None and not rankable.any():
+        raise ValueError(NOTHING_TO_RANK)  # before the population dynamics are timed
+    if classes is not None:
+        return _population(traj, source, loss_positions, classes), None
+    trainings = list({tuple(sorted(t.items())): t for t in heads_training}.values())
+    _, pop, estimate = _classes_within(traj, source, rankable, loss_positions, theory_classes,
+                                       theory_seconds, trainings, progress)  # fmt: skip
+    return pop, estimate
+
+
+def _rank_agreement(traj, j: int, predicted, class_sets, measured_c_hat, per_class: list
+                    ) -> Tensor:  # fmt: skip
+    """[S, L] head `j`'s rank agreement with the `predicted` trajectory, mean over the class
+    sets weighted by N(m, n) (each class's last value appended to `per_class`); NaN where
+    none can be ranked.  measured_c_hat: [S, L, H, the sets' tokens, in order]."""
+    sizes = [c[2].numel() for c in class_sets]
+    ranks, weights = [], []
+    for (m, n, slots, weight), at in zip(class_sets, torch.arange(sum(sizes)).split(sizes)):
+        meas = measured_c_hat[:, :, j, at]  # [S, L, n]
+        pred = predicted.c_hat[:, 0, 0][..., slots].double()  # [S, n]
+        if torch.isnan(pred).all():
+            continue
+        r = _corr(_rank(meas), _rank(pred)[:, None])
+        ranks.append(r)
+        weights.append(weight)
+        for li, layer in enumerate(traj.layers):
+            per_class.append((layer, traj.heads[j], m, n, slots.numel(), weight, float(r[-1, li])))
+    if not ranks:
+        return torch.full(measured_c_hat.shape[:2], math.nan, dtype=torch.float64)
+    return _weighted_nanmean(torch.stack(ranks, -1), torch.tensor(weights, dtype=torch.float64))
 
 
 def _fit_table(traj, rank: Tensor, corr: Tensor, measured_snap, pop_snap) -> pd.DataFrame:
