@@ -97,21 +97,8 @@ def scan_uncertainty(
     g = torch.Generator().manual_seed(seed)
     z0 = traj.zbar[0][..., units.slot].double()  # [L, H, N]
     dz = traj.zbar[-1][..., units.slot].double() - z0
-    ranks = units.ranks(dz)  # shared by the AUROC and its interval
     corpus = units.corpus_count is not None  # match on the counts the kinds came from
-    estimates = {
-        "bias": units.bias_estimate(dz),
-        "auroc": units.auroc_estimate(dz, ranks),
-        "matched_auroc": units.matched_auroc_estimate(
-            dz, units.corpus_pair_matched_pairs if corpus else None
-        ),
-    }
-    nulls = {"bias": 0.0, "auroc": 0.5, "matched_auroc": 0.5}
-    if corpus:  # the word's frequency too: a key-side preference belongs to the word
-        estimates["word_matched_auroc"] = units.matched_auroc_estimate(
-            dz, units.corpus_matched_pairs
-        )
-        nulls["word_matched_auroc"] = 0.5
+    estimates, nulls = _kind_estimates(units, dz, corpus)
     controls = [c for c in ("matched_auroc", "word_matched_auroc") if c in estimates]
     frequency = (units.corpus_pair_count if corpus else units.count).double().log()
     out: dict[str, Tensor] = {
@@ -124,20 +111,7 @@ def scan_uncertainty(
         lost = units.difference(estimates["auroc"], estimates[c])
         out[f"{c}_lost"] = lost.value
         one_sided[f"{c}_lost"] = _above(lost.value, lost.p_value(0.0))
-    spearman_p = torch.full_like(dz[..., 0], math.nan)
-    classes = ClassTokens.of(traj, groups)
-    if classes.num_classes:
-        z = traj.zbar[..., classes.slot]
-        d_class = z[-1].double() - z[0].double()
-        estimates["spearman"] = classes.estimate(d_class)
-        spearman_p = torch.where(estimates["spearman"].n_eff >= MIN_UNITS,
-                                 classes.null_p(d_class), math.nan)  # fmt: skip
-        # the paper's second line (Theorem 3): dz grows with P(l|m, n) itself; these classes'
-        # tokens as units, P shuffled within each class
-        r, p = classes.growth_test(d_class)
-        enough = (classes.sizes - 1).sum() >= MIN_UNITS
-        out["frequency_bias_r"], out["frequency_bias_p"] = r, torch.where(enough, p, math.nan)
-        one_sided["frequency_bias"] = out["frequency_bias_p"]
+    _class_tests(traj, groups, estimates, out, one_sided)
     try:
         estimates["entropy"] = distinct_entropy_estimate(traj, groups)
     except ValueError:
@@ -152,16 +126,8 @@ def scan_uncertainty(
             out[f"{name}_p"] = est.p_value(nulls[name])
         if name != "attention_entropy":
             out[f"{name}_n_eff"] = est.n_eff
-    if "spearman" in estimates:
-        out["spearman_p"] = spearman_p
     tested = int((~torch.isnan(out["auroc_p"])).sum())
-    per_head = alpha / max(tested, 1)
-    out["auroc_mde"] = 0.5 + joint_mde([estimates[k] for k in ("auroc", *controls)], per_head,
-                                       null=0.5)  # fmt: skip
-    out["matched_units_needed"] = _units_needed(estimates, controls, per_head)
-    out["rows_for_target"] = _rows_factor(
-        [estimates[k] for k in ("auroc", *controls)], per_head, out["auroc_mde"]
-    )
+    _power(estimates, controls, alpha / max(tested, 1), out)
     out.update(snap_step_interval(traj, snap_resamples, level, g))
     for name in ("snap_step_n_eff", "snap_step_grid_lo", "snap_step_grid_hi"):  # `snapping`'s
         out.pop(name)
@@ -169,19 +135,72 @@ def scan_uncertainty(
     adjusted = {name: adjust(out[f"{name}_p"], correction) for name in nulls}
     adjusted.update({name: adjust(p, correction) for name, p in one_sided.items()})
     verdict, control = _verdicts(estimates, out, adjusted, alpha, corpus, controls)
-
-    index = pd.MultiIndex.from_product([traj.layers, traj.heads], names=["layer", "head"])
-    columns = {"scans": [v == VERDICTS["scans"] for v in verdict], "verdict": verdict,
-               "frequency_control": control}  # fmt: skip
-    nan = torch.full_like(dz[..., 0], math.nan)
-    figures = ("bias", "auroc", "spearman", "entropy", "attention_entropy")
-    for name in (*figures, *UNCERTAINTY_COLUMNS):  # NaN where a figure could not be made
-        if name not in columns:
-            columns[name] = out.get(name, nan).reshape(-1).numpy()
-    table = pd.concat([index.to_frame(index=False), pd.DataFrame(columns)], axis=1)
+    table = _table(traj, out, verdict, control)
     table.attrs.update(level=level, alpha=alpha, correction=correction, heads=tested,
                        min_units=MIN_UNITS, matched_on=_MATCHED_ON[corpus])  # fmt: skip
     return Measurement("uncertainty", table)
+
+
+def _kind_estimates(units: QueryTokens, dz: Tensor, corpus: bool) -> tuple[dict, dict]:
+    """The kinds' estimates of `scan_uncertainty` from the logit changes dz [L, H, N] and the
+    value each is tested against: bias, AUROC and the AUROC among pairs matched on frequency
+    (the pair's, and on a corpus's counts also the word's)."""
+    estimates = {
+        "bias": units.bias_estimate(dz),
+        "auroc": units.auroc_estimate(dz, units.ranks(dz)),
+        "matched_auroc": units.matched_auroc_estimate(
+            dz, units.corpus_pair_matched_pairs if corpus else None
+        ),
+    }
+    nulls = {"bias": 0.0, "auroc": 0.5, "matched_auroc": 0.5}
+    if corpus:  # the word's frequency too: a key-side preference belongs to the word
+        estimates["word_matched_auroc"] = units.matched_auroc_estimate(
+            dz, units.corpus_matched_pairs
+        )
+        nulls["word_matched_auroc"] = 0.5
+    return estimates, nulls
+
+
+def _class_tests(traj, groups, estimates: dict, out: dict, one_sided: dict) -> None:
+    """The per-class tests, added to `scan_uncertainty`'s estimates and p-values: Spearman's
+    rank correlation and the frequency bias among distinct tokens."""
+    classes = ClassTokens.of(traj, groups)
+    if not classes.num_classes:
+        return
+    z = traj.zbar[..., classes.slot]
+    d_class = z[-1].double() - z[0].double()
+    estimates["spearman"] = classes.estimate(d_class)
+    out["spearman_p"] = torch.where(estimates["spearman"].n_eff >= MIN_UNITS,
+                                    classes.null_p(d_class), math.nan)  # fmt: skip
+    # the paper's second line (Theorem 3): dz grows with P(l|m, n) itself; these classes'
+    # tokens as units, P shuffled within each class
+    r, p = classes.growth_test(d_class)
+    enough = (classes.sizes - 1).sum() >= MIN_UNITS
+    out["frequency_bias_r"], out["frequency_bias_p"] = r, torch.where(enough, p, math.nan)
+    one_sided["frequency_bias"] = out["frequency_bias_p"]
+
+
+def _power(estimates: dict, controls: list[str], per_head: float, out: dict) -> None:
+    """The verdict's power at the level `per_head`, added to `out`: ``auroc_mde``,
+    ``matched_units_needed`` and ``rows_for_target``."""
+    joint = [estimates[k] for k in ("auroc", *controls)]
+    out["auroc_mde"] = 0.5 + joint_mde(joint, per_head, null=0.5)
+    out["matched_units_needed"] = _units_needed(estimates, controls, per_head)
+    out["rows_for_target"] = _rows_factor(joint, per_head, out["auroc_mde"])
+
+
+def _table(traj, out: dict, verdict: list[str], control: list[str]) -> pd.DataFrame:
+    """`scan_uncertainty`'s table: one row per layer and head, NaN where a figure could not
+    be made."""
+    index = pd.MultiIndex.from_product([traj.layers, traj.heads], names=["layer", "head"])
+    columns = {"scans": [v == VERDICTS["scans"] for v in verdict], "verdict": verdict,
+               "frequency_control": control}  # fmt: skip
+    nan = torch.full((len(traj.layers), len(traj.heads)), math.nan, dtype=torch.float64)
+    figures = ("bias", "auroc", "spearman", "entropy", "attention_entropy")
+    for name in (*figures, *UNCERTAINTY_COLUMNS):
+        if name not in columns:
+            columns[name] = out.get(name, nan).reshape(-1).numpy()
+    return pd.concat([index.to_frame(index=False), pd.DataFrame(columns)], axis=1)
 
 
 _MATCHED_ON = {True: "corpus counts", False: "evaluation counts"}
@@ -234,6 +253,20 @@ _CONTROL_WORDS = {
 }
 
 
+def _power_seen(mde: float, rows: float) -> str:
+    """What a "no scan" verdict could have seen: its minimal detectable AUROC, and how many
+    times the rows would see `TARGET_AUROC`."""
+    if math.isnan(mde):
+        seen = "no power: too few units of frequency-matched pairs"
+    elif mde < 1:
+        seen = f"could have seen AUROC >= {mde:.3g}"
+    else:
+        seen = "no power: not even an AUROC of 1 was within reach"
+    if rows > 1:
+        seen += f"; about {rows:.2g} times the evaluation rows would see {TARGET_AUROC:g}"
+    return seen
+
+
 def _verdicts(
     est: dict[str, Estimate],
     out: dict[str, Tensor],
@@ -275,16 +308,7 @@ def _verdicts(
         if not n_eff[h] >= MIN_UNITS:
             verdict = f"{VERDICTS['too_few']} (n_eff = {n_eff[h]:.3g} < {MIN_UNITS:g})"
         elif not (bias[h] > 0 and auroc[h] > 0.5 and p_bias[h] < alpha and p_auroc[h] < alpha):
-            if math.isnan(mde[h]):
-                seen = "no power: too few units of frequency-matched pairs"
-            elif mde[h] < 1:
-                seen = f"could have seen AUROC >= {mde[h]:.3g}"
-            else:
-                seen = "no power: not even an AUROC of 1 was within reach"
-            if rows[h] > 1:
-                seen += (f"; about {rows[h]:.2g} times the evaluation rows would see"
-                         f" {TARGET_AUROC:g}")  # fmt: skip
-            verdict = f"{VERDICTS['no_scan']} ({seen})"
+            verdict = f"{VERDICTS['no_scan']} ({_power_seen(mde[h], rows[h])})"
         elif len(passed) == len(controls):
             verdict = VERDICTS["scans"]
             control = "matched AUROC (" + ", ".join(words[c] for c in controls) + ")"
