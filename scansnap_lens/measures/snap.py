@@ -99,15 +99,7 @@ def snap_step(steps: Tensor, moves: Tensor, fraction: float = 0.5, grid: bool = 
         moves, steps = torch.diff(cum[..., keep], dim=-1), steps[keep]
     t = steps.double()
     rate = moves.double() / torch.diff(t).clamp_min(1e-300)
-    # Each interval's mean rate is placed at the logarithmic mean of its ends (in 1 + t): for a
-    # rate falling like 1/t, the interval's mean rate is the rate there exactly, so wide
-    # log-spaced intervals place it right; narrow intervals give the plain midpoint.
-    lo, hi = torch.log1p(t[:-1] - t[0]), torch.log1p(t[1:] - t[0])
-    width = hi - lo
-    mid = torch.where(
-        width > 1e-9, torch.expm1(hi) - torch.expm1(lo), (t[1:] - t[:-1])
-    ) / torch.where(width > 1e-9, width, 1.0)
-    mid = torch.where(width > 1e-9, mid - 1, (t[1:] + t[:-1]) / 2 - t[0]) + t[0]
+    mid = _log_midpoints(t)
     x = torch.log1p(mid - t[0])  # crossings are interpolated on a log axis
     shape = rate.shape[:-1]
     r = rate.reshape(-1, rate.shape[-1])  # [N, S - 1]: every head or class at once
@@ -129,25 +121,49 @@ def snap_step(steps: Tensor, moves: Tensor, fraction: float = 0.5, grid: bool = 
         "" if ok else (NO_SCAN if not moved else NOT_YET_SNAPPED)
         for ok, moved in zip(snapped.tolist(), scanned.tolist())
     ]
-    # what the checkpoints allow.  The rate falls past the level before the end of the first
-    # interval below it.  The level is half the true peak, which an interval's mean rate
-    # underestimates (most where the peak's interval is wide): at most the peak interval's
-    # mean plus its step down to the lower neighbour (a missing one counts 0).  The crossing
-    # comes after the start of the last interval above half of that, else of the peak's.
+    if grid:
+        brackets = _grid_brackets(t, r, p, i, fraction, snapped, scanned)
+        return snap.reshape(shape), peak.reshape(shape), reasons, *(
+            b.reshape(shape) for b in brackets
+        )  # fmt: skip
+    return snap.reshape(shape), peak.reshape(shape), reasons
+
+
+def _log_midpoints(t: Tensor) -> Tensor:
+    """[S - 1] where each interval of the steps t [S] places its mean rate: the logarithmic
+    mean of its ends (in 1 + t).  For a rate falling like 1/t the interval's mean rate is the
+    rate there exactly, so wide log-spaced intervals place it right; narrow intervals give
+    the plain midpoint."""
+    lo, hi = torch.log1p(t[:-1] - t[0]), torch.log1p(t[1:] - t[0])
+    width = hi - lo
+    mid = torch.where(
+        width > 1e-9, torch.expm1(hi) - torch.expm1(lo), (t[1:] - t[:-1])
+    ) / torch.where(width > 1e-9, width, 1.0)
+    return torch.where(width > 1e-9, mid - 1, (t[1:] + t[:-1]) / 2 - t[0]) + t[0]
+
+
+def _grid_brackets(t: Tensor, r: Tensor, p: Tensor, i: Tensor, fraction: float,
+                   snapped: Tensor, scanned: Tensor) -> tuple[Tensor, ...]:  # fmt: skip
+    """`snap_step`'s (lo, hi, peak_lo, peak_hi) [N]: the checkpoints that bracket the snap and
+    the peak, from the rates r [N, S - 1], their peak interval p and first crossing i.
+
+    The rate falls past the level before the end of the first interval below it.  The level
+    is half the true peak, which an interval's mean rate underestimates (most where the peak's
+    interval is wide): at most the peak interval's mean plus its step down to the lower
+    neighbour (a missing one counts 0).  The crossing comes after the start of the last
+    interval above half of that, else of the peak's."""
     n = r.shape[-1]
+    top = r.gather(-1, p[:, None])[:, 0]
     left = torch.where(p > 0, r.gather(-1, (p - 1).clamp_min(0)[:, None])[:, 0], 0.0)
     right = torch.where(p < n - 1, r.gather(-1, (p + 1).clamp_max(n - 1)[:, None])[:, 0], 0.0)
     highest = fraction * (2 * top - torch.minimum(left, right))
     index = torch.arange(n)[None, :]
-    surely = after & (index < i[:, None]) & (r > highest[:, None])
+    surely = (index > p[:, None]) & (index < i[:, None]) & (r > highest[:, None])
     last_above = torch.where(surely.any(-1), (index * surely).amax(-1), p)
-    grid_lo = torch.where(snapped, t[last_above], math.nan).reshape(shape)
-    grid_hi = torch.where(snapped, t[(i + 1).clamp_max(t.numel() - 1)], math.nan).reshape(shape)
-    peak_lo = torch.where(scanned, t[(p - 1).clamp_min(0)], math.nan).reshape(shape)
-    peak_hi = torch.where(scanned, t[(p + 2).clamp_max(t.numel() - 1)], math.nan).reshape(shape)
-    if grid:
-        return snap.reshape(shape), peak.reshape(shape), reasons, grid_lo, grid_hi, peak_lo, peak_hi
-    return snap.reshape(shape), peak.reshape(shape), reasons
+    return (torch.where(snapped, t[last_above], math.nan),
+            torch.where(snapped, t[(i + 1).clamp_max(t.numel() - 1)], math.nan),
+            torch.where(scanned, t[(p - 1).clamp_min(0)], math.nan),
+            torch.where(scanned, t[(p + 2).clamp_max(t.numel() - 1)], math.nan))  # fmt: skip
 
 
 def comparable_intervals(steps: Tensor, ratio: float = 0.25) -> Tensor:
@@ -590,6 +606,12 @@ def snapping(
         per_class["snap_step"][:, heads] = snap_step(steps, m, snap_fraction)[0]
         path_k, rate_k = secondary_snap_steps(steps, m, fraction, rate_fraction)
         per_class["snap_path"][:, heads], per_class["snap_rate"][:, heads] = path_k, rate_k
+    table = _snapping_table(traj, head, reasons)
+    table["straightness"] = straightness(traj, slots, both).reshape(-1).numpy()
+    for name in _HEAD_COLUMNS[6:]:
+        if name != "drift_checkpoints":
+            table[name] = head[name].numpy()
+    table["step_unit"] = traj.step_unit
     detail = pd.DataFrame(
         {
             "layer": np.tile(np.repeat(traj.layers, H), K),
@@ -599,20 +621,20 @@ def snapping(
             **{name: value.reshape(-1).numpy() for name, value in per_class.items()},
         }
     )
-    table = pd.MultiIndex.from_product([traj.layers, traj.heads], names=["layer", "head"]).to_frame(
-        index=False
-    )
+    return Measurement("snapping", table, detail)
+
+
+def _snapping_table(traj, head: dict[str, Tensor], reasons: list[str]) -> pd.DataFrame:
+    """`snapping`'s table up to ``checkpoints``: each head's snap, its brackets, its rate's
+    peak and why a snap is missing."""
+    index = pd.MultiIndex.from_product([traj.layers, traj.heads], names=["layer", "head"])
+    table = index.to_frame(index=False)
     for name in _HEAD_COLUMNS[:6]:
         table[name] = head[name].numpy()
     table["snap_reason"] = reasons
     table["drift_checkpoints"] = head["drift_checkpoints"].numpy().astype(int)
-    table["checkpoints"] = S
-    table["straightness"] = straightness(traj, slots, both).reshape(-1).numpy()
-    for name in _HEAD_COLUMNS[6:]:
-        if name != "drift_checkpoints":
-            table[name] = head[name].numpy()
-    table["step_unit"] = traj.step_unit
-    return Measurement("snapping", table, detail)
+    table["checkpoints"] = traj.num_steps
+    return table
 
 
 def _class_slots(plan, groups: TokenGroups | None, classes) -> Tensor:
