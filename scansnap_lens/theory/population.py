@@ -328,39 +328,26 @@ def predict(
     estimate is measured again as it goes.
 
     Cost per gradient: O(T x O) for T triples and O output rows (sparse), not K x C x O."""
-    steps_t = torch.as_tensor(steps, dtype=torch.long).flatten()
-    if steps_t.numel() == 0 or (steps_t < 0).any() or (torch.diff(steps_t) <= 0).any():
-        raise ValueError("steps must be non-negative and strictly ascending")
-    if not (lr_y > 0 and lr_z > 0 and math.isfinite(lr_y) and math.isfinite(lr_z)):
-        raise ValueError(f"rates must be positive and finite, got lr_y={lr_y}, lr_z={lr_z}")
-    if optimizer not in ("sgd", "adam"):
-        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
-    pop = population
-    queries = pop.queries
-    q = torch.searchsorted(queries, pop.query)
-    outputs, target = torch.unique(pop.next_token, return_inverse=True)
-    rest = pop.vocab_size - outputs.numel()
-    mult = torch.ones(outputs.numel() + (rest > 0), dtype=dtype)
-    if rest > 0:
-        mult[-1] = rest
-    log_mult = mult.log()
-    C = pop.tokens.numel()
-    Y = torch.zeros(mult.numel(), C, dtype=dtype, requires_grad=True)
-    Z = torch.zeros(queries.numel(), C, dtype=dtype, requires_grad=True)
-    pop = replace(pop, weight=pop.weight.to(dtype), triple_p=pop.triple_p.to(dtype))
+    steps_t = _checked(steps, lr_y, lr_z, optimizer)
+    pop = replace(population, weight=population.weight.to(dtype),
+                  triple_p=population.triple_p.to(dtype))  # fmt: skip
+    q = torch.searchsorted(pop.queries, pop.query)
+    outputs, target, mult = _output_rows(pop, dtype)
+    Y = torch.zeros(mult.numel(), pop.tokens.numel(), dtype=dtype, requires_grad=True)
+    Z = torch.zeros(pop.queries.numel(), pop.tokens.numel(), dtype=dtype, requires_grad=True)
     rates = (lr_y, lr_z)
     state = [[torch.zeros_like(p), torch.zeros_like(p)] for p in (Y, Z)]
     wanted = steps_t.tolist()
     snaps, losses = [], []
-    step, h, at = 0, 1, 0  # the optimizer step reached, steps per update, next checkpoint
-    gradients = 0
+    # the optimizer step reached, steps per update, next checkpoint, gradients taken
+    step, h, at, gradients = 0, 1, 0, 0
     last = None  # (attention, its rate of change per step, the steps since the one before)
     # made once the cost is said: `tqdm.write` redraws an open bar before its delay is up,
     # and a bar never redrawn after that ends without its newline
     bar = None
     started = time.perf_counter()
     while True:
-        loss, attention = _loss(Y, Z, pop, q, target, log_mult)
+        loss, attention = _loss(Y, Z, pop, q, target, mult.log())
         if step == wanted[at]:
             snaps.append(Z.detach().clone())
             losses.append(float(loss.detach()))
@@ -368,22 +355,15 @@ def predict(
             if at == len(wanted):
                 break
         if not exact and step >= EXACT_STEPS and last is not None and last[1] is not None:
-            # the last merged step held its update fixed: its error is about its length times
-            # how much the attention's rate of change changed over it (Euler's local error)
-            rate = (attention - last[0]) / last[2]
-            error = last[2] * float((rate - last[1]).abs().max())
-            h = 2 * h if error < ERROR / 4 else max(1, h // 2) if error > ERROR else h
-            h = max(h, step // RESOLUTION)
+            h = _merged_steps(h, step, attention, last)
         gy, gz = torch.autograd.grad(loss, (Y, Z))
         gy = gy / mult[:, None]  # the rest row stands for `rest` rows, each with its own share
         n = 1 if exact or step < EXACT_STEPS else min(h, wanted[at] - step)
         with torch.no_grad():
             for p, g, rate_, (m1, m2) in zip((Y, Z), (gy, gz), rates, state):
-                if optimizer == "sgd":
-                    change = _sgd_steps(m1, g, momentum, n)
-                else:
-                    change = _adam_steps(m1, m2, g, betas, eps, step, n)
-                p.sub_(rate_ * change)
+                sgd = optimizer == "sgd"
+                p.sub_(rate_ * (_sgd_steps(m1, g, momentum, n) if sgd
+                                else _adam_steps(m1, m2, g, betas, eps, step, n)))  # fmt: skip
         gradients += 1
         if progress and announce and step == 1:  # the second gradient: the first warms up
             _say_cost(pop, outputs.numel(), wanted, time.perf_counter() - started, exact)
@@ -401,10 +381,42 @@ def predict(
         bar.total = bar.n  # fewer than at most: the merged steps grew where the error allowed
         bar.close()
     training = {"lr_y": lr_y, "lr_z": lr_z, "optimizer": optimizer, "momentum": momentum}
-    Z_snaps = torch.stack(snaps).double()
-    return PopulationRun(
-        population, steps_t, Z_snaps, torch.tensor(losses, dtype=torch.float64), training
-    )
+    return PopulationRun(population, steps_t, torch.stack(snaps).double(),
+                         torch.tensor(losses, dtype=torch.float64), training)  # fmt: skip
+
+
+def _checked(steps, lr_y: float, lr_z: float, optimizer: str) -> Tensor:
+    """[S] `predict`'s steps, once its inputs are checked."""
+    steps_t = torch.as_tensor(steps, dtype=torch.long).flatten()
+    if steps_t.numel() == 0 or (steps_t < 0).any() or (torch.diff(steps_t) <= 0).any():
+        raise ValueError("steps must be non-negative and strictly ascending")
+    if not (lr_y > 0 and lr_z > 0 and math.isfinite(lr_y) and math.isfinite(lr_z)):
+        raise ValueError(f"rates must be positive and finite, got lr_y={lr_y}, lr_z={lr_z}")
+    if optimizer not in ("sgd", "adam"):
+        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+    return steps_t
+
+
+def _output_rows(pop: Population, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """(outputs [O], each class's output row [K], rows' multiplicities [O or O + 1]): the
+    decoder's rows, the classes' next tokens and one row standing for every other token of
+    the vocabulary (its multiplicity their number)."""
+    outputs, target = torch.unique(pop.next_token, return_inverse=True)
+    rest = pop.vocab_size - outputs.numel()
+    mult = torch.ones(outputs.numel() + (rest > 0), dtype=dtype)
+    if rest > 0:
+        mult[-1] = rest
+    return outputs, target, mult
+
+
+def _merged_steps(h: int, step: int, attention: Tensor, last: tuple) -> int:
+    """The next merged step's length from the last one's error: the last merged step held its
+    update fixed, so its error is about its length times how much the attention's rate of
+    change changed over it (Euler's local error).  last: (attention, its rate, the length)."""
+    rate = (attention - last[0]) / last[2]
+    error = last[2] * float((rate - last[1]).abs().max())
+    h = 2 * h if error < ERROR / 4 else max(1, h // 2) if error > ERROR else h
+    return max(h, step // RESOLUTION)
 
 
 def gradients_at_most(last_step: int, checkpoints: int, exact: bool = False) -> int:
