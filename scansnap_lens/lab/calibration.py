@@ -94,26 +94,10 @@ def _probit(p: float) -> float:
     return math.sqrt(2.0) * torch.erfinv(torch.tensor(2 * p - 1, dtype=torch.float64)).item()
 
 
-def crossed_run(
-    scenario: Scenario,
-    heads: int = 8,
-    layers: int = 1,
-    auroc: Tensor | float = 0.5,
-    seed: int = 0,
-    values_seed: int | None = None,
-) -> tuple[Trajectory, TokenGroups, dict[str, Tensor]]:
-    """A two-checkpoint trajectory of `layers` x `heads` heads and its token groups, and the
-    truth: ``auroc`` and ``bias`` [L, H] (the kind effect), from `auroc` (one value, or one
-    per head [L, H]) under equal noise.  Seeded: the same seed gives the same run.
-    values_seed: where given, the values are drawn from it and the structure (queries,
-    tokens, plan, groups) from `seed`: runs of one recipe on one evaluation text."""
-    g = torch.Generator().manual_seed(seed)
-    s = scenario
+def _design(s: Scenario, g: torch.Generator) -> tuple:
+    """`crossed_run`'s design drawn from `g`: per entry its query q [N], token t [N], kind
+    is_d [N] and count [N]; the query ids [Q], their events [Q] and the vocabulary size."""
     Q = s.queries
-    target = torch.as_tensor(auroc, dtype=torch.float64).expand(layers, heads)
-    effect = torch.tensor([effect_for_auroc(float(a)) for a in target.reshape(-1)],
-                          dtype=torch.float64).reshape(layers, heads)  # fmt: skip
-
     # the tokens of each query: own distinct ones, then common ones (shared pool or own)
     pool = max(s.pool, 0)
     num_distinct = 1 + torch.poisson(torch.full((Q,), 0.7), generator=g).long()
@@ -142,7 +126,7 @@ def crossed_run(
         else:
             c = c_first[m] + torch.arange(s.commons)
             c_rate = torch.full((s.commons,), 4.0, dtype=torch.float64)
-        d_rate = torch.distributions.Exponential(1 / 3.0).sample((d.numel(),)).double()
+        d_rate = torch.empty(d.numel(), dtype=torch.float64).exponential_(1 / 3.0, generator=g)
         rate = torch.cat([d_rate, c_rate])
         count = 1 + torch.poisson(rate, generator=g).long()
         entries_q.append(torch.full((rate.numel(),), m))
@@ -162,6 +146,30 @@ def crossed_run(
         )
         keep = has_both[q]
         q, t, is_d, count = q[keep], t[keep], is_d[keep], count[keep]
+    return q, t, is_d, count, query_ids, events, vocab
+
+
+def crossed_run(
+    scenario: Scenario,
+    heads: int = 8,
+    layers: int = 1,
+    auroc: Tensor | float = 0.5,
+    seed: int = 0,
+    values_seed: int | None = None,
+) -> tuple[Trajectory, TokenGroups, dict[str, Tensor]]:
+    """A two-checkpoint trajectory of `layers` x `heads` heads and its token groups, and the
+    truth: ``auroc`` and ``bias`` [L, H] (the kind effect), from `auroc` (one value, or one
+    per head [L, H]) under equal noise.  Seeded: the same seed gives the same run.
+    values_seed: where given, the values are drawn from it and the structure (queries,
+    tokens, plan, groups) from `seed`: runs of one recipe on one evaluation text."""
+    g = torch.Generator().manual_seed(seed)
+    s = scenario
+    Q = s.queries
+    target = torch.as_tensor(auroc, dtype=torch.float64).expand(layers, heads)
+    effect = torch.tensor([effect_for_auroc(float(a)) for a in target.reshape(-1)],
+                          dtype=torch.float64).reshape(layers, heads)  # fmt: skip
+
+    q, t, is_d, count, query_ids, events, vocab = _design(s, g)
 
     # the values: one draw for every head and entry
     if values_seed is not None:
