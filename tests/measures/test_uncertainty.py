@@ -41,6 +41,16 @@ def _runs(scenario: Scenario, reps: int, auroc=0.5, heads: int = HEADS):
         yield scan_uncertainty(traj, groups).table, truth
 
 
+def test_a_seed_gives_the_same_run_whatever_torch_drew_before():
+    """The run is drawn from its seed alone: torch's global generator does not enter it."""
+    runs = []
+    for global_seed in (0, 1):
+        torch.manual_seed(global_seed)
+        traj, groups, _ = crossed_run(SCENARIOS["shared_pool_20"], heads=2, seed=3)
+        runs.append((traj.zbar, [d.tolist() for d in groups.distinct]))
+    assert torch.equal(runs[0][0], runs[1][0]) and runs[0][1] == runs[1][1]
+
+
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_no_head_scans_without_an_effect_on_real_text_structure(name):
     """Nothing depends on the token's kind (for `frequency_only`, only on frequency): over 60
