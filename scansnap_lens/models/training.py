@@ -324,6 +324,64 @@ def _sampler(data, batch_size: int, generator: torch.Generator,
     return sample
 
 
+def _check_training(loss_on: str, optimizer: str, clip_grad_norm, bptt) -> None:
+    if loss_on not in ("all", "last"):
+        raise ValueError(f"loss_on must be 'all' or 'last', got {loss_on!r}")
+    if optimizer not in ("sgd", "adam"):
+        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+    if clip_grad_norm is not None and not clip_grad_norm > 0:
+        raise ValueError(f"clip_grad_norm must be positive, got {clip_grad_norm}")
+    if bptt is not None and bptt < 1:
+        raise ValueError(f"bptt must be >= 1, got {bptt}")
+
+
+def _step(model, opt, tokens: Tensor, loss_on: str, clip_grad_norm: float | None) -> float:
+    """One optimizer step of next-token prediction on `tokens` [B, T]; its loss."""
+    if int(tokens.max()) >= model.cfg.d_vocab or int(tokens.min()) < 0:
+        raise ValueError(
+            f"training token ids must lie in [0, {model.cfg.d_vocab}), got"
+            f" {int(tokens.min())}..{int(tokens.max())}"
+        )
+    logits = model(tokens[:, :-1], return_type="logits")
+    if loss_on == "last":
+        loss = F.cross_entropy(logits[:, -1].float(), tokens[:, -1])
+    else:
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+    opt.step()
+    return loss.item()
+
+
+def _checkpointer(model, out, on_checkpoint, training: dict, result: TrainResult
+                  ) -> Callable[[int], None]:  # fmt: skip
+    """What `train` calls at a scheduled step: the weights saved in `out` (with the model's
+    config and `training` once, now) and `on_checkpoint` called."""
+    if out is not None:
+        out = Path(out)
+        make_folder(out)
+        write_text(out / "config.json", json.dumps(model_config_json(model), indent=1))
+        write_text(out / TRAINING_FILE, json.dumps(training, indent=1))
+    pass_training = on_checkpoint is not None and _accepts_training(on_checkpoint)
+
+    def checkpoint(step: int) -> None:
+        if out is not None:
+            file = out / f"step_{step:09d}.safetensors"
+            state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+            write_tensors(file, state, {"step": str(step)})
+            result.checkpoints[step] = str(file)
+        if on_checkpoint is not None:
+            if pass_training:
+                on_checkpoint(step, model, training=training)
+            else:
+                on_checkpoint(step, model)
+            model.train()
+
+    return checkpoint
+
+
 def train(
     model: HookedModel,
     data,
@@ -369,23 +427,16 @@ def train(
         ``training`` parameter also gets the rates (``lr_y``, ``lr_z``), optimizer and momentum,
         which the recorder keeps in the trajectory's meta (and `out` gets ``training.json``).
     """
-    if loss_on not in ("all", "last"):
-        raise ValueError(f"loss_on must be 'all' or 'last', got {loss_on!r}")
+    _check_training(loss_on, optimizer, clip_grad_norm, bptt)
     rates = Rates.of(lr_y, lr_z, optimizer, momentum)
-    lr_y, lr_z = rates.lr_y, rates.lr_z
     device = device or next(model.parameters()).device
     model.to(device)
-    if clip_grad_norm is not None and not clip_grad_norm > 0:
-        raise ValueError(f"clip_grad_norm must be positive, got {clip_grad_norm}")
-    if bptt is not None and bptt < 1:
-        raise ValueError(f"bptt must be >= 1, got {bptt}")
-    groups = _param_groups(model, lr_y, lr_z, weight_decay, lr_by_name)
-    if optimizer == "sgd":
-        opt = torch.optim.SGD(groups, momentum=momentum)
-    elif optimizer == "adam":
-        opt = torch.optim.Adam(groups)
-    else:
-        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+    groups = _param_groups(model, rates.lr_y, rates.lr_z, weight_decay, lr_by_name)
+    opt = (
+        torch.optim.SGD(groups, momentum=momentum)
+        if optimizer == "sgd"
+        else torch.optim.Adam(groups)
+    )
     generator = torch.Generator().manual_seed(seed)
     sample = _sampler(data, batch_size, generator, bptt)
     chooses = hasattr(save_steps, "wants")
@@ -397,48 +448,13 @@ def train(
     }
     extras = {"clip_grad_norm": clip_grad_norm, "lr_by_name": lr_by_name, "bptt": bptt}
     training.update({k: v for k, v in extras.items() if v is not None})
-    if out is not None:
-        out = Path(out)
-        make_folder(out)
-        write_text(out / "config.json", json.dumps(model_config_json(model), indent=1))
-        write_text(out / TRAINING_FILE, json.dumps(training, indent=1))
-    pass_training = on_checkpoint is not None and _accepts_training(on_checkpoint)
-
-    def checkpoint(step: int) -> None:
-        if out is not None:
-            file = out / f"step_{step:09d}.safetensors"
-            state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-            write_tensors(file, state, {"step": str(step)})
-            result.checkpoints[step] = str(file)
-        if on_checkpoint is not None:
-            if pass_training:
-                on_checkpoint(step, model, training=training)
-            else:
-                on_checkpoint(step, model)
-            model.train()
-
+    checkpoint = _checkpointer(model, out, on_checkpoint, training, result)
     model.train()
     if 0 in save_at or chooses:
         checkpoint(0)
     bar = tqdm(range(1, num_steps + 1), desc="train", unit="step", disable=not progress)
     for step in bar:
-        tokens = sample().to(device)
-        if int(tokens.max()) >= model.cfg.d_vocab or int(tokens.min()) < 0:
-            raise ValueError(
-                f"training token ids must lie in [0, {model.cfg.d_vocab}), got"
-                f" {int(tokens.min())}..{int(tokens.max())}"
-            )
-        logits = model(tokens[:, :-1], return_type="logits")
-        if loss_on == "last":
-            loss = F.cross_entropy(logits[:, -1].float(), tokens[:, -1])
-        else:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if clip_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
-        opt.step()
-        result.loss.append(loss.item())
+        result.loss.append(_step(model, opt, sample().to(device), loss_on, clip_grad_norm))
         if step % 10 == 0:
             bar.set_postfix(loss=f"{result.loss[-1]:.3f}")
         if step in save_at or (chooses and save_steps.wants(step)):
