@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from scansnap_lens._io import make_folder, read_tensors, write_tensors
 from scansnap_lens.lab.synthetic import SequenceClasses, syn_small
 from scansnap_lens.statistics.kinds import TokenKind
+from scansnap_lens.theory.population import held_steps
 
 __all__ = [
     "YZRun",
@@ -254,6 +255,37 @@ def _per_run(value: float | Sequence[float] | Tensor, runs: int, name: str) -> T
     return t.clone()
 
 
+def _check_yz(runs: int, num_steps: int, init: str, optimizer: str) -> None:
+    if runs < 1:
+        raise ValueError("need at least one seed")
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    if init not in ("zero", "uniform"):
+        raise ValueError(f"init must be 'zero' or 'uniform', got {init!r}")
+    if optimizer not in ("sgd", "adam"):
+        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+
+
+def _rates(lr_z, ratio, lr_y, runs: int) -> tuple[Tensor, Tensor]:
+    """[R] eta_Z and [R] eta_Y / eta_Z of each run."""
+    if ratio is not None and lr_y is not None:
+        raise ValueError("give eta_Y as lr_y or as ratio = lr_y / lr_z, not both")
+    lr_z_t = _per_run(lr_z, runs, "lr_z")
+    if lr_y is None:
+        return lr_z_t, _per_run(1.0 if ratio is None else ratio, runs, "ratio")
+    return lr_z_t, _per_run(lr_y, runs, "lr_y") / lr_z_t
+
+
+def _initial(init: str, vocab: int, gens: list[torch.Generator]) -> Tensor:
+    """[R, M, M] each run's initial weights: zero, or nn.Linear's U(-1/sqrt M, 1/sqrt M)."""
+    if init == "zero":
+        return torch.zeros(len(gens), vocab, vocab)
+    bound = 1.0 / math.sqrt(vocab)
+    return torch.stack(
+        [torch.empty(vocab, vocab).uniform_(-bound, bound, generator=g) for g in gens]
+    )
+
+
 def train_yz(
     classes: SequenceClasses | None = None,
     lr_z: float | Sequence[float] | Tensor = 1.0,
@@ -291,33 +323,12 @@ def train_yz(
     classes = classes if classes is not None else syn_small()
     seeds_t = torch.as_tensor(seeds, dtype=torch.long).flatten()
     runs, vocab = seeds_t.numel(), classes.vocab_size
-    if runs < 1:
-        raise ValueError("need at least one seed")
-    if num_steps < 1:
-        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
-    if init not in ("zero", "uniform"):
-        raise ValueError(f"init must be 'zero' or 'uniform', got {init!r}")
-    if optimizer not in ("sgd", "adam"):
-        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
-    if ratio is not None and lr_y is not None:
-        raise ValueError("give eta_Y as lr_y or as ratio = lr_y / lr_z, not both")
-    lr_z_t = _per_run(lr_z, runs, "lr_z")
-    if lr_y is None:
-        ratio_t = _per_run(1.0 if ratio is None else ratio, runs, "ratio")
-    else:
-        ratio_t = _per_run(lr_y, runs, "lr_y") / lr_z_t
+    _check_yz(runs, num_steps, init, optimizer)
+    lr_z_t, ratio_t = _rates(lr_z, ratio, lr_y, runs)
     device = torch.device(device)
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds_t]
-
-    def initial() -> Tensor:
-        if init == "zero":
-            return torch.zeros(runs, vocab, vocab)
-        bound = 1.0 / math.sqrt(vocab)
-        return torch.stack(
-            [torch.empty(vocab, vocab).uniform_(-bound, bound, generator=g) for g in gens]
-        )
-
-    Y, Z = initial().to(device), initial().to(device)  # Y first, as nn.Linear K1 then K2
+    # Y first, as nn.Linear K1 then K2
+    Y, Z = _initial(init, vocab, gens).to(device), _initial(init, vocab, gens).to(device)
     params = [Y.requires_grad_(), Z.requires_grad_()]
     lr = [(lr_z_t * ratio_t).to(device)[:, None, None], lr_z_t.to(device)[:, None, None]]
     state = [[torch.zeros_like(p), torch.zeros_like(p)] for p in params]
@@ -338,42 +349,15 @@ def train_yz(
         losses[step - 1] = loss.detach().cpu()
         grads = torch.autograd.grad(loss.sum(), params)
         with torch.no_grad():
-            for p, g, rate, (m1, m2) in zip(params, grads, lr, state):
-                if optimizer == "sgd":
-                    # torch.optim.SGD: buf = momentum * buf + g (buf starts at g), p -= lr * buf
-                    m1.mul_(momentum).add_(g)
-                    p.sub_(rate * m1)
-                else:
-                    m1.mul_(betas[0]).add_(g, alpha=1 - betas[0])
-                    m2.mul_(betas[1]).addcmul_(g, g, value=1 - betas[1])
-                    m_hat = m1 / (1 - betas[0] ** step)
-                    v_hat = m2 / (1 - betas[1] ** step)
-                    p.sub_(rate * m_hat / (v_hat.sqrt() + eps))
+            for p, g, rate, moments in zip(params, grads, lr, state):
+                p.sub_(rate * held_steps(optimizer, moments, g, step - 1, 1, momentum, betas, eps))
         if (snapshot_every and step % snapshot_every == 0) or step == num_steps:
             snap_steps.append(step)
             snaps_y.append(Y.detach().cpu().clone())
             snaps_z.append(Z.detach().cpu().clone())
 
-    config = {
-        "optimizer": optimizer,
-        "momentum": momentum,
-        "betas": list(betas),
-        "eps": eps,
-        "init": init,
-        "batch_size": batch_size,
-        "seq_len": seq_len,
-        "num_steps": num_steps,
-        "snapshot_every": snapshot_every,
-        "population": population,
-    }
-    return YZRun(
-        classes,
-        torch.tensor(snap_steps),
-        torch.stack(snaps_z),
-        torch.stack(snaps_y),
-        losses,
-        lr_z_t,
-        ratio_t,
-        seeds_t,
-        config,
-    )
+    config = dict(optimizer=optimizer, momentum=momentum, betas=list(betas), eps=eps, init=init,
+                  batch_size=batch_size, seq_len=seq_len, num_steps=num_steps,
+                  snapshot_every=snapshot_every, population=population)  # fmt: skip
+    return YZRun(classes, torch.tensor(snap_steps), torch.stack(snaps_z), torch.stack(snaps_y),
+                 losses, lr_z_t, ratio_t, seeds_t, config)  # fmt: skip

@@ -360,10 +360,8 @@ def predict(
         gy = gy / mult[:, None]  # the rest row stands for `rest` rows, each with its own share
         n = 1 if exact or step < EXACT_STEPS else min(h, wanted[at] - step)
         with torch.no_grad():
-            for p, g, rate_, (m1, m2) in zip((Y, Z), (gy, gz), rates, state):
-                sgd = optimizer == "sgd"
-                p.sub_(rate_ * (_sgd_steps(m1, g, momentum, n) if sgd
-                                else _adam_steps(m1, m2, g, betas, eps, step, n)))  # fmt: skip
+            for p, g, rate_, moments in zip((Y, Z), (gy, gz), rates, state):
+                p.sub_(rate_ * held_steps(optimizer, moments, g, step, n, momentum, betas, eps))
         gradients += 1
         if progress and announce and step == 1:  # the second gradient: the first warms up
             _say_cost(pop, outputs.numel(), wanted, time.perf_counter() - started, exact)
@@ -436,6 +434,17 @@ def _say_cost(pop: Population, outputs: int, wanted: list, seconds: float, exact
         f" {outputs:,} next tokens; a gradient takes {duration(seconds)}: at most"
         f" {most:,} gradients to step {wanted[-1]:,}, about {duration(seconds * most)}"
     )
+
+
+def held_steps(optimizer: str, moments: list[Tensor], g: Tensor, step: int, n: int,
+               momentum: float = 0.0, betas: tuple[float, float] = (0.9, 0.999),
+               eps: float = 1e-8) -> Tensor:  # fmt: skip
+    """The sum of the updates of `n` steps of PyTorch's "sgd" (with `momentum`) or "adam"
+    from optimizer step `step` (0 first) with the gradient `g` held, the parameter's
+    `moments` [m1, m2] updated in place; n = 1: one step exactly as ``torch.optim`` takes it."""
+    if optimizer == "sgd":
+        return _sgd_steps(moments[0], g, momentum, n)
+    return _adam_steps(moments[0], moments[1], g, betas, eps, step, n)
 
 
 def _sgd_steps(m: Tensor, g: Tensor, beta: float, n: int) -> Tensor:
