@@ -796,10 +796,11 @@ def next_token_loss(logits: Tensor, tokens: Tensor) -> Tensor:
 
 # The bytes of logits one step of `next_token_loss` reads (small enough to stay on the heap)
 LOSS_CHUNK_BYTES = 8 << 20
-# The most bytes of float32 logits one pass of loss rows makes on a CPU: at Pythia's
-# vocabulary a row of 512 makes 103 MB; 4 rows in one pass raised the recorder's peak at 70m's
-# shape from 432 to 698 MB above its model (a row a pass: 393 MB, no slower)
-LOSS_LOGITS_BYTES = 1 << 27
+# The most bytes of float32 logits one pass of loss rows makes on a CPU (one row at least):
+# at Pythia's vocabulary a row of 512 makes 103 MB, and 4 rows in one pass raised the
+# recorder's peak at 70m's shape from 393 to 698 MB above its model, no faster; a smaller
+# vocabulary's rows share passes (docs/scale.md)
+LOSS_LOGITS_BYTES = 1 << 24
 
 
 def loss_rows(seq_len: int) -> int:
