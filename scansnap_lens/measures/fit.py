@@ -406,15 +406,7 @@ def theory_fit(
     corr = torch.full((S, L, H), math.nan, dtype=torch.float64)
     pop_snap = np.full(H, np.nan)
     per_class = []
-    started = time.perf_counter()
-    runs: dict[tuple, Trajectory] = {}  # one prediction per training setting
-    for setting in heads_training:
-        key = tuple(sorted(setting.items()))
-        if key not in runs:
-            run = predict(pop, steps=traj.steps, progress=progress,
-                          announce=estimate is None, **setting)  # fmt: skip
-            runs[key] = run.to_trajectory(plan)
-    took = time.perf_counter() - started
+    runs, took = _predictions(traj, pop, heads_training, progress, announce=estimate is None)
     for j, setting in enumerate(heads_training):
         predicted = runs[tuple(sorted(setting.items()))]
         pred_dz = (predicted.zbar - predicted.zbar[:1]).double()[:, 0, 0][..., pair_mask]
@@ -422,13 +414,9 @@ def theory_fit(
         corr[0, :, j] = math.nan
         rank[:, :, j] = _rank_agreement(traj, j, predicted, class_sets, measured_c_hat, per_class)
         pop_snap[j] = float(snapping(predicted, classes=shared).table["snap_step"].iloc[0])
-    table = _fit_table(traj, rank, corr, measured_snap, pop_snap)
-    table["fit_classes"] = len(shared)
+    table = _fit_table(traj, rank, corr, measured_snap, pop_snap, len(shared))
     table.attrs["theory_seconds"] = {"estimate": estimate, "took": took}
-    detail = pd.DataFrame(
-        per_class,
-        columns=["layer", "head", "query", "next", "tokens", "events", "rank_agreement"],
-    )
+    detail = pd.DataFrame(per_class, columns=_FIT_DETAIL)
     return Measurement("theory_fit", table, detail, values=corr, predictions=list(runs.values()))
 
 
@@ -445,6 +433,21 @@ def _fit_population(traj, source, groups, heads_training, loss_positions, classe
     _, pop, estimate = _classes_within(traj, source, rankable, loss_positions, theory_classes,
                                        theory_seconds, trainings, progress)  # fmt: skip
     return pop, estimate
+
+
+def _predictions(traj, pop, heads_training: list[dict], progress: bool, announce: bool
+                 ) -> tuple[dict[tuple, Trajectory], float]:  # fmt: skip
+    """({training setting: the population dynamics' trajectory at the run's steps}, seconds):
+    one prediction for each setting the heads were trained with."""
+    started = time.perf_counter()
+    runs: dict[tuple, Trajectory] = {}
+    for setting in heads_training:
+        key = tuple(sorted(setting.items()))
+        if key not in runs:
+            run = predict(pop, steps=traj.steps, progress=progress, announce=announce,
+                          **setting)  # fmt: skip
+            runs[key] = run.to_trajectory(traj.plan)
+    return runs, time.perf_counter() - started
 
 
 def _rank_agreement(traj, j: int, predicted, class_sets, measured_c_hat, per_class: list
@@ -469,8 +472,13 @@ def _rank_agreement(traj, j: int, predicted, class_sets, measured_c_hat, per_cla
     return _weighted_nanmean(torch.stack(ranks, -1), torch.tensor(weights, dtype=torch.float64))
 
 
-def _fit_table(traj, rank: Tensor, corr: Tensor, measured_snap, pop_snap) -> pd.DataFrame:
-    """`theory_fit`'s table: each step, layer and head's scores, and each head's snaps."""
+_FIT_DETAIL = ["layer", "head", "query", "next", "tokens", "events", "rank_agreement"]
+
+
+def _fit_table(traj, rank: Tensor, corr: Tensor, measured_snap, pop_snap, fit_classes: int
+               ) -> pd.DataFrame:  # fmt: skip
+    """`theory_fit`'s table: each step, layer and head's scores, each head's snaps and how
+    many classes were fit."""
     table = _frame(traj, {"rank_agreement": rank, "dz_corr": corr})
     by_head = measured_snap.set_index(["layer", "head"])["snap_step"]
     table["snap_step"] = [
@@ -479,4 +487,5 @@ def _fit_table(traj, rank: Tensor, corr: Tensor, measured_snap, pop_snap) -> pd.
     table["population_snap"] = table["head"].map(dict(zip(traj.heads, pop_snap)))
     with np.errstate(invalid="ignore", divide="ignore"):
         table["snap_ratio"] = table["snap_step"] / table["population_snap"]
+    table["fit_classes"] = fit_classes
     return table

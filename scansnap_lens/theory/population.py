@@ -363,15 +363,11 @@ def predict(
             for p, g, rate_, moments in zip((Y, Z), (gy, gz), rates, state):
                 p.sub_(rate_ * held_steps(optimizer, moments, g, step, n, momentum, betas, eps))
         gradients += 1
-        if progress and announce and step == 1:  # the second gradient: the first warms up
-            _say_cost(pop, outputs.numel(), wanted, time.perf_counter() - started, exact)
-        if bar is None and (step == 1 or not progress):
-            most = gradients_at_most(wanted[-1], len(wanted), exact)
-            bar = tqdm(total=most, initial=gradients - 1, desc="population dynamics",
-                       unit="gradient", disable=not progress, delay=2)  # fmt: skip
+        if bar is None and (step == 1 or not progress):  # the second: the first warms up
+            seconds = time.perf_counter() - started if progress and announce else None
+            bar = _gradient_bar(pop, outputs.numel(), wanted, exact, gradients, progress, seconds)
         started = time.perf_counter()
-        previous_rate = None if last is None else (attention - last[0]) / last[2]
-        last = (attention, previous_rate, n)
+        last = (attention, None if last is None else (attention - last[0]) / last[2], n)
         step += n
         if bar is not None:
             bar.update(1)
@@ -381,6 +377,17 @@ def predict(
     training = {"lr_y": lr_y, "lr_z": lr_z, "optimizer": optimizer, "momentum": momentum}
     return PopulationRun(population, steps_t, torch.stack(snaps).double(),
                          torch.tensor(losses, dtype=torch.float64), training)  # fmt: skip
+
+
+def _gradient_bar(pop, outputs: int, wanted: list[int], exact: bool, gradients: int,
+                  progress: bool, seconds: float | None):  # fmt: skip
+    """`predict`'s progress bar over gradients (shown with `progress`), the cost said first
+    where a gradient's `seconds` are given."""
+    if seconds is not None:
+        _say_cost(pop, outputs, wanted, seconds, exact)
+    return tqdm(total=gradients_at_most(wanted[-1], len(wanted), exact), initial=gradients - 1,
+                desc="population dynamics", unit="gradient", disable=not progress,
+                delay=2)  # fmt: skip
 
 
 def _checked(steps, lr_y: float, lr_z: float, optimizer: str) -> Tensor:
