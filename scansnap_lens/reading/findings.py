@@ -13,6 +13,8 @@ types and snap steps: the first lines of the report and of the command line.
 No head scans (each could have seen AUROC >= 0.62 to 0.7).
 Layer 0 head 0 became a previous-token head (score 0.31) at step 95 [90, 99].
 Layer 0 snapped near step 125 (its 2 heads: 120 to 130).
+>>> findings_of(summary.iloc[:1])[-1]  # a layer of one head
+'Layer 0 snapped near step 120 (its one head: 120 [118, 123]).'
 """
 
 from __future__ import annotations
@@ -157,8 +159,12 @@ def _snaps(summary: pd.DataFrame) -> list[str]:
             why = f" ({'; '.join(map(str, reasons))})" if len(reasons) else ""
             said.append(f"Layer {layer}: no head snapped{why}.")
             continue
-        heads = f"its {len(steps)} heads" if len(steps) == len(rows) else f"{len(steps)} of its"
-        heads += "" if len(steps) == len(rows) else f" {len(rows)} heads"
+        if len(rows) == 1:
+            heads = "its one head"
+        elif len(steps) == len(rows):
+            heads = f"its {len(rows)} heads"
+        else:
+            heads = f"{len(steps)} of its {len(rows)} heads"
         spread = (
             f"{_num(steps.min())} to {_num(steps.max())}"
             if len(steps) > 1
@@ -166,7 +172,8 @@ def _snaps(summary: pd.DataFrame) -> list[str]:
         )
         if "snap_step_grid_lo" in rows and rows["snap_step_grid_lo"].notna().any():
             spread += (
-                f"; the checkpoints place them within {_num(rows['snap_step_grid_lo'].min())}"
+                f"; the checkpoints place {'them' if len(steps) > 1 else 'it'} within"
+                f" {_num(rows['snap_step_grid_lo'].min())}"
                 f" to {_num(rows['snap_step_grid_hi'].max())}"
             )
         said.append(f"Layer {layer} snapped near step {_num(steps.median())} ({heads}: {spread})"
