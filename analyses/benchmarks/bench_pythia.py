@@ -18,8 +18,10 @@ no unembedding), and one `record_checkpoint` of the default plan, on the same ro
 threads; and the `Recorder`'s whole per-checkpoint call (recorded and written, the load
 aside) after its first checkpoint.  Prints one JSON line: per stage the seconds and peak RSS
 (the record's also the most RSS while each checkpoint was recorded: flat over checkpoints or
-not), the bytes per checkpoint, and the recorder's ratios to both forward passes in wall and
-CPU time.
+not, and the seconds from one checkpoint's file to the next: what each checkpoint of a long
+sweep costs once the start is paid), the bytes per checkpoint, and the ratios to both forward
+passes of the whole command per checkpoint, of its later checkpoints and of the recorder's
+calls in wall and CPU time.
 """
 
 from __future__ import annotations
@@ -129,7 +131,9 @@ def train_checkpoints(shape: str, shared: Path, tokenizer: Path, out: Path, step
 def run_stage(name: str, argv: list[str], log: Path, watch: Path | None = None) -> dict:
     """One `scansnap` command in its own process: seconds and its own peak RSS; with `watch`
     (the folder its checkpoints' files appear in) the most RSS sampled while each checkpoint
-    was recorded (``rss_mb_by_checkpoint``: memory flat over checkpoints or not)."""
+    was recorded (``rss_mb_by_checkpoint``: memory flat over checkpoints or not) and the
+    seconds between its first checkpoint's file and its last, per checkpoint
+    (``s_between_checkpoints``)."""
     code = (
         "import sys\n"
         "from scansnap_lens.cli import main\n"
@@ -144,7 +148,7 @@ def run_stage(name: str, argv: list[str], log: Path, watch: Path | None = None) 
     with open(log, "w") as sink:
         process = subprocess.Popen([sys.executable, "-c", code], stdout=sink, stderr=sink,
                                    text=True)  # fmt: skip
-        by_checkpoint, most, written = [], 0.0, 0
+        by_checkpoint, appeared, most, written = [], [], 0.0, 0
         while process.poll() is None:
             time.sleep(0.1)
             if watch is None:
@@ -158,6 +162,7 @@ def run_stage(name: str, argv: list[str], log: Path, watch: Path | None = None) 
             files = len(list(watch.glob("*.safetensors"))) if watch.is_dir() else 0
             if files > written:
                 by_checkpoint += [round(most / 1024)] * (files - written)
+                appeared += [time.perf_counter()] * (files - written)
                 most, written = 0.0, files
     if watch is not None and watch.is_dir():  # written after the last sample
         files = len(list(watch.glob("*.safetensors")))
@@ -170,6 +175,10 @@ def run_stage(name: str, argv: list[str], log: Path, watch: Path | None = None) 
     result = {"s": round(seconds, 1), "peak_mb": int(peak[-1].split("=")[1])}
     if watch is not None:
         result["rss_mb_by_checkpoint"] = by_checkpoint
+        if len(appeared) >= 2:  # what each checkpoint after the first costs: a long sweep's
+            result["s_between_checkpoints"] = round(
+                (appeared[-1] - appeared[0]) / (len(appeared) - 1), 1
+            )
     return result
 
 
@@ -309,6 +318,15 @@ def main() -> None:
     last = max(runs.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     timing = forward_baselines(last, tokens, args.batch_size, plan, work, args.rounds)
     result.update(timing)
+    for name in ("tl", "hf"):  # the whole command against the forward, and its later checkpoints
+        forward = timing[f"{name}_forward_s"]
+        result[f"record_command_over_{name}_forward"] = round(
+            result["record"]["s_per_checkpoint"] / forward, 2
+        )
+        if "s_between_checkpoints" in result["record"]:
+            result[f"record_later_checkpoints_over_{name}_forward"] = round(
+                result["record"]["s_between_checkpoints"] / forward, 2
+            )
     for what in ("record_checkpoint", "per_checkpoint_call"):
         for name in ("tl", "hf"):
             for clock in ("", "_cpu"):
