@@ -176,8 +176,8 @@ def _snaps(summary: pd.DataFrame) -> list[str]:
                 f" {_num(rows['snap_step_grid_lo'].min())}"
                 f" to {_num(rows['snap_step_grid_hi'].max())}"
             )
-        said.append(f"Layer {layer} snapped near step {_num(steps.median())} ({heads}: {spread})"
-                    + _noisy(rows) + _states(rows) + ".")  # fmt: skip
+        said.append(f"Layer {layer} snapped near step {_num(steps.median())} ({heads}: {spread})."
+                    + _noisy(rows) + _states(rows))  # fmt: skip
     return said
 
 
@@ -189,22 +189,22 @@ def _noisy(rows: pd.DataFrame) -> str:
         total = float(rows["checkpoints"].max())
         if total - kept < max(1.0, 0.1 * (total - 1)):
             return ""
-        return (f"; but between its checkpoints its attention moved mostly by step-to-step"
-                f" noise: its drift resolves {kept:.0f} of the {total:.0f} checkpoints (median"
-                " over its heads), and these snap steps are read from the drift between"
-                " those; they and their bounds are this run's own: another seed of the same"
-                " recipe snaps elsewhere (by its initial weights most), so recording more"
-                " often will not place the recipe's snap, more seeds (compared with scansnap"
-                " report RUN_A RUN_B ...) will")  # fmt: skip
+        return (f" Between its checkpoints its attention moved mostly by step-to-step noise:"
+                f" its drift resolves {kept:.0f} of the {total:.0f} checkpoints (median over its"
+                " heads), and these snap steps are read from the drift between those."
+                " They and their bounds are this run's own: another seed of the same recipe"
+                " snaps elsewhere (mostly by its initial weights), so more seeds (compared with"
+                " scansnap report RUN_A RUN_B ...), not more recordings, will place the"
+                " recipe's snap.")  # fmt: skip
     if "straightness" not in rows or rows["straightness"].isna().all():
         return ""
     straight = float(rows["straightness"].median())
     if straight >= NOISY_BELOW:
         return ""
-    return (f"; but its attention moved mostly by step-to-step noise between checkpoints"
+    return (f" But its attention moved mostly by step-to-step noise between checkpoints"
             f" (straightness {straight:.2f}: a steady drift gives 1, noise 0.71), so these"
             " snap steps depend on how far apart the checkpoints are: compare runs only at"
-            " the same checkpoints")  # fmt: skip
+            " the same checkpoints.")  # fmt: skip
 
 
 def _states(rows: pd.DataFrame) -> str:
@@ -221,10 +221,10 @@ def _states(rows: pd.DataFrame) -> str:
     apart = both & ((half_hi < lo) | (half_lo > hi))
     if not both.any() or apart.sum() * 2 <= both.sum():
         return ""
-    return (f"; the attention was half way to its last checkpoint's near step"
+    return (f" The attention was half way to its last checkpoint's near step"
             f" {_num(half[both].median())}, outside these snap steps' intervals in"
             f" {int(apart.sum())} of {int(both.sum())} heads (the rate and the state disagree:"
-            " the state depends on where the run ends)")  # fmt: skip
+            " the state depends on where the run ends).")  # fmt: skip
 
 
 def _theory(summary: pd.DataFrame) -> list[str]:
