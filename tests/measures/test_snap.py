@@ -297,3 +297,7 @@ def test_a_noisy_run_recorded_at_every_step_snaps_where_its_drift_does():
         assert 0.3 * truth < float(table[name][0]) < 3 * truth
     said = " ".join(findings_of(pd.concat([table] * 2).assign(head=[0, 1])))
     assert "moved mostly by step-to-step noise" in said and "more seeds" in said
+    # the snap, then each caveat a sentence of its own (not one sentence joined by "; but")
+    layer = next(line for line in findings_of(table) if line.startswith("Layer 0 snapped"))
+    assert "). Between its checkpoints" in layer and "; but" not in layer, layer
+    assert layer.endswith("will place the recipe's snap."), layer
