@@ -12,6 +12,7 @@ check the architecture, record, write.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import json
@@ -97,15 +98,15 @@ class RecordingRun:
     def record(self, checkpoint, writer: TrajectoryWriter, on_batch=None) -> CheckpointRecord:
         """Load `checkpoint` (onto the settings' device), then `record_model`.
         CheckpointError where it cannot be read or has another architecture."""
+        with _collected_after():
+            return self._load_and_record(checkpoint, writer, on_batch)
+
+    def _load_and_record(self, checkpoint, writer, on_batch) -> CheckpointRecord:
         model = checkpoint.load()
         if self.settings.device is not None:
             model.to(self.settings.device)
-        try:
-            return self.record_model(checkpoint.step, model, writer, on_batch,
-                                     where=checkpoint.source)  # fmt: skip
-        finally:
-            del model
-            _collected()
+        return self.record_model(checkpoint.step, model, writer, on_batch,
+                                 where=checkpoint.source)  # fmt: skip
 
     def record_model(self, step: int, model, writer: TrajectoryWriter, on_batch=None,
                      where: str = "") -> CheckpointRecord | None:  # fmt: skip
@@ -537,10 +538,8 @@ class Recorder:
             self._run_for(model).record_model(checkpoint.step, model, self._writer,
                                               self._on_batch, checkpoint.source)  # fmt: skip
 
-        try:
+        with _collected_after():
             record()
-        finally:
-            _collected()
 
     def _drop_duplicates(self, source: CheckpointSource, todo: list, fetcher) -> list:
         """`todo` less the checkpoints that serve another step's weights, as the settings'
@@ -618,13 +617,33 @@ def _tokenizer(tokenizer):
 
 
 def _collected() -> None:
-    """Collect a released model (about 0.2 s with the libraries loaded: once a checkpoint).
-    A model's reference cycles keep its weights, and with them the memory map of its file:
-    a sweep deletes that file next, and its disk space would stay in use while the next
-    revision downloads."""
+    """Collect a released model.  A model's reference cycles keep its weights, and with them
+    the memory map of its file: a sweep deletes that file next, and its disk space would stay
+    in use while the next revision downloads.  A full collection walks every object of the
+    process (0.2 s with the libraries loaded, more in a full notebook): `_collected_after`
+    walks only what the checkpoint made."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def _collected_after():
+    """Around one checkpoint's load and record: the objects older than it are frozen
+    (``gc.freeze``), so the collection at its end (`_collected`) walks only what it made,
+    the released model's cycles among them (0.5 ms, not 0.2 s); then thawed.  A caller's own
+    frozen objects are left as they are (a full collection then)."""
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
+    try:
+        yield
+    finally:
+        try:
+            _collected()
+        finally:
+            if freeze:
+                gc.unfreeze()
 
 
 def _prompt(settings: RecordingSettings, tokens) -> Tensor | None:
