@@ -19,6 +19,8 @@ from scansnap_lens.recording.recorder import Recorder, record_trajectory
 from scansnap_lens.recording.settings import RecordingSettings
 from scansnap_lens.recording.trajectory import Trajectory
 
+pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
+
 SMALL_V = 20  # the vocabulary of the recordings made here from random tokens
 
 
@@ -65,6 +67,48 @@ def test_folder_source_records_and_resumes(trained, tmp_path):
     other = plan_recording(tokens, V)
     with pytest.raises(ValueError, match="another plan"):
         Recorder(tmp_path / "full", tokens, QUIET, plan=other).record(source)
+
+
+def test_each_checkpoints_model_is_collected_walking_only_what_it_made(trained, tmp_path):
+    """After each checkpoint its model is gone (its reference cycles collected: a sweep
+    deletes the file they map next); the collection walks only the objects the checkpoint
+    made (the older ones frozen meanwhile: 0.5 ms, not a full walk of the process), and the
+    process's own frozen objects are left as they were."""
+    import gc
+    import weakref
+
+    out, _, tokens = trained
+    models, frozen_at_collect = [], []
+    source = checkpoints.folder(out)
+    for c in source.checkpoints:
+
+        def load(inner=c.loader):
+            model = inner()
+            models.append(weakref.ref(model))
+            return model
+
+        c.loader = load
+    collect = gc.collect
+
+    def watched(*args, **kwargs):
+        frozen_at_collect.append(gc.get_freeze_count())
+        return collect(*args, **kwargs)
+
+    gc.collect = watched
+    try:
+        Recorder(tmp_path / "a", tokens, QUIET).record(source)
+        assert len(models) == 5 and all(m() is None for m in models)  # collected
+        assert len(frozen_at_collect) == 5 and min(frozen_at_collect) > 0
+        assert gc.get_freeze_count() == 0  # thawed
+        frozen_at_collect.clear()
+        gc.freeze()  # a caller's own: left frozen, the collection then a full one
+        try:
+            Recorder(tmp_path / "b", tokens, QUIET).record(checkpoints.folder(out))
+            assert gc.get_freeze_count() > 0 and len(frozen_at_collect) == 5
+        finally:
+            gc.unfreeze()
+    finally:
+        gc.collect = collect
 
 
 def test_callback_and_memory_sources_match_folder(trained, tmp_path):
