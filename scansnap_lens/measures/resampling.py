@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy import special
 from scipy import stats as scipy_stats
 from torch import Tensor
 
@@ -103,7 +104,7 @@ class Estimate:
         return (self.n_eff >= MIN_UNITS) & ~torch.isnan(self.value) & ~torch.isnan(self.se)
 
     def _t(self, q: float) -> Tensor:
-        return torch.from_numpy(np.asarray(scipy_stats.t.ppf(q, self.df.numpy()), np.float64))
+        return torch.from_numpy(np.asarray(_t_quantile(q, self.df.numpy()), np.float64))
 
     def interval(self, level: float = LEVEL) -> tuple[Tensor, Tensor]:
         """value -+ t(n_eff - 1, (1 + level) / 2) * se; NaN where there are too few units."""
@@ -147,7 +148,7 @@ class Estimate:
         diff = (self.value - null).abs()
         t = torch.where(self.se > 0, diff / self.se.clamp_min(1e-300), math.inf)
         t = torch.where(diff > 0, t, 0.0)
-        p = 2 * scipy_stats.t.sf(t.numpy(), self.df.numpy())
+        p = 2 * _t_sf(t.numpy(), self.df.numpy())
         return torch.where(self.enough, torch.from_numpy(np.asarray(p, np.float64)), math.nan)
 
     def mde(self, alpha: float, power: float = POWER) -> Tensor:
@@ -196,8 +197,19 @@ def joint_power(
     for e in estimates:
         se = e.se_at(null + distance) / root
         z = (e._t(1 - alpha / 2) - distance / se.clamp_min(1e-300)).numpy()
-        out = out * torch.from_numpy(np.asarray(scipy_stats.t.sf(z, e.df.numpy()), np.float64))
+        out = out * torch.from_numpy(np.asarray(_t_sf(z, e.df.numpy()), np.float64))
     return out
+
+
+# Student t's quantile and survival function as scipy.stats.t computes them (its ``_ppf`` and
+# ``_sf``), without its argument checks: the power's bisections call them about 200 times a
+# table, where the checks took most of `scan_uncertainty`'s time.
+def _t_quantile(q, df):
+    return special.stdtrit(df, q)
+
+
+def _t_sf(x, df):
+    return special.stdtr(df, -np.asarray(x))
 
 
 def auroc_variance(auroc: Tensor) -> Tensor:
