@@ -14,3 +14,10 @@ atexit.register(shutil.rmtree, os.environ["HF_HUB_CACHE"], ignore_errors=True)
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+pytest_plugins = ["tests._major"]  # which tests depend on the TransformerLens major
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one thread a worker: workers share the cores, and OpenMP's threads spin while waiting
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")

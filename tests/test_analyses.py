@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-pytestmark = pytest.mark.slow  # `pytest -m "not slow"` leaves these out (docs/contributing.md)
+# `pytest -m "not slow"` leaves these out; both TransformerLens majors run them (`-m tl`)
+pytestmark = [pytest.mark.slow, pytest.mark.tl]
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,6 +19,7 @@ from scansnap_lens.models.training import attention_only_model, train
 from scansnap_lens.recording.trajectory import Trajectory
 
 
+@pytest.mark.tl
 def test_demo_shows_scan_and_snap(demo_out):
     out, printed = demo_out
     assert "report:" in printed and "bias" in printed
@@ -56,6 +57,7 @@ def own_run(tmp_path_factory):
     return root, classes
 
 
+@pytest.mark.tl
 def test_stats_record_report_on_own_checkpoints(own_run, capsys):
     root, classes = own_run
     M, q = str(classes.vocab_size), str(int(classes.query[0]))
@@ -108,6 +110,7 @@ def test_stats_record_report_on_own_checkpoints(own_run, capsys):
     assert exit_.value.code == 2 and "must lie in [2" in capsys.readouterr().err
 
 
+@pytest.mark.tl
 def test_both_routes_of_record_take_the_same_rows_by_default(own_run, tmp_path, capsys):
     """`--tokens` took every row of the file (5,606 rows of WikiText: 1.6 h) while `--text`
     took 64: both take the first 64 unless --max-rows says a number or all."""
@@ -127,6 +130,7 @@ def test_both_routes_of_record_take_the_same_rows_by_default(own_run, tmp_path, 
     assert Trajectory.load(tmp_path / "b").values["previous_token"].shape[-1] == 80
 
 
+@pytest.mark.tl
 def test_record_power_chooses_the_rows_that_reach_the_asked_auroc(tmp_path, capsys):
     """A corpus of topic words tied to next tokens (`lab.calibration.corpus_text`), a model of
     its vocabulary and statistics of the corpus: `--power` plans each doubling of the rows,
@@ -206,6 +210,7 @@ def test_text_splits_into_the_documents_asked_for(tmp_path, capsys):
     assert events == {"line": 2 + 1 + 3, "paragraph": 5 + 3, "document": 12 - 2}
 
 
+@pytest.mark.tl
 def test_record_pretrained_labels_offline(fake_hub, own_run, tmp_path, capsys):
     tokens = torch.randint(0, 64, (4, 12), generator=torch.Generator().manual_seed(0))
     save_tokens(tmp_path / "eval.safetensors", tokens)
@@ -252,6 +257,7 @@ def _window_other_than_the_statistics(root, tmp):
 
 
 @pytest.mark.parametrize("flag", ["--layers", "--heads"])
+@pytest.mark.tl
 def test_a_layer_or_head_the_model_lacks_is_refused_before_anything_is_written(
     own_run, tmp_path, capsys, flag
 ):
@@ -322,6 +328,7 @@ BAD_INPUTS = [  # (what is wrong, the arguments (made from the run and a scratch
 
 @pytest.mark.parametrize(("make", "message"), [c[1:] for c in BAD_INPUTS],
                          ids=[c[0] for c in BAD_INPUTS])  # fmt: skip
+@pytest.mark.tl
 def test_bad_input_gives_exit_code_2_and_names_the_problem(own_run, tmp_path, capsys, make,
                                                            message):  # fmt: skip
     root, _classes = own_run
@@ -428,6 +435,7 @@ if tl_major() >= 4:
 
 
 @pytest.mark.parametrize("make, flags, message", CHECKPOINT_ERRORS)
+@pytest.mark.tl
 def test_checkpoint_errors_exit_2_naming_the_option(own_run, tmp_path, capsys, make, flags,
                                                     message):  # fmt: skip
     root, _ = own_run
@@ -438,6 +446,7 @@ def test_checkpoint_errors_exit_2_naming_the_option(own_run, tmp_path, capsys, m
     assert message in err and "Traceback" not in err and "\x1b[" not in err
 
 
+@pytest.mark.tl
 def test_on_error_skip_covers_the_first_checkpoint(own_run, tmp_path, capsys):
     root, _ = own_run
     folder = tmp_path / "ckpt"
@@ -451,6 +460,7 @@ def test_on_error_skip_covers_the_first_checkpoint(own_run, tmp_path, capsys):
     assert "3 checkpoints recorded (3 new, 1 skipped)" in capsys.readouterr().out
 
 
+@pytest.mark.tl
 def test_padded_model_vocabulary_measures_with_tokenizer_statistics(own_run, tmp_path, capsys):
     """A model whose d_vocab is padded beyond the tokenizer's (Pythia: 50304 vs 50277)."""
     root, classes = own_run
@@ -482,6 +492,7 @@ def test_padded_model_vocabulary_measures_with_tokenizer_statistics(own_run, tmp
     assert "vocabulary mismatch" in capsys.readouterr().err
 
 
+@pytest.mark.tl
 def test_the_notebook_route_and_the_command_line_give_one_answer(own_run, tmp_path, capsys):
     """The same trajectory and statistics: `scansnap report` and the README's library route
     (`Analysis.of`) give the same table, verdicts included, and the report says which settings
@@ -521,6 +532,7 @@ def test_the_notebook_route_and_the_command_line_give_one_answer(own_run, tmp_pa
     pd.testing.assert_frame_equal(again.summary, analysis.summary)
 
 
+@pytest.mark.tl
 def test_a_report_of_one_checkpoint_is_written(own_run, tmp_path, capsys):
     """A natural first try: one checkpoint, the rates given.  The report is written and says
     that the snap needs two checkpoints (was: "error: snap_step" and no report.html)."""
@@ -553,6 +565,7 @@ def test_a_report_of_one_checkpoint_is_written(own_run, tmp_path, capsys):
     assert (tmp_path / "r" / "report.html").is_file()
 
 
+@pytest.mark.tl
 def test_a_report_without_token_groups_is_written_and_says_why(own_run, tmp_path, capsys):
     """A filter that leaves no class: the report is still written with what needs no token
     groups (snapping, attention entropy, the theory's fit), and names the threshold to relax."""
@@ -617,6 +630,7 @@ def test_bad_arguments_exit_2_before_anything_is_written(args, message, tmp_path
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.tl
 def test_record_keeps_the_tokenizer_strings_for_own_checkpoints(own_run, tmp_path, capsys):
     """Own checkpoints carry no tokenizer: --tokenizer gives the report its words."""
     from scansnap_lens.inputs.text import word_level_tokenizer
@@ -635,6 +649,7 @@ def test_record_keeps_the_tokenizer_strings_for_own_checkpoints(own_run, tmp_pat
     assert plan.decode(int(plan.queries[0])) != str(int(plan.queries[0]))  # a word, not an id
 
 
+@pytest.mark.tl
 def test_report_takes_the_rates_or_reads_them(own_run, demo_out, tmp_path, capsys):
     """The rates the trajectory recorded, or --lr-y/--lr-z (both or neither, checked before
     anything is read); the theory's prediction follows them."""
@@ -653,6 +668,7 @@ def test_report_takes_the_rates_or_reads_them(own_run, demo_out, tmp_path, capsy
     assert read[0]["predicted_snap"] == pytest.approx(4 * read[1]["predicted_snap"])  # 1/eta_Y
 
 
+@pytest.mark.tl
 def test_every_kth_checkpoint_that_leaves_one_is_an_error(own_run, tmp_path, capsys):
     root, _ = own_run  # 4 checkpoints: 0, 10, 20, 40
     args = ["record", "--checkpoints", str(root / "ckpt"), "--tokens"]
@@ -664,6 +680,7 @@ def test_every_kth_checkpoint_that_leaves_one_is_an_error(own_run, tmp_path, cap
     assert Trajectory.load(tmp_path / "t").steps.tolist() == [40]
 
 
+@pytest.mark.tl
 def test_an_output_folder_of_another_run_is_refused(demo_out, own_run, tmp_path, capsys):
     out, _ = demo_out
     before = sorted(p.name for p in (out / "trajectory" / "checkpoints").iterdir())
@@ -687,6 +704,7 @@ def test_an_output_folder_of_another_run_is_refused(demo_out, own_run, tmp_path,
     assert Trajectory.load(tmp_path / "t").meta["source"] == str(other)
 
 
+@pytest.mark.tl
 def test_what_cannot_change_on_resume_is_refused_in_the_flags_units(own_run, tmp_path, capsys):
     """Resuming with another --max-checkpoint-mb says MB, not bytes; another --prompt-length
     is refused naming the folder's; --steps auto with a --budget below what is recorded is
@@ -778,6 +796,7 @@ def test_an_interrupt_that_surfaces_as_another_error_exits_130(monkeypatch, caps
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
 
 
+@pytest.mark.tl
 def test_files_a_user_gets_wrong_are_named(demo_out, own_run, tmp_path, capsys):
     """Each exits 2 with the file and what is wrong with it (in CLI words), no traceback."""
     import shutil
@@ -810,6 +829,7 @@ def test_files_a_user_gets_wrong_are_named(demo_out, own_run, tmp_path, capsys):
         assert message in err and "Traceback" not in err, err
 
 
+@pytest.mark.tl
 def test_a_second_recording_process_fails_at_once(own_run, tmp_path, capsys):
     """The folder's recording lock: another process holding it stops `record` before anything
     is read or written; a killed holder leaves no stale lock; one process shares it (a
@@ -872,6 +892,7 @@ def _config_variant(root, tmp, edit):
     return folder
 
 
+@pytest.mark.tl
 def test_more_inputs_a_user_gets_wrong(own_run, tmp_path, capsys):
     """(what is wrong, arguments, exit code, what the message says or what happens): config
     fields, unsigned token files, statistics pruned to nothing, an output that cannot be
@@ -940,6 +961,7 @@ def test_more_inputs_a_user_gets_wrong(own_run, tmp_path, capsys):
         assert message in out.out + out.err and "Traceback" not in out.err, (what, out.err)
 
 
+@pytest.mark.tl
 def test_report_compares_three_seeds_and_refuses_another_plan(own_run, tmp_path, capsys):
     """`scansnap report A B C`: three seeds of the run, recorded alike, compared head by head;
     a run recorded with other queries is refused, naming the difference."""

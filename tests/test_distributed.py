@@ -141,6 +141,7 @@ def assert_same_trajectory(a, b) -> None:
         assert torch.equal(getattr(a, name), getattr(b, name)), name
 
 
+@pytest.mark.tl
 def test_record_on_ray_out_of_order_with_a_killed_worker_equals_sequential(
     local_ray, own_checkpoints, tmp_path
 ):
@@ -173,6 +174,7 @@ def test_record_on_ray_out_of_order_with_a_killed_worker_equals_sequential(
     assert [int(f.name[5:17]) for f in files] != sorted(traj.steps.tolist())  # out of order
 
 
+@pytest.mark.tl
 def test_record_on_ray_resumes_and_skips(local_ray, own_checkpoints, tmp_path, capsys):
     """Two steps recorded in one process, the rest on Ray (the layers and heads fixed by the
     first checkpoint, recorded by the driver); an unreadable checkpoint is skipped or stops."""
@@ -202,6 +204,7 @@ def test_record_on_ray_resumes_and_skips(local_ray, own_checkpoints, tmp_path, c
     assert [s["step"] for s in traj.skipped] == [5]
 
 
+@pytest.mark.tl
 def test_record_ray_through_the_command_line(local_ray, own_checkpoints, tmp_path, capsys):
     root, tokens, _, _ = own_checkpoints
     from scansnap_lens.inputs.tokens import save_tokens

@@ -12,7 +12,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-pytestmark = pytest.mark.slow  # `pytest -m "not slow"` leaves these out (docs/contributing.md)
+# `pytest -m "not slow"` leaves these out; both TransformerLens majors run them (`-m tl`)
+pytestmark = [pytest.mark.slow, pytest.mark.tl]
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

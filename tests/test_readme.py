@@ -23,6 +23,7 @@ def test_the_readme_has_snippets():
 
 
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i + 1}" for i in range(len(BLOCKS))])
+@pytest.mark.tl
 def test_readme_snippet_runs(code, shared_dir, tmp_path, monkeypatch):
     work = tmp_path / "repo"
     work.mkdir()

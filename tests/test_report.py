@@ -36,6 +36,7 @@ def _mounted(dom: str, div_id: str) -> str:
     return match.group(1)
 
 
+@pytest.mark.tl
 def test_demo_report_opens_in_chromium(demo_out, tmp_path):
     out, _ = demo_out
     report = out / "report" / "report.html"
@@ -66,6 +67,7 @@ def test_the_browser_check_catches_a_broken_view(tmp_path):
     assert console and _mounted(dom, "view-0") == ""
 
 
+@pytest.mark.tl
 def test_report_contents_match_the_measurements(demo_out):
     out, _ = demo_out
     folder = out / "report"
@@ -97,6 +99,7 @@ def test_report_contents_match_the_measurements(demo_out):
     assert f"rho0 = {bounds['rho0'].iloc[0]:.4g} from the data" in page_text
 
 
+@pytest.mark.tl
 def test_views_hold_the_recorded_attention(demo_out, tmp_path):
     out, _ = demo_out
     traj = Trajectory.load(out / "trajectory")
@@ -136,6 +139,7 @@ def test_views_hold_the_recorded_attention(demo_out, tmp_path):
         attention_over_checkpoints(traj, steps=[7])
 
 
+@pytest.mark.tl
 def test_report_without_prompt_says_what_is_missing(demo_out, tmp_path):
     out, _ = demo_out
     traj = Trajectory.load(out / "trajectory")
@@ -169,6 +173,7 @@ def _ran(dom: str) -> bool:
     return bool(re.search(r"<body[^>]*data-pwned", dom))
 
 
+@pytest.mark.tl
 def test_script_in_token_strings_never_runs(demo_out, tmp_path):
     out, _ = demo_out
     traj = Trajectory.load(out / "trajectory")
@@ -230,6 +235,7 @@ def test_token_strings_show_as_themselves(tmp_path):
             assert escaped not in text.replace("&amp;", ""), text
 
 
+@pytest.mark.tl
 def test_report_from_a_relative_path_shows_in_a_notebook(demo_out, tmp_path, monkeypatch):
     out, _ = demo_out
     traj = Trajectory.load(out / "trajectory")
@@ -240,6 +246,7 @@ def test_report_from_a_relative_path_shows_in_a_notebook(demo_out, tmp_path, mon
     assert (tmp_path / "rel" / "report.html").resolve().as_uri() in report._repr_html_()
 
 
+@pytest.mark.tl
 def test_a_full_disk_never_leaves_half_a_report(demo_out, tmp_path, monkeypatch):
     """Every file of the report goes through the atomic writer: when the disk fills up during a
     re-write, the earlier report.html, figures and CSVs stay whole and no temporary is left."""
@@ -275,6 +282,7 @@ def test_a_full_disk_never_leaves_half_a_report(demo_out, tmp_path, monkeypatch)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no staging folder left
 
 
+@pytest.mark.tl
 def test_an_interrupted_report_leaves_the_folder_as_it_was(demo_out, tmp_path, monkeypatch):
     """Ctrl-C while the figures are drawn: the folder holds what it held (a user's own file
     and the earlier report), nothing half-made, no staging folder; the next report replaces
@@ -304,6 +312,7 @@ def test_an_interrupted_report_leaves_the_folder_as_it_was(demo_out, tmp_path, m
     assert all(p.is_file() and p.is_relative_to(folder) for p in report.files.values())
 
 
+@pytest.mark.tl
 def test_the_report_measures_each_quantity_once(demo_out, tmp_path, monkeypatch):
     """`write_report` and its summary share one `measures.measure_all`: every measurement of
     the table runs once (without `source`, `theory_fit` is left out with the reason)."""
@@ -416,6 +425,7 @@ def trainer_runs(tmp_path_factory):
     return {"trainer": root / "report" / "report.html", "runs": root / "runs" / "runs.html"}
 
 
+@pytest.mark.tl
 def test_each_page_opens_with_its_findings_and_fits_1300_pixels(demo_out, trainer_runs):
     """Read at 1,300 x 900 as a reader's browser shows them (the demo, a Trainer run and its
     two seeds): the first screen holds the findings and the heads map, nothing is wider than
@@ -440,6 +450,7 @@ def test_each_page_opens_with_its_findings_and_fits_1300_pixels(demo_out, traine
     assert "Only 2 runs" in trainer_runs["runs"].read_text()
 
 
+@pytest.mark.tl
 def test_the_loss_figure_marks_the_snap_and_formation_steps(trainer_runs):
     """The loss of a Trainer run: the recorded evaluation loss at each checkpoint and the
     Trainer's logged loss (log_history), with each layer's snap step as a line."""
@@ -473,6 +484,7 @@ def test_the_loss_figure_marks_the_snap_and_formation_steps(trainer_runs):
         assert 4 <= lo <= heads["snap_step"].median() <= hi <= 12  # within the checkpoints
 
 
+@pytest.mark.tl
 def test_a_terminated_or_killed_report_leaves_no_stage_and_a_blocked_move_in_nothing(
     trainer_runs, tmp_path
 ):

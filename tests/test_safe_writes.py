@@ -115,6 +115,7 @@ def _files(folder: Path) -> set[Path]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["stats", "tokens", "theory", "record", "report"])
+@pytest.mark.tl
 def test_no_command_writes_through_a_link_planted_at_any_name_it_writes(
     run, command, tmp_path, capsys
 ):

@@ -14,6 +14,8 @@ from scansnap_lens.inputs.text import read_documents, word_level_tokenizer
 from scansnap_lens.inputs.tokens import encode, rows_of
 from scansnap_lens.models.training import attention_only_model, train
 
+pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
+
 
 @pytest.fixture(scope="module")
 def user_run(tmp_path_factory):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 from _tiny import QUIET, V, tiny_model
 
@@ -35,6 +36,7 @@ def _run(tmp_path, name: str, seed: int):
     return record_trajectory(models, tokens, tmp_path / name, settings)
 
 
+@pytest.mark.tl
 def test_a_head_type_of_your_own_is_shown_wherever_the_built_in_ones_are(tmp_path):
     """Recorded with one more rows aggregate, and nothing else said anywhere: it is measured
     (score, interval, formation step), in the page's first table, the ranked heads table,

@@ -36,6 +36,7 @@ def test_discriminative_bias_by_hand_with_ties():
         measures.discriminative_bias(traj, groups({(0, 5): {1: 0.5}}, {}))
 
 
+@pytest.mark.tl
 def test_discriminative_bias_equals_a_loop_over_queries(tmp_path):
     """Every query at once (segment sums and ranks) gives what a loop over queries with scipy's
     rankdata gives: a recorded trajectory of 2 layers x 4 heads, logits rounded so that ties

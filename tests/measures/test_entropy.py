@@ -54,6 +54,7 @@ def test_sparsity_of_single_distinct_tokens_is_not_measured(tmp_path):
     assert report.not_measured["entropy, top_share"] == measures.SINGLE_DISTINCT
 
 
+@pytest.mark.tl
 def test_attention_entropy_is_the_mean_row_entropy_with_the_query_included(tmp_path):
     """The authors' Fig. 10 metric: every position's full causal row, its own position in."""
     model = tiny_model()

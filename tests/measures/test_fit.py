@@ -119,6 +119,7 @@ def test_adam_has_no_bound_and_missing_rates_are_named(lab):
     assert fit.final()["dz_corr"].iloc[0] == pytest.approx(1.0, abs=1e-5)
 
 
+@pytest.mark.tl
 def test_growth_bounds_count_next_tokens_not_classes(tmp_path):
     """On text, the classes (m, n) outnumber the vocabulary (every query meets many next
     tokens); Theorem 4's K counts next tokens (it was the classes: "K=297 next tokens exceed
@@ -142,6 +143,7 @@ def test_growth_bounds_count_next_tokens_not_classes(tmp_path):
     assert bounds.final()["bound_ratio"].notna().all()
 
 
+@pytest.mark.tl
 def test_the_fit_ends_on_a_trajectory_at_step_ten_to_the_twelve(tmp_path, monkeypatch):
     """A model trained by `train` at rates 0.5 / 1.0 (2 layers x 2 heads, vocabulary 29),
     recorded at steps 0 and 10^12: uniform tokens never let the population settle, so the
@@ -171,6 +173,7 @@ def test_the_fit_ends_on_a_trajectory_at_step_ten_to_the_twelve(tmp_path, monkey
     assert fit.table["step"].max() == 10**12
 
 
+@pytest.mark.tl
 def test_the_fit_integrates_the_most_frequent_classes_and_says_its_cost(tmp_path, capsys):
     """A user's run tracks thousands of classes and a gradient of the population dynamics costs
     triples x next tokens (hours): the fit takes the `theory_classes` most frequent, says so in its
@@ -204,6 +207,7 @@ def test_the_fit_integrates_the_most_frequent_classes_and_says_its_cost(tmp_path
     pd.testing.assert_frame_equal(every.table, above.table)
 
 
+@pytest.mark.tl
 def test_the_fit_takes_fewer_classes_where_its_time_would_pass_the_limit(tmp_path, capsys,
                                                                         monkeypatch):  # fmt: skip
     """theory_seconds: the classes are cut until the estimate (a gradient's time, here made

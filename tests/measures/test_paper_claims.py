@@ -95,6 +95,7 @@ def test_lab_syn_medium_bias_and_entropy():
 
 
 # ------------------------------------------------------------------ a real model (item 3)
+@pytest.mark.tl
 def test_trained_transformer_scans_and_snaps(tmp_path):
     from scansnap_lens.lab.synthetic import syn_medium
     from scansnap_lens.models.training import attention_only_model, train

@@ -170,6 +170,7 @@ def test_the_lab_runs_scan_by_their_frequency_bias_and_a_rarity_head_there_does_
     assert not any(called)
 
 
+@pytest.mark.tl
 def test_the_demo_head_gains_on_distinct_tokens_and_scans_only_by_its_frequency_bias(demo_out):
     """The demo's head on either TransformerLens major (CI runs this on both): bias and AUROC
     beyond chance; Syn-Medium has no frequency-matched pairs, so it scans by its frequency

@@ -20,6 +20,8 @@ from scansnap_lens.models.backend import (
 from scansnap_lens.models.training import attention_only_model, initial_weights, train
 from scansnap_lens.testing import tiny_hf_model
 
+pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
+
 
 @requires_tl4
 def test_hooked_backend_on_4x_is_a_clear_error():

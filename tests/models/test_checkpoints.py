@@ -17,6 +17,8 @@ from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder
 from scansnap_lens.recording.trajectory import Trajectory
 
+pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
+
 
 def test_corrupt_truncated_and_pickled_checkpoints(trained, tmp_path):
     out, _, tokens = trained

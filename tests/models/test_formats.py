@@ -22,6 +22,8 @@ from scansnap_lens.recording.aggregates import CheckpointRecord
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder, trainer_callback
 
+pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
+
 V = 40
 
 

@@ -14,6 +14,8 @@ from scansnap_lens.models.checkpoints import CheckpointError
 from scansnap_lens.models.training import initial_weights
 from scansnap_lens.testing import fake_legacy_tl_model
 
+pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
+
 LABELS = (0, 5_000_000, 15_000_000)  # 5,000,000 is a decimal suffix of 15,000,000
 
 

@@ -19,6 +19,8 @@ from scansnap_lens.models.training import attention_only_model, train
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder
 
+pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
+
 
 def test_train_saves_global_steps_and_learns(trained):
     out, result, _ = trained

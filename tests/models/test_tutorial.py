@@ -17,6 +17,8 @@ from scansnap_lens.models.tutorial import FIRST_FEED_FORWARD, sinusoidal_positio
 from scansnap_lens.recording.hooks import record_checkpoint
 from scansnap_lens.recording.plan import plan_recording
 
+pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
+
 V, T, D = 40, 12, 16
 
 

@@ -124,6 +124,7 @@ def test_step_brackets_say_where_the_checkpoints_allow_the_peak():
             assert float(lo) <= peak <= float(hi), (peak, width, float(lo), float(hi))
 
 
+@pytest.mark.tl
 def test_a_training_loop_records_where_the_schedule_says_and_why(tmp_path):
     """The demo's Syn-Medium model trained 300 steps with `train(save_steps=schedule,
     on_checkpoint=schedule)`: at most 40 recordings, from step 0 to the last, each with why

@@ -42,6 +42,7 @@ def _same(a: Analysis, b: Analysis) -> None:
             torch.testing.assert_close(mine.c_hat[:], theirs.c_hat[:], rtol=0, atol=0)
 
 
+@pytest.mark.tl
 def test_a_saved_analysis_reloads_identical_tables(demo, tmp_path):
     traj, groups, classes = demo
     made = Analysis.of(traj, groups, source=classes, cache=tmp_path / "analysis")
@@ -54,6 +55,7 @@ def test_a_saved_analysis_reloads_identical_tables(demo, tmp_path):
     assert made.to_dataframe() is made.summary and "reloaded" in repr(again)
 
 
+@pytest.mark.tl
 def test_a_changed_input_is_measured_again(demo, tmp_path):
     traj, groups, classes = demo
     cache = tmp_path / "analysis"
@@ -84,6 +86,7 @@ def test_a_changed_input_is_measured_again(demo, tmp_path):
     assert fingerprint(edited) != fingerprint(traj)
 
 
+@pytest.mark.tl
 def test_a_damaged_cache_is_measured_again_and_replaced(demo, tmp_path):
     traj, groups, _ = demo
     cache = tmp_path / "analysis"
@@ -103,6 +106,7 @@ def test_settings_name_what_they_do_not_know():
     assert AnalysisSettings.from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
 
 
+@pytest.mark.tl
 def test_a_page_drawn_again_copies_its_figures_and_a_new_analysis_draws(demo, tmp_path,
                                                                          monkeypatch):  # fmt: skip
     """The report of a reloaded analysis copies the figures an earlier page of it drew (a new
@@ -131,6 +135,7 @@ def test_a_page_drawn_again_copies_its_figures_and_a_new_analysis_draws(demo, tm
         write_report(other, tmp_path / "c", views=False)
 
 
+@pytest.mark.tl
 def test_without_a_cache_nothing_is_fingerprinted_until_saved(demo, tmp_path, monkeypatch):
     """Fingerprinting reads every input: an analysis nobody keeps is not made to pay for it,
     and one saved later is reloaded by the key a cached one would have."""

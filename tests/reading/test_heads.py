@@ -13,6 +13,7 @@ from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import record_trajectory
 
 
+@pytest.mark.tl
 def test_summary_ranks_heads_and_maps_them(tmp_path):
     from scansnap_lens.statistics.groups import TokenGroups
 
@@ -91,6 +92,7 @@ def test_the_atlas_gives_every_head_its_verdict_interval_and_snap():
     assert verdicts.str.startswith("too few units (n_eff = 3 < 5)").all()
 
 
+@pytest.mark.tl
 def test_a_measure_with_a_bug_raises_and_one_that_cannot_be_made_says_why(tmp_path, monkeypatch):
     """A defect in a measure (a TypeError deep inside it) used to become a line under "Not
     measured"; only a ValueError, the measures' own "cannot be made", is a reason."""

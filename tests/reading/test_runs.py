@@ -154,6 +154,7 @@ def recorded(tmp_path_factory):
     return traj, groups
 
 
+@pytest.mark.tl
 def test_heads_of_a_permuted_run_are_matched_by_what_they_do(recorded):
     """Seeds permute a layer's heads: a run whose heads are a known permutation of another's
     is matched back exactly (similarity 1, above chance), and compared head to head its

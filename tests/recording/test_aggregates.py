@@ -34,6 +34,8 @@ from scansnap_lens.recording.recorder import Recorder
 from scansnap_lens.recording.settings import RecordingSettings
 from scansnap_lens.recording.trajectory import NotRecorded, Trajectory
 
+pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
+
 # A notebook's own aggregate: the attention two positions back (defined here, as a user would).
 TWO_BACK = Aggregate(
     "two_back",

@@ -19,6 +19,8 @@ from scansnap_lens.statistics.corpus import cooccurrence
 from scansnap_lens.statistics.groups import TokenGroups
 from scansnap_lens.testing import bridge_from_hf, tiny_hf_model
 
+pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
+
 V = 24
 ARCHS = ["gpt2", "gpt_neox"]  # joint QKV, and joint QKV with (partial) rotary
 COPIES = Aggregate("copies", axis="rows", positions=earlier_copies, doc="earlier copies")

@@ -21,6 +21,8 @@ from scansnap_lens.recording.hooks import (
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.testing import bridge_from_hf, tiny_hf_model
 
+pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
+
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("exclude_bos", "window"), [(True, None), (False, None), (True, 3),

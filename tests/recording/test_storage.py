@@ -24,6 +24,8 @@ from scansnap_lens.report import write_report
 from scansnap_lens.statistics.corpus import cooccurrence
 from scansnap_lens.statistics.groups import TokenGroups
 
+pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
+
 
 def _demo_groups():
     """The demo's own groups (its training corpus's statistics)."""

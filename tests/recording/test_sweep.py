@@ -28,6 +28,8 @@ from scansnap_lens.recording.recorder import Recorder
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.testing import LoopbackHub, saved_revisions
 
+pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
+
 NAME = "EleutherAI/pythia-14m"  # TransformerLens's labels of Pythia: step0, 1, 2, 4, 8, ...
 REVISIONS = ["step0", "step1", "step2", "step4", "step8"]
 STEPS = [0, 1, 2, 4, 8]

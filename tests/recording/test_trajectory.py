@@ -20,6 +20,8 @@ from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder, record_trajectory
 from scansnap_lens.recording.trajectory import Trajectory
 
+pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
+
 V = 20
 
 

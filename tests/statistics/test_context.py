@@ -16,6 +16,8 @@ from scansnap_lens.statistics.corpus import cooccurrence
 from scansnap_lens.statistics.groups import TokenGroups
 from scansnap_lens.statistics.kinds import token_kinds
 
+pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
+
 
 def test_defaults_agree_and_a_mismatch_is_refused_where_the_two_meet(tmp_path):
     classes = syn_medium(1)
