@@ -16,7 +16,7 @@ from scansnap_lens.models.backend import tl_major
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "analyses" / "benchmarks"
 QUICK = {  # the arguments that make each one small
-    "bench_calibration.py": ["--trajectories", "2"],
+    "bench_calibration.py": ["--trajectories", "1"],
     "bench_classify.py": ["--quick"],
     "bench_cooccurrence.py": ["--quick", "--reference-tokens", "2000"],
     "bench_device.py": ["--quick", "--rounds", "1", "--device", "cpu"],
@@ -31,11 +31,7 @@ QUICK = {  # the arguments that make each one small
     "bench_uncertainty.py": ["--layers", "1", "--heads", "2"],
 }
 
-pytestmark = [
-    pytest.mark.slow,
-    # one environment is enough: they run the same library code under either major
-    pytest.mark.skipif(tl_major() < 4, reason="the benchmarks' quick run is CI's under TL 4"),
-]
+pytestmark = pytest.mark.slow
 
 
 def test_every_benchmark_has_a_quick_mode():
@@ -44,16 +40,19 @@ def test_every_benchmark_has_a_quick_mode():
 
 @pytest.fixture
 def little_text(shared_dir, tmp_path) -> Path:
-    """A stand-in for ../shared with the first 2,000 lines of WikiText-2 valid and test (about
-    100 k words each): what the benchmarks read, small."""
+    """A stand-in for ../shared with the first 600 lines of WikiText-2 valid and test (about
+    30 k words each: bench_uncertainty's 64 rows of 512): what the benchmarks read, small."""
     root = tmp_path / "shared"
     (root / "data" / "wikitext-2").mkdir(parents=True)
     for name in ("valid.txt", "test.txt"):
         lines = (shared_dir / "data" / "wikitext-2" / name).read_text().splitlines(True)
-        (root / "data" / "wikitext-2" / name).write_text("".join(lines[:2000]))
+        (root / "data" / "wikitext-2" / name).write_text("".join(lines[:600]))
     return root
 
 
+# Not marked tl though the benchmarks build models (in subprocesses): one major is enough, as
+# they run the library code that the tl-marked tests check under both majors.
+@pytest.mark.skipif(tl_major() < 4, reason="the benchmarks' quick run is CI's under TL 4")
 @pytest.mark.parametrize("script", sorted(QUICK))
 def test_the_benchmark_runs_in_its_quick_mode(script, little_text):
     if script == "bench_scale.py":
@@ -76,6 +75,7 @@ def _is_json(line: str) -> bool:
         return False
 
 
+@pytest.mark.tl
 def test_the_batched_transformer_is_the_recorders(tmp_path):
     """bench_time_resolution trains and reads many seeds of the demo's transformer in one
     batched forward; each seed's c_hat equals what the `Recorder` records on that seed's own

@@ -153,11 +153,11 @@ def bench(case: str, steps: int, rows: int, data: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="40 steps, 16 rows: it runs")
+    parser.add_argument("--quick", action="store_true", help="10 steps, 8 rows: it runs")
     parser.add_argument("--case", choices=["first-day", "words", "both"], default="both")
     parser.add_argument("--shared", type=Path, default=SHARED)
     args = parser.parse_args()
-    steps, rows = (40, 16) if args.quick else (800, 256)
+    steps, rows = (10, 8) if args.quick else (800, 256)
     data = args.shared / "data" / "wikitext-2"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     for case in ["first-day", "words"] if args.case == "both" else [args.case]:
