@@ -17,7 +17,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 pytest_plugins = ["tests._major"]  # which tests depend on the TransformerLens major
 
+# OpenMP's threads (torch's, MKL's) spin while they wait for work: beside any other busy
+# process (another worker, another job on the machine) they take its cores, and a training
+# test took 4-8 times as long (the demo's placement loop: 10.7 s alone, 38-84 s beside one
+# busy core).  Passive, they sleep; and each xdist worker computes on one thread.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # one thread a worker: workers share the cores, and OpenMP's threads spin while waiting
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
