@@ -915,17 +915,18 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    own, terminate = False, signal.SIG_DFL
+    taken: dict[int, object] = {}  # the signals this command handles: what they were before
     try:  # from the first line: Ctrl-C at any moment of the command is an interrupt
-        own = threading.current_thread() is threading.main_thread() and (
-            signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        )
-        if own:
+        if threading.current_thread() is threading.main_thread():
             _Interrupts.seen = False
-            signal.signal(signal.SIGINT, _Interrupts.handler)
-            # SIGTERM (timeout, a scheduler, systemctl stop) ends the command as Ctrl-C does:
-            # what is half written is removed, what is recorded kept
-            terminate = signal.signal(signal.SIGTERM, _Interrupts.handler)
+            # Ctrl-C where it would raise KeyboardInterrupt (a background job's is ignored, and
+            # stays so); SIGTERM (timeout, a scheduler, systemctl stop, kill) where it would end
+            # the process: it ends the command as Ctrl-C does, what is half written removed,
+            # what is recorded kept
+            for sig, usual in ((signal.SIGINT, signal.default_int_handler),
+                               (signal.SIGTERM, signal.SIG_DFL)):  # fmt: skip
+                if signal.getsignal(sig) == usual:
+                    taken[sig] = signal.signal(sig, _Interrupts.handler)
         with warnings.catch_warnings():
             # said as the command line says things, unless someone records them (pytest)
             if getattr(warnings._showwarnmsg_impl, "__module__", None) == "warnings":
@@ -945,9 +946,8 @@ def main(argv: list[str] | None = None) -> int:
         print("scansnap: interrupted", file=sys.stderr)  # whatever error Ctrl-C left behind
         return 130
     finally:
-        if own:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.signal(signal.SIGTERM, terminate)
+        for sig, before in taken.items():
+            signal.signal(sig, before)
 
 
 def _main(argv: list[str] | None) -> int:

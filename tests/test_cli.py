@@ -760,8 +760,13 @@ def test_an_interrupt_at_any_moment_exits_130_without_a_traceback():
               "print('ready', file=sys.stderr, flush=True); sys.exit(main())", "theory", "--K",
               "2", "--M", "33", "--lr-y", "1", "--lr-z", "1", "--points", "100000", "--t-max",
               "1e9"]  # fmt: skip
+
+    def in_a_terminal():  # Ctrl-C as a terminal gives it, wherever pytest runs (a background
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # job ignores it, and so its children)
+
     for delay in (0.05, 0.2, 0.6, 1.2, 2.0):
-        process = subprocess.Popen(script, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        process = subprocess.Popen(script, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   preexec_fn=in_a_terminal)  # fmt: skip
         assert process.stderr.readline() == b"ready\n"
         time.sleep(delay)
         process.send_signal(signal.SIGINT)

@@ -488,10 +488,11 @@ def test_the_loss_figure_marks_the_snap_and_formation_steps(trainer_runs):
 def test_a_terminated_or_killed_report_leaves_no_stage_and_a_blocked_move_in_nothing(
     trainer_runs, tmp_path
 ):
-    """SIGTERM (timeout, a scheduler) mid-report: exit 130, the report's own message, no
-    staging folder, the folder as it was; SIGKILL leaves a stage, which the next report
-    removes; a user's folder named like a report file (summary.json) stops the move-in
-    before anything moves: exit 2, naming it, the folder as it was."""
+    """SIGTERM (timeout, a scheduler) mid-report, Ctrl-C ignored as in a background job: exit
+    130, the report's own message, no staging folder, the folder as it was; SIGKILL leaves a
+    stage, which the next report removes; a user's folder named like a report file
+    (summary.json) stops the move-in before anything moves: exit 2, naming it, the folder as
+    it was."""
     import signal
     import subprocess
     import sys
@@ -508,9 +509,13 @@ def test_a_terminated_or_killed_report_leaves_no_stage_and_a_blocked_move_in_not
     def contents():
         return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
+    def background_job():  # as `scansnap report ... &` in a script: Ctrl-C ignored
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     def stopped(sig):
         process = subprocess.Popen([sys.executable, "-m", "scansnap_lens.cli", *command],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   preexec_fn=background_job)  # fmt: skip
         while not list(tmp_path.glob(".r.*.partial")):
             assert process.poll() is None, process.communicate()[1].decode()[-2000:]
             time.sleep(0.02)
