@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _built_once import built_once
 from _runs import syn_data, train_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,18 +36,20 @@ def fake_hub():
 
 @pytest.fixture(scope="session")
 def demo_out(tmp_path_factory):
-    """`scansnap demo` run once for the session: (output folder, what it printed)."""
-    import contextlib
-    import io
+    """`scansnap demo` run once for the test run: (output folder, what it printed)."""
 
-    from scansnap_lens.cli import main
+    def demo(out):
+        import contextlib
+        import io
 
-    out = tmp_path_factory.mktemp("demo")
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        code = main(["demo", "--out", str(out)])
-    assert code == 0
-    return out, printed.getvalue()
+        from scansnap_lens.cli import main
+
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            assert main(["demo", "--out", str(out)]) == 0
+        return printed.getvalue()
+
+    return built_once(tmp_path_factory, "demo", demo)
 
 
 @pytest.fixture(scope="module")
