@@ -653,7 +653,8 @@ def test_record_keeps_the_tokenizer_strings_for_own_checkpoints(own_run, tmp_pat
 def test_report_takes_the_rates_or_reads_them(own_run, demo_out, tmp_path, capsys):
     """The rates the trajectory recorded, or --lr-y/--lr-z (both or neither, checked before
     anything is read); the theory's prediction follows them."""
-    out, _ = demo_out
+    out = tmp_path / "demo"  # a copy: the report saves its analysis beside the trajectory
+    shutil.copytree(demo_out[0] / "trajectory", out / "trajectory")
     stats = tmp_path / "stats.safetensors"
     root, _ = own_run
     assert main(["stats", str(root / "corpus.safetensors"), "--out", str(stats)]) == 0
@@ -682,7 +683,8 @@ def test_every_kth_checkpoint_that_leaves_one_is_an_error(own_run, tmp_path, cap
 
 @pytest.mark.tl
 def test_an_output_folder_of_another_run_is_refused(demo_out, own_run, tmp_path, capsys):
-    out, _ = demo_out
+    out = tmp_path / "demo"  # a copy: the demo's folder is read by other workers' tests
+    shutil.copytree(demo_out[0] / "trajectory", out / "trajectory")
     before = sorted(p.name for p in (out / "trajectory" / "checkpoints").iterdir())
     assert main(["demo", "--out", str(out), "--num-steps", "100"]) == 2
     err = capsys.readouterr().err
