@@ -214,6 +214,7 @@ def test_sweep_refuses_a_disk_too_small_with_sizes(revisions, cache, tmp_path, m
     assert not (tmp_path / "out" / sweep.CACHE).exists()
 
 
+@pytest.mark.slow  # sweeps in subprocesses (two interpreters, the hub): 20-25 s
 def test_sigkill_mid_download_resumes_without_re_recording(revisions, cache, tmp_path):
     """A sweep killed while step4 downloads: the next run records step4 and step8 only,
     downloads no revision it had whole again, and removes the partial file the kill left
@@ -665,6 +666,7 @@ def test_the_sweep_deletes_only_what_it_made(revisions, cache, tmp_path, monkeyp
     assert _contents(cache) == {}
 
 
+@pytest.mark.slow  # sweeps in subprocesses (two interpreters, the hub): 20-25 s
 def test_two_sweeps_at_once_leave_nothing_and_share_no_download_folder(
     revisions, cache, tmp_path, kept
 ):
