@@ -100,6 +100,28 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HF_HUB_CACHE", HF_HUB_CACHE))
 
 
+def is_commit(text: str) -> bool:
+    """Whether `text` is a commit id as the hub cache names snapshots: 40 hex digits."""
+    return re.fullmatch(r"[0-9a-f]{40}", text) is not None
+
+
+def is_repo_name(text: str) -> bool:
+    """Whether `text` is a hub repository name (huggingface_hub's own check): never a path."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return False
+    return True
+
+
+def is_revision_name(text: str) -> bool:
+    """Whether `text` can name a revision (a branch, tag or commit) without leaving the
+    folder it is looked up in: word characters, ".", "-" and "/", no "..", not absolute."""
+    return re.fullmatch(r"[\w.\-]+(/[\w.\-]+)*", text) is not None and ".." not in text
+
+
 def repo_folder(name: str, cache: Path | None = None) -> Path:
     """The folder of repository `name` in `cache` (default: the hub cache)."""
     return (cache or cache_dir()) / ("models--" + name.replace("/", "--"))
@@ -506,7 +528,7 @@ def remove_downloaded(cache: Path, name: str, commits: set[str]) -> list[Path]:
     locks = cache / ".locks" / repo.name
     for lock in locks.glob("*.lock") if locks.is_dir() and not locks.is_symlink() else ():
         lock.unlink(missing_ok=True)
-    for commit in commits:
+    for commit in filter(is_commit, commits):  # never a path
         (repo / "trees" / f"{commit}.json").unlink(missing_ok=True)
         no_exist = repo / ".no_exist" / commit
         for note in no_exist.rglob("*") if no_exist.is_dir() else ():

@@ -23,6 +23,7 @@ import re
 import shutil
 import threading
 import uuid
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -173,17 +174,18 @@ class SweepCache:
                    json.dumps({"repo": name, "revision": revision, "commit": commit}))  # fmt: skip
 
     def noted(self) -> list[dict]:
-        """The revisions the sweep noted here, as noted."""
+        """The revisions the sweep noted here, as noted: each note checked as the sweep
+        writes it (`_note_of`); another file there is left alone with a warning."""
         made = self.folder / self.MADE
         if made.is_symlink() or not made.is_dir():
             return []
-        return [n for p in sorted(made.glob("*.json")) if (n := _read_json(p)).get("repo")]
+        return [n for p in sorted(made.glob("*.json")) if (n := _note_of(p))]
 
     def delete(self, name: str, revision: str, keep: set[str] = frozenset()) -> int:
         """Delete `revision` of `name` where the sweep noted it, at the noted commit (see
         `hub.delete_snapshot`); the bytes freed.  Not noted: nothing."""
         file = self._note_file(name, revision)
-        note = _read_json(file) if file.is_file() else {}
+        note = _note_of(file) if file.is_file() else {}
         if note.get("repo") != name or note.get("revision") != revision:
             return 0
         return hub.delete_snapshot(self.folder, name, revision, keep, commit=note.get("commit"))
@@ -225,6 +227,27 @@ class SweepCache:
         if mark.get("made_folder"):
             with contextlib.suppress(OSError):
                 self.folder.rmdir()
+
+
+def _note_of(path: Path) -> dict:
+    """A note of `SweepCache.note` read from `path`: a hub repository name, a revision name
+    and a commit id (40 hex digits, or none), each checked as its kind, since the notes name what is
+    deleted; {} with a warning where the file is not such a note (a folder from elsewhere:
+    a path as its commit, a list as its repository), which is then never used."""
+    note = _read_json(path)
+    repo, revision, commit = note.get("repo"), note.get("revision"), note.get("commit")
+    problem = None
+    if not (isinstance(repo, str) and hub.is_repo_name(repo)):
+        problem = f"its repository {repo!r} is not a hub repository name"
+    elif not (isinstance(revision, str) and hub.is_revision_name(revision)):
+        problem = f"its revision {revision!r} is not a revision name"
+    elif not (commit is None or (isinstance(commit, str) and hub.is_commit(commit))):
+        problem = f"its commit {commit!r} is not a commit id (40 hex digits)"
+    if problem is None:
+        return {"repo": repo, "revision": revision, "commit": commit}
+    warnings.warn(f"{path} is not a note the sweep wrote ({problem}): left as it is, and "
+                  "nothing it names is deleted", stacklevel=2)  # fmt: skip
+    return {}
 
 
 def _read_json(path: Path) -> dict:

@@ -835,3 +835,33 @@ def test_duplicates_compare_content_and_trust_names_only_of_hub_blobs(tmp_path):
         file.symlink_to(f"../../blobs/{sha}")
         snapped[step] = [file]
     assert sweep.local_weights_ids(snapped) == {1: (f"blob:{sha}",), 2: (f"blob:{sha}",)}
+
+
+def test_a_crafted_note_names_nothing_to_delete(tmp_path):
+    """A killed sweep's folder from elsewhere, whose notes name a path as their commit
+    (absolute or climbing out), a path as their repository or revision, or a list: each note
+    is left with a warning naming it; the user's files outside (a results file, the empty
+    files of a package) stay, and the sweep's own folder is closed without a traceback."""
+    me = tmp_path / "me"
+    (me / "results").mkdir(parents=True)
+    (me / "results.json").write_text("mine")
+    (me / "results" / "__init__.py").write_text("")
+    before = _contents(me)
+    cache = sweep.SweepCache(tmp_path / "downloads").open()
+    made = cache.folder / sweep.SweepCache.MADE
+    made.mkdir()
+    crafted = [
+        {"repo": NAME, "revision": "step0", "commit": str(me / "results")},
+        {"repo": NAME, "revision": "step0", "commit": "../../../me/results"},
+        {"repo": "../../me", "revision": "step0", "commit": "a" * 40},
+        {"repo": NAME, "revision": "../../../me", "commit": "a" * 40},
+        {"repo": [NAME], "revision": "step0"},
+    ]
+    for i, note in enumerate(crafted):
+        (made / f"{i}.json").write_text(json.dumps(note))
+    with pytest.warns(UserWarning, match=r"is not a note the sweep wrote") as said:
+        cache.close(repos={NAME})
+    assert len(said) == len(crafted)
+    assert "is not a commit id" in str(said[0].message) and "0.json" in str(said[0].message)
+    assert "is not a hub repository name" in str(said[4].message)
+    assert _contents(me) == before
