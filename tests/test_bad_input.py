@@ -18,6 +18,13 @@ def traj():
 ROWS = torch.tensor([[1, 2, 3, 4], [2, 3, 1, 4]])
 
 
+def _groups(**counts):
+    """Groups made by hand (one class of query 0 and next token 1), with corpus counts."""
+    return ss.TokenGroups(torch.tensor([0]), torch.tensor([1]), torch.tensor([4]),
+                          [torch.tensor([2])], [torch.tensor([1.0])], {0: torch.tensor([3])},
+                          **counts)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "call, error, match",
     [
@@ -32,9 +39,14 @@ ROWS = torch.tensor([[1, 2, 3, 4], [2, 3, 1, 4]])
         (lambda t: ss.summarize("traj"), TypeError, "traj must be a Trajectory"),
         (lambda t: ss.save_tokens(ROWS, "out.safetensors"), TypeError, "arguments swapped"),
         (lambda t: ss.plan_recording(ROWS.float(), 5), ValueError, "integer ids"),
+        (lambda t: _groups(token_count=torch.ones(5)), ValueError,
+         "token_count given without pair_count and pair_key: the scan's frequency control"),
+        (lambda t: _groups(token_count=torch.ones(5), pair_key=torch.tensor([1, 2]),
+                           pair_count=torch.tensor([3])), ValueError, "differ in shape"),
     ],
     ids=["negative-vocab", "float-tokens", "snap-mismatch", "snap-empty", "groups-none",
-         "groups-str", "traj-str", "save-swapped", "plan-floats"],
+         "groups-str", "traj-str", "save-swapped", "plan-floats", "groups-word-count-only",
+         "groups-pairs-unequal"],
 )  # fmt: skip
 def test_bad_arguments_are_refused_at_the_door(traj, call, error, match):
     with pytest.raises(error, match=match):

@@ -193,6 +193,25 @@ class TokenGroups:
     pair_key: Tensor | None = None  # [P] m * V + l, sorted
     pair_count: Tensor | None = None  # [P] C(m, l) in the corpus
 
+    def __post_init__(self) -> None:
+        # the frequency control matches on the word's and the pair's counts together, and a
+        # pair's key needs the vocabulary the word counts span: all three, or none
+        given = [
+            n for n in ("token_count", "pair_key", "pair_count") if getattr(self, n) is not None
+        ]
+        if given and len(given) < 3:
+            missing = sorted({"token_count", "pair_key", "pair_count"} - set(given))
+            raise ValueError(
+                f"TokenGroups: {', '.join(given)} given without {' and '.join(missing)}: the"
+                " scan's frequency control matches on the word's count and the pair's"
+                " together; give all three (TokenGroups.from_statistics makes them) or none"
+            )
+        if self.pair_key is not None and self.pair_key.shape != self.pair_count.shape:
+            raise ValueError(
+                f"TokenGroups: pair_key {tuple(self.pair_key.shape)} and pair_count"
+                f" {tuple(self.pair_count.shape)} differ in shape: one count per pair"
+            )
+
     def __repr__(self) -> str:
         sizes = [t.numel() for t in self.distinct]
         return (
