@@ -363,7 +363,7 @@ def snapshot_in(
     its content id in `ids` where given (`mismatched`); or None.  Reads only."""
     repo = repo_folder(name, cache)
     for found in (commit, cached_commit(name, revision, cache)):
-        if found is None or not re.fullmatch(r"[0-9a-f]{40}", found):
+        if found is None or not is_commit(found):
             continue
         folder = repo / "snapshots" / found
         if folder.is_dir() and all((folder / f).is_file() for f in files or ()):
@@ -477,7 +477,7 @@ def delete_snapshot(
         commit = named
     elif named is not None and named != commit:
         return 0  # the ref moved to another commit: not the snapshot that was made
-    if commit is None or not re.fullmatch(r"[0-9a-f]{40}", commit):
+    if commit is None or not is_commit(commit):
         return 0
     folder = repo / "snapshots" / commit
 
