@@ -41,6 +41,11 @@ def _sizes(parts: list[Tensor]) -> Tensor:
 __all__ = ["Classification", "TokenGroups"]
 
 KINDS = "how context tokens get their kinds"
+# A token distinct for more than this many times as many queries as the median distinct token
+# leaves the scan's units (`Classification`): the verdict's spread is over tokens, and one
+# shared by a third of the queries makes it one unit
+# (docs/glossary.md, "Shared distinct tokens"; chosen in bench_calibration.py's real-text cases).
+MAX_SHARED = 8
 
 
 @dataclass(frozen=True)
@@ -75,14 +80,21 @@ class Classification:
     alpha: float = 0.05
     min_events: int = 1
     min_distinct: int = setting(1, KINDS, "classes need this many distinct tokens")
+    max_shared: int = setting(
+        MAX_SHARED, KINDS, "a token distinct for more than this many times as many queries as"
+        " the median distinct token is left out of the scan's units, as distinct and as common"
+        " (on WikiText the heading marker '=' is distinct for a third of the queries and would"
+        " carry the verdict alone); 0 keeps every token",
+    )  # fmt: skip
 
     def __post_init__(self):
         if self.scope not in ("local", "global"):
             raise ValueError(f"scope must be 'local' or 'global' (scope=), got {self.scope!r}")
-        for name in ("min_support", "min_events"):
+        for name in ("min_support", "min_events", "max_shared"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1 ({name}=), got {value!r}")
+            least = 0 if name == "max_shared" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least} ({name}=), got {value!r}")
         if (
             isinstance(self.min_distinct, bool)
             or not isinstance(self.min_distinct, int)
@@ -118,7 +130,8 @@ class Classification:
         guard = f"binomial guard at alpha {self.alpha:g}" if self.guard else "no binomial guard"
         return (
             f"{self.scope} scope, min_support {self.min_support}, purity {self.purity:g}, {guard},"
-            f" min_events {self.min_events}, min_distinct {self.min_distinct}"
+            f" min_events {self.min_events}, min_distinct {self.min_distinct},"
+            f" max_shared {self.max_shared}"
         )
 
 
@@ -178,7 +191,9 @@ class TokenGroups:
     C(m, n, l), the word's frequency); pair_key, pair_count [P]: the pair's count C(m, l) =
     sum over n of C(m, n, l) in that corpus, for every pair (m, l) of a kept query that
     occurs there, keyed m * V + l and sorted (`pair_count_of`).  The scan's frequency control
-    matches on both; None for groups made by hand."""
+    matches on both; None for groups made by hand.  shared [S]: the tokens left out of every
+    class and query because the corpus makes them distinct for more than
+    `Classification.max_shared` queries (sorted; None: no such rule, groups made by hand)."""
 
     query: Tensor
     next_token: Tensor
@@ -192,6 +207,7 @@ class TokenGroups:
     token_count: Tensor | None = None  # [V] each token's count as context in the corpus
     pair_key: Tensor | None = None  # [P] m * V + l, sorted
     pair_count: Tensor | None = None  # [P] C(m, l) in the corpus
+    shared: Tensor | None = None  # [S] tokens left out: distinct for > max_shared queries
 
     def __post_init__(self) -> None:
         # the frequency control matches on the word's and the pair's counts together, and a
@@ -231,7 +247,7 @@ class TokenGroups:
             "common": _flat([self.common[m] for m in common]),
             "common_sizes": _sizes([self.common[m] for m in common]),
         }  # fmt: skip
-        for name in ("token_count", "pair_key", "pair_count"):
+        for name in ("token_count", "pair_key", "pair_count", "shared"):
             if getattr(self, name) is not None:
                 tensors[name] = getattr(self, name)
         said = {
@@ -254,7 +270,7 @@ class TokenGroups:
             list(t["distinct_p"].split(sizes)), common, said["source"],
             None if said["context"] is None else Context(**said["context"]),
             None if said["settings"] is None else Classification.from_dict(said["settings"]),
-            t.get("token_count"), t.get("pair_key"), t.get("pair_count"),
+            t.get("token_count"), t.get("pair_key"), t.get("pair_count"), t.get("shared"),
         )  # fmt: skip
 
     def check_context(self, plan) -> None:
@@ -356,7 +372,8 @@ class TokenGroups:
         kinds = token_kinds(stats, scope=settings.scope, min_support=settings.min_support,
                             purity=settings.purity, guard=settings.guard,
                             alpha=settings.alpha)  # fmt: skip
-        groups = cls.from_kinds(kinds, stats, queries, settings.min_events, settings.min_distinct)
+        groups = cls.from_kinds(kinds, stats, queries, settings.min_events, settings.min_distinct,
+                                settings.max_shared)  # fmt: skip
         groups.settings = settings
         return groups
 
@@ -379,13 +396,17 @@ class TokenGroups:
 
     @classmethod
     def from_kinds(cls, kinds, stats, queries=None, min_events: int = Classification.min_events,
-                   min_distinct: int = Classification.min_distinct):  # fmt: skip
+                   min_distinct: int = Classification.min_distinct,
+                   max_shared: int = 0):  # fmt: skip
         """Groups from `token_kinds(stats)`: every class (m, n) of the statistics with a tracked
         query, its tokens labelled distinct for n, and P(l|m, n) from the statistics.
 
         min_events, min_distinct: keep only classes with at least this many events and
         distinct tokens (`Classification`'s defaults: real text has many classes and few
         distinct tokens; common tokens are kept for every query; 0 keeps every class).
+        max_shared: leave out, as distinct and as common, every token distinct for more than
+        this many times as many of these classes' queries as the median distinct token
+        (`shared_tokens`; 0 keeps them all).
         """
         if stats.num_triples == 0:
             raise ValueError(
@@ -422,6 +443,16 @@ class TokenGroups:
         tracked = None if queries is None else {int(q) for q in queries}
         wanted = [m for m in all_queries if tracked is None or m in tracked]
         common = _common_of_queries(kinds, wanted)
+        shared = None
+        if max_shared:
+            shared = shared_tokens(frame, distinct, max_shared)
+            frame, distinct, distinct_p, common = _without(shared, frame, distinct, distinct_p,
+                                                           common, min_distinct)  # fmt: skip
+            if frame.empty:
+                raise ValueError(
+                    f"every class's distinct tokens are distinct for more than max_shared ="
+                    f" {max_shared} queries: give a larger max_shared (0 keeps every token)"
+                )
         pair_key, pair_count = _pair_counts(stats, wanted)
         return cls(
             torch.tensor(frame["query"].to_numpy(), dtype=torch.long),
@@ -437,7 +468,51 @@ class TokenGroups:
             ),
             pair_key=pair_key,
             pair_count=pair_count,
+            shared=shared,
         )
+
+
+def shared_tokens(frame: pd.DataFrame, distinct: list[Tensor], limit: int) -> Tensor:
+    """[S] the tokens distinct for more than `limit` times as many of the queries of the
+    classes in `frame` (rows of ``stats.classes()``, with their `distinct` tokens) as the
+    median distinct token, sorted; each (query, token) counted once.  Relative to the median:
+    where every distinct token serves many queries alike (the lab's topic words, distinct for
+    each query), none carries the verdict alone and none is left out."""
+    sizes = _sizes(distinct)
+    query = torch.repeat_interleave(torch.tensor(frame["query"].to_numpy()), sizes)
+    pairs = torch.unique(torch.stack([_flat(distinct), query.long()]), dim=1)
+    ids, queries = torch.unique(pairs[0], return_counts=True)
+    if not queries.numel():
+        return ids
+    return ids[queries > limit * queries.median()]
+
+
+def _without(shared: Tensor, frame, distinct, distinct_p, common, min_distinct: int):
+    """The classes and commons with the `shared` tokens taken out (flat, no pass per class); a
+    class left with fewer than `min_distinct` distinct tokens is dropped."""
+    sizes = _sizes(distinct)
+    owner = torch.repeat_interleave(torch.arange(len(distinct)), sizes)
+    flat, flat_p = _flat(distinct), _flat(distinct_p, torch.float64)
+    keep = ~torch.isin(flat, shared)
+    sizes = torch.bincount(owner[keep], minlength=len(distinct))
+    kept = (sizes >= min_distinct).nonzero().flatten()
+    distinct = list(flat[keep].split(sizes.tolist()))
+    distinct_p = list(flat_p[keep].split(sizes.tolist()))
+    if kept.numel() < len(distinct):
+        frame = frame.iloc[kept.numpy()]
+        distinct = [distinct[i] for i in kept.tolist()]
+        distinct_p = [distinct_p[i] for i in kept.tolist()]
+    queries = list(common)
+    if queries and all(common[m] is common[queries[0]] for m in queries):  # global kinds: one
+        tokens = common[queries[0]]
+        tokens = tokens[~torch.isin(tokens, shared)]
+        return frame, distinct, distinct_p, {m: tokens for m in queries}
+    c_sizes = _sizes([common[m] for m in queries])
+    c_owner = torch.repeat_interleave(torch.arange(len(queries)), c_sizes)
+    c_flat = _flat([common[m] for m in queries])
+    c_keep = ~torch.isin(c_flat, shared)
+    parts = c_flat[c_keep].split(torch.bincount(c_owner[c_keep], minlength=len(queries)).tolist())
+    return frame, distinct, distinct_p, dict(zip(queries, parts))
 
 
 def _pair_counts(stats, queries: list[int]) -> tuple[Tensor, Tensor]:

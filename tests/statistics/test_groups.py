@@ -70,6 +70,41 @@ def test_groups_equal_the_reference_loop(seed, scope):
         assert got.tolist() == brute.double().tolist()
 
 
+@pytest.mark.parametrize("scope", ["local", "global"])
+@pytest.mark.parametrize("limit", [1])
+def test_tokens_distinct_for_many_queries_leave_every_class_and_query(scope, limit):
+    """`max_shared`, written plainly: count the queries each token is distinct for (each
+    (query, token) once), leave out those above `limit` times the median count, as distinct
+    and as common; a class left without distinct tokens goes."""
+    gen = torch.Generator().manual_seed(3)
+    V = 40
+    rows = torch.randint(0, V, (40, 25), generator=gen)
+    rows = torch.where(torch.rand(rows.shape, generator=gen) < 0.7, rows % 6, rows)
+    stats = cooccurrence(rows, V, window=6)
+    kinds = token_kinds(stats, scope=scope, guard=False, purity=0.5 if scope == "local" else 0.2)
+    whole = TokenGroups.from_kinds(kinds, stats, min_distinct=1)
+    served: dict[int, set] = {}
+    for m, tokens in zip(whole.query.tolist(), whole.distinct):
+        for t in tokens.tolist():
+            served.setdefault(t, set()).add(m)
+    counts = torch.tensor([len(v) for v in served.values()])
+    shared = sorted(t for t, v in served.items() if len(v) > limit * counts.median().item())
+    assert shared  # the case has tokens to leave out
+    groups = TokenGroups.from_kinds(kinds, stats, min_distinct=1, max_shared=limit)
+    assert groups.shared.tolist() == shared
+    kept = [
+        (m, n, [t for t in d.tolist() if t not in shared])
+        for m, n, d in zip(whole.query.tolist(), whole.next_token.tolist(), whole.distinct)
+    ]
+    kept = [k for k in kept if k[2]]
+    assert [
+        (m, n, d.tolist())
+        for m, n, d in zip(groups.query.tolist(), groups.next_token.tolist(), groups.distinct)
+    ] == kept
+    for m, tokens in whole.common.items():
+        assert groups.common[m].tolist() == [t for t in tokens.tolist() if t not in shared]
+
+
 def test_one_classification_with_its_defaults_refusing_bad_settings():
     """The settings are one typed value: the report's defaults are the library's, a keyword
     replaces a field, and bad or unknown ones are refused naming the option."""
@@ -83,6 +118,7 @@ def test_one_classification_with_its_defaults_refusing_bad_settings():
     assert Classification.from_dict(groups.settings.to_dict()) == groups.settings
     for bad, match in [({"purity": 0.0}, "purity="), ({"scope": "both"}, "scope="),
                        ({"min_support": 0}, "min_support"), ({"min_distinct": -1}, "min_distinct="),
+                       ({"max_shared": -1}, "max_shared="), ({"max_shared": True}, "max_shared="),
                        ({"pureness": 1.0}, "unknown classification settings")]:  # fmt: skip
         with pytest.raises(ValueError, match=match):
             Classification().replace(**bad)
