@@ -288,9 +288,8 @@ def _rows_for_power(args: argparse.Namespace, tokens, stats, source):
                " gather the figure on a few distinct tokens shared by many queries, whose"
                " spread one text cannot tell (the degrees of freedom fall)")  # fmt: skip
         print(f"--power {args.power:g}: not reached with any of the first rows of the"
-              f" {len(every):,} ({why}): statistics of a classification that makes fewer"
-              f" words distinct for many queries, or more text of other kinds, would; recording"
-              f" the first {rows:,}", file=sys.stderr)  # fmt: skip
+              f" {len(every):,} ({why}): more evaluation text would; recording the first"
+              f" {rows:,}", file=sys.stderr)  # fmt: skip
     return every[:rows]
 
 

@@ -575,6 +575,7 @@ def _settings(analysis: Analysis) -> dict:
     if "uncertainty" in results:
         attrs = results["uncertainty"].table.attrs
         out["uncertainty"] = {k: attrs[k] for k in ("level", "alpha", "correction", "min_units")}
+        out["uncertainty"].update(queries=attrs.get("queries"), shared=attrs.get("shared", []))
     return out
 
 
@@ -615,11 +616,32 @@ def _overview(traj: Trajectory, groups: TokenGroups | None, settings: dict) -> s
             f"{100 * u['level']:.0f} % intervals, verdicts at {u['alpha']:g} ({u['correction']}"
             f" over the heads), at least {u['min_units']:g} effective units"
         )
+        items["scan's units"] = _scan_units(traj, settings, u)
     items.update({k: str(v) for k, v in traj.meta.items() if not isinstance(v, dict | list)})
     rows = "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in items.items()
     )
     return f"<table class='overview'>{rows}</table>"
+
+
+def _scan_units(traj: Trajectory, settings: dict, u: dict) -> str:
+    """Which queries and tokens the scan verdict covers, and why the rest are out."""
+    said = "the recorded queries with both kinds"
+    if u.get("queries") is not None:
+        said = f"{u['queries']} recorded queries hold both distinct and common tokens"
+    shared = u.get("shared") or []
+    if not shared:
+        return said
+    limit = (settings["classification"] or {}).get("max_shared", "max_shared")
+    shown = ", ".join(repr(traj.plan.decode(t)) for t in shared[:12])
+    more = f" and {len(shared) - 12} more" if len(shared) > 12 else ""
+    return (
+        f"{said}; left out, as distinct and as common: {len(shared)} tokens that the corpus"
+        f" makes distinct for more than {limit} times as many queries as the median distinct"
+        f" token ({shown}{more}), decided from the statistics before any attention is read: one"
+        " token distinct for a third of the queries would make the verdict rest on it alone"
+        " (max_shared, 0 keeps them)"
+    )
 
 
 def _theory_figure(traj: Trajectory, summary: pd.DataFrame, path: Path, training=None):

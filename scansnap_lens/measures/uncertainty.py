@@ -87,9 +87,10 @@ def scan_uncertainty(
     are the rarer); the
     intervals of ``spearman``, ``entropy``, ``attention_entropy`` and ``snap_step``; the
     ``verdict``, ``frequency_control`` (how frequency was ruled out) and ``scans``.
-    ``table.attrs`` holds the level, alpha, correction, number of heads tested, `MIN_UNITS`
-    and ``matched_on`` (corpus or evaluation counts).  Seeded (`seed`, for the snap step's
-    bootstrap).
+    ``table.attrs`` holds the level, alpha, correction, number of heads tested, `MIN_UNITS`,
+    ``matched_on`` (corpus or evaluation counts), ``queries`` (those with both kinds: the
+    verdict's units) and ``shared`` (the token ids left out, `TokenGroups.shared`).  Seeded
+    (`seed`, for the snap step's bootstrap).
     """
     if not 0 < alpha < 1 or not 0 < level < 1:
         raise ValueError(f"alpha and level must lie in (0, 1), got {alpha} and {level}")
@@ -136,8 +137,10 @@ def scan_uncertainty(
     adjusted.update({name: adjust(p, correction) for name, p in one_sided.items()})
     verdict, control = _verdicts(estimates, out, adjusted, alpha, corpus, controls)
     table = _table(traj, out, verdict, control)
+    shared = [] if groups.shared is None else groups.shared.tolist()
     table.attrs.update(level=level, alpha=alpha, correction=correction, heads=tested,
-                       min_units=MIN_UNITS, matched_on=_MATCHED_ON[corpus])  # fmt: skip
+                       min_units=MIN_UNITS, matched_on=_MATCHED_ON[corpus],
+                       queries=int(units.query.numel()), shared=shared)  # fmt: skip
     return Measurement("uncertainty", table)
 
 
@@ -312,7 +315,9 @@ def _verdicts(
         elif len(passed) == len(controls):
             verdict = VERDICTS["scans"]
             control = "matched AUROC (" + ", ".join(words[c] for c in controls) + ")"
-        elif rho[h] > 0 and p_rho[h] < alpha:
+        elif rho[h] > 0 and p_rho[h] < alpha and rarer[h] < 0.5:
+            # the signature opposes a preference for rare tokens, which is what a gain of
+            # distinct tokens could be only where they are the rarer (frequency_auroc < 0.5)
             verdict = VERDICTS["scans"]
             control = (f"frequency bias (r {rho[h]:.3g}, p = {p_rho[h]:.3g}: the more"
                        " frequent distinct tokens gain more, not a rarity preference)")  # fmt: skip
@@ -332,13 +337,17 @@ def _verdicts(
                       " it" if need[h] == need[h] else "")  # fmt: skip
             bias_seen = (f" (r {rho[h]:.3g}, p = {p_rho[h]:.3g})" if p_rho[h] == p_rho[h]
                          else "")  # fmt: skip
+            signature = (", or the frequency bias among distinct tokens" + bias_seen
+                         + " on more of them" if rarer[h] < 0.5 else
+                         "; the distinct tokens are the more frequent, so the frequency bias"
+                         " among them" + bias_seen + " cannot tell scanning from a preference"
+                         " for frequent tokens")  # fmt: skip
             verdict = (
                 f"{VERDICTS['cannot_tell']} (scans, or prefers {side} tokens: matched AUROC on "
                 + "; on ".join(shown)
                 + settle
-                + ", or the frequency bias among distinct tokens"
-                + bias_seen
-                + " on more of them)"
+                + signature
+                + ")"
             )
         verdicts.append(verdict)
         reasons.append(control)
