@@ -47,12 +47,15 @@ __all__ = [
     "SCENARIOS",
     "CorpusScenario",
     "Scenario",
+    "TextHead",
+    "TextLayout",
     "corpus_run",
     "corpus_text",
     "crossed_run",
     "effect_for_auroc",
     "head_type_run",
     "head_type_truth",
+    "text_run",
 ]
 
 
@@ -307,7 +310,9 @@ class CorpusScenario:
     rarity in the corpus (standardised -log count as context; negative: following its
     frequency), ``count_share`` following the pair's rarity in the evaluation text
     (standardised -log count), ``rate_share`` following the rarity of the pair's true rate (its
-    expected count near the query, -log), and the noise the rest."""
+    expected count near the query, -log), ``pair_share`` following the rarity of the pair's
+    count C(m, l) in the corpus (negative: its frequency, a frequent-pair head), and the noise
+    the rest."""
 
     vocab: int = 600
     rows: int = 400
@@ -322,6 +327,7 @@ class CorpusScenario:
     count_share: float = 0.0
     topical: float = 0.0
     rate_share: float = 0.0
+    pair_share: float = 0.0
 
 
 def corpus_text(scenario: CorpusScenario, seed: int = 0):
@@ -399,40 +405,138 @@ def corpus_run(
     groups = TokenGroups.from_statistics(stats, queries=queries,
                                          settings=classification or Classification())  # fmt: skip
     plan = plan_recording(text[: s.eval_rows], s.vocab, queries=queries, window=s.window)
-    g = torch.Generator().manual_seed(seed if values_seed is None else values_seed)
-    H = heads
-    target = torch.as_tensor(auroc, dtype=torch.float64).expand(1, H)
+    q, t = plan.pair_query, plan.pair_token
+    pair_rate = torch.from_numpy(true_rate)[torch.searchsorted(queries, q), t]
+    covariates = {
+        "word": (s.rarity_share, groups.token_count[t].double().clamp_min(1)),
+        "count": (s.count_share, plan.pair_count.double().clamp_min(1)),
+        "rate": (s.rate_share, pair_rate),
+        "pair": (s.pair_share, groups.pair_count_of(q, t).clamp_min(1)),
+    }
+    seed = seed if values_seed is None else values_seed
+    traj, truth = _planted(plan, groups, 1, heads, auroc, s.token_share, covariates, seed)
+    return traj, groups, truth
+
+
+@dataclass
+class TextLayout:
+    """A real text's structure for `text_run`: its evaluation rows `tokens` [R, T] (word
+    level), the statistics of its corpus and their `groups` (the report's classification
+    unless given); `plan(rows)` the recording of the first rows, made for the scan's power
+    as ``record --stats`` makes it (or of the given `queries`)."""
+
+    tokens: Tensor
+    vocab_size: int
+    stats: object
+    groups: TokenGroups
+    tokenizer: object = None  # the word-level `tokenizers.Tokenizer`
+
+    @classmethod
+    def wikitext(cls, folder, seq_len: int = 64, window: int = 64, settings=None) -> TextLayout:
+        """WikiText-2 as a user's first day has it: statistics of ``valid.txt`` (a context
+        `window`), evaluation rows of `seq_len` words cut from ``test.txt``'s articles, one
+        word-level vocabulary over both (`folder`: the one holding them)."""
+        from pathlib import Path
+
+        from scansnap_lens.inputs.text import (
+            encode_documents,
+            wikitext_documents,
+            word_level_tokenizer,
+        )
+        from scansnap_lens.inputs.tokens import rows_of
+        from scansnap_lens.statistics.corpus import cooccurrence
+
+        valid = wikitext_documents(Path(folder) / "valid.txt")
+        test = wikitext_documents(Path(folder) / "test.txt")
+        tokenizer = word_level_tokenizer(valid + test)
+        vocab = tokenizer.get_vocab_size()
+        stats = cooccurrence(encode_documents(tokenizer, valid), vocab, window=window)
+        groups = TokenGroups.from_statistics(stats, settings=settings)
+        tokens = rows_of(encode_documents(tokenizer, test), seq_len)
+        return cls(tokens, vocab, stats, groups, tokenizer)
+
+    def plan(self, rows: int, queries: Tensor | None = None):
+        """The `RecordPlan` of the first `rows` evaluation rows: for the scan's power (the
+        groups' queries with both kinds, as ``record --stats``), or of `queries` whole."""
+        from scansnap_lens.recording.plan import plan_recording
+
+        groups = self.groups if queries is None else None
+        return plan_recording(self.tokens[:rows], self.vocab_size, queries=queries,
+                              groups=groups, context=self.stats.context)  # fmt: skip
+
+    def ranked_queries(self, first: int, last: int) -> Tensor:
+        """The query ids of frequency ranks [first, last) in the evaluation rows."""
+        counts = torch.bincount(self.tokens.reshape(-1), minlength=self.vocab_size)
+        return torch.sort(torch.argsort(counts, descending=True)[first:last]).values
+
+
+@dataclass(frozen=True)
+class TextHead:
+    """A head on a real text's units (`text_run`): its token effect's share of the variance,
+    and the shares that follow the word's rarity in the corpus (``word_share``; negative: its
+    frequency) and the pair's, C(m, l) (``pair_share``; negative: a frequent-pair head)."""
+
+    token_share: float = 0.2
+    word_share: float = 0.0
+    pair_share: float = 0.0
+
+
+def text_run(
+    plan, groups: TokenGroups, head: TextHead = TextHead(), layers: int = 6, heads: int = 8,
+    auroc: Tensor | float = 0.5, seed: int = 0,
+) -> tuple[Trajectory, dict[str, Tensor]]:  # fmt: skip
+    """A two-checkpoint trajectory of `layers` x `heads` heads on a real text's pairs (`plan`,
+    a `RecordPlan` of its evaluation rows) under its corpus's `groups`, every head a `head`
+    with a planted kind effect of `auroc` (one value or [L, H]), and the truth ``auroc`` and
+    ``bias`` [L, H].  Seeded: the text gives the structure, `seed` the values."""
+    q, t = plan.pair_query, plan.pair_token
+    covariates = {
+        "word": (head.word_share, groups.token_count[t].double().clamp_min(1)),
+        "pair": (head.pair_share, groups.pair_count_of(q, t).clamp_min(1)),
+    }
+    return _planted(plan, groups, layers, heads, auroc, head.token_share, covariates, seed)
+
+
+def _planted(plan, groups, layers, heads, auroc, token_share, covariates, seed):
+    """A two-checkpoint trajectory of `layers` x `heads` heads on the pairs of `plan`, each
+    head's logit change dz = a[m] + b[l] + sum of frequency terms + effect * distinct(m, l) +
+    noise (`groups`' kinds; a token effect of variance `token_share`; `covariates`: name ->
+    (share, count [P]), the head following the count's rarity (-log) standardised at that
+    share of the variance, its frequency where the share is negative), and the truth
+    ``auroc`` and ``bias`` [L, H] of the planted kind effect (`auroc`: one value or [L, H])."""
+    g = torch.Generator().manual_seed(seed)
+    H = layers * heads
+    V = plan.vocab_size
+    target = torch.as_tensor(auroc, dtype=torch.float64).expand(layers, heads)
     effect = torch.tensor([effect_for_auroc(float(a)) for a in target.reshape(-1)],
                           dtype=torch.float64)  # fmt: skip
     q, t = plan.pair_query, plan.pair_token
     sizes = torch.tensor([d.numel() for d in groups.distinct])
-    keys = torch.repeat_interleave(groups.query, sizes) * s.vocab + torch.cat(groups.distinct)
-    distinct = torch.isin(q * s.vocab + t, keys)
+    keys = torch.repeat_interleave(groups.query, sizes) * V + torch.cat(groups.distinct)
+    distinct = torch.isin(q * V + t, keys)
 
     def standard(x: Tensor) -> Tensor:
         return (x - x.mean()) / x.std().clamp_min(1e-12)
 
-    rarity = standard(-groups.token_count[t].double().clamp_min(1).log())
-    count = standard(-plan.pair_count.double().clamp_min(1).log())
-    pair_rate = torch.from_numpy(true_rate)[torch.searchsorted(queries, q), t]
-    rate = standard(-pair_rate.clamp_min(1e-12).log())
-    rest = 1 - s.token_share - abs(s.rarity_share) - s.count_share - s.rate_share
+    rest = 1 - token_share - sum(abs(share) for share, _ in covariates.values())
     if rest <= 0:
-        raise ValueError("token_share + |rarity_share| + count_share + rate_share must stay"
-                         " below 1")  # fmt: skip
+        raise ValueError("the token's share and the frequency shares must stay below 1 in all")
     N = q.numel()
-    a = torch.randn(H, s.vocab, generator=g, dtype=torch.float64)[:, q]
-    b = torch.randn(H, s.vocab, generator=g, dtype=torch.float64)[:, t] * math.sqrt(s.token_share)
+    a = torch.randn(H, V, generator=g, dtype=torch.float64)[:, q]
+    b = torch.randn(H, V, generator=g, dtype=torch.float64)[:, t] * math.sqrt(token_share)
     noise = torch.randn(H, N, generator=g, dtype=torch.float64) * math.sqrt(rest)
-    dz = (a + b + noise + math.copysign(math.sqrt(abs(s.rarity_share)), s.rarity_share) * rarity
-          + math.sqrt(s.count_share) * count + math.sqrt(s.rate_share) * rate
-          + effect[:, None] * distinct)  # fmt: skip
+    dz = a + b + noise + effect[:, None] * distinct
+    for share, count in covariates.values():
+        if share:
+            rarity = standard(-count.double().clamp_min(1e-12).log())
+            dz = dz + math.copysign(math.sqrt(abs(share)), share) * rarity
     z0 = torch.randn(H, N, generator=g, dtype=torch.float64)
-    zbar = torch.stack([z0, z0 + dz])[:, None]  # [2, 1, H, P]
-    c_hat = torch.full((2, 1, H, plan.num_triples), 1.0 / max(1, plan.num_triples))
+    zbar = torch.stack([z0, z0 + dz]).reshape(2, layers, heads, N)
+    c_hat = torch.full((2, layers, heads, plan.num_triples), 1.0 / max(1, plan.num_triples))
     traj = Trajectory(
-        plan, torch.tensor([0, 1000]), [0], list(range(H)), zbar=zbar.float(),
-        c_hat=c_hat.float(), entropy=torch.zeros(2, 1, H, plan.num_classes),
+        plan, torch.tensor([0, 1000]), list(range(layers)), list(range(heads)),
+        zbar=zbar.float(), c_hat=c_hat.float(),
+        entropy=torch.zeros(2, layers, heads, plan.num_classes),
         meta={"source": "lab.calibration"},
     )  # fmt: skip
-    return traj, groups, {"auroc": target.clone(), "bias": effect.reshape(1, H)}
+    return traj, {"auroc": target.clone(), "bias": effect.reshape(layers, heads)}
