@@ -285,7 +285,9 @@ class QueryTokens:
         in_pairs = torch.zeros(self.unit.numel(), dtype=torch.float64)
         in_pairs.index_add_(0, d, 1 / n)
         in_pairs.index_add_(0, c, 1 / n)  # an entry's share of its query's pairs
-        return self._crossed(per_query, distinct_part, common_part, in_pairs, in_pairs)
+        est = self._crossed(per_query, distinct_part, common_part, in_pairs, in_pairs)
+        est.pairs = True
+        return est
 
     def _crossed(
         self,
