@@ -570,8 +570,9 @@ def plan_recording(
         fingerprint=int(stats.fingerprint, 16), window=window,
         common_per_query=None if power is None else common_per_query,
     )  # fmt: skip
-    if tokenizer is not None:
-        plan.token_strings = _token_strings(plan, tokenizer)
+    if tokenizer is not None:  # the tokens the groups leave out too: the report names them
+        shared = getattr(groups, "shared", None)
+        plan.token_strings = _token_strings(plan, tokenizer, shared)
     return plan
 
 
@@ -604,10 +605,11 @@ def _with_self(stats, V: int, triple_cls, triple_l, triple_c):
     return keys // V, keys % V, triple_c
 
 
-def _token_strings(plan: RecordPlan, tokenizer) -> dict[int, str]:
+def _token_strings(plan: RecordPlan, tokenizer, extra: Tensor | None = None) -> dict[int, str]:
     from scansnap_lens.inputs.tokens import codec
 
-    ids = torch.unique(torch.cat([plan.queries, plan.class_next, plan.pair_token]))
+    more = [] if extra is None else [extra.long()]
+    ids = torch.unique(torch.cat([plan.queries, plan.class_next, plan.pair_token, *more]))
     try:
         decode = codec(tokenizer).decode
     except TypeError:  # anything else with decode([id])
