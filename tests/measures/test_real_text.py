@@ -84,8 +84,9 @@ def test_heads_that_follow_the_token_or_its_frequency_are_not_called_scanning(wi
 
 def test_a_planted_scan_is_found_at_the_rows_power_chooses(wikitext):
     """A pure kind effect of AUROC 0.75 in 12 of 48 heads, at the 1,024 rows `record --power
-    0.75` chooses (planned minimal detectable AUROC 0.71): the verdict calls at least 0.8 of them "scans", none of the
-    others; and the table says which queries and tokens it covered."""
+    0.75` chooses (planned minimal detectable AUROC 0.71): the verdict calls at least 0.8 of
+    them "scans", none of the others; and the table says which queries and tokens it
+    covered."""
     plan = wikitext.plan(1024)
     auroc = torch.full((HEADS,), 0.5, dtype=torch.float64)
     auroc[:12] = 0.75
