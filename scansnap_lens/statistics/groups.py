@@ -405,8 +405,9 @@ class TokenGroups:
         distinct tokens (`Classification`'s defaults: real text has many classes and few
         distinct tokens; common tokens are kept for every query; 0 keeps every class).
         max_shared: leave out, as distinct and as common, every token distinct for more than
-        this many times as many of these classes' queries as the median distinct token
-        (`shared_tokens`; 0 keeps them all).
+        this many times as many queries as the median distinct token, counted over every
+        class with `min_events` of the corpus whatever `queries` keeps (`shared_tokens`; 0
+        keeps them all): the same tokens for a recording's plan and its report.
         """
         if stats.num_triples == 0:
             raise ValueError(
@@ -436,16 +437,22 @@ class TokenGroups:
             keep &= key["n"].notna().to_numpy()
             counts.append((f"with >= {min_distinct} distinct tokens", int(keep.sum())))
         all_queries = frame.loc[frame["events"] >= min_events, "query"].unique().tolist()
-        frame = frame[keep]
+        whole, frame = frame, frame[keep]
         if frame.empty:
             raise ValueError(_empty_filter_message(counts))
-        distinct, distinct_p = _distinct_of_classes(kinds, stats, frame)
+        shared = None
+        if max_shared:  # counted over every class of the corpus, whichever are kept here
+            counted = whole[whole["events"] >= min_events]
+            all_distinct, all_p = _distinct_of_classes(kinds, stats, counted)
+            shared = shared_tokens(counted, all_distinct, max_shared)
+            at = counted.index.get_indexer(frame.index).tolist()
+            distinct, distinct_p = [all_distinct[i] for i in at], [all_p[i] for i in at]
+        else:
+            distinct, distinct_p = _distinct_of_classes(kinds, stats, frame)
         tracked = None if queries is None else {int(q) for q in queries}
         wanted = [m for m in all_queries if tracked is None or m in tracked]
         common = _common_of_queries(kinds, wanted)
-        shared = None
         if max_shared:
-            shared = shared_tokens(frame, distinct, max_shared)
             frame, distinct, distinct_p, common = _without(shared, frame, distinct, distinct_p,
                                                            common, min_distinct)  # fmt: skip
             if frame.empty:

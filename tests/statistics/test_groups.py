@@ -103,6 +103,11 @@ def test_tokens_distinct_for_many_queries_leave_every_class_and_query(scope, lim
     ] == kept
     for m, tokens in whole.common.items():
         assert groups.common[m].tolist() == [t for t in tokens.tolist() if t not in shared]
+    # decided by the corpus, not by the queries a recording tracks: its report's groups agree
+    some = sorted(set(whole.query.tolist()))[:3]
+    tracked = TokenGroups.from_kinds(kinds, stats, some, min_distinct=1, max_shared=limit)
+    assert tracked.shared.tolist() == shared
+    assert set(tracked.query.tolist()) <= set(some)
 
 
 def test_one_classification_with_its_defaults_refusing_bad_settings():
