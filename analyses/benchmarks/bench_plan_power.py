@@ -47,8 +47,9 @@ def units(plan, groups) -> tuple[int, float]:
         ("zbar", plan.num_pairs), ("c_hat", plan.num_triples),
         ("entropy", plan.num_classes), ("query_entropy", plan.num_queries))}  # fmt: skip
     traj = Trajectory(plan, torch.tensor([0, 1]), [0], [0], **zeros)
-    held = QueryTokens.of(traj, groups)
-    if not held.query.numel():
+    try:
+        held = QueryTokens.of(traj, groups)
+    except ValueError:  # no query holds both kinds (a little text, its shared tokens left out)
         return 0, 0.0
     n_eff, _ = held._n_eff(held._kind_coefficient)
     return int(held.query.numel()), round(float(n_eff), 1)
