@@ -43,10 +43,14 @@ def _groups(**counts):
          "token_count given without pair_count and pair_key: the scan's frequency control"),
         (lambda t: _groups(token_count=torch.ones(5), pair_key=torch.tensor([1, 2]),
                            pair_count=torch.tensor([3])), ValueError, "differ in shape"),
+        (lambda t: _groups(shared=torch.tensor([[1.5]])), ValueError,
+         "shared must be a 1-D tensor of token ids"),
+        (lambda t: _groups(shared=torch.tensor([-3])), ValueError,
+         "shared must be a 1-D tensor of token ids"),
     ],
     ids=["negative-vocab", "float-tokens", "snap-mismatch", "snap-empty", "groups-none",
          "groups-str", "traj-str", "save-swapped", "plan-floats", "groups-word-count-only",
-         "groups-pairs-unequal"],
+         "groups-pairs-unequal", "groups-shared-floats", "groups-shared-negative"],
 )  # fmt: skip
 def test_bad_arguments_are_refused_at_the_door(traj, call, error, match):
     with pytest.raises(error, match=match):

@@ -222,6 +222,16 @@ class TokenGroups:
                 " scan's frequency control matches on the word's count and the pair's"
                 " together; give all three (TokenGroups.from_statistics makes them) or none"
             )
+        shared = self.shared
+        if shared is not None and (
+            not isinstance(shared, Tensor) or shared.dim() != 1 or shared.is_floating_point()
+            or shared.dtype == torch.bool or (shared.numel() and int(shared.min()) < 0)
+        ):  # fmt: skip
+            raise ValueError(
+                "TokenGroups: shared must be a 1-D tensor of token ids (the tokens left out"
+                f" of the scan's units), got {getattr(shared, 'shape', type(shared).__name__)}"
+                f" {getattr(shared, 'dtype', '')}"
+            )
         if self.pair_key is not None and self.pair_key.shape != self.pair_count.shape:
             raise ValueError(
                 f"TokenGroups: pair_key {tuple(self.pair_key.shape)} and pair_count"
