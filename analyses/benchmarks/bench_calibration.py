@@ -412,6 +412,8 @@ TEXT_NULLS = {  # heads on WikiText-2's own units that follow the token or its f
     "word_frequency_25": TextHead(word_share=-0.25),
     "pair_rarity_25": TextHead(pair_share=0.25),
     "frequent_pair_53": TextHead(pair_share=-0.53),
+    "frequent_words_top30_40": TextHead(word_share=0.40, top=0.3),  # a step, no straight line
+    "frequent_pairs_top20_40": TextHead(pair_share=0.40, top=0.2),
 }
 TEXT_ROWS = (256, 1024, 2048, None)  # None: every row
 TEXT_QUERY_RANKS = (20, 120)  # the queries by frequency rank (the authors' setup's)
@@ -428,8 +430,9 @@ def real_text(reps: int, shared: Path, heads: int = 48) -> None:
       grow and be at most 0.72 at 2,048 rows;
     - per layout (every query at 2,048 rows; the queries of frequency ranks 20-120 at 512
       rows) and null head (token effects only; the word's rarity, its frequency, the pair's
-      rarity, the frequent pair): the family-wise rate of "scans", at most alpha plus its
-      margin;
+      rarity, the frequent pair; the top 30 % of words and the top 20 % of pairs as a step,
+      no straight line in the log count): the family-wise rate of "scans", at most alpha
+      plus its margin;
     - planted AUROC 0.70 and 0.75 in a quarter of the heads, at the rows `record --power`
       chooses for it: the share of planted heads called "scans" (at least 0.8), and the
       family-wise rate of "scans" among the others."""

@@ -474,11 +474,15 @@ class TextLayout:
 class TextHead:
     """A head on a real text's units (`text_run`): its token effect's share of the variance,
     and the shares that follow the word's rarity in the corpus (``word_share``; negative: its
-    frequency) and the pair's, C(m, l) (``pair_share``; negative: a frequent-pair head)."""
+    frequency) and the pair's, C(m, l) (``pair_share``; negative: a frequent-pair head).
+    With ``top`` > 0 they follow a step instead of the log count: whether the count is among
+    the ``top`` share of the recorded pairs' most frequent (a head that prefers the frequent
+    words, no straight line in the log count)."""
 
     token_share: float = 0.2
     word_share: float = 0.0
     pair_share: float = 0.0
+    top: float = 0.0
 
 
 def text_run(
@@ -490,10 +494,13 @@ def text_run(
     with a planted kind effect of `auroc` (one value or [L, H]), and the truth ``auroc`` and
     ``bias`` [L, H].  Seeded: the text gives the structure, `seed` the values."""
     q, t = plan.pair_query, plan.pair_token
-    covariates = {
-        "word": (head.word_share, groups.token_count[t].double().clamp_min(1)),
-        "pair": (head.pair_share, groups.pair_count_of(q, t).clamp_min(1)),
-    }
+    counts = {"word": groups.token_count[t].double().clamp_min(1),
+              "pair": groups.pair_count_of(q, t).clamp_min(1)}  # fmt: skip
+    if head.top:  # the step as a count whose rarity (-log) is it
+        counts = {k: torch.exp(-(x > torch.quantile(x, 1 - head.top)).double())
+                  for k, x in counts.items()}  # fmt: skip
+    covariates = {"word": (head.word_share, counts["word"]),
+                  "pair": (head.pair_share, counts["pair"])}  # fmt: skip
     return _planted(plan, groups, layers, heads, auroc, head.token_share, covariates, seed)
 
 
