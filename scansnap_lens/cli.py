@@ -242,7 +242,7 @@ def _say_power(stats):
         mde = math.nan if groups is None else planned_mde(plan, groups, heads)
         where = f"{plan.num_queries:,} queries, {heads} heads"
         if mde != mde:
-            said = "no query has distinct and frequency-matched common tokens to plan for"
+            said = "no query has distinct and common tokens whose counts tell frequency apart"
         elif mde > 1:
             said = "not even an AUROC of 1 would be detected"
         else:
@@ -283,7 +283,7 @@ def _rows_for_power(args: argparse.Namespace, tokens, stats, source):
         print(f"--power {args.power:g}: recording the first {rows:,} of {len(every):,} rows",
               file=sys.stderr)  # fmt: skip
     else:
-        why = ("no plan holds frequency-matched pairs" if mde != mde else
+        why = ("no plan holds pairs whose counts tell frequency apart" if mde != mde else
                f"the least is AUROC >= {mde:.3g} at {rows:,} rows; where more rows raise it, they"
                " gather the figure on a few distinct tokens shared by many queries, whose"
                " spread one text cannot tell (the degrees of freedom fall)")  # fmt: skip

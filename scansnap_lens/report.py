@@ -481,7 +481,7 @@ def _page(
             "<h2>Head atlas</h2>",
             "<p>Every layer and head: the verdict (and why a head does not scan, or what it"
             " could have seen), bias and AUROC with their intervals, AUROC's p-value, effective"
-            " units and minimal detectable effect, the frequency-matched AUROC and how token"
+            " units and minimal detectable effect, the AUROC with frequency held and how token"
             " frequency was ruled out, the frequency bias (spearman) with its interval, p-value"
             " and the number of classes it averages, the snap step (or why there is none), the"
             " theory's fit and the attention entropy; the figure <i>heads</i> maps them.</p>",

@@ -165,8 +165,8 @@ MEASURES: tuple[Measure, ...] = (
         " the scan's discriminative bias.  <b>auroc</b>: how cleanly the change separates"
         " distinct from common (0.5: not at all, 1: perfectly).",
         shown="key: bias auroc; heads: auroc bias; grid: bias auroc; atlas: bias bias_lo"
-        " bias_hi auroc auroc_lo auroc_hi auroc_p auroc_n_eff auroc_mde matched_auroc"
-        " matched_auroc_lo matched_auroc_hi frequency_control; runs: bias bias_lo"
+        " bias_hi auroc auroc_lo auroc_hi auroc_p auroc_n_eff auroc_mde held_auroc"
+        " held_auroc_lo held_auroc_hi frequency_control; runs: bias bias_lo"
         " bias_hi auroc auroc_lo auroc_hi",
     ),
     Measure(
@@ -306,24 +306,28 @@ MEASURES: tuple[Measure, ...] = (
         " classes; none below 5 effective units (<i>too few units</i>).  <b>_p</b>: two-sided"
         " p-values (spearman: against P(l|m, n) shuffled within each class).  <b>_baseline</b>:"
         " bias and AUROC of the logit levels at the first checkpoint (the untrained head)."
-        "  <b>matched_auroc</b>: each distinct token against the common tokens of its query"
-        " whose pair count C(m, l) in the corpus the kinds came from is about the same (what"
-        " made the token distinct); <b>word_matched_auroc</b>: the same on the word's count"
-        " there; <b>_lost</b>: the raw AUROC less the matched one; <b>frequency_auroc</b>: how"
-        " well the pair counts alone separate the kinds.  <b>verdict</b>: <i>scans</i> where"
-        " bias &gt; 0 and AUROC &gt; 0.5 are significant after Holm's correction over the"
-        " heads and so are both matched AUROCs, or, failing them, the frequency bias among"
+        "  <b>held_auroc</b>: the AUROC with frequency held, over every pair of a distinct and"
+        " a common token of a query, its ordering regressed on how far the two tokens' pair"
+        " count C(m, l) and word count in the corpus the kinds came from lie apart, read"
+        " where they are the same; <b>_lost</b>: the raw AUROC less it;"
+        " <b>matched_auroc</b>, <b>word_matched_auroc</b>: the same control without a model,"
+        " each distinct token against the common tokens of its query about as frequent as a"
+        " pair or as a word (fewer pairs: shown, not used by the verdict);"
+        " <b>frequency_auroc</b>: how well the pair counts alone separate the kinds."
+        "  <b>verdict</b>: <i>scans</i> where bias &gt; 0 and AUROC &gt; 0.5 are significant"
+        " after Holm's correction over the heads and so is the held AUROC, or, failing it,"
+        " where the distinct tokens are the rarer, the frequency bias among"
         " distinct tokens (the more frequent gain more, <b>frequency_bias_p</b>: one-sided,"
         " these classes' tokens as units), which a rarity preference reverses"
         " (<b>frequency_control</b> says which); else why not: <i>no scan (could have seen"
         " AUROC &gt;= auroc_mde</i>, the AUROC at which the whole verdict says scans with 80 %"
         " power, its spread taken at that AUROC; <b>rows_for_target</b>: how many times the"
         " evaluation rows would bring it to 0.75<i>)</i>, <i>too few units</i>, <i>not beyond"
-        " frequency</i> (the gain falls significantly when frequency is held alike), or"
-        " <i>cannot tell from frequency</i> (neither shown: <b>matched_units_needed</b> says"
-        " how many effective units of matched pairs would tell"
-        " them apart).  The intervals cover other queries and tokens of this text for"
-        " this trained model, not another training run.",
+        " frequency</i> (the gain falls significantly when frequency is held, or the held"
+        " AUROC's interval ends below the AUROC), or <i>cannot tell from frequency</i> (the"
+        " held AUROC's interval holds both: <b>held_units_needed</b> says how many effective"
+        " units would tell them apart).  The intervals cover other queries and tokens of this"
+        " text for this trained model, not another training run.",
         shown="key: scans; heads: scans; atlas: scans verdict; runs: scans verdict auroc_mde"
         " rows_for_target",
     ),

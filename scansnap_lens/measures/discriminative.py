@@ -33,10 +33,22 @@ from scansnap_lens.measures.resampling import Estimate, crossed, kish
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
-__all__ = ["MATCH_NEIGHBOURS", "MATCH_RATIO", "QueryTokens", "discriminative_bias"]
+__all__ = [
+    "HELD_KNOTS",
+    "HELD_SUPPORT",
+    "MATCH_NEIGHBOURS",
+    "MATCH_RATIO",
+    "QueryTokens",
+    "discriminative_bias",
+]
 
 MATCH_RATIO = 2**0.5  # a matched common token is at most this factor more or less frequent
 MATCH_NEIGHBOURS = 8  # and among the this many nearest in frequency of its query
+# the held AUROC's frequency terms bend at these quantiles of each log count: a head that
+# follows frequency as a step (the top 30 % of words) is no straight line in the log count
+HELD_KNOTS = (0.25, 0.5, 0.75)
+HELD_SUPPORT = 2.0  # a held distinct token has a common one within this factor on every count
+PAIR_BLOCK = 1 << 22  # the held AUROC orders at most this many (head, pair) values at once
 
 
 @dataclass
@@ -216,6 +228,125 @@ class QueryTokens:
         c_idx = common[cand.gather(-1, pick)[ok]] if common.numel() else d_idx[:0]
         return d_idx, c_idx
 
+    @cached_property
+    def all_pairs(self) -> tuple[Tensor, Tensor]:
+        """(d [P], c [P]) entry indices: every distinct token of each query with every common
+        token of it, sorted by query."""
+        d_idx = self.distinct.nonzero().flatten()
+        unit = self.unit[d_idx]
+        reps = self.num_common[unit]
+        first_common = self.start[unit] + self.num_distinct[unit]  # entries: distinct first
+        d = torch.repeat_interleave(d_idx, reps)
+        before = torch.repeat_interleave(torch.cumsum(reps, 0) - reps, reps)
+        c = torch.repeat_interleave(first_common, reps) + torch.arange(d.numel()) - before
+        return d, c
+
+    @cached_property
+    def frequency_counts(self) -> dict[str, Tensor]:
+        """name -> [N] the counts the held AUROC holds: the pair's C(m, l) and the word's
+        count in the corpus the kinds came from, or the pair's count in the evaluation text
+        where the groups carry no corpus counts."""
+        if self.corpus_count is None or self.corpus_pair_count is None:
+            return {"pair": self.count.double()}
+        return {"pair": self.corpus_pair_count.double(), "word": self.corpus_count.double()}
+
+    @cached_property
+    def _held_design(self) -> dict[str, Tensor] | None:
+        """The held AUROC's least squares (`held_auroc_estimate`), the same for every head:
+        ``d``, ``c`` [P] its pairs: every common token of a query with each of its distinct
+        tokens that has a common token within a factor `HELD_SUPPORT` on every held count
+        (where none has, the counts are apart in every pair and the model would only
+        extrapolate); ``weight`` [P] (each query with pairs weighing 1 in all); ``design``
+        [P, K]: the intercept and, per count, the difference of its log between the pair's
+        tokens, of its hinges at `HELD_KNOTS` (frequency as any bent line) and its tanh (an
+        ordering saturates); ``solve`` [K, K]; ``coefficient`` [P] each pair's weight in the
+        intercept; ``share`` [N] an entry's share of its query's held distinct tokens; ``kept``
+        [U] the queries with pairs.  None where no pair is left or the counts do not tell the
+        intercept."""
+        d, c = self.all_pairs
+        logs = [count.clamp_min(1).log() for count in self.frequency_counts.values()]
+        near = torch.ones_like(d, dtype=torch.bool)
+        for x in logs:
+            near &= (x[d] - x[c]).abs() <= math.log(HELD_SUPPORT) + 1e-9
+        supported = torch.zeros_like(self.distinct)
+        supported[d[near]] = True
+        keep = supported[d]
+        d, c = d[keep], c[keep]
+        if not d.numel():
+            return None
+        U = self.query.numel()
+        held = torch.bincount(self.unit[supported], minlength=U)  # held distinct per query
+        kept = held > 0
+        unit = self.unit[d]
+        weight = 1 / (int(kept.sum()) * held[unit] * self.num_common[unit]).double()
+        columns = [torch.ones_like(weight)]
+        for x in logs:
+            knots = torch.quantile(x, torch.tensor(HELD_KNOTS, dtype=torch.float64))
+            columns.append(x[d] - x[c])
+            columns += [(x[d] - k).clamp_min(0) - (x[c] - k).clamp_min(0) for k in knots]
+            columns.append(torch.tanh(x[d] - x[c]))
+        design = torch.stack(columns, -1)
+        gram = design.T @ (design * weight[:, None])
+        solve = torch.linalg.pinv(gram, hermitian=True)
+        first = torch.zeros(design.shape[1], dtype=torch.float64)
+        first[0] = 1
+        if not torch.allclose(gram @ solve[:, 0], first, atol=1e-6):
+            return None
+        share = torch.where(supported, 1 / held[self.unit].clamp_min(1).double(), 0.0)
+        share = torch.where(self.distinct, share, 1 / self.num_common[self.unit].double())
+        return {
+            "d": d,
+            "c": c,
+            "weight": weight,
+            "design": design,
+            "solve": solve,
+            "coefficient": weight * (design @ solve[:, 0]),
+            "share": share,
+            "kept": kept,
+        }
+
+    def held_auroc_estimate(self, values: Tensor) -> Estimate:
+        """The AUROC of `values` [..., N] with frequency held (the module): over the pairs of
+        a distinct and a common token of a query (`_held_design`), whether the distinct one is
+        above (ties half), least squares on the pair's count differences, read at none;
+        queries weigh alike, and with equal counts it is the AUROC itself.  Its crossed
+        interval's pieces are each token's part of the pairs' residuals (DeLong's placements
+        where nothing is held).  NaN (too few units) where the counts leave it untold."""
+        design = self._held_design
+        lead = values.shape[:-1]
+        if design is None:
+            nan = torch.full(lead, math.nan, dtype=torch.float64)
+            return Estimate(nan, nan, torch.zeros(lead, dtype=torch.float64), (0.0, 1.0))
+        d, c, weight, z, solve = (design[k] for k in ("d", "c", "weight", "design", "solve"))
+        coefficient, share, kept = design["coefficient"], design["share"], design["kept"]
+        U, N = self.query.numel(), self.unit.numel()
+        pair_unit = self.unit[d]
+        flat = values.reshape(-1, N)
+        value = torch.empty(flat.shape[0], dtype=torch.float64)
+        residual = torch.zeros(flat.shape[0], U, dtype=torch.float64)
+        A = torch.zeros(flat.shape[0], N, dtype=torch.float64)
+        B = torch.zeros(flat.shape[0], N, dtype=torch.float64)
+        step = max(1, PAIR_BLOCK // d.numel())
+        for r in range(0, flat.shape[0], step):  # blocks of heads: pairs times heads is large
+            v = flat[r : r + step]
+            above = (v[:, d] > v[:, c]).double() + 0.5 * (v[:, d] == v[:, c])
+            fitted = ((above * weight) @ z @ solve) @ z.T
+            part = coefficient * (above - fitted)  # each pair's part of the intercept's error
+            value[r : r + step] = above @ coefficient
+            A[r : r + step].index_add_(-1, d, part)
+            B[r : r + step].index_add_(-1, c, part)
+            residual[r : r + step].index_add_(-1, pair_unit, part)
+        value, residual = value.reshape(lead), residual.reshape(*lead, U)
+        A, B = A.reshape(*lead, N), B.reshape(*lead, N)
+        n = int(kept.sum())  # per query, a figure that averages to the value over the kept
+        per_query = torch.where(kept, value[..., None] + n * residual, math.nan)
+        nc = self.num_common[self.unit].double()
+        distinct_part = torch.where(self.distinct, n * A + value[..., None] * share, 0.0)
+        common_part = torch.where(self.distinct, 0.0, n * (B - residual[..., self.unit] / nc))
+        carried = torch.zeros(N, dtype=torch.float64)
+        carried.index_add_(0, d, coefficient.abs()).index_add_(0, c, coefficient.abs())
+        return self._crossed(per_query, distinct_part, common_part, share, carried)
+
     # -- figures: one definition each, over any leading shape of `values` [..., N] -------
     def kind_means(self, values: Tensor) -> tuple[Tensor, Tensor]:
         """([..., U], [..., U]): the mean of `values` [..., N] over each query's distinct and
@@ -330,8 +461,12 @@ class QueryTokens:
     def difference(self, a: Estimate, b: Estimate) -> Estimate:
         """`a` - `b`, two figures of these units (made here, each with its influence terms),
         with the crossed interval of the difference: the same queries and tokens move both,
-        so its influences are the differences of theirs (the raw AUROC less the matched one
-        moves little where both read one kind effect)."""
+        so its influences are the differences of theirs (the raw AUROC less the held one
+        moves little where both read one kind effect); NaN where either has none (a figure
+        the counts left untold)."""
+        if a.terms is None or b.terms is None:
+            nan = torch.full_like(a.value, math.nan)
+            return Estimate(nan, nan, torch.zeros_like(a.value))
         terms = [x - y for x, y in zip(a.terms, b.terms)]
         squares = [(x**2).sum(-1) for x in terms]
         dof = torch.minimum(a.df, b.df)

@@ -43,11 +43,13 @@ UNCERTAINTY_COLUMNS = (
     "scans", "verdict", "frequency_control",
     "bias_lo", "bias_hi", "bias_p", "bias_n_eff", "bias_baseline",
     "auroc_lo", "auroc_hi", "auroc_p", "auroc_n_eff", "auroc_mde", "auroc_baseline",
+    "held_auroc", "held_auroc_lo", "held_auroc_hi", "held_auroc_p", "held_auroc_n_eff",
+    "held_auroc_lost",
     "matched_auroc", "matched_auroc_lo", "matched_auroc_hi", "matched_auroc_p",
-    "matched_auroc_n_eff", "matched_auroc_lost",
+    "matched_auroc_n_eff",
     "word_matched_auroc", "word_matched_auroc_lo", "word_matched_auroc_hi",
-    "word_matched_auroc_p", "word_matched_auroc_n_eff", "word_matched_auroc_lost",
-    "frequency_auroc", "matched_units_needed", "rows_for_target",
+    "word_matched_auroc_p", "word_matched_auroc_n_eff",
+    "frequency_auroc", "held_units_needed", "rows_for_target",
     "frequency_bias_r", "frequency_bias_p",
     "spearman_lo", "spearman_hi", "spearman_p", "spearman_n_eff",
     "entropy_lo", "entropy_hi", "entropy_n_eff",
@@ -82,9 +84,10 @@ def scan_uncertainty(
     them) and `UNCERTAINTY_COLUMNS` (what the summary takes): ``bias_lo``, ``bias_hi``, ``bias_p``
     (two-sided), ``bias_n_eff``, ``bias_baseline``; the same for ``auroc`` with ``auroc_mde``
     (the AUROC of a pure kind effect the verdict would have called "scans" with 80 % power at
-    the first step's level of the correction) and for ``matched_auroc``; ``frequency_auroc``
-    (how well the counts matched on alone separate the kinds: below 0.5 the distinct tokens
-    are the rarer); the
+    the first step's level of the correction), for ``held_auroc`` (frequency held: the
+    verdict's control) and for ``matched_auroc`` and ``word_matched_auroc`` (the same control
+    by matching, shown beside it); ``frequency_auroc`` (how well the pair counts alone separate
+    the kinds: below 0.5 the distinct tokens are the rarer); the
     intervals of ``spearman``, ``entropy``, ``attention_entropy`` and ``snap_step``; the
     ``verdict``, ``frequency_control`` (how frequency was ruled out) and ``scans``.
     ``table.attrs`` holds the level, alpha, correction, number of heads tested, `MIN_UNITS`,
@@ -100,7 +103,7 @@ def scan_uncertainty(
     dz = traj.zbar[-1][..., units.slot].double() - z0
     corpus = units.corpus_count is not None  # match on the counts the kinds came from
     estimates, nulls = _kind_estimates(units, dz, corpus)
-    controls = [c for c in ("matched_auroc", "word_matched_auroc") if c in estimates]
+    controls = ["held_auroc"]  # the verdict's frequency control; the matched ones are shown
     frequency = (units.corpus_pair_count if corpus else units.count).double().log()
     out: dict[str, Tensor] = {
         "bias_baseline": units.bias_estimate(z0).value,
@@ -108,7 +111,7 @@ def scan_uncertainty(
         "frequency_auroc": units.auroc_estimate(frequency).value.expand_as(dz[..., 0]),
     }
     one_sided: dict[str, Tensor] = {}
-    for c in controls:  # how much of the gain the frequency-matched pairs lose
+    for c in controls:  # how much of the gain is lost with frequency held
         lost = units.difference(estimates["auroc"], estimates[c])
         out[f"{c}_lost"] = lost.value
         one_sided[f"{c}_lost"] = _above(lost.value, lost.p_value(0.0))
@@ -146,8 +149,8 @@ def scan_uncertainty(
 
 def _kind_estimates(units: QueryTokens, dz: Tensor, corpus: bool) -> tuple[dict, dict]:
     """The kinds' estimates of `scan_uncertainty` from the logit changes dz [L, H, N] and the
-    value each is tested against: bias, AUROC and the AUROC among pairs matched on frequency
-    (the pair's, and on a corpus's counts also the word's)."""
+    value each is tested against: bias, AUROC, the AUROC with frequency held and the AUROC
+    among pairs matched on frequency (the pair's, and on a corpus's counts also the word's)."""
     estimates = {
         "bias": units.bias_estimate(dz),
         "auroc": units.auroc_estimate(dz, units.ranks(dz)),
@@ -155,7 +158,8 @@ def _kind_estimates(units: QueryTokens, dz: Tensor, corpus: bool) -> tuple[dict,
             dz, units.corpus_pair_matched_pairs if corpus else None
         ),
     }
-    nulls = {"bias": 0.0, "auroc": 0.5, "matched_auroc": 0.5}
+    estimates["held_auroc"] = units.held_auroc_estimate(dz)
+    nulls = {"bias": 0.0, "auroc": 0.5, "held_auroc": 0.5, "matched_auroc": 0.5}
     if corpus:  # the word's frequency too: a key-side preference belongs to the word
         estimates["word_matched_auroc"] = units.matched_auroc_estimate(
             dz, units.corpus_matched_pairs
@@ -185,10 +189,10 @@ def _class_tests(traj, groups, estimates: dict, out: dict, one_sided: dict) -> N
 
 def _power(estimates: dict, controls: list[str], per_head: float, out: dict) -> None:
     """The verdict's power at the level `per_head`, added to `out`: ``auroc_mde``,
-    ``matched_units_needed`` and ``rows_for_target``."""
+    ``held_units_needed`` and ``rows_for_target``."""
     joint = [estimates[k] for k in ("auroc", *controls)]
     out["auroc_mde"] = 0.5 + joint_mde(joint, per_head, null=0.5)
-    out["matched_units_needed"] = _units_needed(estimates, controls, per_head)
+    out["held_units_needed"] = _units_needed(estimates, controls, per_head)
     out["rows_for_target"] = _rows_factor(joint, per_head, out["auroc_mde"])
 
 
@@ -235,8 +239,8 @@ def _rows_factor(estimates: list[Estimate], alpha: float, mde: Tensor) -> Tensor
 
 
 def _units_needed(est: dict[str, Estimate], controls: list[str], alpha: float) -> Tensor:
-    """[L, H] the effective units of frequency-matched pairs at which the weakest control would
-    tell the head's own AUROC from 0.5 with 80 % power (the standard error falls as one over
+    """[L, H] the effective units at which the weakest frequency control would tell the
+    head's own AUROC from 0.5 with 80 % power (the standard error falls as one over
     the root of the units); NaN where the AUROC is not above 0.5."""
     gap = est["auroc"].value - 0.5
     need = torch.zeros_like(gap)
@@ -251,8 +255,8 @@ def _units_needed(est: dict[str, Estimate], controls: list[str], alpha: float) -
 
 
 _CONTROL_WORDS = {
-    True: {"matched_auroc": "pair counts C(m, l)", "word_matched_auroc": "word counts"},
-    False: {"matched_auroc": "pair counts in the evaluation text"},
+    True: {"held_auroc": "pair counts C(m, l) and word counts"},
+    False: {"held_auroc": "pair counts in the evaluation text"},
 }
 
 
@@ -260,7 +264,7 @@ def _power_seen(mde: float, rows: float) -> str:
     """What a "no scan" verdict could have seen: its minimal detectable AUROC, and how many
     times the rows would see `TARGET_AUROC`."""
     if math.isnan(mde):
-        seen = "no power: too few units of frequency-matched pairs"
+        seen = "no power: too few units with frequency held"
     elif mde < 1:
         seen = f"could have seen AUROC >= {mde:.3g}"
     else:
@@ -296,7 +300,7 @@ def _verdicts(
     p_control = {c: flat(adj[c]) for c in controls}
     p_lost = {c: flat(adj[f"{c}_lost"]) for c in controls}
     rho, p_rho = flat(out.get("frequency_bias_r")), flat(adj.get("frequency_bias"))
-    need = flat(out["matched_units_needed"])
+    need = flat(out["held_units_needed"])
     rows = flat(out["rows_for_target"])
     rarer = flat(out["frequency_auroc"])
     verdicts, reasons = [], []
@@ -307,14 +311,17 @@ def _verdicts(
             for c in controls
             if units[c][h] >= MIN_UNITS and value[c][h] > 0.5 and p_control[c][h] < alpha
         ]
-        lost = [c for c in controls if c not in passed and p_lost[c][h] < alpha]  # fmt: skip
+        # the gain falls with frequency held: significantly, or the held figure's interval
+        # ends below the AUROC itself (then it is not wide: "cannot tell" only where it is)
+        lost = [c for c in controls if c not in passed and (p_lost[c][h] < alpha or (
+            units[c][h] >= MIN_UNITS and hi[c][h] < auroc[h]))]  # fmt: skip
         if not n_eff[h] >= MIN_UNITS:
             verdict = f"{VERDICTS['too_few']} (n_eff = {n_eff[h]:.3g} < {MIN_UNITS:g})"
         elif not (bias[h] > 0 and auroc[h] > 0.5 and p_bias[h] < alpha and p_auroc[h] < alpha):
             verdict = f"{VERDICTS['no_scan']} ({_power_seen(mde[h], rows[h])})"
         elif len(passed) == len(controls):
             verdict = VERDICTS["scans"]
-            control = "matched AUROC (" + ", ".join(words[c] for c in controls) + ")"
+            control = "held AUROC (" + ", ".join(words[c] for c in controls) + ")"
         elif rho[h] > 0 and p_rho[h] < alpha and rarer[h] < 0.5:
             # the signature opposes a preference for rare tokens, which is what a gain of
             # distinct tokens could be only where they are the rarer (frequency_auroc < 0.5)
@@ -325,16 +332,16 @@ def _verdicts(
             c = lost[0]
             verdict = (
                 f"{VERDICTS['not_beyond']} (with {words[c]} held alike the gain falls from"
-                f" AUROC {auroc[h]:.3g} to {value[c][h]:.3g} [{lo[c][h]:.3g}, {hi[c][h]:.3g}],"
-                f" p = {p_lost[c][h]:.3g})"
+                f" AUROC {auroc[h]:.3g} to {value[c][h]:.3g} [{lo[c][h]:.3g}, {hi[c][h]:.3g}]"
+                + (f", p = {p_lost[c][h]:.3g})" if p_lost[c][h] < alpha else ")")
             )
         else:
             side = "rarer" if rarer[h] < 0.5 else "more frequent"
-            shown = [f"{words[c]}: {value[c][h]:.3g} [{lo[c][h]:.3g}, {hi[c][h]:.3g}]"
-                     if units[c][h] >= MIN_UNITS else f"{words[c]}: {too_few(units[c][h])}"
+            shown = [f"{words[c]} held: {value[c][h]:.3g} [{lo[c][h]:.3g}, {hi[c][h]:.3g}]"
+                     if units[c][h] >= MIN_UNITS else f"{words[c]} held: {too_few(units[c][h])}"
                      for c in controls if c not in passed]  # fmt: skip
-            settle = (f"; about {need[h]:,.0f} effective units of matched pairs would settle"
-                      " it" if need[h] == need[h] else "")  # fmt: skip
+            settle = (f"; about {need[h]:,.0f} effective units would settle it"
+                      if need[h] == need[h] else "")  # fmt: skip
             bias_seen = (f" (r {rho[h]:.3g}, p = {p_rho[h]:.3g})" if p_rho[h] == p_rho[h]
                          else "")  # fmt: skip
             signature = (", or the frequency bias among distinct tokens" + bias_seen
@@ -343,8 +350,8 @@ def _verdicts(
                          " among them" + bias_seen + " cannot tell scanning from a preference"
                          " for frequent tokens")  # fmt: skip
             verdict = (
-                f"{VERDICTS['cannot_tell']} (scans, or prefers {side} tokens: matched AUROC on "
-                + "; on ".join(shown)
+                f"{VERDICTS['cannot_tell']} (scans, or prefers {side} tokens: AUROC with "
+                + "; with ".join(shown)
                 + settle
                 + signature
                 + ")"

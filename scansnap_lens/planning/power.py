@@ -5,7 +5,7 @@ recording of a plan (`planned_mde`), and the evaluation rows that reach a target
 The verdict's minimal detectable effect (`uncertainty.scan_uncertainty`'s ``auroc_mde``) is
 read from a recording's spread; before one exists, the same estimates are made on the
 plan's units (`discriminative.QueryTokens.of_plan`: its queries, their distinct and common
-tokens, the frequency-matched pairs) with logit changes drawn as the calibration lab draws a
+tokens, their pairs with frequency held) with logit changes drawn as the calibration lab draws a
 head without an effect (`lab.calibration`: a query effect, a token effect shared by the
 queries that hold the token, of `TOKEN_SHARE` of the variance, and noise), and the
 minimal detectable AUROC of each draw is taken at the first step of Holm's correction over
@@ -40,7 +40,7 @@ def planned_mde(
 ) -> float:
     """The AUROC the verdict would detect with 80 % power on a recording of `plan` (a
     `RecordPlan`) watching `heads` heads (see the module); NaN where no query holds both
-    kinds or the frequency-matched pairs are too few for any effect to be called scanning."""
+    kinds or the counts leave frequency untold (too few units with it held)."""
     return _planned(plan, groups, heads, draws, alpha, seed)[0]
 
 
@@ -57,11 +57,7 @@ def _planned(plan, groups, heads, draws=32, alpha=ALPHA, seed=0) -> tuple[float,
     b = torch.randn(draws, n_tokens, generator=g, dtype=torch.float64) * math.sqrt(TOKEN_SHARE)
     noise = torch.randn(draws, units.unit.numel(), generator=g, dtype=torch.float64)
     dz = a[:, units.unit] + b[:, tokens] + noise * math.sqrt(1 - TOKEN_SHARE)
-    corpus = units.corpus_count is not None
-    estimates = [units.auroc_estimate(dz), units.matched_auroc_estimate(
-        dz, units.corpus_pair_matched_pairs if corpus else None)]  # fmt: skip
-    if corpus:
-        estimates.append(units.matched_auroc_estimate(dz, units.corpus_matched_pairs))
+    estimates = [units.auroc_estimate(dz), units.held_auroc_estimate(dz)]
     mde = 0.5 + joint_mde(estimates, alpha / max(heads, 1), null=0.5)
     df = float(torch.stack([e.df for e in estimates]).amin(0).median())
     return (float(mde.nanmedian()) if (~torch.isnan(mde)).any() else math.nan), df

@@ -70,8 +70,8 @@ def _scan(summary: pd.DataFrame, step_unit: str) -> list[str]:
             r, p = _num(best["frequency_bias_r"]), f"{best['frequency_bias_p']:.2g}"
             said += (f"; the more frequent distinct tokens gain more, r {r}, p = {p}: not a"
                      " preference for rare tokens")  # fmt: skip
-        elif "matched_auroc" in best and best["matched_auroc"] == best["matched_auroc"]:
-            said += f"; with frequency held alike {_interval(best, 'matched_auroc')}"
+        elif "held_auroc" in best and best["held_auroc"] == best["held_auroc"]:
+            said += f"; with frequency held {_interval(best, 'held_auroc')}"
         return [said + ")."]
     kinds = summary["verdict"].fillna("").str.split(" \\(").str[0]
     if (kinds == VERDICTS["no_scan"]).all() and "auroc_mde" in summary:
@@ -87,13 +87,13 @@ def _scan(summary: pd.DataFrame, step_unit: str) -> list[str]:
     if len(untold):
         side = "rarer" if untold["verdict"].astype(str).str.contains("rarer").any() else (
             "more frequent")  # fmt: skip
-        need = untold.get("matched_units_needed", pd.Series(dtype=float)).astype(float).max()
-        settle = (f"; about {need:,.0f} effective units of frequency-matched pairs (more"
-                  " evaluation text) would settle it" if need == need else "")  # fmt: skip
+        need = untold.get("held_units_needed", pd.Series(dtype=float)).astype(float).max()
+        settle = (f"; about {need:,.0f} effective units (more evaluation text) would settle"
+                  " it" if need == need else "")  # fmt: skip
         said.append(
             f"{len(untold)} {'head gains' if len(untold) == 1 else 'heads gain'} attention on"
             f" distinct tokens (bias and AUROC significant), but the distinct tokens are {side}"
-            " than the common ones, and neither the frequency-matched pairs nor the frequency"
+            " than the common ones, and neither the AUROC with frequency held nor the frequency"
             f" bias among distinct tokens tells scanning from a preference for {side} tokens"
             f"{settle}."
         )

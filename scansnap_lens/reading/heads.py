@@ -53,8 +53,8 @@ def head_grid(
 def atlas(summary: pd.DataFrame, entries=None) -> pd.DataFrame:
     """Every head in one table, layer by layer: the verdict (``scans`` and its words: "too few
     units", "no scan (could have seen AUROC >= x)", ...), bias and AUROC with their intervals,
-    AUROC's p-value, effective units and minimal detectable effect, the frequency-matched
-    AUROC and how frequency was ruled out, the frequency bias with its interval, p-value and
+    AUROC's p-value, effective units and minimal detectable effect, the AUROC with frequency
+    held and how frequency was ruled out, the frequency bias with its interval, p-value and
     number of classes, the snap step with its interval (``snap`` says "not yet snapped" or
     "no scan" where there is none) beside the head types' scores and formation steps
     (induction, previous_token, first_token: does the snap coincide with the head becoming

@@ -71,8 +71,10 @@ def test_the_rule_is_relative_to_the_median_distinct_token(wikitext):
 @pytest.mark.parametrize(
     "head",
     [TextHead(token_share=0.5), TextHead(word_share=0.25), TextHead(word_share=-0.25),
-     TextHead(pair_share=0.25), TextHead(pair_share=-0.53)],
-    ids=["token_effect", "word_rarity", "word_frequency", "pair_rarity", "frequent_pair"],
+     TextHead(pair_share=0.25), TextHead(pair_share=-0.53),
+     TextHead(word_share=0.4, top=0.3)],
+    ids=["token_effect", "word_rarity", "word_frequency", "pair_rarity", "frequent_pair",
+         "frequent_words_step"],
 )  # fmt: skip
 def test_heads_that_follow_the_token_or_its_frequency_are_not_called_scanning(wikitext, head):
     plan = wikitext.plan(1024)
@@ -104,11 +106,11 @@ def test_a_planted_scan_is_found_at_the_rows_power_chooses(wikitext):
 
 def test_the_frequency_signature_decides_only_where_distinct_tokens_are_the_rarer():
     """Topic words tied to next tokens, the more frequent words, and a head that follows
-    the pair's frequency C(m, l) at 53 % of the variance: it passes bias and AUROC, its
-    matched AUROC stays at 0.5, and its frequency signature among distinct tokens is
-    positive, as a frequent-pair preference makes it.  That signature opposes a rarity
-    preference, not this one: the verdict says it cannot tell, naming why (it called
-    these heads "scans" through the signature)."""
+    the pair's frequency C(m, l) at 53 % of the variance: it passes bias and AUROC, and its
+    frequency signature among distinct tokens is positive, as a frequent-pair preference
+    makes it.  That signature opposes a rarity preference, not this one: no head is called
+    "scans" (the signature called them so), and the held AUROC, back at 0.5, says the gain is
+    frequency's; where it cannot, the verdict names why the signature does not decide."""
     scenario = CorpusScenario(tied=True, topical=1.0, rows=800, eval_rows=256, queries=24,
                               pair_share=-0.53)  # fmt: skip
     traj, groups, _ = corpus_run(scenario, Classification(), heads=24, seed=0)
@@ -117,6 +119,69 @@ def test_the_frequency_signature_decides_only_where_distinct_tokens_are_the_rare
     signature = (table["frequency_bias_r"] > 0) & (table["frequency_bias_p"] < 0.05 / 24)
     assert signature.sum() >= 12
     assert not table["scans"].any()
-    told = table["verdict"][signature].str.startswith(VERDICTS["cannot_tell"])
-    assert told.all()
-    assert table["verdict"][signature].str.contains("preference for frequent tokens").all()
+    verdict = table["verdict"][signature]
+    beyond = verdict.str.startswith(VERDICTS["not_beyond"])
+    untold = verdict.str.startswith(VERDICTS["cannot_tell"])
+    assert beyond.mean() >= 0.75
+    assert (beyond | untold).all()
+    assert verdict[untold].str.contains("preference for frequent tokens").all()
+    assert (table["held_auroc_lo"] < 0.5).mean() >= 0.8  # back at 0.5: 95 % intervals
+
+
+def _units(traj, groups):
+    units = QueryTokens.of(traj, groups)
+    dz = (traj.zbar[-1][..., units.slot] - traj.zbar[0][..., units.slot]).double()
+    return units, dz
+
+
+def test_the_held_auroc_is_the_auroc_where_every_count_is_alike(wikitext):
+    """Nothing to hold: with every token's counts the same, the held AUROC is the AUROC, its
+    value and its standard error (DeLong's placements, crossed)."""
+    traj, _ = text_run(wikitext.plan(512), wikitext.groups, TextHead(word_share=0.3), seed=0)
+    units, dz = _units(traj, wikitext.groups)
+    alike = replace(units, corpus_count=torch.ones_like(units.corpus_count),
+                    corpus_pair_count=torch.ones_like(units.corpus_pair_count))  # fmt: skip
+    held, raw = alike.held_auroc_estimate(dz), units.auroc_estimate(dz)
+    torch.testing.assert_close(held.value, raw.value, rtol=0, atol=1e-12)
+    torch.testing.assert_close(held.se, raw.se, rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize(
+    "head", [TextHead(word_share=-0.25), TextHead(pair_share=-0.53),
+             TextHead(word_share=0.4, top=0.3), TextHead(pair_share=0.4, top=0.2)],
+    ids=["word_frequency", "frequent_pair", "frequent_words_step", "frequent_pairs_step"],
+)  # fmt: skip
+def test_the_held_auroc_is_calibrated_on_frequency_heads(wikitext, head):
+    """Heads that follow the word's or the pair's frequency, as a line in the log count or as
+    a step (the top words): the raw AUROC moves far from 0.5, the held AUROC stays there, its
+    standard error the spread of its own values ((held - 0.5) / se has mean 0 and sd 1 over 4
+    x 48 heads, within what 192 draws allow)."""
+    plan = wikitext.plan(512)
+    z, raw = [], []
+    for seed in range(4):
+        units, dz = _units(text_run(plan, wikitext.groups, head, seed=seed)[0], wikitext.groups)
+        held = units.held_auroc_estimate(dz)
+        z.append(((held.value - 0.5) / held.se).reshape(-1))
+        raw.append(units.auroc_estimate(dz).value.reshape(-1))
+    z, raw = torch.cat(z), torch.cat(raw)
+    assert (raw - 0.5).abs().mean() > 0.05  # frequency moves the AUROC itself
+    assert z.mean().abs() < 0.35, z.mean()
+    assert 0.8 < z.std() < 1.2, z.std()
+
+
+def test_the_held_auroc_finds_a_planted_scan_with_more_units_than_matching(wikitext):
+    """A pure kind effect of AUROC 0.75 at 512 rows: the held AUROC reads it (mean within
+    0.03) with a smaller standard error than the word-matched AUROC, which compares each
+    distinct token with the few common tokens about as frequent (at 512 rows the verdict on
+    matching left 0.26 of these heads at "cannot tell from frequency")."""
+    plan = wikitext.plan(512)
+    held, matched = [], []
+    for seed in range(3):
+        traj, _ = text_run(plan, wikitext.groups, auroc=0.75, seed=seed)
+        units, dz = _units(traj, wikitext.groups)
+        held.append(units.held_auroc_estimate(dz))
+        matched.append(units.matched_auroc_estimate(dz, units.corpus_matched_pairs))
+    value = torch.cat([e.value.reshape(-1) for e in held])
+    assert (value.mean() - 0.75).abs() < 0.03, value.mean()
+    se = torch.cat([e.se.reshape(-1) for e in held]).mean()
+    assert se < 0.9 * torch.cat([e.se.reshape(-1) for e in matched]).mean()

@@ -140,13 +140,17 @@ def test_the_lab_runs_scan_by_their_frequency_bias_and_a_rarity_head_there_does_
     """Syn-Medium's distinct tokens are all rarer than its common ones, so no distinct token
     has a frequency-matched common one; the paper's second line of evidence decides: among
     distinct tokens the more frequent gain more (its frequency bias), the opposite of a
-    rarity preference.  The same layout with heads that prefer rare pairs (dz following -log
+    rarity preference (no common token shares a distinct one's count, so there is no held
+    AUROC either).  The same layout with heads that prefer rare pairs (dz following -log
     of the pair's count, at any share of the variance) is never called scanning."""
     traj, groups = lab_run
     table = scan_uncertainty(traj, groups).table
     assert table["scans"].all(), table["verdict"].tolist()
     assert table["frequency_control"].str.startswith("frequency bias (r ").all()
     assert (table["matched_auroc_n_eff"] == 0).all() and (table["frequency_auroc"] == 0).all()
+    # no common token within a factor 2 of a distinct one: the held AUROC would be the
+    # model's extrapolation alone, so it rests on no units
+    assert (table["held_auroc_n_eff"] == 0).all() and table["held_auroc"].isna().all()
     assert (table["frequency_bias_p"] < 0.05 / 2).all() and (table["frequency_bias_r"] > 0).all()
     assert table["auroc_mde"].isna().all()  # no matched pairs: a pure kind effect cannot pass
     assert (table["bias"] > table["bias_baseline"]).all() and (table["bias_p"] < 1e-3).all()
