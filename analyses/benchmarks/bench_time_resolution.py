@@ -350,10 +350,11 @@ def family_lines(configs: int, runs: int, truth_runs: int, last: int = FAMILY_LA
             hi = iv["snap_step_hi"].reshape(-1).numpy() / truth
             covered = (lo <= 1) & (1 <= hi)
             found[grid].append((k, value, covered))
-            line[grid] = {"median_over_truth": round(float(np.nanmedian(value)), 3)
-                          if np.isfinite(value).any() else None,
+            median = float(np.nanmedian(value)) if np.isfinite(value).any() else None
+            knots = float(np.median(table["drift_checkpoints"]))
+            line[grid] = {"median_over_truth": median and round(median, 3),
                           "coverage": round(float(covered.mean()), 3),
-                          "drift_checkpoints": float(np.median(table["drift_checkpoints"]))}
+                          "drift_checkpoints": knots}  # fmt: skip
         print(json.dumps(line), flush=True)
     for grid, rows in found.items():
         medians = np.array([np.nanmedian(v) if np.isfinite(v).any() else np.nan
