@@ -679,7 +679,9 @@ HOW_TO_READ_RUNS = (
     " runs' intervals) resamples the queries and context tokens of that one trained model; the"
     " interval over runs (<i>mean [lo, hi]</i>) is Student's t on the runs' estimates with"
     " runs - 1 degrees of freedom, for the mean of runs of this recipe (another seed, the"
-    " deduped twin), steps on the log-step axis (a geometric mean) and holding the mean of the"
+    " deduped twin); runs that share their initial weights (what the runs share, below) count"
+    " as one unit, and runs that all share them give none (they tell that initialisation, not"
+    " the recipe); steps on the log-step axis (a geometric mean) and holding the mean of the"
     " runs' own brackets (a run's step is known no better than its checkpoints place it; a"
     " layer's median step, the median of its heads' brackets), each kept within what the"
     " figure can be (AUROC and head-type scores in [0, 1], steps within the runs, counts"
@@ -761,6 +763,31 @@ def _runs_figures(comparison, folder: _Folder) -> None:
     )
 
 
+SPLIT_NOTE = (
+    "How the spread between runs splits: <i>init</i> is the variance the initial weights"
+    " alone move, <i>data</i> the data order's, <i>rest</i> what neither moves alone (their"
+    " interaction, nondeterminism), each as a share of the variance between runs that differ"
+    " in both, with its 95 % interval (generalised pivots: exact where the runs form a"
+    " balanced grid, <i>anova</i>; from the kinds of pairs, <i>pairs</i>, otherwise) and"
+    " <i>sd</i> its spread on the log-step axis for steps.  A part the runs cannot tell apart"
+    " (no two runs share a data order) is counted in the rest."
+)
+
+
+def _shared_html(comparison) -> list[str]:
+    """What the runs share (`RunComparison.design`) and the spread split, where known."""
+    design, split = comparison.design, comparison.split
+    if design is None or (design["said"] == "its own").all():
+        return []
+    out = ["<h2>What the runs share</h2>", table_html(design)]
+    if split is not None and len(split):
+        shown = with_intervals(split, ["layer", "head", "figure", "part", "share", "sd", "df",
+                                       "method"])  # fmt: skip
+        out += ["<h2>The spread between runs, split</h2>", f"<p>{SPLIT_NOTE}</p>",
+                table_html(shown)]  # fmt: skip
+    return out
+
+
 def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
     from scansnap_lens.viz import views as cv
 
@@ -768,7 +795,7 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
     folder = _Folder(out, expected=5)
     comparison.save(out)
     for name in ("runs.json", "per_run.csv", "across_runs.csv", "across_runs_layers.csv",
-                 "matching.csv"):  # fmt: skip
+                 "matching.csv", "design.csv", "split.csv"):  # fmt: skip
         if (out / name).is_file():
             folder.files[name.split(".")[0]] = out / name
     _runs_figures(comparison, folder)
@@ -793,6 +820,7 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
             "<h2>Across runs, per layer (whichever heads they are)</h2>",
             table_html(_over_runs(layers, per_layer)[["layer", "runs", *per_layer]]),
         ]
+    shared_html = _shared_html(comparison)
     matched = "<p>Heads are compared by index.</p>"
     if comparison.matching is not None:
         matched = (
@@ -811,6 +839,7 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
         "<p>Runs: " + ", ".join(html.escape(r) for r in comparison.runs) + "</p>",
         _findings("What holds across the runs", found, folder, mapped, "runs_loss"),
         *layer_html,
+        *shared_html,
         "<h2>Across runs (one row per matched head)</h2>",
         table_html(shown),
         f"<p>{HOW_TO_READ_RUNS}</p>",

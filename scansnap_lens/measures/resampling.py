@@ -22,10 +22,13 @@ Shape letters (docs/shapes.md): U units, B resamples, ``...`` any leading shape.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import torch
 from scipy import special
 from scipy import stats as scipy_stats
@@ -47,8 +50,12 @@ __all__ = [
     "kish",
     "mean_over_units",
     "normal_p",
+    "pair_variances",
     "resample_counts",
+    "run_components",
+    "run_groups",
     "share_interval",
+    "spread_split",
     "sum_of_squares",
     "too_few",
     "widened",
@@ -389,36 +396,340 @@ def with_grid(lo: Tensor, hi: Tensor, grid_lo: Tensor, grid_hi: Tensor) -> tuple
 
 
 def interval_over_runs(
-    values: np.ndarray, log: bool = False, level: float = LEVEL, bounds: np.ndarray | None = None
+    values: np.ndarray,
+    log: bool = False,
+    level: float = LEVEL,
+    bounds: np.ndarray | None = None,
+    init=None,
+    data=None,
 ):
-    """(mean, sd, lo, hi) of the runs' values, each run one unit: t with n - 1 degrees of
-    freedom (on the log axis with `log`, mapped back: a geometric mean); NaN below 2 runs.
+    """(mean, sd, lo, hi) of the runs' values for the mean of the recipe's runs: t on the
+    runs' mean (on the log axis with `log`, mapped back: a geometric mean); NaN below 2 runs.
+
+    init, data: [R] labels of each run's initial weights and data order (default: each run
+    its own).  Runs that share one are not independent draws of the recipe: the mean's
+    variance is the design's (`run_components`: sigma_I^2 over runs sharing initial weights,
+    sigma_D^2 over those sharing a data order), on min(levels) - 1 degrees of freedom of the
+    labels that vary; with every run its own, Student's t on n - 1.  Runs that all share
+    their initial weights give no interval (NaN bounds): they say what that init does over
+    data orders, not what the recipe does.
 
     bounds: [R, 2] each run's own interval of a step (the checkpoints bracket it): a run's step
     is known only within it, so the interval holds the mean of those bounds as well (on the
     log axis with `log`), however alike the runs' values are; rows not finite and positive
-    are left out."""
-    values = values[np.isfinite(values)]
-    if log:
-        values = np.log(values[values > 0])
+    are left out.
+
+    >>> x = np.array([100.0, 104.0, 150.0, 156.0])
+    >>> [round(v, 1) for v in interval_over_runs(x)]  # four independent runs
+    [127.5, 29.6, 80.4, 174.6]
+    >>> [round(v, 1) for v in interval_over_runs(x, init=[0, 0, 1, 1])]  # two inits: 1 df
+    [127.5, 29.6, -196.5, 451.5]
+    >>> interval_over_runs(x, init=[0, 0, 0, 0])[2]  # one init: not the recipe's mean
+    nan
+    """
+    values = np.asarray(values, dtype=float)
+    keep = np.isfinite(values) & ((values > 0) if log else True)
+    labels = [_labels(x, len(values))[keep] for x in (init, data)]
+    values = np.log(values[keep]) if log else values[keep]
     n = len(values)
     if n == 0:
         return (math.nan,) * 4
     mean = float(values.mean())
+    back = (lambda v: math.exp(v)) if log else (lambda v: v)
     if n < 2:
-        return (math.exp(mean) if log else mean), math.nan, math.nan, math.nan
+        return back(mean), math.nan, math.nan, math.nan
     sd = float(values.std(ddof=1))
-    half = float(scipy_stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
-    lo, hi = mean - half, mean + half
-    if log:
-        mean, lo, hi = math.exp(mean), math.exp(lo), math.exp(hi)
+    variance, df = _variance_of_mean(values, *labels)
+    if df < 1:
+        return back(mean), sd, math.nan, math.nan
+    half = float(scipy_stats.t.ppf(0.5 + level / 2, df)) * math.sqrt(variance)
+    mean, lo, hi = back(mean), back(mean - half), back(mean + half)
     if bounds is not None:
-        bounds = np.asarray(bounds, dtype=float).reshape(-1, 2)
+        bounds = np.asarray(bounds, dtype=float).reshape(-1, 2)[keep]
         bounds = bounds[np.isfinite(bounds).all(1) & ((bounds > 0).all(1) if log else True)]
         if len(bounds):
             low, high = np.exp(np.log(bounds).mean(0)) if log else bounds.mean(0)
             lo, hi = min(lo, float(low)), max(hi, float(high))
     return mean, sd, lo, hi
+
+
+def _labels(labels, n: int) -> np.ndarray:
+    """[n] integer codes of `labels`; None (or a missing label): each run its own."""
+    if labels is None:
+        return np.arange(n)
+    labels = list(labels)
+    if len(labels) != n:
+        raise ValueError(f"{len(labels)} labels for {n} runs")
+    codes: dict = {}
+    out = []
+    for r, label in enumerate(labels):
+        missing = label is None or (isinstance(label, float) and math.isnan(label))
+        out.append(codes.setdefault(("own", r) if missing else label, len(codes)))
+    return np.array(out)
+
+
+PAIR_KINDS = ("init", "data", "both")  # what two runs differ in: initial weights, data, both
+
+
+def pair_variances(values: np.ndarray, init=None, data=None) -> dict[str, tuple[float, int]]:
+    """{kind: (half the mean squared difference, pairs)} over the pairs of runs that differ in
+    their initial weights only ("init": sigma_I^2 + sigma_e^2), their data order only
+    ("data": sigma_D^2 + sigma_e^2) or both ("both": sigma_I^2 + sigma_D^2 + sigma_e^2),
+    each unbiased in any design (crossed, nested, PolyPythias' seed / data-seed /
+    weight-seed); kinds no pair has are left out.  Pairs that share both are replicates
+    and count nowhere, runs without a value (NaN) in none.  [R] values; labels as
+    `interval_over_runs` takes them.
+
+    >>> v = pair_variances(np.array([1.0, 2.0, 5.0, 6.0]), init=[0, 0, 1, 1], data=[0, 1, 0, 1])
+    >>> {k: (round(x, 2), n) for k, (x, n) in v.items()}
+    {'init': (8.0, 2), 'data': (0.5, 2), 'both': (8.5, 2)}
+    """
+    values = np.asarray(values, dtype=float)
+    i, d = _labels(init, len(values)), _labels(data, len(values))
+    keep = np.isfinite(values)  # a run without a value is in no pair
+    values, i, d = values[keep], i[keep], d[keep]
+    r, s = np.triu_indices(len(values), 1)
+    half_sq = (values[r] - values[s]) ** 2 / 2
+    same_i, same_d = i[r] == i[s], d[r] == d[s]
+    out = {}
+    for kind, which in zip(PAIR_KINDS, (same_d & ~same_i, same_i & ~same_d, ~same_i & ~same_d)):
+        if which.any():
+            out[kind] = (float(half_sq[which].mean()), int(which.sum()))
+    return out
+
+
+def run_components(variances: Mapping[str, tuple[float, int]]) -> dict[str, float]:
+    """{"init": sigma_I^2, "data": sigma_D^2, "rest": sigma_e^2} from `pair_variances`, each
+    at least 0: what only the initial weights move, what only the data order moves, and
+    what moves with neither alone (their interaction, nondeterminism).  A part the design
+    cannot tell apart from the rest is folded into the rest (none pair differs in the data
+    order only: sigma_D^2 is 0 and the rest holds it); with no pair differing in both, the
+    rest is put at 0 (the larger shared parts: a wider interval for the mean)."""
+    v = {k: x for k, (x, _) in variances.items()}
+    both, vi, vd = v.get("both"), v.get("init"), v.get("data")
+    if both is None:
+        comps = {"init": vi or 0.0, "data": vd or 0.0, "rest": 0.0}
+    elif vi is not None and vd is not None:
+        comps = {"init": both - vd, "data": both - vi, "rest": vi + vd - both}
+    else:
+        comps = {"init": both - vd if vd is not None else 0.0,
+                 "data": both - vi if vi is not None else 0.0,
+                 "rest": vd if vd is not None else (vi if vi is not None else both)}  # fmt: skip
+    return {k: max(float(x), 0.0) for k, x in comps.items()}
+
+
+def _variance_of_mean(values: np.ndarray, init: np.ndarray, data: np.ndarray):
+    """(variance of the runs' mean, its degrees of freedom) in the design of `init`, `data`:
+    sum over run pairs of sigma_I^2 [same init] + sigma_D^2 [same data] + sigma_e^2 [same
+    run], over n^2; degrees of freedom min(levels) - 1 over the labels that vary (0 where
+    every run shares its initial weights)."""
+    n = len(values)
+    levels_i, levels_d = len(set(init.tolist())), len(set(data.tolist()))
+    if levels_i == n and levels_d == n:  # every run its own: Student's t
+        return float(values.var(ddof=1)) / n, n - 1
+    if levels_i < 2:
+        return math.nan, 0
+    comps = run_components(pair_variances(values, init, data))
+    shared_i = sum(c * c for c in np.bincount(init))
+    shared_d = sum(c * c for c in np.bincount(data))
+    variance = (comps["init"] * shared_i + comps["data"] * shared_d + comps["rest"] * n) / n**2
+    df = min(levels_i, levels_d if levels_d > 1 else n) - 1
+    return float(variance), df
+
+
+def spread_split(
+    values: np.ndarray,
+    init,
+    data,
+    log: bool = False,
+    level: float = LEVEL,
+    draws: int = 4000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """How the runs' spread splits between what their initial weights and their data order
+    do: one row per part (``init``, ``data``, ``rest``; those the design tells apart) with
+    its ``share`` of the variance between runs that differ in both (sigma_I^2, sigma_D^2,
+    sigma_e^2 over their sum), the interval (``share_lo``/``_hi``), ``sd`` (on the log axis
+    with `log`: a factor's spread) and ``df``, the degrees of freedom behind it; ``method``
+    says which of the two below.  Empty where no two runs share either.
+
+    ``anova``: where the residual of the additive fit has degrees of freedom (a crossed grid
+    of initial weights x data orders, or inits each with several runs), each factor's sum of
+    squares adjusted for the other and the residual's, with the generalised pivotal quantities
+    of Weerahandi (exact in balanced designs: each sum of squares a scaled chi-square).  A
+    factor no two runs share is folded into the rest.  ``pairs``: otherwise (PolyPythias'
+    seeds, data-seeds and weight-seeds), each kind of pair's variance (`pair_variances`) as
+    a scaled chi-square of Satterthwaite's degrees of freedom, drawn independently.  Both are
+    checked by simulation in `analyses/benchmarks/bench_population.py`.
+
+    >>> x = np.array([1.0, 1.1, 3.0, 3.2, 5.0, 4.9, 2.0, 2.2])
+    >>> split = spread_split(x, init=[0, 0, 1, 1, 2, 2, 3, 3], data=[0, 1] * 4)
+    >>> split.set_index("part").loc["init", ["share", "df"]].round(3).tolist()
+    [0.995, 3.0]
+    """
+    columns = ["part", "share", "share_lo", "share_hi", "sd", "df", "method"]
+    values = np.asarray(values, dtype=float)
+    keep = np.isfinite(values) & ((values > 0) if log else True)
+    i, d = (_labels(x, len(values))[keep] for x in (init, data))
+    values = np.log(values[keep]) if log else values[keep]
+    n = len(values)
+    shared = {k: bool((np.bincount(x) > 1).any()) for k, x in (("init", i), ("data", d))}
+    if n < 3 or not any(shared.values()):
+        return pd.DataFrame(columns=columns)
+    g = np.random.default_rng(seed)
+    alpha = (1 - level) / 2
+    factors = {k: _indicators(x) for k, x in (("init", i), ("data", d))
+               if shared[k] and len(np.unique(x)) > 1}  # fmt: skip
+    full = np.hstack([np.ones((n, 1)), *factors.values()])
+    df_e = n - np.linalg.matrix_rank(full)
+    if df_e >= 1 and factors:
+        method = "anova"
+        resid = _residual(full, values)
+        ss_e = float(resid @ resid)
+        sigma2 = {"rest": ss_e / df_e}
+        star = {"rest": ss_e / g.chisquare(df_e, draws)}
+        dfs = {"rest": float(df_e)}
+        for name, z in factors.items():
+            others = np.hstack([np.ones((n, 1)), *(v for k, v in factors.items() if k != name)])
+            reduced = _residual(others, values)
+            ss = float(reduced @ reduced) - ss_e
+            df = np.linalg.matrix_rank(full) - np.linalg.matrix_rank(others)
+            # E[ss] = df sigma_e^2 + k sigma_f^2, k = tr(Z' (P_full - P_others) Z)
+            k = float(np.sum(_residual(others, z) ** 2) - np.sum(_residual(full, z) ** 2))
+            if df < 1 or k <= 0:
+                continue
+            sigma2[name] = max((ss / df - sigma2["rest"]) * df / k, 0.0)
+            star[name] = np.maximum((ss / g.chisquare(df, draws) - star["rest"]) * df / k, 0.0)
+            dfs[name] = float(df)
+        total, total_star = sum(sigma2.values()), np.maximum(sum(star.values()), 1e-300)
+        shares = {k: v / total if total > 0 else math.nan for k, v in sigma2.items()}
+        shares_star = {k: v / total_star for k, v in star.items()}
+    else:
+        seen = pair_variances(values, i, d)
+        if "both" not in seen or len(seen) < 2:
+            return pd.DataFrame(columns=columns)
+        method = "pairs"
+        sigma2 = run_components(seen)
+        pair_dfs = _pair_dfs(values, i, d, sigma2)
+        point = {k: v for k, (v, _) in seen.items()}
+        drawn = {k: v * pair_dfs[k] / g.chisquare(pair_dfs[k], draws) for k, v in point.items()}
+        # shares of the variance between runs that differ in both, V_both: what remains when
+        # only the data order changes (V_data) is the rest the initial weights leave
+        shares, shares_star = (_pair_shares(v) for v in (point, drawn))
+        dfs = {"init": pair_dfs.get("data", math.nan), "data": pair_dfs.get("init", math.nan),
+               "rest": pair_dfs["both"]}  # fmt: skip
+    rows = []
+    for part in ("init", "data", "rest"):
+        if part not in shares or part not in shares_star:
+            continue
+        share = np.clip(shares_star[part], 0.0, 1.0)
+        rows.append({"part": part, "share": float(np.clip(shares[part], 0.0, 1.0)),
+                     "share_lo": float(np.quantile(share, alpha)),
+                     "share_hi": float(np.quantile(share, 1 - alpha)),
+                     "sd": math.sqrt(sigma2.get(part, 0.0)), "df": dfs.get(part, math.nan),
+                     "method": method})  # fmt: skip
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _pair_shares(v: dict) -> dict:
+    """Shares of V_both from pair variances (floats or [draws] arrays): the initial weights'
+    1 - V_data / V_both, the data order's 1 - V_init / V_both, the rest what is left (or,
+    where one kind is missing, that kind over V_both: the part folded into the rest)."""
+    both = np.maximum(v["both"], 1e-300)
+    out = {}
+    if "data" in v:
+        out["init"] = 1 - v["data"] / both
+    if "init" in v:
+        out["data"] = 1 - v["init"] / both
+    if "init" in v and "data" in v:  # what neither part (each within [0, 1]) holds
+        out["rest"] = 1 - np.clip(out["init"], 0, 1) - np.clip(out["data"], 0, 1)
+    else:
+        out["rest"] = v.get("data", v.get("init")) / both
+    return out
+
+
+def _indicators(labels: np.ndarray) -> np.ndarray:
+    """[n, levels] 0/1 columns of `labels`' levels."""
+    return (labels[:, None] == np.unique(labels)[None, :]).astype(float)
+
+
+def _residual(design: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """`y` (one column or several) less its least-squares fit on `design`'s columns."""
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    return y - design @ coef
+
+
+def _pair_dfs(values, i, d, sigma2) -> dict[str, float]:
+    """Satterthwaite's degrees of freedom of each kind of pair variance: 2 E^2 / Var of the
+    quadratic form under Gaussian effects of sizes `sigma2` on the design."""
+    n = len(values)
+    cov = (sigma2["init"] * (i[:, None] == i[None, :]) + sigma2["data"] * (d[:, None] == d[None, :])
+           + max(sigma2["rest"], 1e-12) * np.eye(n))  # fmt: skip
+    r, s = np.triu_indices(n, 1)
+    same_i, same_d = i[r] == i[s], d[r] == d[s]
+    out = {}
+    for kind, which in zip(PAIR_KINDS, (same_d & ~same_i, same_i & ~same_d, ~same_i & ~same_d)):
+        if not which.any():
+            continue
+        a = np.zeros((n, n))  # V = x' A x: the mean of (x_r - x_s)^2 / 2 over the kind's pairs
+        p, q = r[which], s[which]
+        np.add.at(a, (p, p), 0.5)
+        np.add.at(a, (q, q), 0.5)
+        np.add.at(a, (p, q), -0.5)
+        np.add.at(a, (q, p), -0.5)
+        a /= which.sum()
+        ac = a @ cov
+        out[kind] = 2 * np.trace(ac) ** 2 / max(2 * np.trace(ac @ ac), 1e-300)
+    return out
+
+
+def _gap_statistic(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[..., n] sorted values -> (largest split statistic, where): over the splits of the
+    sorted values into a lower and an upper group, the gap between them over the pooled
+    within-group sd (n - 2 degrees of freedom)."""
+    n = x.shape[-1]
+    k = np.arange(1, n)
+    csum, csq = np.cumsum(x, -1), np.cumsum(x * x, -1)
+    lo_ss = csq[..., :-1] - csum[..., :-1] ** 2 / k
+    hi_n = n - k
+    hi_sum, hi_sq = csum[..., -1:] - csum[..., :-1], csq[..., -1:] - csq[..., :-1]
+    hi_ss = hi_sq - hi_sum**2 / hi_n
+    within = np.sqrt(np.maximum(lo_ss + hi_ss, 0.0) / (n - 2))
+    gap = np.diff(x, axis=-1)
+    stat = gap / np.maximum(within, 1e-12 * (np.abs(x).max(-1, keepdims=True) + 1))
+    return stat.max(-1), stat.argmax(-1)
+
+
+@functools.lru_cache(maxsize=64)
+def _gap_threshold(n: int, level: float) -> float:
+    """The `level` quantile of `_gap_statistic` over n normal runs (simulated, seeded)."""
+    x = np.sort(np.random.default_rng(n).normal(size=(20_000, n)), -1)
+    return float(np.quantile(_gap_statistic(x)[0], level))
+
+
+def run_groups(values: np.ndarray, log: bool = False, level: float = LEVEL):
+    """Where the runs fall in two separate groups: (runs below, runs above, the lower
+    group's mean, the upper's; on the log axis with `log`, mapped back), or None.  Groups
+    are said where the largest gap between the sorted runs, over the spread within the two
+    groups it leaves, exceeds what `level` of normal samples of as many runs show (a test of
+    one normal group; needs 4 runs).
+
+    >>> run_groups(np.array([115.0, 118, 122, 125, 130, 170, 172, 177]), log=True)
+    (5, 3, 121.9, 173.0)
+    >>> run_groups(np.array([115.0, 130, 150, 160, 171, 177])) is None
+    True
+    """
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x) & ((x > 0) if log else True)]
+    x = np.sort(np.log(x) if log else x)
+    if len(x) < 4:
+        return None
+    stat, where = _gap_statistic(x)
+    if stat <= _gap_threshold(len(x), level):
+        return None
+    k = int(where) + 1
+    back = np.exp if log else (lambda v: v)
+    return k, len(x) - k, round(float(back(x[:k].mean())), 1), round(float(back(x[k:].mean())), 1)
 
 
 def share_interval(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:

@@ -283,6 +283,51 @@ def _runs_power(per_run: pd.DataFrame) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
+PARTS = {"init": "the initial weights", "data": "the data order", "rest": "neither alone"}
+
+
+def unseen_group_chance(inits: int) -> float:
+    """The chance that `inits` independent initialisations all miss a group of runs that
+    holds a quarter of the recipe's: then the interval over runs holds the mean of the
+    groups seen, not the recipe's (no interval from the runs alone can tell)."""
+    return 0.75**inits
+
+
+def _recipe_caveat(comparison) -> str:
+    """Where few initialisations stand for the recipe, what they can miss."""
+    design = comparison.design
+    if design is None or len(design) < 3:
+        return ""
+    inits = design["init"].where(design["init"].notna(), design["run"]).nunique()
+    if not 3 <= inits <= 5:
+        return ""
+    return (f"; from {inits} initialisations, a group holding a quarter of the recipe's runs"
+            f" would be missed by all of them with probability"
+            f" {unseen_group_chance(inits):.2f}")  # fmt: skip
+
+
+def _split_said(comparison, layer: int) -> list[str]:
+    """The layer's spread split (`RunComparison.split`) in a sentence: each part's share of
+    the variance between runs and how far another initial weight moves a run's snap."""
+    split = comparison.split
+    if split is None or not len(split):
+        return []
+    rows = split[(split["layer"] == layer) & (split["figure"] == "snap_step_median")]
+    if rows.empty:
+        return []
+    parts = [f"{PARTS[r['part']]} {_num(100 * r['share'])} % [{_num(100 * r['share_lo'])},"
+             f" {_num(100 * r['share_hi'])}]" for r in rows.to_dict("records")]  # fmt: skip
+    said = (f"Of the spread of layer {layer}'s snap step between runs, "
+            + "; ".join(parts) + " (shares of the variance, log-step axis)")  # fmt: skip
+    init = rows[rows["part"] == "init"]
+    if len(init) and init["sd"].iloc[0] > 0:
+        factor = math.exp(float(init["sd"].iloc[0]))
+        said += (f": another initialisation moves a run's snap step by a factor of about"
+                 f" {factor:.2f} (one sd), so one run's snap is its own, not the"
+                 " recipe's")  # fmt: skip
+    return [said + "."]
+
+
 def runs_findings_of(comparison, entries: Sequence[Measure] = MEASURES) -> list[str]:
     """Sentences of what survives across the runs of a `runs.RunComparison`: its warnings,
     the heads that scan in every run or some, per layer the head types formed in every run
@@ -344,8 +389,16 @@ def runs_findings_of(comparison, entries: Sequence[Measure] = MEASURES) -> list[
                       " mean) step, as far as these runs go")  # fmt: skip
         said.append(
             f"Layer {int(row['layer'])} snaps near step {_num(row['snap_step_median_mean'])}"
-            f"{over} over runs ({each}){caveat}."
+            f"{over} over runs ({each}){caveat}{_recipe_caveat(comparison)}."
         )
+        groups = row.get("snap_step_median_groups")
+        if isinstance(groups, str) and groups:
+            said.append(
+                f"Layer {int(row['layer'])}'s runs snap in two separate groups ({groups}):"
+                " the recipe's mean lies between them, and a single run tells only its own"
+                " group."
+            )
+        said += _split_said(comparison, int(row["layer"]))
     matching = comparison.matching
     if matching is not None:
         others = matching[matching["run"] != runs[0]]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,12 @@ from torch import Tensor
 from scansnap_lens._io import make_folder, write_text
 from scansnap_lens.measures.catalog import MEASURES, columns, measures_of
 from scansnap_lens.measures.matching import match_heads
-from scansnap_lens.measures.resampling import interval_over_runs, share_interval
+from scansnap_lens.measures.resampling import (
+    interval_over_runs,
+    run_groups,
+    share_interval,
+    spread_split,
+)
 from scansnap_lens.reading.analysis import Analysis
 from scansnap_lens.reading.settings import AnalysisSettings
 from scansnap_lens.recording.trajectory import Trajectory
@@ -54,6 +60,7 @@ __all__ = [
     "measure_runs",
     "median_bounds",
     "own_bounds",
+    "run_design",
 ]
 
 # the measurements a comparison needs: those that show columns per run (`catalog.ROLES`; the
@@ -70,6 +77,10 @@ ACROSS = ("bias", "auroc", "snap_step")  # figures with an interval over runs (a
 LOG_SCALE = {"snap_step", "snap_step_median"}  # averaged on the log-step axis (and formation)
 RANGE = {"auroc": (0.0, 1.0)}  # an interval over runs stays where the figure can be
 TOO_FEW = "too few runs"
+SHARED_INIT = "every run with one shares its initial weights: no interval for the recipe"
+SPLIT = ("bias", "auroc", "snap_step")  # per head, and each layer's median snap step
+# PolyPythias' names (pythia-160m-seed3, -data-seed2, -weight-seed1) and the original's
+_SEEDED = re.compile(r"^(?P<base>.+?)-(?:(?P<kind>data|weight)-)?seed(?P<k>\d+)$")
 TWO_RUNS = (
     "Only 2 runs: an interval over runs rests on 1 degree of freedom (t = 12.7 at 95 %), so it"
     " says little beyond the two values; each more seed narrows it"
@@ -96,6 +107,12 @@ class RunComparison:
     (`matching.match_heads`), or None where heads are compared by index (the same heads where
     runs share their initialisation: Pythia and its deduped twin); warnings: what the reader
     must know first (two runs say little; heads matched by index, and why).
+    design: which runs share initial weights (``init``) and data order (``data``), and how
+    that was known (``said``: given, the run's saved seeds, its hub name; `run_design`):
+    runs that share initial weights are one unit of the interval over runs.  split: how the
+    spread between runs splits between the initial weights, the data order and the rest
+    (`resampling.spread_split`), per head (``figure`` bias, auroc, snap_step) and per layer
+    (``head`` NaN, ``figure`` snap_step_median), where the design tells them apart.
     """
 
     runs: list[str]
@@ -105,6 +122,8 @@ class RunComparison:
     matching: pd.DataFrame | None = None  # `matching.match_heads`, where heads were matched
     warnings: list[str] = field(default_factory=list)
     losses: pd.DataFrame | None = None  # run, step, loss: each run's recorded evaluation loss
+    design: pd.DataFrame | None = None  # run, init, data, said (`run_design`)
+    split: pd.DataFrame | None = None  # layer, head, figure, part, share, ... (`spread_split`)
 
     def to_dataframe(self) -> pd.DataFrame:
         return self.table
@@ -125,8 +144,10 @@ class RunComparison:
         make_folder(path)
         said = {"runs": self.runs, "warnings": self.warnings}
         write_text(path / "runs.json", json.dumps(said, indent=1))
-        for name, frame in (("matching", self.matching), ("losses", self.losses)):
-            if frame is not None:
+        extra = (("matching", self.matching), ("losses", self.losses), ("design", self.design),
+                 ("split", self.split))  # fmt: skip
+        for name, frame in extra:
+            if frame is not None and len(frame.columns):
                 write_text(path / f"{name}.csv", frame.to_csv(index=False))
         write_text(path / "per_run.csv", self.per_run.to_csv(index=False))
         write_text(path / "across_runs.csv", self.table.to_csv(index=False))
@@ -139,32 +160,42 @@ class RunComparison:
         path = Path(path)
         said = json.loads((path / "runs.json").read_text())
         runs = said["runs"]
-        matching, losses = (
-            pd.read_csv(path / f"{name}.csv") if (path / f"{name}.csv").is_file() else None
-            for name in ("matching", "losses")
-        )
+        matching, losses, design, split = (
+            pd.read_csv(path / f"{name}.csv", keep_default_na=False, na_values=[""])
+            if (path / f"{name}.csv").is_file() else None
+            for name in ("matching", "losses", "design", "split")
+        )  # fmt: skip
         per_run = pd.read_csv(path / "per_run.csv", keep_default_na=False, na_values=[""])
         table = pd.read_csv(path / "across_runs.csv", keep_default_na=False, na_values=[""])
         layers = None
         if (path / "across_runs_layers.csv").is_file():
             layers = pd.read_csv(path / "across_runs_layers.csv")
+        if design is not None:
+            design = design.astype({"run": str, "init": object, "data": object})
         return cls([str(r) for r in runs], per_run, table, layers, matching,
-                   said.get("warnings", []), losses)  # fmt: skip
+                   said.get("warnings", []), losses, design, split)  # fmt: skip
 
     def __repr__(self) -> str:
-        scanning = int((self.table["scans_runs"] > 0).sum()) if len(self.table) else 0
+        scans = self.table.get("scans_runs")
+        scanning = int((scans > 0).sum()) if scans is not None else 0
         return (
             f"RunComparison({len(self.runs)} runs, {len(self.table)} heads,"
             f" {scanning} scanning in some run)"
         )
 
 
-def compare_runs(summaries: Mapping[str, pd.DataFrame], entries=None) -> RunComparison:
+def compare_runs(
+    summaries: Mapping[str, pd.DataFrame], entries=None, design: pd.DataFrame | None = None
+) -> RunComparison:
     """Compare the per-head summaries of several runs (`measures.summarize` of each, keyed by
     the run's name): see `RunComparison`.  entries: the measurements whose columns are
-    compared (their "runs" and "formed" roles; default `catalog.MEASURES`)."""
+    compared (their "runs" and "formed" roles; default `catalog.MEASURES`).  design: which
+    runs share initial weights and data order (`run_design`; default: each run its own)."""
     if not summaries:
         raise ValueError("no runs to compare")
+    design = run_design(list(summaries)) if design is None else design
+    labels = design.set_index("run")[["init", "data"]]
+    labels = labels.astype(object).where(labels.notna(), None)
     entries = entries or MEASURES
     runs = [str(r) for r in summaries]
     formed = columns("formed", entries)  # head types: their score and formation step
@@ -197,7 +228,9 @@ def compare_runs(summaries: Mapping[str, pd.DataFrame], entries=None) -> RunComp
             values = group[name].astype(float).to_numpy()
             steps = name in LOG_SCALE or name in formed
             bounds = own_bounds(group, name) if steps else None  # a run knows no better
-            mean, sd, lo, hi = interval_over_runs(values, steps, bounds=bounds)
+            init, data = (labels.reindex(group["run"])[k].tolist() for k in ("init", "data"))
+            mean, sd, lo, hi = interval_over_runs(values, steps, bounds=bounds, init=init,
+                                                  data=data)  # fmt: skip
             if name in ranges and not math.isnan(lo):
                 lo, hi = max(lo, ranges[name][0]), min(hi, ranges[name][1])
             row[f"{name}_mean"], row[f"{name}_sd"] = mean, sd
@@ -213,16 +246,86 @@ def compare_runs(summaries: Mapping[str, pd.DataFrame], entries=None) -> RunComp
                 reasons.append(f"no run has a {name}")
             elif n == 1:
                 reasons.append(f"{TOO_FEW} for {name} (1 has one)")
+            elif n and math.isnan(row.get(f"{name}_lo", math.nan)):
+                reasons.append(f"{name}: {SHARED_INIT}")
+        if "snap_step" in group:
+            row["snap_step_groups"] = _groups_said(group["snap_step"])
         row["reason"] = "; ".join(reasons)
         for run, verdict in zip(group["run"], group.get("verdict", [""] * len(group))):
             row[f"verdict_{run}"] = verdict
         rows.append(row)
     warnings = [TWO_RUNS] if len(runs) == 2 else []
-    layers = _by_layer(per_run, runs, entries, last)
-    return RunComparison(runs, per_run, pd.DataFrame(rows), layers, warnings=warnings)
+    warnings += _design_warnings(design)
+    layers = _by_layer(per_run, runs, entries, last, labels)
+    split = _split(per_run, layers, runs, labels)
+    return RunComparison(runs, per_run, pd.DataFrame(rows), layers, warnings=warnings,
+                         design=design, split=split)  # fmt: skip
 
 
-def _by_layer(per_run: pd.DataFrame, runs: list[str], entries, last: float) -> pd.DataFrame:
+def _groups_said(values: pd.Series) -> str | float:
+    """ "k near a, m near b" where the runs' steps fall in two groups (`run_groups`), else
+    NaN."""
+    found = run_groups(values.astype(float).to_numpy(), log=True)
+    if found is None:
+        return math.nan
+    k, m, a, b = found
+    return f"{k} near {a:.3g}, {m} near {b:.3g}"
+
+
+def _design_warnings(design: pd.DataFrame) -> list[str]:
+    """What the reader must know of which runs share what (`run_design`)."""
+    n = len(design)
+    inits = design["init"].where(design["init"].notna(), design["run"]).nunique()
+    orders = design["data"].where(design["data"].notna(), design["run"]).nunique()
+    said = []
+    if n > 1 and inits == 1:
+        said.append(
+            f"All {n} runs share their initial weights: they say how that one initialisation"
+            " trains over data orders, not what another seed of the recipe would do (no"
+            " interval for the recipe; each run's snap step is mostly set by its initial"
+            " weights)"
+        )
+    elif inits < n:
+        said.append(
+            f"{n} runs from {inits} initial weights and {orders} data orders: runs that share"
+            " initial weights count as one unit of the interval over runs (its degrees of"
+            f" freedom {min(inits, orders if orders > 1 else n) - 1})"
+        )
+    return said
+
+
+def _split(per_run, layers, runs: list[str], labels) -> pd.DataFrame | None:
+    """`spread_split` of each head's `SPLIT` figures and each layer's median snap step (None
+    where the design shares nothing)."""
+    if labels["init"].isna().all() or len(runs) < 3:
+        return None
+    init, data = (labels.reindex(runs)[k].tolist() for k in ("init", "data"))
+    frames = []
+    for (layer, head), group in per_run.groupby(["layer", "head"], sort=True):
+        by_run = group.set_index("run")
+        for name in SPLIT:
+            if name not in by_run:
+                continue
+            values = by_run[name].reindex(runs).astype(float).to_numpy()
+            part = spread_split(values, init, data, log=name in LOG_SCALE)
+            frames.append(part.assign(layer=int(layer), head=int(head), figure=name))
+    for row in layers.to_dict("records"):
+        values = np.array([row.get(f"snap_step_median_{r}", math.nan) for r in runs], float)
+        part = spread_split(values, init, data, log=True)
+        frames.append(part.assign(layer=int(row["layer"]), head=math.nan,
+                                  figure="snap_step_median"))  # fmt: skip
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return None
+    out = pd.concat(frames, ignore_index=True)
+    return out[
+        ["layer", "head", "figure", *[c for c in out if c not in ("layer", "head", "figure")]]
+    ]
+
+
+def _by_layer(
+    per_run: pd.DataFrame, runs: list[str], entries, last: float, labels=None
+) -> pd.DataFrame:
     """Per layer: each run's layer figures (`LAYER`, and the heads that formed each head type
     of `entries`) and their interval over runs; a step figure's holds the runs' own bounds
     (the median of the heads' bounds bounds their median step), within [0, `last`]."""
@@ -243,12 +346,18 @@ def _by_layer(per_run: pd.DataFrame, runs: list[str], entries, last: float) -> p
             bounds = None  # a step: each run's median within its heads' own bounds
             if figure in LOG_SCALE:
                 bounds = np.array([median_bounds(g, column) for g in by_run])
-            mean, _, lo, hi = interval_over_runs(values, figure in LOG_SCALE, bounds=bounds)
+            order = [runs[int(g["run_index"].iloc[0])] for g in by_run]
+            init, data = (None, None) if labels is None else (
+                labels.reindex(order)[k].tolist() for k in ("init", "data"))  # fmt: skip
+            mean, _, lo, hi = interval_over_runs(values, figure in LOG_SCALE, bounds=bounds,
+                                                 init=init, data=data)  # fmt: skip
             if figure in counts and not math.isnan(lo):  # a count of the layer's heads
                 lo, hi = max(lo, 0.0), min(hi, float(heads))
             if figure in LOG_SCALE and not math.isnan(lo):
                 lo, hi = max(lo, 0.0), min(hi, last)
             row[f"{figure}_mean"], row[f"{figure}_lo"], row[f"{figure}_hi"] = mean, lo, hi
+            if figure == "snap_step_median":
+                row["snap_step_median_groups"] = _groups_said(pd.Series(values))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -309,6 +418,101 @@ def check_same_runs(trajs: Mapping[str, Trajectory]) -> None:
             )
 
 
+def run_design(runs, given=None) -> pd.DataFrame:
+    """Which runs share initial weights and data order: one row per run with ``init``,
+    ``data`` (labels; None: its own) and ``said`` (how it was known).
+
+    runs: the runs' names, or {name: trajectory or `Analysis`}.  In order: `given` ({run:
+    (init, data)}, or a frame with run, init, data columns; every run named), the seeds the
+    recording kept (``seed`` in its meta: the initial weights and, unless ``data_seed``
+    says otherwise, the data order, as the Trainer's `seed` and `data_seed` do;
+    ``init_seed`` where the weights had their own), then the hub name of the run or of what
+    it was recorded from (PolyPythias: ``pythia-160m-seed3`` its own weights and data,
+    ``-data-seed2`` the original's weights, ``-weight-seed1`` the original's data order;
+    ``pythia-160m`` itself the original).  Otherwise each run is its own.
+
+    >>> names = ["pythia-160m", "pythia-160m-data-seed1", "pythia-160m-weight-seed1",
+    ...          "pythia-160m-seed2"]
+    >>> for row in run_design(names)[["init", "data"]].values.tolist():
+    ...     print(row)
+    ['pythia-160m', 'pythia-160m']
+    ['pythia-160m', 'data-seed1']
+    ['weight-seed1', 'pythia-160m']
+    ['seed2', 'seed2']
+    """
+    entries = dict(runs) if isinstance(runs, Mapping) else {str(r): None for r in runs}
+    names = [str(r) for r in entries]
+    known = _given_design(given, names) if given is not None else {}
+    metas = {}
+    for name, run in entries.items():
+        traj = run.traj if isinstance(run, Analysis) else run
+        metas[str(name)] = dict(getattr(traj, "meta", None) or {})
+    hub = {}
+    for name in names:  # the name a hub gave, the run's or what it was recorded from
+        for candidate in (name, str(metas[name].get("source", ""))):
+            match = _SEEDED.match(Path(candidate).name) if candidate else None
+            if match:
+                hub[name] = match
+                break
+    bases = {m["base"] for m in hub.values()}
+    rows = []
+    for name in names:
+        meta = metas[name]
+        seed = _seed(meta.get("seed"))
+        if name in known:
+            init, data, said = *known[name], "given"
+        elif seed is not None or _seed(meta.get("init_seed")) is not None:
+            init = _seed(meta.get("init_seed"))
+            init = f"seed {seed}" if init is None else f"init {init}"
+            data = _seed(meta.get("data_seed"))
+            data = f"seed {seed}" if data is None and seed is not None else (
+                None if data is None else f"data {data}")  # fmt: skip
+            said = "the recording's seeds"
+        elif name in hub:
+            m = hub[name]
+            own = f"{m['kind'] + '-' if m['kind'] else ''}seed{m['k']}"
+            init = m["base"] if m["kind"] == "data" else own
+            data = m["base"] if m["kind"] == "weight" else own
+            said = "hub name"
+        elif Path(name).name in bases or Path(str(meta.get("source", ""))).name in bases:
+            base = Path(name).name if Path(name).name in bases else Path(meta["source"]).name
+            init = data = base
+            said = "hub name (the original run)"
+        else:
+            init = data = None
+            said = "its own"
+        rows.append({"run": name, "init": init, "data": data, "said": said})
+    return pd.DataFrame(rows, columns=["run", "init", "data", "said"])
+
+
+def _seed(value) -> int | None:
+    """A seed kept in a meta, checked as an integer (None where there is none or it is not)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _given_design(given, names: list[str]) -> dict[str, tuple]:
+    """{run: (init, data)} from a mapping or a frame with run, init and data columns."""
+    if isinstance(given, pd.DataFrame):
+        missing = {"run", "init", "data"} - set(given.columns)
+        if missing:
+            raise ValueError(f"a design needs columns run, init and data; it lacks {missing}")
+        given = {str(r): (i, d) for r, i, d in zip(given["run"], given["init"], given["data"])}
+    out = {}
+    for run, pair in dict(given).items():
+        if str(run) not in names:
+            raise ValueError(f"the design names run {run!r}, which is not among {names}")
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ValueError(f"the design gives run {run!r} {pair!r}: give (init, data)")
+        out[str(run)] = tuple(None if pd.isna(x) else str(x) for x in pair)
+    return out
+
+
 def measure_runs(
     runs: Mapping[str, Trajectory | Analysis],
     groups: TokenGroups | Mapping[str, TokenGroups | None] | None = None,
@@ -316,6 +520,7 @@ def measure_runs(
     source=None,
     settings: AnalysisSettings | None = None,
     match: str = "behaviour",
+    design=None,
 ) -> RunComparison:
     """Measure every run (`RUN_MEASURES`) and compare them.
 
@@ -325,7 +530,9 @@ def measure_runs(
     source, settings: as `Analysis.of` takes them (one for all runs).  match: "behaviour"
     compares each head with the head of the first run that does what it does
     (`matching.match_heads`: the table's ``head`` is the first run's, `per_run`'s
-    ``own_head`` the run's own), or "index" (runs from one initialisation).
+    ``own_head`` the run's own), or "index" (runs from one initialisation).  design: which
+    runs share initial weights and data order, as `run_design` takes it (default: what the
+    recordings and their names say).
     """
     if match not in ("behaviour", "index"):
         raise ValueError(f"match must be 'behaviour' or 'index', got {match!r}")
@@ -350,7 +557,7 @@ def measure_runs(
             keys = list(zip(summary["layer"], summary["head"]))
             summary.insert(2, "own_head", summary["head"])
             summary["head"] = own["reference_head"].reindex(keys).to_numpy()
-    comparison = compare_runs(summaries, entries)
+    comparison = compare_runs(summaries, entries, run_design(runs, design))
     comparison.matching = matching
     comparison.losses = pd.DataFrame(
         [(name, step, loss) for name, traj in trajs.items()

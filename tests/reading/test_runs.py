@@ -12,7 +12,13 @@ import pytest
 import torch
 
 from scansnap_lens.lab.calibration import Scenario, crossed_run
-from scansnap_lens.reading.runs import RunComparison, check_same_runs, compare_runs, measure_runs
+from scansnap_lens.reading.runs import (
+    RunComparison,
+    check_same_runs,
+    compare_runs,
+    measure_runs,
+    run_design,
+)
 
 PLANTED = [0.62, 0.76, 0.9]  # head 0's AUROC in each run: the runs differ
 SHARED = 0.8  # head 1's AUROC in every run
@@ -321,3 +327,71 @@ def test_a_run_with_too_few_units_still_knows_its_checkpoints():
     bare = {r: s.drop(columns=["snap_step_lo", "snap_step_hi"]) for r, s in runs.items()}
     layer = compare_runs(bare).layers.iloc[0]
     assert (layer["snap_step_median_lo"], layer["snap_step_median_hi"]) == exact
+
+
+@pytest.mark.tl
+def test_runs_trained_from_shared_initial_weights_are_read_as_such(tmp_path):
+    """Two initialisations x two data orders trained with `train`: the recordings keep the
+    seeds, the comparison reads which runs share what from them, counts the two inits as its
+    units and splits the spread; the runs page shows both."""
+    from _runs import V, syn_data
+    from _tiny import QUIET
+
+    from scansnap_lens.models.training import attention_only_model, train
+    from scansnap_lens.recording.recorder import Recorder
+    from scansnap_lens.report import write_runs_report
+
+    tokens = syn_data(8, torch.Generator().manual_seed(9))
+    runs = {}
+    for init in (0, 1):
+        for data in (0, 1):
+            model = attention_only_model(V, d_model=16, n_heads=2, n_ctx=32, seed=init)
+            recorder = Recorder(tmp_path / f"i{init}d{data}", tokens, QUIET)
+            train(model, syn_data, num_steps=20, lr_y=0.5, lr_z=0.5, batch_size=16,
+                  save_steps=[0, 5, 10, 20], loss_on="last", progress=False, seed=data,
+                  on_checkpoint=recorder.on_checkpoint)  # fmt: skip
+            runs[f"i{init}d{data}"] = recorder.trajectory()
+    assert runs["i1d0"].meta["init_seed"] == 1 and runs["i1d0"].meta["data_seed"] == 0
+    from scansnap_lens.statistics.corpus import cooccurrence
+
+    stats = cooccurrence(syn_data(512, torch.Generator().manual_seed(1)), V)
+    comparison = measure_runs(runs, source=stats, match="index")
+    design = comparison.design.set_index("run")
+    assert design.loc["i0d0", "init"] == design.loc["i0d1", "init"] != design.loc["i1d0", "init"]
+    assert design.loc["i0d0", "data"] == design.loc["i1d0", "data"]
+    assert any("from 2 initial weights and 2 data orders" in w for w in comparison.warnings)
+    page = write_runs_report(comparison, tmp_path / "page").path.read_text()
+    assert "What the runs share" in page and "the recording" in page
+    again = RunComparison.load(tmp_path / "page")
+    pd.testing.assert_frame_equal(again.design, comparison.design, check_dtype=False)
+
+
+def test_the_runs_page_splits_the_spread_and_says_the_groups(tmp_path):
+    """Six initialisations x two data orders whose snap steps fall in two groups set by the
+    initial weights: the page says the groups, and that the initial weights hold the spread."""
+    from scansnap_lens.reading.findings import runs_findings_of
+    from scansnap_lens.report import write_runs_report
+
+    rng = np.random.default_rng(0)
+    steps = [118.0, 124, 121, 173, 170, 176]
+    summaries, design = {}, {}
+    for i, step in enumerate(steps):
+        for d in range(2):
+            value = step * math.exp(rng.normal(0, 0.01))
+            summaries[f"i{i}d{d}"] = pd.DataFrame({
+                "layer": [0], "head": [0], "snap_step": [value], "snap_step_lo": [value - 2],
+                "snap_step_hi": [value + 2], "bias": [0.1 * i], "auroc": [0.6],
+                "scans": [True], "verdict": ["scans"], "final_step": [400]})  # fmt: skip
+            design[f"i{i}d{d}"] = (f"w{i}", f"o{d}")
+    comparison = compare_runs(summaries, design=run_design(list(summaries), design))
+    assert comparison.layers.loc[0, "snap_step_median_groups"] == "6 near 121, 6 near 173"
+    split = comparison.split
+    layer = split[(split["figure"] == "snap_step_median")].set_index("part")
+    assert layer.loc["init", "share_lo"] > 0.9  # the initial weights hold the spread
+    said = " ".join(runs_findings_of(comparison))
+    assert "two separate groups (6 near 121, 6 near 173)" in said
+    assert "the initial weights" in said and "another initialisation moves" in said
+    page = write_runs_report(comparison, tmp_path / "page").path.read_text()
+    assert "The spread between runs, split" in page
+    again = RunComparison.load(tmp_path / "page")
+    pd.testing.assert_frame_equal(again.split, comparison.split, check_dtype=False)
