@@ -313,13 +313,24 @@ class _FolderLoad:
 
 def _training_meta(path: Path) -> dict:
     """The rates, optimizer and momentum that `train` wrote beside its checkpoints, or what a
-    Trainer's ``trainer_state.json`` files say (`formats.trainer_training`), if any."""
+    Trainer's ``trainer_state.json`` files say (`formats.trainer_training`), if any, with its
+    ``seed`` and ``data_seed`` (`formats.trainer_seeds`: which runs share initial weights
+    and data order)."""
     file = path / "training.json"
     if not file.is_file():
-        states = [path / "trainer_state.json"] if formats.is_hf_folder(path) else sorted(
+        hf = formats.is_hf_folder(path)
+        states = [path / "trainer_state.json"] if hf else sorted(
             path.glob("checkpoint-*/trainer_state.json")
         )  # fmt: skip
-        return formats.trainer_training([s for s in states if s.is_file()])
+        meta = formats.trainer_training([s for s in states if s.is_file()])
+        args = [path / "training_args.bin"] if hf else sorted(
+            path.glob("checkpoint-*/training_args.bin"))  # fmt: skip
+        seeds = formats.trainer_seeds(args[0]) if args and args[0].is_file() else {}
+        if seeds.get("seed") is not None:  # the seeds say which runs share what
+            meta["seed"] = seeds["seed"]
+            if seeds.get("data_seed") is not None:
+                meta["data_seed"] = seeds["data_seed"]
+        return meta
     try:
         data = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:

@@ -262,6 +262,43 @@ def trainer_step(path: Path) -> int | None:
         return None
 
 
+SEED_ARGS = ("seed", "data_seed")  # the TrainingArguments that say what a run shares
+_STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
+_INTS = {"BININT", "BININT1", "BININT2", "LONG1", "INT", "LONG", "NONE"}
+_MEMO = {"MEMOIZE", "BINPUT", "LONG_BINPUT", "PUT"}
+ARGS_BYTES = 1 << 20  # a TrainingArguments pickle is a few kB
+
+
+def trainer_seeds(args_file: Path) -> dict:
+    """``seed`` and ``data_seed`` of the Trainer's ``training_args.bin`` (``torch.save`` of
+    its TrainingArguments), read from the pickle's opcodes without running it: a field name
+    followed by an integer (or None) in the arguments' state.  {} where the file is not such
+    a pickle, is larger than `ARGS_BYTES` or holds neither."""
+    import pickletools
+
+    try:
+        if args_file.stat().st_size > ARGS_BYTES:
+            return {}
+        if zipfile.is_zipfile(args_file):
+            with zipfile.ZipFile(args_file) as archive:
+                names = [n for n in archive.namelist() if n.endswith("data.pkl")]
+                if not names or archive.getinfo(names[0]).file_size > ARGS_BYTES:
+                    return {}
+                data = archive.read(names[0])
+        else:
+            data = args_file.read_bytes()
+        found, key = {}, None
+        for op, arg, _ in pickletools.genops(data):
+            if op.name in _MEMO:
+                continue
+            if key is not None and op.name in _INTS and key not in found:
+                found[key] = None if op.name == "NONE" else int(arg)
+            key = arg if op.name in _STRINGS and arg in SEED_ARGS else None
+    except (OSError, ValueError, zipfile.BadZipFile, pickle.UnpicklingError, EOFError):
+        return {}
+    return {k: v for k, v in found.items() if v is None or isinstance(v, int)}
+
+
 def trainer_training(states: list[Path]) -> dict:
     """What the Trainer's ``trainer_state.json`` files (of its checkpoints) say of how the
     model was trained, as the trajectory's meta takes it: the peak learning rate as ``lr_y``

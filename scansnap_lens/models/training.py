@@ -418,6 +418,8 @@ def train(
     clip_grad_norm: clip the gradients' global norm to this before each step.
     lr_by_name: {name pattern: rate} for parameters whose name matches (``re.search``; the
         first pattern wins), beyond the eta_Y / eta_Z split, e.g. ``{r"mlp\.W_in": 10.0}``.
+    seed: the batches' order, kept as ``data_seed`` in the trajectory's meta with the model's
+        ``cfg.seed`` as ``init_seed`` (the runs page reads which runs share what from them).
     bptt: `data` is one token stream [L], read as the PyTorch tutorial reads it: `batch_size`
         contiguous columns, `bptt` positions a step (see `_stream_batches`).
     Dropout is on while training wherever the model has it (bridges over Hugging Face
@@ -445,7 +447,11 @@ def train(
     training = {
         **rates.to_dict(),
         "loss_on": loss_on,  # which positions the loss averages over (`fit.theory_fit`)
+        "data_seed": seed,  # the batches' order; with init_seed, what runs share (runs page)
     }
+    init_seed = getattr(getattr(model, "cfg", None), "seed", None)
+    if isinstance(init_seed, int) and not isinstance(init_seed, bool):
+        training["init_seed"] = init_seed
     extras = {"clip_grad_norm": clip_grad_norm, "lr_by_name": lr_by_name, "bptt": bptt}
     training.update({k: v for k, v in extras.items() if v is not None})
     checkpoint = _checkpointer(model, out, on_checkpoint, training, result)

@@ -108,6 +108,8 @@ def test_trainer_folders_record_like_brute_force(arch, tmp_path):
     plan = plan_recording(EVAL, V)
     traj = Recorder(tmp_path / "traj", EVAL, QUIET, plan=plan).record(source)
     assert traj.steps.tolist() == [2, 4]
+    # the Trainer's seeds, read from its training_args.bin without unpickling it
+    assert (traj.meta["seed"], traj.meta["data_seed"]) == (0, 0)
     check_against_brute_force(traj, source, 4)
     # one Trainer folder on its own is a source too
     assert checkpoints.folder(tmp_path / "run" / "checkpoint-2").steps == [2]
@@ -517,3 +519,24 @@ def test_local_checkpoints_with_one_weights_file_under_two_steps_are_found(tmp_p
     assert main([*args, "--out", str(tmp_path / "b"), "--duplicates", "skip"]) == 0
     traj = Trajectory.load(tmp_path / "b")
     assert traj.steps.tolist() == [4] and [s["step"] for s in traj.skipped] == [2]
+
+
+class _Planted:  # a pickle that would run a command if it were unpickled
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_trainer_seeds_are_read_without_running_the_pickle(tmp_path):
+    args = transformers.TrainingArguments(str(tmp_path / "o"), report_to=[], seed=7,
+                                          data_seed=11)  # fmt: skip
+    torch.save(args, tmp_path / "training_args.bin")  # as the Trainer saves it
+    assert formats.trainer_seeds(tmp_path / "training_args.bin") == {"seed": 7, "data_seed": 11}
+    planted = tmp_path / "ran"
+    torch.save({"seed": 3, "x": _Planted(planted)}, tmp_path / "bad.bin")
+    assert formats.trainer_seeds(tmp_path / "bad.bin") == {"seed": 3}
+    (tmp_path / "junk.bin").write_bytes(b"not a pickle at all")
+    assert formats.trainer_seeds(tmp_path / "junk.bin") == {}
+    assert not planted.exists()
