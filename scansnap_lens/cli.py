@@ -167,6 +167,13 @@ def _record(args: argparse.Namespace) -> int:
 
     if bool(args.checkpoints) == bool(args.model):
         raise ValueError("give either --checkpoints DIR or --model NAME")
+    if args.model:
+        from scansnap_lens.recording.suite import expand
+
+        models = expand(args.model if isinstance(args.model, list) else [args.model])
+        if len(models) > 1:
+            return _record_suite(args, models)
+        args.model = models[0]
     tokens = _eval_tokens(args) if args.power is None else None  # --power chooses the rows
     auto = args.steps == "auto"
     steps = None if auto else args.steps
@@ -220,6 +227,31 @@ def _record(args: argparse.Namespace) -> int:
         f" {traj.plan.num_queries} queries, {traj.plan.num_classes} classes"
     )
     print(f"trajectory: {Path(args.out).resolve()}")
+    return 0
+
+
+def _record_suite(args: argparse.Namespace, models: list[str]) -> int:
+    """Each model into its own folder of the suite folder --out, one after the other."""
+    from scansnap_lens.recording.suite import Suite
+
+    if args.power is not None:
+        raise ValueError("--power chooses one run's rows: run it on one repository, then"
+                         " record the suite with its --max-rows (the same rows in every"
+                         " run)")  # fmt: skip
+    if args.steps == "auto":
+        raise ValueError("--steps auto places each run's own checkpoints: a suite records"
+                         " the same steps in every run (all, every k, log:N or a"
+                         " list)")  # fmt: skip
+    suite = Suite(args.out)
+    runs = suite.start(models)
+    print(f"a suite of {len(runs)} runs in {Path(args.out).resolve()}, one after the other,"
+          " each its own sweep (the same command resumes each where it stopped)")  # fmt: skip
+    for k, (name, folder) in enumerate(runs, 1):
+        print(f"[{k}/{len(runs)}] {name} -> {folder}")
+        one = argparse.Namespace(**vars(args))
+        one.model, one.out = name, folder
+        _record(one)
+    print(f"suite: {Path(args.out).resolve()} (scansnap report on it: the runs page)")
     return 0
 
 
@@ -306,6 +338,20 @@ def _report(args: argparse.Namespace) -> int:
 
     if (args.lr_y is None) != (args.lr_z is None):
         raise ValueError("--lr-y and --lr-z go together: give both or neither")
+    from scansnap_lens.recording.suite import Suite
+
+    given = []
+    for path in args.trajectory:  # a suite folder: its recorded runs
+        if Suite.holds(path):
+            recorded = Suite(path).recorded()
+            if not recorded:
+                raise ValueError(f"{path}: no run of the suite is recorded yet")
+            given += list(recorded.values())
+            if args.out is None and len(args.trajectory) == 1:
+                args.out = Path(path) / "report"
+        else:
+            given.append(Path(path))
+    args.trajectory = given
     runs = [Path(p).resolve() if Path(p).is_symlink() else Path(p) for p in args.trajectory]
     seen: dict[Path, str] = {}
     for given, path in zip(args.trajectory, runs):
@@ -656,7 +702,12 @@ def _record_command(sub) -> None:
         " trajectory keeps), TransformerLens state dicts (step_N.safetensors, model_N.pt)"
         " with a config.json, or nanoGPT's ckpt.pt",
     )  # fmt: skip
-    record.add_argument("--model", help="a TransformerLens model name with checkpoint labels")
+    record.add_argument(
+        "--model", nargs="+",
+        help="a TransformerLens model name with checkpoint labels; several, or a pattern"
+        " ('EleutherAI/pythia-70m-seed{1..9}', quoted): a suite, each run into its own"
+        " folder of --out, which scansnap report compares",
+    )  # fmt: skip
     record.add_argument(
         "--backend",
         choices=["hooked", "bridge"],

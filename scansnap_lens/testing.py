@@ -131,17 +131,19 @@ def saved_revisions(
     root: str | Path,
     revisions: Sequence[str] = ("step0", "step1000", "step2000"),
     arch: str = "gpt_neox",
+    seed: int = 0,
     **model_kwargs,
 ) -> dict[str, Path]:
-    """{revision: folder}: one randomly initialised model per revision (seed = its position),
-    each written by ``save_pretrained`` with its tokenizer, as a hub repository holds them
-    (serve them with `LoopbackHub`)."""
+    """{revision: folder}: one randomly initialised model per revision (seed = its position,
+    offset by 1000 x `seed`: another run of the recipe), each written by ``save_pretrained``
+    with its tokenizer, as a hub repository holds them (serve them with `LoopbackHub`)."""
     vocab_size = model_kwargs.setdefault("vocab_size", 64)
     tokenizer = word_tokenizer(vocab_size)
     folders = {}
     for i, revision in enumerate(revisions):
         folder = Path(root) / revision
-        tiny_hf_model(arch, seed=i, **model_kwargs).save_pretrained(folder, safe_serialization=True)
+        model = tiny_hf_model(arch, seed=1000 * seed + i, **model_kwargs)
+        model.save_pretrained(folder, safe_serialization=True)
         tokenizer.save_pretrained(folder)
         folders[revision] = folder
     return folders

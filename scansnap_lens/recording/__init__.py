@@ -3,5 +3,5 @@
 from scansnap_lens._lazy import exports
 
 __all__, __getattr__, __dir__ = exports(
-    __name__, "aggregates budget fused hooks plan recorder settings storage sweep trajectory"
+    __name__, "aggregates budget fused hooks plan recorder settings storage suite sweep trajectory"
 )
