@@ -21,6 +21,7 @@ QUICK = {  # the arguments that make each one small
     "bench_cooccurrence.py": ["--quick", "--reference-tokens", "2000"],
     "bench_device.py": ["--quick", "--rounds", "1", "--device", "cpu"],
     "bench_plan_power.py": ["--quick"],
+    "bench_population.py": ["--quick", "--family", "transformer_b64"],
     "bench_pythia.py": ["--quick"],
     "bench_record.py": ["--quick"],
     "bench_report.py": ["--quick", "--case", "words"],  # the BPE run is the rehearsal's

@@ -489,7 +489,11 @@ def transformer_c_hat(seeds: list[int], last: int, folder):
 
 
 def batched_transformer_c_hat(
-    seeds: list[int], last: int, chunk: int = 128, init_seeds: list[int] | None = None
+    seeds: list[int],
+    last: int,
+    chunk: int = 128,
+    init_seeds: list[int] | None = None,
+    batch: int = 8,
 ):
     """What `transformer_c_hat` gives, for many seeds at once: the same models (each seed's
     `initial_weights`, no positions, no LayerNorm), each trained on its own seed's batches by
@@ -498,7 +502,8 @@ def batched_transformer_c_hat(
     of a tracked class, the context weights renormalised, summed into (class, l), over N(m, n))
     on the same evaluation tokens.  `test_benchmarks` holds it to the recorder's values.
     ``init_seeds`` (one per seed): each run's initial weights from these, its batches from
-    ``seeds`` (default: both from ``seeds``, as `train` does)."""
+    ``seeds`` (default: both from ``seeds``, as `train` does); ``batch``: sequences a step
+    (the demo's is 64)."""
     init_seeds = seeds if init_seeds is None else init_seeds
     classes = syn_medium()
     sample = sequence_sampler(classes)
@@ -511,7 +516,7 @@ def batched_transformer_c_hat(
     for k in range(0, len(seeds), chunk):
         parts.append(_train_batched(seeds[k : k + chunk], last, sample, tokens, flat, slot,
                                     plan.num_triples, count, classes.vocab_size,
-                                    init_seeds[k : k + chunk]))  # fmt: skip
+                                    init_seeds[k : k + chunk], batch))  # fmt: skip
     return torch.cat(parts, 2), plan
 
 
@@ -534,8 +539,10 @@ def _c_hat_reads(plan, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(flats), torch.cat(slots)
 
 
-def _train_batched(seeds, last, sample, tokens, flat, slot, num_slots, count, V, init_seeds):
-    d_model, batch, lr_y, lr_z = 32, 8, 0.1, 3.0  # the demo's recipe at batch 8
+def _train_batched(
+    seeds, last, sample, tokens, flat, slot, num_slots, count, V, init_seeds, batch=8
+):
+    d_model, lr_y, lr_z = 32, 0.1, 3.0  # the demo's recipe
     fields = dict(n_layers=1, d_model=d_model, n_heads=1, d_head=d_model, d_vocab=V, n_ctx=64,
                   normalization_type=None)  # fmt: skip
     inits = [initial_weights(fields, s) for s in init_seeds]

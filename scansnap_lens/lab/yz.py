@@ -293,6 +293,7 @@ def train_yz(
     *,
     lr_y: float | Sequence[float] | Tensor | None = None,
     seeds: Sequence[int] | Tensor = (0,),
+    init_seeds: Sequence[int] | Tensor | None = None,
     optimizer: Literal["sgd", "adam"] = "sgd",
     momentum: float = 0.9,
     betas: tuple[float, float] = (0.9, 0.999),
@@ -314,6 +315,9 @@ def train_yz(
         ratio: eta_Y / eta_Z, one value or one per run (the axis of Fig. 6; default 1); or
         lr_y: eta_Y itself, one value or one per run.
         seeds: one seed per run: it draws the run's initialisation and its data stream.
+        init_seeds: one per run where the initialisation has its own seed (runs that share
+            initial weights and differ in their data, or the other way round); with
+            ``init="zero"`` every run starts alike whatever its seed.
         optimizer: "sgd" (PyTorch's SGD with ``momentum``, no weight decay) or "adam".
         init: "zero" (Y = Z = 0) or "uniform" (PyTorch's nn.Linear default, U(-1/sqrt M, 1/sqrt M)).
         batch_size, seq_len: sequences per step and their length (context + query).
@@ -327,8 +331,14 @@ def train_yz(
     lr_z_t, ratio_t = _rates(lr_z, ratio, lr_y, runs)
     device = torch.device(device)
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds_t]
+    starts = gens
+    if init_seeds is not None:
+        init_t = torch.as_tensor(init_seeds, dtype=torch.long).flatten()
+        if init_t.numel() != runs:
+            raise ValueError(f"{init_t.numel()} init_seeds for {runs} seeds")
+        starts = [torch.Generator().manual_seed(int(s)) for s in init_t]
     # Y first, as nn.Linear K1 then K2
-    Y, Z = _initial(init, vocab, gens).to(device), _initial(init, vocab, gens).to(device)
+    Y, Z = _initial(init, vocab, starts).to(device), _initial(init, vocab, starts).to(device)
     params = [Y.requires_grad_(), Z.requires_grad_()]
     lr = [(lr_z_t * ratio_t).to(device)[:, None, None], lr_z_t.to(device)[:, None, None]]
     state = [[torch.zeros_like(p), torch.zeros_like(p)] for p in params]
@@ -357,6 +367,7 @@ def train_yz(
             snaps_z.append(Z.detach().cpu().clone())
 
     config = dict(optimizer=optimizer, momentum=momentum, betas=list(betas), eps=eps, init=init,
+                  init_seeds=None if init_seeds is None else init_t.tolist(),
                   batch_size=batch_size, seq_len=seq_len, num_steps=num_steps,
                   snapshot_every=snapshot_every, population=population)  # fmt: skip
     return YZRun(classes, torch.tensor(snap_steps), torch.stack(snaps_z), torch.stack(snaps_y),
