@@ -368,6 +368,8 @@ def _report(args: argparse.Namespace) -> int:
         )
     if len(runs) > 1 and args.out is None:
         raise ValueError("several runs need --out, the folder of their comparison")
+    if len(runs) == 1 and args.design is not None:
+        raise ValueError("--design says which of several runs share what: give several runs")
     out = args.out or Path(runs[0]) / "report"
     check_writable(out)
     trajs = {name: Trajectory.load(path) for name, path in zip(_run_names(runs), runs)}
@@ -411,7 +413,15 @@ def _report_runs(args, analyses, out) -> int:
     from scansnap_lens.reading.runs import measure_runs
     from scansnap_lens.report import number, write_runs_report
 
-    comparison = measure_runs(analyses)
+    design = None
+    if args.design is not None:
+        import pandas as pd
+
+        try:
+            design = pd.read_csv(args.design, dtype=str, keep_default_na=False, na_values=[""])
+        except (OSError, ValueError, UnicodeDecodeError) as err:
+            raise ValueError(f"--design {args.design}: cannot read it as a CSV ({err})") from None
+    comparison = measure_runs(analyses, design=design)
     report = write_runs_report(comparison, out, title=args.title)
     table = comparison.table
     shown = ["layer", "head", "scans_runs", "bias_mean", "bias_lo", "bias_hi", "bias_within",
@@ -787,6 +797,12 @@ def _report_command(sub) -> None:
         help="report folder (default TRAJECTORY/report; several runs need it)",
     )  # fmt: skip
     report.add_argument("--title", help="the page's title (default: the trajectory's source)")
+    report.add_argument(
+        "--design", type=Path, metavar="CSV",
+        help="several runs: which share initial weights and data order, a CSV with columns"
+        " run, init, data (run: the run's folder name; default: the seeds the recordings"
+        " kept, or PolyPythias' names)",
+    )  # fmt: skip
     from scansnap_lens.models.training import Rates
     from scansnap_lens.reading.settings import AnalysisSettings
     from scansnap_lens.statistics.groups import Classification

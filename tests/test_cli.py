@@ -1003,6 +1003,20 @@ def test_report_compares_three_seeds_and_refuses_another_plan(own_run, tmp_path,
         assert table[f"verdict_{run}"].tolist() == [row["verdict"] for row in rows]
     for name in ("runs.html", "figures/runs_auroc.png", "figures/runs_map_bias.png"):
         assert (out / name).stat().st_size > 0
+    # which runs share what: the seeds train kept, or a design the user gives
+    design = pd.read_csv(out / "design.csv")
+    assert design["said"].eq("the recording's seeds").all() and design["init"].nunique() == 3
+    given = tmp_path / "design.csv"
+    given.write_text("run,init,data\nseed0,a,x\nseed1,a,y\nseed2,b,x\n")
+    shared = tmp_path / "runs_shared"
+    assert main(["report", *map(str, runs), "--stats", str(stats), "--out", str(shared),
+                 "--design", str(given)]) == 0  # fmt: skip
+    assert pd.read_csv(shared / "design.csv")["said"].eq("given").all()
+    assert "from 2 initial weights and 2 data orders" in capsys.readouterr().out
+    given.write_text("run,seed\nseed0,1\n")
+    assert main(["report", *map(str, runs), "--stats", str(stats), "--out", str(shared),
+                 "--design", str(given)]) == 2  # fmt: skip
+    assert "a design needs columns run, init and data" in capsys.readouterr().err
     # another plan: the same checkpoints recorded with other queries
     other = tmp_path / "other"
     record = ["record", "--checkpoints", str(tmp_path / "seed0" / "ckpt"), "--tokens",

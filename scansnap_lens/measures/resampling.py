@@ -409,10 +409,10 @@ def interval_over_runs(
     init, data: [R] labels of each run's initial weights and data order (default: each run
     its own).  Runs that share one are not independent draws of the recipe: the mean's
     variance is the design's (`run_components`: sigma_I^2 over runs sharing initial weights,
-    sigma_D^2 over those sharing a data order), on min(levels) - 1 degrees of freedom of the
-    labels that vary; with every run its own, Student's t on n - 1.  Runs that all share
-    their initial weights give no interval (NaN bounds): they say what that init does over
-    data orders, not what the recipe does.
+    sigma_D^2 over those sharing a data order), on Satterthwaite's degrees of freedom (each
+    part on its factor's levels - 1); with every run its own, Student's t on n - 1.  Runs
+    that all share their initial weights give no interval (NaN bounds): they say what that
+    init does over data orders, not what the recipe does.
 
     bounds: [R, 2] each run's own interval of a step (the checkpoints bracket it): a run's step
     is known only within it, so the interval holds the mean of those bounds as well (on the
@@ -423,7 +423,7 @@ def interval_over_runs(
     >>> [round(v, 1) for v in interval_over_runs(x)]  # four independent runs
     [127.5, 29.6, 80.4, 174.6]
     >>> [round(v, 1) for v in interval_over_runs(x, init=[0, 0, 1, 1])]  # two inits: 1 df
-    [127.5, 29.6, -196.5, 451.5]
+    [127.5, 29.6, -189.0, 444.0]
     >>> interval_over_runs(x, init=[0, 0, 0, 0])[2]  # one init: not the recipe's mean
     nan
     """
@@ -521,8 +521,9 @@ def run_components(variances: Mapping[str, tuple[float, int]]) -> dict[str, floa
 def _variance_of_mean(values: np.ndarray, init: np.ndarray, data: np.ndarray):
     """(variance of the runs' mean, its degrees of freedom) in the design of `init`, `data`:
     sum over run pairs of sigma_I^2 [same init] + sigma_D^2 [same data] + sigma_e^2 [same
-    run], over n^2; degrees of freedom min(levels) - 1 over the labels that vary (0 where
-    every run shares its initial weights)."""
+    run], over n^2; Satterthwaite's degrees of freedom, each part on its own (levels - 1 for
+    a factor, the rest what the factors leave; at most n - 1); 0 where every run shares its
+    initial weights."""
     n = len(values)
     levels_i, levels_d = len(set(init.tolist())), len(set(data.tolist()))
     if levels_i == n and levels_d == n:  # every run its own: Student's t
@@ -530,11 +531,17 @@ def _variance_of_mean(values: np.ndarray, init: np.ndarray, data: np.ndarray):
     if levels_i < 2:
         return math.nan, 0
     comps = run_components(pair_variances(values, init, data))
-    shared_i = sum(c * c for c in np.bincount(init))
-    shared_d = sum(c * c for c in np.bincount(data))
-    variance = (comps["init"] * shared_i + comps["data"] * shared_d + comps["rest"] * n) / n**2
-    df = min(levels_i, levels_d if levels_d > 1 else n) - 1
-    return float(variance), df
+    parts = {"init": comps["init"] * float((np.bincount(init) ** 2).sum()) / n**2,
+             "data": comps["data"] * float((np.bincount(data) ** 2).sum()) / n**2,
+             "rest": comps["rest"] / n}  # fmt: skip
+    # Satterthwaite: each part on the degrees of freedom of what estimates it
+    shared = {k: len(set(x.tolist())) for k, x in (("init", init), ("data", data))}
+    dfs = {k: v - 1 for k, v in shared.items()}
+    dfs["rest"] = n - 1 - sum(v - 1 for v in shared.values() if v < n)
+    variance = sum(parts.values())
+    spread = sum(p * p / max(dfs[k], 1) for k, p in parts.items() if p > 0)
+    df = variance**2 / spread if spread > 0 else float(levels_i - 1)
+    return float(variance), min(df, float(n - 1))
 
 
 def spread_split(

@@ -315,8 +315,8 @@ def _split_said(comparison, layer: int) -> list[str]:
     rows = split[(split["layer"] == layer) & (split["figure"] == "snap_step_median")]
     if rows.empty:
         return []
-    parts = [f"{PARTS[r['part']]} {_num(100 * r['share'])} % [{_num(100 * r['share_lo'])},"
-             f" {_num(100 * r['share_hi'])}]" for r in rows.to_dict("records")]  # fmt: skip
+    parts = [f"{PARTS[r['part']]} {100 * r['share']:.1f} % [{100 * r['share_lo']:.1f},"
+             f" {100 * r['share_hi']:.1f}]" for r in rows.to_dict("records")]  # fmt: skip
     said = (f"Of the spread of layer {layer}'s snap step between runs, "
             + "; ".join(parts) + " (shares of the variance, log-step axis)")  # fmt: skip
     init = rows[rows["part"] == "init"]

@@ -288,8 +288,8 @@ def _design_warnings(design: pd.DataFrame) -> list[str]:
     elif inits < n:
         said.append(
             f"{n} runs from {inits} initial weights and {orders} data orders: runs that share"
-            " initial weights count as one unit of the interval over runs (its degrees of"
-            f" freedom {min(inits, orders if orders > 1 else n) - 1})"
+            " initial weights are not independent draws of the recipe, and the interval over"
+            " runs counts them so (its variance and degrees of freedom from the design)"
         )
     return said
 
@@ -462,11 +462,12 @@ def run_design(runs, given=None) -> pd.DataFrame:
         if name in known:
             init, data, said = *known[name], "given"
         elif seed is not None or _seed(meta.get("init_seed")) is not None:
-            init = _seed(meta.get("init_seed"))
-            init = f"seed {seed}" if init is None else f"init {init}"
-            data = _seed(meta.get("data_seed"))
-            data = f"seed {seed}" if data is None and seed is not None else (
-                None if data is None else f"data {data}")  # fmt: skip
+            # the seed sets what has no seed of its own, as the Trainer's data_seed does
+            init, data = _seed(meta.get("init_seed")), _seed(meta.get("data_seed"))
+            init = f"init {seed if init is None else init}"
+            data = (
+                None if data is None and seed is None else f"data {seed if data is None else data}"
+            )
             said = "the recording's seeds"
         elif name in hub:
             m = hub[name]

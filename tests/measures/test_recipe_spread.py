@@ -147,6 +147,11 @@ def test_run_design_reads_names_seeds_and_refuses_a_bad_design():
     assert design.loc["a", "init"] == design.loc["b", "init"] != design.loc["c", "init"]
     assert design.loc["a", "data"] != design.loc["b", "data"]
     assert design.loc["d", "said"] == "its own"  # a seed that is no integer is not read
+    # the Trainer's data order follows seed unless data_seed is set
+    design = run_design({"e": Run({"seed": 0}), "f": Run({"seed": 1, "data_seed": 0})})
+    design = design.set_index("run")
+    assert design.loc["e", "data"] == design.loc["f", "data"]
+    assert design.loc["e", "init"] != design.loc["f", "init"]
     with pytest.raises(ValueError, match="not among"):
         run_design(["a"], {"z": (1, 2)})
     with pytest.raises(ValueError, match="give \\(init, data\\)"):
