@@ -770,7 +770,10 @@ SPLIT_NOTE = (
     " in both, with its 95 % interval (generalised pivots: exact where the runs form a"
     " balanced grid, <i>anova</i>; from the kinds of pairs, <i>pairs</i>, otherwise) and"
     " <i>sd</i> its spread on the log-step axis for steps.  A part the runs cannot tell apart"
-    " (no two runs share a data order) is counted in the rest."
+    " (no two runs share a data order) is counted in the rest.  Runs far from what their"
+    " initial weights and data order predict (<i>far_runs</i>: a standardised residual of"
+    " the additive fit beyond what 99 % of normal runs of the design show) are left out of"
+    " the split and named: the shares are the typical runs'."
 )
 
 
@@ -782,7 +785,7 @@ def _shared_html(comparison) -> list[str]:
     out = ["<h2>What the runs share</h2>", table_html(design)]
     if split is not None and len(split):
         shown = with_intervals(split, ["layer", "head", "figure", "part", "share", "sd", "df",
-                                       "method"])  # fmt: skip
+                                       "method", "far_runs"])  # fmt: skip
         out += ["<h2>The spread between runs, split</h2>", f"<p>{SPLIT_NOTE}</p>",
                 table_html(shown)]  # fmt: skip
     return out

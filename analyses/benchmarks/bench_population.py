@@ -18,7 +18,8 @@ page reads a run, `snapping` and its own bounds from `snap_step_interval`):
   two groups.
 
 The truth is the population's: the geometric mean snap step over all its runs, and the split
-of `resampling.run_components` over the whole grid.  Lines (one JSON each, goal >= 0.9 at a
+of `resampling.run_components` over the whole grid, its far runs (`resampling.far_runs`) said
+apart as the runs page does (``truth_with_far`` keeps them).  Lines (one JSON each, goal >= 0.9 at a
 nominal 0.95):
 
 - ``recipe_interval``: runs drawn as users have them (``seeds``: each its own weights and
@@ -48,6 +49,7 @@ from bench_time_resolution import batched_transformer_c_hat
 from scansnap_lens.lab.synthetic import sequence_classes
 from scansnap_lens.lab.yz import train_yz
 from scansnap_lens.measures.resampling import (
+    far_runs,
     interval_over_runs,
     pair_variances,
     run_components,
@@ -166,12 +168,18 @@ def polypythias(inits: int, orders: int, rng) -> tuple[np.ndarray, np.ndarray, l
 
 
 def split_lines(name: str, snap: np.ndarray, draws: int, rng) -> None:
+    """The split as the runs page makes it (`far_runs` said apart, `spread_split` of the
+    others) against the same over the whole grid; ``with_far``: the population's split with
+    its far runs kept, which a few runs cannot know."""
     inits, orders = snap.shape
-    x = np.log(snap)
+    x = np.log(snap).reshape(-1)
     ii, dd = np.repeat(np.arange(inits), orders), np.tile(np.arange(orders), inits)
-    comps = run_components(pair_variances(x.reshape(-1), ii, dd))
-    total = sum(comps.values())
-    truth = {k: v / total for k, v in comps.items()}
+    shares = {}
+    far = far_runs(x, ii, dd)
+    for kept, values in (("with_far", x), ("typical", np.where(far, np.nan, x))):
+        comps = run_components(pair_variances(values, ii, dd))
+        shares[kept] = {k: v / sum(comps.values()) for k, v in comps.items()}
+    truth = shares["typical"]
     layouts = [(a, b) for a, b in ((4, 4), (6, 3), (3, 3)) if a <= inits and b <= orders]
     layouts += ["polypythias"] if min(inits, orders) >= 7 else []
     for layout in layouts:
@@ -187,7 +195,9 @@ def split_lines(name: str, snap: np.ndarray, draws: int, rng) -> None:
                 ri, rd = rng.choice(inits, a, replace=False), rng.choice(orders, b, False)
                 i, d = np.repeat(ri, b), np.tile(rd, a)
                 li, ld = i.tolist(), d.tolist()
-            split = spread_split(snap[i, d], li, ld, log=True, draws=2000)
+            values = snap[i, d]
+            values = np.where(far_runs(values, li, ld, log=True), np.nan, values)
+            split = spread_split(values, li, ld, log=True, draws=2000)
             for row in split.to_dict("records"):
                 part = row["part"]
                 seen[part] += 1
@@ -198,6 +208,8 @@ def split_lines(name: str, snap: np.ndarray, draws: int, rng) -> None:
             "bench": "population", "line": "spread_split", "family": name,
             "layout": layout if isinstance(layout, str) else f"{layout[0]}x{layout[1]}",
             "method": method, "truth": {k: round(v, 3) for k, v in truth.items()},
+            "far_runs": int(far.sum()), "runs": inits * orders,
+            "truth_with_far": {k: round(v, 3) for k, v in shares["with_far"].items()},
             "coverage": {k: round(hits[k] / seen[k], 3) for k in truth if seen[k]},
             "width": {k: round(float(np.median(widths[k])), 3) for k in truth if widths[k]},
             "goal": {"coverage": 0.9}, "nominal": 0.95, "draws": draws,

@@ -325,7 +325,13 @@ def _split_said(comparison, layer: int) -> list[str]:
         said += (f": another initialisation moves a run's snap step by a factor of about"
                  f" {factor:.2f} (one sd), so one run's snap is its own, not the"
                  " recipe's")  # fmt: skip
-    return [said + "."]
+    said += "."
+    far = rows["far_runs"].dropna() if "far_runs" in rows else pd.Series(dtype=object)
+    if len(far) and far.iloc[0]:
+        said += (f"  Left out of that split: {far.iloc[0]}, far from what their initialisation"
+                 " and data order predict (a run that went another way; such runs carry a"
+                 " share of the spread that a few runs rarely show).")  # fmt: skip
+    return [said]
 
 
 def runs_findings_of(comparison, entries: Sequence[Measure] = MEASURES) -> list[str]:

@@ -42,6 +42,7 @@ from scansnap_lens._io import make_folder, write_text
 from scansnap_lens.measures.catalog import MEASURES, columns, measures_of
 from scansnap_lens.measures.matching import match_heads
 from scansnap_lens.measures.resampling import (
+    far_runs,
     interval_over_runs,
     run_groups,
     share_interval,
@@ -112,7 +113,9 @@ class RunComparison:
     runs that share initial weights are one unit of the interval over runs.  split: how the
     spread between runs splits between the initial weights, the data order and the rest
     (`resampling.spread_split`), per head (``figure`` bias, auroc, snap_step) and per layer
-    (``head`` NaN, ``figure`` snap_step_median), where the design tells them apart.
+    (``head`` NaN, ``figure`` snap_step_median), where the design tells them apart; runs far
+    from what their initial weights and data order predict (`resampling.far_runs`) are left
+    out of it and named (``far_runs``).
     """
 
     runs: list[str]
@@ -300,6 +303,13 @@ def _split(per_run, layers, runs: list[str], labels) -> pd.DataFrame | None:
     if labels["init"].isna().all() or len(runs) < 3:
         return None
     init, data = (labels.reindex(runs)[k].tolist() for k in ("init", "data"))
+
+    def split(values: np.ndarray, log: bool, **where) -> pd.DataFrame:
+        far = far_runs(values, init, data, log=log)  # said apart: the split is the others'
+        part = spread_split(np.where(far, math.nan, values), init, data, log=log)
+        said = ", ".join(r for r, f in zip(runs, far) if f)
+        return part.assign(**where, far_runs=said or math.nan)
+
     frames = []
     for (layer, head), group in per_run.groupby(["layer", "head"], sort=True):
         by_run = group.set_index("run")
@@ -307,13 +317,12 @@ def _split(per_run, layers, runs: list[str], labels) -> pd.DataFrame | None:
             if name not in by_run:
                 continue
             values = by_run[name].reindex(runs).astype(float).to_numpy()
-            part = spread_split(values, init, data, log=name in LOG_SCALE)
-            frames.append(part.assign(layer=int(layer), head=int(head), figure=name))
+            frames.append(split(values, name in LOG_SCALE, layer=int(layer), head=int(head),
+                                figure=name))  # fmt: skip
     for row in layers.to_dict("records"):
         values = np.array([row.get(f"snap_step_median_{r}", math.nan) for r in runs], float)
-        part = spread_split(values, init, data, log=True)
-        frames.append(part.assign(layer=int(row["layer"]), head=math.nan,
-                                  figure="snap_step_median"))  # fmt: skip
+        frames.append(split(values, True, layer=int(row["layer"]), head=math.nan,
+                            figure="snap_step_median"))  # fmt: skip
     frames = [f for f in frames if len(f)]
     if not frames:
         return None

@@ -54,7 +54,7 @@ def test_a_suite_killed_and_resumed_equals_uninterrupted_recordings(repos, tmp_p
     tokens = tmp_path / "tokens.safetensors"
     save_file({"tokens": _tokens()}, tokens)
     out = tmp_path / "suite"
-    server = LoopbackHub(repos, bandwidth=1e5, on_chunk=on_chunk)
+    server = LoopbackHub(repos, bandwidth=1e6, on_chunk=on_chunk)
     with server:
         env = {**os.environ, "HF_ENDPOINT": server.endpoint, "HF_HUB_OFFLINE": "0",
                "HF_HUB_CACHE": str(tmp_path / "cache")}  # fmt: skip
