@@ -169,6 +169,9 @@ def legacy_files(name: str) -> dict[int, str]:
     return dict(sorted(found.items()))
 
 
+_POLYPYTHIAS = re.compile(r"^(EleutherAI/pythia-[^/]+?)-(?:data-|weight-)?seed\d+$")
+
+
 def checkpoint_labels(name: str) -> tuple[list[int], str]:
     """The checkpoint labels of a model and their unit ("steps" or "tokens")."""
     if family(name) == "legacy-tl":
@@ -178,7 +181,10 @@ def checkpoint_labels(name: str) -> tuple[list[int], str]:
         from transformer_lens.loading_from_pretrained import get_checkpoint_labels
     except ImportError:  # 4.x moved it
         from transformer_lens.tools.model_registry.checkpoints import get_checkpoint_labels
-    labels, unit = get_checkpoint_labels(name)
+    # PolyPythias (pythia-160m-seed3, -data-seed2, -weight-seed1) keep Pythia's own branches,
+    # under names TransformerLens does not list: ask for the model they vary
+    match = _POLYPYTHIAS.match(name)
+    labels, unit = get_checkpoint_labels(match.group(1) if match else name)
     return sorted(labels), "tokens" if unit == "token" else "steps"
 
 

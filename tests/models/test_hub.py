@@ -55,6 +55,17 @@ def test_models_without_labels_are_refused():
         checkpoints.pretrained("gpt2")
 
 
+def test_polypythias_names_have_pythias_labels():
+    """PolyPythias' repositories keep Pythia's branches under names TransformerLens does not
+    list (3.x refuses them by name): their labels are those of the model they vary."""
+    from scansnap_lens.models import hub
+
+    pythia = hub.checkpoint_labels("EleutherAI/pythia-160m")
+    for suffix in ("seed3", "data-seed2", "weight-seed1"):
+        assert hub.checkpoint_labels(f"EleutherAI/pythia-160m-{suffix}") == pythia
+    assert hub.revision_of("EleutherAI/pythia-160m-seed3", 1000) == "step1000"
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_stanford_crfm_labels_load_their_revision(backend):
     from scansnap_lens.testing import fake_hub_model
