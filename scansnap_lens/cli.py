@@ -387,6 +387,8 @@ def _report(args: argparse.Namespace) -> int:
                                cache=path / "analysis")  # fmt: skip
         if analysis.reused:
             print(f"{name}: the analysis saved in {path / 'analysis'} (same inputs and settings)")
+        elif analysis.remeasured:
+            print(f"{name}: {analysis.remeasured}")
         analyses[name] = analysis
     if len(trajs) > 1:
         return _report_runs(args, analyses, out)

@@ -12,6 +12,7 @@ False
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -37,6 +38,28 @@ from scansnap_lens.statistics.groups import TokenGroups
 __all__ = ["Analysis", "fingerprint"]
 
 FORMAT = 1  # of the saved folder; a folder of another format is measured again
+MEASURING = ("statistics", "recording", "theory", "measures", "reading")  # what the code key reads
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """The package's version and a fingerprint of the code that measures (the sources of the
+    `MEASURING` stages): part of a saved analysis's key, so an upgrade measures again."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("scansnap_lens")
+    except metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        version = "unknown"
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for stage in MEASURING:
+        for path in sorted((root / stage).glob("*.py")):
+            digest.update(f"{stage}/{path.name}".encode())
+            digest.update(path.read_bytes())
+    return f"{version}+{digest.hexdigest()[:16]}"
+
+
 TAG = f"scansnap-analysis-{FORMAT}"
 
 
@@ -105,6 +128,7 @@ class Analysis:
     cache: Path | None = None  # the folder it is saved in
     formed: bool = False  # the groups were formed from the statistics (and are saved with it)
     groups_reason: str | None = None  # as given to `of` (part of the key)
+    remeasured: str | None = None  # why a saved analysis of the same inputs was not reused
 
     @classmethod
     def of(
@@ -140,11 +164,14 @@ class Analysis:
             if saved is not None:
                 saved.cache = Path(cache)
                 return saved
+            again = _other_code(Path(cache), keys[0])
         given_reason = groups_reason
         if formed:
             groups, groups_reason = _groups_from(source, traj, settings.classification)
         analysis = cls._measure(traj, groups, source, settings, groups_reason, results, keys)
         analysis.formed, analysis.groups_reason = formed, given_reason
+        if cache is not None and not results:
+            analysis.remeasured = again
         if cache is not None and not results:
             try:
                 analysis.save(cache)
@@ -207,7 +234,7 @@ class Analysis:
             self.inputs, self.key = _keys(self.traj, groups, self.source, self.settings,
                                           self.formed, self.groups_reason)  # fmt: skip
         said = {
-            "format": FORMAT, "inputs": self.inputs, "key": self.key,
+            "format": FORMAT, "inputs": self.inputs, "key": self.key, "code": code_version(),
             "settings": self.settings.to_dict(), "not_measured": self.not_measured,
             "measurements": {},
         }  # fmt: skip
@@ -292,7 +319,7 @@ def _inputs(traj, groups, source, settings: AnalysisSettings, formed: bool) -> s
 def _keys(traj, groups, source, settings, formed, groups_reason) -> tuple[str, str]:
     """(inputs, key): the fingerprints `Analysis` is saved and reloaded by."""
     inputs = _inputs(traj, groups, source, settings, formed)
-    return inputs, fingerprint(FORMAT, inputs, settings.to_dict(), groups_reason)
+    return inputs, fingerprint(FORMAT, inputs, settings.to_dict(), groups_reason, code_version())
 
 
 def _groups_from(source, traj, classification):
@@ -305,6 +332,20 @@ def _groups_from(source, traj, classification):
         return TokenGroups.from_statistics(source, queries, classification), None
     except ValueError as err:  # the report still measures what needs no groups, and says why
         return None, str(err)
+
+
+def _other_code(path: Path, inputs: str) -> str | None:
+    """Where `path` holds an analysis of the same inputs measured by other code: so said."""
+    try:
+        said = json.loads((path / "analysis.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    code = said.get("code") if isinstance(said, dict) else None
+    if said.get("inputs") != inputs or code == code_version():
+        return None
+    was = code if isinstance(code, str) and len(code) < 100 else "an older version"
+    return (f"the analysis saved in {path} was measured by other code ({was}; now"
+            f" {code_version()}): measured again")  # fmt: skip
 
 
 def _reload(path: Path, key, traj, groups, source) -> Analysis | None:

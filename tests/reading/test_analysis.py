@@ -42,6 +42,9 @@ def _same(a: Analysis, b: Analysis) -> None:
             torch.testing.assert_close(mine.c_hat[:], theirs.c_hat[:], rtol=0, atol=0)
 
 
+NO_FIT = AnalysisSettings(leave_out=["theory_fit"])  # minutes a run: not what is tested
+
+
 @pytest.mark.tl
 def test_a_saved_analysis_reloads_identical_tables(demo, tmp_path):
     traj, groups, classes = demo
@@ -84,6 +87,24 @@ def test_a_changed_input_is_measured_again(demo, tmp_path):
     # a value that changed in place (the same object) changes the fingerprint
     edited = traj.replace(zbar=traj.zbar[:] + 1.0)
     assert fingerprint(edited) != fingerprint(traj)
+
+
+@pytest.mark.tl
+def test_an_analysis_saved_by_other_code_is_measured_again_and_said(demo, tmp_path, monkeypatch):
+    """An upgrade of the measuring code: the same inputs and settings, another code version
+    in the key (the package's version and its measuring stages' sources)."""
+    from scansnap_lens.reading import analysis as module
+
+    traj, groups, classes = demo
+    cache = tmp_path / "analysis"
+    first = Analysis.of(traj, groups, source=classes, cache=cache, settings=NO_FIT)
+    assert json.loads((cache / "analysis.json").read_text())["code"] == module.code_version()
+    monkeypatch.setattr(module, "code_version", lambda: "9.9+upgraded")
+    again = Analysis.of(traj, groups, source=classes, cache=cache, settings=NO_FIT)
+    assert not again.reused and again.key != first.key
+    assert "measured by other code" in again.remeasured and "9.9+upgraded" in again.remeasured
+    third = Analysis.of(traj, groups, source=classes, cache=cache, settings=NO_FIT)
+    assert third.reused and third.remeasured is None
 
 
 @pytest.mark.tl
