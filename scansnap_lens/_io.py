@@ -263,3 +263,63 @@ def read_tensors(path: str | Path, fmt: str, what: str) -> tuple[dict, dict[str,
     if meta.get("format") != fmt:
         raise ValueError(f"{path} is not a {what} (format={meta.get('format')!r})")
     return meta, tensors
+
+
+SMALL_FILE = 64 << 20  # a note, manifest or saved analysis's index: far below this
+
+
+class NotAFile(OSError):
+    """A path that should hold a small regular file holds something else (a FIFO, a device,
+    a folder) or more bytes than such a file has."""
+
+
+def read_small(path: str | Path, what: str, limit: int = SMALL_FILE) -> str:
+    """The text of `path`, read only where it is a regular file of at most `limit` bytes
+    (a FIFO would block for ever, /dev/zero or a sparse file exhaust memory): `NotAFile`
+    naming the file and what it should hold otherwise.  Links are followed, as a reader of
+    a folder someone else made must; the file is checked once open (not between)."""
+    import stat
+
+    path = Path(path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO opens at once
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotAFile(f"{path} should be the {what}, a file; it is not a regular file")
+        if info.st_size > limit:
+            raise NotAFile(f"{path} should be the {what}, a file of at most {limit:,} bytes;"
+                           f" it holds {info.st_size:,}")  # fmt: skip
+        with os.fdopen(fd, "rb", closefd=True) as handle:
+            fd = -1
+            data = handle.read(limit + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > limit:
+        raise NotAFile(f"{path} should be the {what}, a file of at most {limit:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise NotAFile(f"{path} should be the {what}, text; it is not UTF-8 ({err})") from None
+
+
+def read_json(path: str | Path, what: str, limit: int = SMALL_FILE):
+    """`read_small` parsed as JSON (`json.JSONDecodeError`, a ValueError, where it is not)."""
+    import json
+
+    return json.loads(read_small(path, what, limit))
+
+
+def regular_file(path: str | Path, what: str, limit: int | None = SMALL_FILE) -> Path:
+    """`path` where it is a regular file (of at most `limit` bytes; None: any size), else
+    `NotAFile` naming it: checked before a reader that would block on a FIFO opens it."""
+    import stat
+
+    path = Path(path)
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise NotAFile(f"{path} should be the {what}, a file; it is not a regular file")
+    if limit is not None and info.st_size > limit:
+        raise NotAFile(f"{path} should be the {what}, a file of at most {limit:,} bytes;"
+                       f" it holds {info.st_size:,}")  # fmt: skip
+    return path

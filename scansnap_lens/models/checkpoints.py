@@ -17,7 +17,6 @@ k-th, "log:N" or a list), the same that training saves checkpoints with.
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from scansnap_lens._io import read_json
 from scansnap_lens.models import formats, hub
 from scansnap_lens.models.backend import BackendError, config_fields, load_weights, resolve_backend
 from scansnap_lens.models.formats import WEIGHT_SUFFIXES, CheckpointError
@@ -332,8 +332,8 @@ def _training_meta(path: Path) -> dict:
                 meta["data_seed"] = seeds["data_seed"]
         return meta
     try:
-        data = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        data = read_json(file, "training description")
+    except (OSError, ValueError) as err:
         raise CheckpointError(f"{file}: cannot read the training description ({err})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{file}: the training description is not a JSON object")

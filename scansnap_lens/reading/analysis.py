@@ -26,7 +26,15 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from scansnap_lens._io import read_tensors, staged_folder, write_bytes, write_tensors, write_text
+from scansnap_lens._io import (
+    read_json,
+    read_tensors,
+    regular_file,
+    staged_folder,
+    write_bytes,
+    write_tensors,
+    write_text,
+)
 from scansnap_lens.measures.catalog import measures_of
 from scansnap_lens.measures.entropy import SINGLE_DISTINCT
 from scansnap_lens.measures.measurement import Measurement
@@ -265,7 +273,7 @@ class Analysis:
         {figure name: its PNG, or why it could not be drawn}; empty where none was kept."""
         folder = None if self.cache is None else self.cache / "figures"
         try:
-            said = json.loads((folder / "figures.json").read_text())
+            said = read_json(folder / "figures.json", "index of the kept figures")
             if said.get("key") != self.key:
                 return {}
             drawn = {name: (folder / f"{name}.png").read_bytes() for name in said["drawn"]}
@@ -337,8 +345,8 @@ def _groups_from(source, traj, classification):
 def _other_code(path: Path, inputs: str) -> str | None:
     """Where `path` holds an analysis of the same inputs measured by other code: so said."""
     try:
-        said = json.loads((path / "analysis.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        said = read_json(path / "analysis.json", "saved analysis's index")
+    except (OSError, ValueError):
         return None
     code = said.get("code") if isinstance(said, dict) else None
     if said.get("inputs") != inputs or code == code_version():
@@ -352,7 +360,12 @@ def _reload(path: Path, key, traj, groups, source) -> Analysis | None:
     """The analysis saved in `path` where its key is `key` (any key for None); None where
     there is none, or it is another's or unreadable (then it is measured again)."""
     try:
-        said = json.loads((path / "analysis.json").read_text())
+        said = read_json(path / "analysis.json", "saved analysis's index")
+        if not isinstance(said, dict):
+            raise ValueError("its index is not a JSON object")
+        for file in path.iterdir():  # a FIFO or device among its files would block a reader
+            if not file.is_dir():
+                regular_file(file, "saved analysis's file", limit=None)
         if said.get("format") != FORMAT or (key is not None and said.get("key") != key):
             return None
         _, tensors = read_tensors(path / "values.safetensors", TAG, "saved analysis's values")

@@ -38,7 +38,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from scansnap_lens._io import make_folder, write_text
+from scansnap_lens._io import make_folder, read_json, write_text
 from scansnap_lens.measures.catalog import MEASURES, columns, measures_of
 from scansnap_lens.measures.matching import match_heads
 from scansnap_lens.measures.resampling import (
@@ -161,7 +161,7 @@ class RunComparison:
     @classmethod
     def load(cls, path: str | Path) -> RunComparison:
         path = Path(path)
-        said = json.loads((path / "runs.json").read_text())
+        said = read_json(path / "runs.json", "runs comparison's index")
         runs = said["runs"]
         matching, losses, design, split = (
             pd.read_csv(path / f"{name}.csv", keep_default_na=False, na_values=[""])

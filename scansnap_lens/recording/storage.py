@@ -27,6 +27,7 @@ from torch import Tensor
 from scansnap_lens._io import (
     make_folder,
     open_lock,
+    read_json,
     read_tensors,
     refuse_link,
     write_tensors,
@@ -356,7 +357,7 @@ def _read_manifest(path: Path) -> dict:
     if not file.exists():
         raise FileNotFoundError(f"{path} is not a trajectory folder: {file.name} is missing")
     try:
-        manifest = json.loads(file.read_text())
+        manifest = read_json(file, "recording's manifest")
     except json.JSONDecodeError as err:
         raise ValueError(f"{file}: corrupt manifest ({err})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:

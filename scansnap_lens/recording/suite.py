@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from scansnap_lens._io import make_folder, write_text
+from scansnap_lens._io import make_folder, read_json, write_text
 
 __all__ = ["SUITE_FILE", "Suite", "expand"]
 
@@ -73,8 +73,8 @@ class Suite:
     def runs(self) -> list[str]:
         """The runs' names as the file lists them (checked as a list of names)."""
         try:
-            said = json.loads(self.file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            said = read_json(self.file, "suite's list of runs")
+        except (OSError, ValueError) as err:
             raise ValueError(f"{self.file}: cannot read the suite ({err})") from None
         runs = said.get("runs") if isinstance(said, dict) else None
         if not isinstance(runs, list) or not all(isinstance(r, str) for r in runs):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from scansnap_lens._io import make_folder, open_lock, refuse_link, write_text
+from scansnap_lens._io import make_folder, open_lock, read_small, refuse_link, write_text
 from scansnap_lens.models import hub
 from scansnap_lens.models.checkpoints import Checkpoint, CheckpointSource
 from scansnap_lens.models.formats import WEIGHT_SUFFIXES, CheckpointError
@@ -158,7 +158,10 @@ class SweepCache:
         file = self.recording / self.ID
         if file.is_symlink() or not file.is_file():
             return None
-        return file.read_text().strip() or None
+        try:
+            return read_small(file, "recording's id", 4096).strip() or None
+        except (OSError, ValueError):
+            return None
 
     # ------------------------------------------------------------ what the sweep made
     def _note_file(self, name: str, revision: str) -> Path:
@@ -255,7 +258,7 @@ def _read_json(path: Path) -> dict:
     try:
         if path.is_symlink():
             return {}
-        value = json.loads(path.read_text())
+        value = json.loads(read_small(path, "sweep's note", 1 << 20))
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}

@@ -107,6 +107,49 @@ def test_an_analysis_saved_by_other_code_is_measured_again_and_said(demo, tmp_pa
     assert third.reused and third.remeasured is None
 
 
+def _within(seconds: float, call):
+    """`call()`'s result, or AssertionError where it has not returned in `seconds` (a read
+    blocked on a FIFO never returns; its thread is left behind, as a daemon)."""
+    import threading
+
+    out = {}
+
+    def run():
+        try:
+            out["value"] = call()
+        except Exception as err:  # raised again here, in the test's thread
+            out["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still blocked after {seconds} s"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+@pytest.mark.tl
+@pytest.mark.parametrize("name", ["analysis.json", "summary.parquet"])
+def test_a_fifo_in_a_saved_analysis_is_measured_again_not_waited_on(demo, tmp_path, name):
+    """A saved analysis whose index or a table is a FIFO (issue 79): `report` blocked on it
+    for ever; now it is no saved analysis, measured again and replaced."""
+    import os
+
+    traj, groups, classes = demo
+    cache = tmp_path / "analysis"
+    Analysis.of(traj, groups, source=classes, cache=cache, settings=NO_FIT)
+    (cache / name).unlink()
+    os.mkfifo(cache / name)
+    again = _within(60, lambda: Analysis.of(traj, groups, source=classes, cache=cache,
+                                            settings=NO_FIT))  # fmt: skip
+    assert not again.reused and (cache / name).is_file()
+    with pytest.raises(ValueError, match=r"not a regular file|no readable saved analysis"):
+        os.unlink(cache / name)
+        os.mkfifo(cache / name)
+        _within(60, lambda: Analysis.load(cache, traj, groups, classes))
+
+
 @pytest.mark.tl
 def test_a_damaged_cache_is_measured_again_and_replaced(demo, tmp_path):
     traj, groups, _ = demo

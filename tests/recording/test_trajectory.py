@@ -264,3 +264,23 @@ def test_a_link_to_a_trajectory_folder_reads_where_it_points(trajectories, tmp_p
     loaded = Trajectory.load(tmp_path / "link")
     assert loaded.steps.tolist() == a.steps.tolist()
     assert torch.equal(torch.as_tensor(loaded.zbar[:]), torch.as_tensor(a.zbar[:]))
+
+
+def test_a_manifest_that_is_no_regular_file_is_refused_by_name(trajectories, tmp_path):
+    """A FIFO would block the reader for ever, /dev/zero or a sparse file fill its memory
+    (issue 79): refused naming the file, before any byte is read."""
+    import os
+
+    from scansnap_lens._io import NotAFile
+
+    a, _ = trajectories
+    folder = a.save(tmp_path / "t")
+    (folder / "manifest.json").unlink()
+    os.mkfifo(folder / "manifest.json")
+    with pytest.raises(NotAFile, match=r"manifest\.json should be the recording's manifest"):
+        Trajectory.load(folder)
+    (folder / "manifest.json").unlink()
+    with open(folder / "manifest.json", "wb") as sparse:  # 100 MB of nothing, no disk used
+        sparse.truncate(100 << 20)
+    with pytest.raises(NotAFile, match="at most 67,108,864 bytes"):
+        Trajectory.load(folder)
