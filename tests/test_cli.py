@@ -1099,3 +1099,24 @@ def test_building_the_parser_imports_no_measurement():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)  # fmt: skip
     assert done.stdout.strip() == "[]", done.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--power", "0.7"], "--power chooses one run's rows"),
+        (["--steps", "auto"], "--steps auto places each run's own checkpoints"),
+    ],
+)
+def test_a_suite_refuses_what_its_runs_cannot_share(tmp_path, capsys, extra, message):
+    """Several repositories record the same rows and steps in each run: options that choose
+    them per run are refused before anything is fetched, and a name given twice too."""
+    record = ["record", "--model", "EleutherAI/pythia-14m-seed{1..2}", "--tokens", "t",
+              "--out", str(tmp_path / "suite")]  # fmt: skip
+    assert main([*record, *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "suite").exists()
+    twice = ["record", "--model", "a/m-seed{1..2}", "a/m-seed2", "--tokens", "t", "--out", "o"]
+    assert main(twice) == 2
+    assert "a/m-seed2 is given twice" in capsys.readouterr().err

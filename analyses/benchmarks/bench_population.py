@@ -44,10 +44,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_time_resolution import batched_transformer_c_hat
+from bench_time_resolution import batched_transformer_c_hat, sampled_c_hat
 
-from scansnap_lens.lab.synthetic import sequence_classes
-from scansnap_lens.lab.yz import train_yz
 from scansnap_lens.measures.resampling import (
     far_runs,
     interval_over_runs,
@@ -69,26 +67,6 @@ FAMILIES = {
 QUICK = {"inits": 4, "orders": 3}
 
 
-def yz_c_hat(batch: int, seeds: list[int], init_seeds: list[int], last: int, chunk: int = 32):
-    """c_hat [S, 1, R, Pc] every `READ` steps of sampled Y/Z runs (uniform initial weights
-    from `init_seeds`, batches from `seeds`), and their plan."""
-    g = torch.Generator().manual_seed(0)
-    weights = torch.sort(torch.rand(10, generator=g) + 0.05).values
-    classes = sequence_classes(num_queries=3, next_per_query=2, distinct_weights=weights,
-                               common_weight=1.0)  # fmt: skip
-    parts, plan = [], None
-    for k in range(0, len(seeds), chunk):
-        run = train_yz(classes, lr_z=1.0, lr_y=0.1, seeds=seeds[k : k + chunk],
-                       init_seeds=init_seeds[k : k + chunk], init="uniform", momentum=0.0,
-                       num_steps=last, snapshot_every=READ, batch_size=batch,
-                       seq_len=16)  # fmt: skip
-        traj = run.to_trajectory()
-        parts.append(traj.c_hat[:].clone())
-        plan = traj.plan
-        del run, traj
-    return torch.cat(parts, 2), plan
-
-
 def population(family: dict) -> tuple[np.ndarray, np.ndarray]:
     """The family's runs: snap steps [I, D] and each run's own bounds [I, D, 2]."""
     inits, orders, last = family["inits"], family["orders"], family["last"]
@@ -100,7 +78,8 @@ def population(family: dict) -> tuple[np.ndarray, np.ndarray]:
                                             batch=family["batch"])  # fmt: skip
         c = c[steps]
     else:
-        c, plan = yz_c_hat(family["batch"], data_seeds, init_seeds, last)
+        c, plan = sampled_c_hat(family["batch"], data_seeds, last, chunk=32,
+                                init_seeds=init_seeds, every=READ)  # fmt: skip
     runs = inits * orders
     seen = Trajectory(plan, torch.tensor(steps), [0], list(range(runs)), c_hat=c)
     table = snapping(seen).table

@@ -226,16 +226,28 @@ def noisy_grids(last: int) -> dict[str, list[int]]:
     return {"pythia": pythia, "log": log, **every, "every": list(range(last + 1))}
 
 
-def sampled_c_hat(batch: int, seeds: list[int], last: int, chunk: int = 64):
-    """c_hat [S, 1, R, Pc] of sampled Y/Z runs (one per seed) at every step, and their plan."""
+def sampled_c_hat(
+    batch: int,
+    seeds: list[int],
+    last: int,
+    chunk: int = 64,
+    init_seeds: list[int] | None = None,
+    every: int = 1,
+):
+    """c_hat [S, 1, R, Pc] of sampled Y/Z runs (one per seed) every `every` steps, and their
+    plan; with `init_seeds`, each run starts from uniform weights of its own init seed
+    (`train_yz`), else all from zero."""
     g = torch.Generator().manual_seed(0)
     weights = torch.sort(torch.rand(10, generator=g) + 0.05).values
     classes = sequence_classes(num_queries=3, next_per_query=2, distinct_weights=weights,
                                common_weight=1.0)  # fmt: skip
     parts, plan = [], None
     for k in range(0, len(seeds), chunk):
+        inits = None if init_seeds is None else init_seeds[k : k + chunk]
         run = train_yz(classes, lr_z=1.0, lr_y=0.1, seeds=seeds[k : k + chunk], momentum=0.0,
-                       num_steps=last, snapshot_every=1, batch_size=batch, seq_len=16)  # fmt: skip
+                       init_seeds=inits, init="zero" if inits is None else "uniform",
+                       num_steps=last, snapshot_every=every, batch_size=batch,
+                       seq_len=16)  # fmt: skip
         traj = run.to_trajectory()
         parts.append(traj.c_hat[:].clone())
         plan = traj.plan

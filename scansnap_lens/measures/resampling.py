@@ -503,7 +503,7 @@ def run_components(variances: Mapping[str, tuple[float, int]]) -> dict[str, floa
     """{"init": sigma_I^2, "data": sigma_D^2, "rest": sigma_e^2} from `pair_variances`, each
     at least 0: what only the initial weights move, what only the data order moves, and
     what moves with neither alone (their interaction, nondeterminism).  A part the design
-    cannot tell apart from the rest is folded into the rest (none pair differs in the data
+    cannot tell apart from the rest is folded into the rest (no pair differs in the data
     order only: sigma_D^2 is 0 and the rest holds it); with no pair differing in both, the
     rest is put at 0 (the larger shared parts: a wider interval for the mean)."""
     v = {k: x for k, (x, _) in variances.items()}
