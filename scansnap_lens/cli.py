@@ -35,15 +35,12 @@ def _print_summary(summary, traj) -> None:
     from scansnap_lens.measures.catalog import columns as shown
     from scansnap_lens.measures.catalog import measures_of
     from scansnap_lens.reading.findings import findings_of
-    from scansnap_lens.report import number
+    from scansnap_lens.report import number, with_intervals
 
-    columns = [c for c in shown("key", measures_of(traj)) if c in summary]
-    table = summary[columns].copy()
-    if "verdict" in table:  # its kind: the reasons are in the findings and uncertainty.csv
-        table["verdict"] = table["verdict"].astype(str).str.split(" \\(").str[0]
+    table = with_intervals(summary, shown("key", measures_of(traj)))
     print(table.to_string(index=False, float_format=number))
     print("findings:")  # below the table: the last lines a terminal shows
-    for line in findings_of(summary, measures_of(traj), traj.step_unit):
+    for line in findings_of(summary, measures_of(traj), traj.step_unit, traj.steps.tolist()):
         print(f"  {line}")
 
 

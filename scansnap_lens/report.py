@@ -66,10 +66,27 @@ def table_html(frame: pd.DataFrame) -> str:
     return f"<div class='table'>{table}</div>"
 
 
+def verdict_kind(verdicts: pd.Series) -> pd.Series:
+    """Each verdict without its reason ("no scan (could have seen ...)" -> "no scan"): a table's
+    cell holds the verdict, the reasons' numbers have columns of their own (``auroc_mde``,
+    ``rows_for_target``) and their words are in the findings and uncertainty.csv."""
+    return verdicts.astype(str).str.split(" \\(").str[0].where(verdicts.notna())
+
+
+BESIDE_VERDICT = ("auroc_mde", "rows_for_target")  # what a verdict's reason says, in numbers
+
+
 def with_intervals(summary: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     """`columns` of the summary for reading: a value with an interval (``VALUE_lo``,
-    ``VALUE_hi``) shows as "value [lo, hi]"."""
+    ``VALUE_hi``) shows as "value [lo, hi]"; the verdict as its kind (`verdict_kind`), with
+    the numbers of its reason (`BESIDE_VERDICT`) beside it."""
+    if "verdict" in columns:
+        at = columns.index("verdict") + 1
+        rest = [c for c in columns if c not in BESIDE_VERDICT]
+        columns = [*rest[:at], *[c for c in BESIDE_VERDICT if c in columns], *rest[at:]]
     shown = summary[[c for c in columns if c in summary]].copy()
+    if "verdict" in shown:
+        shown["verdict"] = verdict_kind(shown["verdict"])
     for c in shown.columns:
         lo, hi = f"{c}_lo", f"{c}_hi"
         if lo not in summary or not pd.api.types.is_float_dtype(shown[c]):
@@ -328,11 +345,10 @@ def _model_figures(traj, groups, summary, results, folder, layer, head, training
         )
     folder.figure(
         "loss",
-        "Loss over training (the evaluation loss the recording measured on its first"
-        " evaluation rows at each checkpoint, and a training log's where the run has one) with"
-        " each layer's snap step (dashed: the median over its heads; shaded: the median of"
-        " their intervals, where the checkpoints place it) and the steps at which heads became"
-        " one of the head types (dotted)",
+        f"Loss over training (the evaluation loss on {LOSS_POSITIONS.get(traj.loss_on, 'mixed')}"
+        " at each checkpoint, and a training log's) with each layer's snap step (dashed: the"
+        " median over its heads; shaded: where the checkpoints place it) and head types'"
+        " formation steps (dotted)",
         lambda p: _loss_figure(traj, summary, p),
     )
     order = _shown_classes(traj, groups)
@@ -373,6 +389,12 @@ def _model_figures(traj, groups, summary, results, folder, layer, head, training
         )  # fmt: skip
 
 
+# the positions a recorded loss averages over (`Trajectory.loss_on`), as the page says them
+LOSS_POSITIONS = {"all": "every position of the first rows",
+                  "last": "each row's last position, as the training's loss",
+                  "mixed": "positions that differ between checkpoints"}  # fmt: skip
+
+
 def _loss_curves(traj: Trajectory) -> dict[str, tuple[list, list]]:
     """{label: (steps, losses)}: the recorded evaluation loss, and the training log's losses
     a Trainer run's meta holds (``train_loss``, ``eval_loss``: [[step, loss], ...])."""
@@ -380,7 +402,10 @@ def _loss_curves(traj: Trajectory) -> dict[str, tuple[list, list]]:
 
     curves = {}
     if torch.isfinite(traj.loss).any():
-        curves[f"evaluation loss (first rows, about {LOSS_TOKENS:,} tokens)"] = (
+        where = LOSS_POSITIONS.get(traj.loss_on, LOSS_POSITIONS["mixed"])
+        if traj.loss_on == "all":
+            where += f", about {LOSS_TOKENS:,} tokens"
+        curves[f"evaluation loss ({where})"] = (
             traj.steps.tolist(), traj.loss.tolist())  # fmt: skip
     for key, label in (("train_loss", "training loss (log)"), ("eval_loss", "eval loss (log)")):
         logged = traj.meta.get(key)
@@ -455,7 +480,7 @@ def _page(
 ) -> str:
     from scansnap_lens.viz import views as cv
 
-    found = reading.findings_of(summary, measures_of(traj), traj.step_unit)
+    found = reading.findings_of(summary, measures_of(traj), traj.step_unit, traj.steps.tolist())
     body = [
         f"<h1>{html.escape(title)}</h1>",
         _findings("Findings", found, folder, "heads", "loss", SETTINGS_AT_THE_END),
@@ -491,7 +516,7 @@ def _page(
     if {"growth_bounds", "theory_fit"} & set(results) or limits:
         body.append(_theory_section(summary, results, limits))
     body += [
-        "<h2>How to read it</h2>",
+        f"<h2 id='{HOW_TO_READ_ID}'>How to read it</h2>",
         how_to_read(measures_of(traj)),
         "<h2>Figures</h2>",
         *folder.figures.values(),
@@ -506,15 +531,21 @@ def _page(
 SETTINGS_AT_THE_END = "<p>Each is measured below; the settings are at the end.</p>"
 
 
+HOW_TO_READ_ID = "how-to-read"
+
+
 def _findings(heading: str, lines: list[str], folder: _Folder, mapped: str, loss: str,
               note: str = "") -> str:  # fmt: skip
-    """The findings with the map figure `mapped` beside them and the `loss` figure below (the
-    loss beside them where there is no map: one head, or no figure to map)."""
+    """The first screen: the findings with the `loss` figure under them and the map figure
+    `mapped` beside them (the loss beside them where there is no map: one head, or no figure
+    to map); "How to read it" in a finding links to that section."""
     maps, curve = folder.figures.pop(mapped, ""), folder.figures.pop(loss, "")
-    beside, below = (maps, curve) if maps else (curve, "")
-    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    beside, under = (maps, curve) if maps else (curve, "")
+    link = f"<a href='#{HOW_TO_READ_ID}'>How to read it</a>"
+    items = "".join(f"<li>{html.escape(line).replace('How to read it', link)}</li>"
+                    for line in lines)  # fmt: skip
     return (f"<div class='findings'><div><h2>{html.escape(heading)}</h2><ul>{items}</ul>{note}"
-            f"</div>{beside}</div>{below}")  # fmt: skip
+            f"{under}</div>{beside}</div>")  # fmt: skip
 
 
 THEORY_COLUMNS = ["layer", "head", "snap_step", "predicted_snap", "population_snap", "snap_ratio",
@@ -804,7 +835,9 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
     _runs_figures(comparison, folder)
     title = title or f"scansnap_lens: {len(comparison.runs)} runs compared"
     table = comparison.table
-    verdicts = table[["layer", "head", *[c for c in table if c.startswith("verdict_")]]]
+    verdicts = table[["layer", "head", *[c for c in table if c.startswith("verdict_")]]].copy()
+    for c in verdicts.columns[2:]:  # each run's reasons: per_run.csv
+        verdicts[c] = verdict_kind(verdicts[c])
     figures = [c.removesuffix("_mean") for c in table.columns if c.endswith("_mean")]
     shown = _over_runs(table, figures)
     if "scans_share" in table:

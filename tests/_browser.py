@@ -76,9 +76,14 @@ window.addEventListener("load", () => setTimeout(() => {
   const out = {width, height, page_width: document.documentElement.scrollWidth, wide,
                findings: found ? box(found) : null,
                findings_items: found ? found.querySelectorAll("li").length : 0,
-               map: found && found.querySelector("img") ? box(found.querySelector("img")) : null,
-               beside: found && found.querySelector("figcaption") ?
-                 found.querySelector("figcaption").textContent : ""};
+               map: found && found.querySelector(":scope > figure img") ?
+                 box(found.querySelector(":scope > figure img")) : null,
+               beside: found && found.querySelector(":scope > figure figcaption") ?
+                 found.querySelector(":scope > figure figcaption").textContent : "",
+               under: found && found.querySelector(":scope > div figure img") ?
+                 box(found.querySelector(":scope > div figure img")) : null,
+               under_caption: found && found.querySelector(":scope > div figcaption") ?
+                 found.querySelector(":scope > div figcaption").textContent : ""};
   const pre = document.createElement("pre");
   pre.id = "layout-probe"; pre.textContent = JSON.stringify(out);
   document.body.appendChild(pre);
@@ -88,7 +93,9 @@ window.addEventListener("load", () => setTimeout(() => {
 
 def layout(path: Path, size: tuple[int, int] = (1300, 900), budget_ms: int = 10000) -> dict:
     """How a page lays out in a window of `size`: the elements wider than the window (outside
-    boxes that scroll on their own), and where the findings and their map are (page pixels)."""
+    boxes that scroll on their own), and where the findings, the figure beside them (``map``,
+    ``beside``: its caption) and the figure under them (``under``, ``under_caption``) are
+    (page pixels)."""
     import json
     import tempfile
 

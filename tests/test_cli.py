@@ -1,6 +1,7 @@
 """The `scansnap` commands on the demo, on a user's own checkpoints and corpora, and on bad
 input (exit code 2 and a message naming the problem)."""
 
+import html
 import json
 import shutil
 import subprocess
@@ -31,6 +32,28 @@ def test_demo_shows_scan_and_snap(demo_out):
     assert summary["predicted_snap"] > 0  # the rates came from the training itself
     assert (out / "report" / "report.html").stat().st_size > 1_000_000  # the script inlined
     assert len(Trajectory.load(out / "trajectory").steps) >= 10
+
+
+@pytest.mark.tl
+def test_the_demos_recorded_loss_is_the_one_its_training_optimizes(demo_out):
+    """The demo trains on each row's last prediction (loss_on="last"): the recorded loss is
+    on those positions too, so it falls as the training loss does (measured at every
+    position, which this task never trains, it rose from 3.5 to 7 nats), and the figure says
+    which positions it averages over."""
+    from scipy.stats import spearmanr
+
+    out, _ = demo_out
+    traj = Trajectory.load(out / "trajectory")
+    assert traj.loss_on == "last" and traj.meta["loss_on"] == "last"
+    recorded = traj.loss.numpy()
+    trained = pd.read_csv(out / "report" / "loss.csv").set_index("step")["loss"]
+    # the training loss around each checkpoint (a batch's loss is noisy): the mean of 5 steps
+    near = [trained.loc[max(1, s - 2) : s + 2].mean() for s in traj.steps.tolist() if s > 0]
+    assert recorded[-1] < 0.2 * recorded[0], recorded
+    assert spearmanr(recorded[1:], near).statistic > 0.9, (recorded, near)
+    assert abs(recorded[-1] - near[-1]) < 0.1 + 0.5 * near[-1]
+    page = html.unescape((out / "report" / "report.html").read_text())
+    assert "evaluation loss on each row's last position" in page
 
 
 @pytest.fixture(scope="module")

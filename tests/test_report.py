@@ -439,15 +439,50 @@ def test_each_page_opens_with_its_findings_and_fits_1300_pixels(demo_out, traine
         assert seen["findings"] is not None and seen["findings_items"] >= 3, name
         assert seen["findings"]["top"] < seen["height"], name
         assert seen["map"] is not None and seen["map"]["bottom"] <= seen["height"], (name, seen)
-        # the [layer, head] map beside the findings (the demo's one head has none: its loss)
-        beside = seen["beside"]
-        assert (
-            "Loss over training" in beside
-            if name == "demo"
-            else ("Head atlas" in beside or "[layer, head]" in beside)
-        ), (name, beside)
-        assert "Loss over training" in path.read_text() or "evaluation loss" in path.read_text()
+        # the [layer, head] map beside the findings and the loss, its snaps marked, under
+        # them: all on the first screen (the demo's one head has no map: its loss is beside)
+        beside, under = seen["beside"], seen["under_caption"]
+        if name == "demo":
+            assert "Loss over training" in beside and "snap step" in beside, beside
+        else:
+            assert "Head atlas" in beside or "[layer, head]" in beside, (name, beside)
+            assert "loss" in under and "snap step" in under, (name, under)
+            assert seen["under"]["bottom"] <= seen["height"], (name, seen["under"])
     assert "Only 2 runs" in trainer_runs["runs"].read_text()
+
+
+def _findings_said(page: Path) -> list[str]:
+    """The findings of a page, as a reader sees them."""
+    import html as html_text
+
+    block = re.search(r"<div class='findings'>.*?<ul>(.*?)</ul>", page.read_text(), re.S)
+    return [html_text.unescape(re.sub("<[^>]+>", "", item))
+            for item in re.findall(r"<li>(.*?)</li>", block.group(1), re.S)]  # fmt: skip
+
+
+@pytest.mark.tl
+def test_findings_are_short_lead_with_what_the_run_tells_and_never_repeat(demo_out, trainer_runs):
+    """On the demo's, a Trainer run's and its two seeds' pages each finding is a few words
+    (about 35 at most) and no sentence is said twice: a caveat of several layers is said once
+    for the page, with a link to its explanation; the tables' verdict cells hold the
+    verdict, the AUROC it could have seen in a column of its own."""
+    pages = {"demo": demo_out[0] / "report" / "report.html", **trainer_runs}
+    for name, path in pages.items():
+        said = _findings_said(path)
+        assert len(said) >= 3, (name, said)
+        long = [line for line in said if len(line.split()) > 38]
+        assert not long, (name, long)
+        sentences = [s.strip() for line in said for s in re.split(r"(?<=[.)])\s+(?=[A-Z])", line)]
+        assert len(sentences) == len(set(sentences)), (name, said)
+        text = path.read_text()
+        tables = text.split("<h2>Summary")[-1].split("How to read it</h2>")[0]
+        assert "could have seen AUROC" not in tables, name
+    run_page = trainer_runs["trainer"].read_text()
+    if "moved mostly by step-to-step noise" in run_page:
+        assert "href='#how-to-read'>How to read it</a>" in run_page
+        assert "id='how-to-read'" in run_page
+    demo = pages["demo"].read_text()
+    assert "<th>verdict</th>" in demo and "<th>auroc_mde</th>" in demo
 
 
 @pytest.mark.tl

@@ -328,8 +328,8 @@ MEASURES: tuple[Measure, ...] = (
         " held AUROC's interval holds both: <b>held_units_needed</b> says how many effective"
         " units would tell them apart).  The intervals cover other queries and tokens of this"
         " text for this trained model, not another training run.",
-        shown="key: scans; heads: scans; atlas: scans verdict; runs: scans verdict auroc_mde"
-        " rows_for_target",
+        shown="key: scans auroc_mde rows_for_target; heads: scans auroc_mde rows_for_target;"
+        " atlas: scans verdict rows_for_target; runs: scans verdict auroc_mde rows_for_target",
     ),
 )
 

@@ -12,9 +12,13 @@ types and snap steps: the first lines of the report and of the command line.
 ...     print(line)
 No head scans (each could have seen AUROC >= 0.62 to 0.7).
 Layer 0 head 0 became a previous-token head (score 0.31) at step 95 [90, 99].
-Layer 0 snapped near step 125 (its 2 heads: 120 to 130).
+Layer 0 snapped near step 125 [122, 127] (its 2 heads: 120 to 130).
 >>> findings_of(summary.iloc[:1])[-1]  # a layer of one head
-'Layer 0 snapped near step 120 (its one head: 120 [118, 123]).'
+'Layer 0 snapped near step 120 [118, 123] (its one head).'
+>>> wide = summary.assign(snap_step_lo=[10.0, 12.0], snap_step_hi=[700.0, 800.0])
+>>> print(findings_of(wide, steps=[0, 10, 100, 800])[-1])  # doctest: +NORMALIZE_WHITESPACE
+Layer 0's snap cannot be placed from this run: somewhere in steps 11 to 750 (its 2 heads);
+checkpoints between steps 11 and 750 would (scansnap record --steps auto).
 """
 
 from __future__ import annotations
@@ -88,14 +92,12 @@ def _scan(summary: pd.DataFrame, step_unit: str) -> list[str]:
         side = "rarer" if untold["verdict"].astype(str).str.contains("rarer").any() else (
             "more frequent")  # fmt: skip
         need = untold.get("held_units_needed", pd.Series(dtype=float)).astype(float).max()
-        settle = (f"; about {need:,.0f} effective units (more evaluation text) would settle"
+        settle = (f": about {need:,.0f} effective units (more evaluation text) would settle"
                   " it" if need == need else "")  # fmt: skip
         said.append(
-            f"{len(untold)} {'head gains' if len(untold) == 1 else 'heads gain'} attention on"
-            f" distinct tokens (bias and AUROC significant), but the distinct tokens are {side}"
-            " than the common ones, and neither the AUROC with frequency held nor the frequency"
-            f" bias among distinct tokens tells scanning from a preference for {side} tokens"
-            f"{settle}."
+            f"{len(untold)} {'head gains' if len(untold) == 1 else 'heads gain'} on distinct"
+            f" tokens, but those are {side} than the common ones and frequency cannot be ruled"
+            f" out{settle}."
         )
     explained = summary[kinds == VERDICTS["not_beyond"]]
     if len(explained):
@@ -148,10 +150,39 @@ def _head_types(summary: pd.DataFrame, entries: Sequence[Measure]) -> list[str]:
     return said
 
 
-def _snaps(summary: pd.DataFrame) -> list[str]:
+WORDS = 35  # about the most words of one finding: a caveat for several layers is said once
+
+
+def cannot_place(lo: float, hi: float, span: tuple[float, float] | None) -> bool:
+    """Whether a step's interval [lo, hi] spans more than half of the run's log-step range
+    `span` (first, last checkpoint): then the run cannot place it.
+
+    >>> cannot_place(10, 800, (0, 800)), cannot_place(76, 168, (0, 250))
+    (True, False)
+    """
+    if span is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return False
+    first, last = span
+    width = math.log1p(max(hi - first, 0.0)) - math.log1p(max(lo - first, 0.0))
+    return width > 0.5 * math.log1p(max(last - first, 0.0))
+
+
+def _layers(layers: list) -> str:
+    """ "Layer 0", "Layers 0 and 2", "Layers 0, 1 and 3"."""
+    names = [str(x) for x in layers]
+    if len(names) == 1:
+        return f"Layer {names[0]}"
+    return f"Layers {', '.join(names[:-1])} and {names[-1]}"
+
+
+def _snaps(summary: pd.DataFrame, span=None) -> tuple[list[str], list[str]]:
+    """Each layer's snap in a short sentence, and the caveats said once for the page (the
+    layers whose attention moved by noise, and where rate and state disagree)."""
     if "snap_step" not in summary:
-        return []
-    said = []
+        return [], []
+    from scansnap_lens.reading.runs import median_bounds
+
+    said, noise, spacing, states = [], [], [], []
     for layer, rows in summary.groupby("layer", sort=True):
         steps = rows["snap_step"].astype(float).dropna()
         if steps.empty:
@@ -165,50 +196,66 @@ def _snaps(summary: pd.DataFrame) -> list[str]:
             heads = f"its {len(rows)} heads"
         else:
             heads = f"{len(steps)} of its {len(rows)} heads"
-        spread = (
-            f"{_num(steps.min())} to {_num(steps.max())}"
-            if len(steps) > 1
-            else _interval(rows.loc[steps.index[0]], "snap_step")
-        )
-        if "snap_step_grid_lo" in rows and rows["snap_step_grid_lo"].notna().any():
-            spread += (
-                f"; the checkpoints place {'them' if len(steps) > 1 else 'it'} within"
-                f" {_num(rows['snap_step_grid_lo'].min())}"
-                f" to {_num(rows['snap_step_grid_hi'].max())}"
-            )
-        said.append(f"Layer {layer} snapped near step {_num(steps.median())} ({heads}: {spread})."
-                    + _noisy(rows) + _states(rows))  # fmt: skip
-    return said
+        lo, hi = (float(v) for v in median_bounds(rows, "snap_step"))
+        noisy = _noisy(rows)
+        if noisy == "drift":
+            noise.append(layer)
+        elif noisy:
+            spacing.append((layer, noisy))
+        if cannot_place(lo, hi, span):
+            way = ("more seeds would place the recipe's" if noisy == "drift" else
+                   f"checkpoints between steps {_num(lo)} and {_num(hi)} would (scansnap record"
+                   " --steps auto)")  # fmt: skip
+            said.append(f"Layer {layer}'s snap cannot be placed from this run: somewhere in"
+                        f" steps {_num(lo)} to {_num(hi)} ({heads}); {way}.")  # fmt: skip
+            continue
+        bounds = f" [{_num(lo)}, {_num(hi)}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+        spread = f": {_num(steps.min())} to {_num(steps.max())}" if len(steps) > 1 else ""
+        said.append(f"Layer {layer} snapped near step {_num(steps.median())}{bounds}"
+                    f" ({heads}{spread}).")  # fmt: skip
+        state = _states(rows)
+        if state:
+            states.append((layer, state))
+    notes = []
+    if noise:
+        their = "its" if len(noise) == 1 else "their"
+        notes.append(f"{_layers(noise)} moved mostly by step-to-step noise between checkpoints:"
+                     f" {their} snap steps are read from the drift and are this run's own;"
+                     " more seeds, not more checkpoints, place the recipe's (see How to read"
+                     " it).")  # fmt: skip
+    if spacing:
+        values = ", ".join(v for _, v in spacing)
+        notes.append(f"{_layers([x for x, _ in spacing])} moved mostly by step-to-step noise"
+                     f" between checkpoints (straightness {values}; a drift gives 1, noise"
+                     " 0.71): compare snap steps only at the same checkpoints.")  # fmt: skip
+    if states:
+        notes.append(f"{_layers([x for x, _ in states])} reached half way to the last"
+                     f" checkpoint's attention near step {', '.join(v for _, v in states)},"
+                     " outside the snap's interval in most heads: rate and state disagree"
+                     " (see How to read it).")  # fmt: skip
+    return said, notes
 
 
 def _noisy(rows: pd.DataFrame) -> str:
-    """What a layer's snap steps are worth where its attention moved mostly by noise."""
+    """How a layer's attention moved by noise: "drift" where its drift resolves fewer than
+    its checkpoints (its snap steps are read from the drift between those), its median
+    straightness where it is under `NOISY_BELOW` at every checkpoint, else ""."""
     drift = {"drift_checkpoints", "checkpoints"} <= set(rows)
     if drift and rows["drift_checkpoints"].notna().any():
         kept = float(rows["drift_checkpoints"].median())
         total = float(rows["checkpoints"].max())
         if total - kept < max(1.0, 0.1 * (total - 1)):
             return ""
-        return (f" Between its checkpoints its attention moved mostly by step-to-step noise:"
-                f" its drift resolves {kept:.0f} of the {total:.0f} checkpoints (median over its"
-                " heads), and these snap steps are read from the drift between those."
-                " They and their bounds are this run's own: another seed of the same recipe"
-                " snaps elsewhere (mostly by its initial weights), so more seeds (compared with"
-                " scansnap report RUN_A RUN_B ...), not more recordings, will place the"
-                " recipe's snap.")  # fmt: skip
+        return "drift"
     if "straightness" not in rows or rows["straightness"].isna().all():
         return ""
     straight = float(rows["straightness"].median())
-    if straight >= NOISY_BELOW:
-        return ""
-    return (f" But its attention moved mostly by step-to-step noise between checkpoints"
-            f" (straightness {straight:.2f}: a steady drift gives 1, noise 0.71), so these"
-            " snap steps depend on how far apart the checkpoints are: compare runs only at"
-            " the same checkpoints.")  # fmt: skip
+    return "" if straight >= NOISY_BELOW else f"{straight:.2f}"
 
 
 def _states(rows: pd.DataFrame) -> str:
-    """Where a layer's snap steps and the state functions (`snap.half_steps`) disagree."""
+    """The step at which a layer's attention was half way to its last checkpoint's, where it
+    lies outside most of its heads' snap intervals (`snap.half_steps`), else ""."""
     need = {"half_distance_step", "snap_step", "snap_step_grid_lo", "snap_step_grid_hi"}
     if not need <= set(rows):
         return ""
@@ -221,10 +268,7 @@ def _states(rows: pd.DataFrame) -> str:
     apart = both & ((half_hi < lo) | (half_lo > hi))
     if not both.any() or apart.sum() * 2 <= both.sum():
         return ""
-    return (f" The attention was half way to its last checkpoint's near step"
-            f" {_num(half[both].median())}, outside these snap steps' intervals in"
-            f" {int(apart.sum())} of {int(both.sum())} heads (the rate and the state disagree:"
-            " the state depends on where the run ends).")  # fmt: skip
+    return _num(half[both].median())
 
 
 def _theory(summary: pd.DataFrame) -> list[str]:
@@ -244,14 +288,22 @@ def _theory(summary: pd.DataFrame) -> list[str]:
 
 
 def findings_of(
-    summary: pd.DataFrame, entries: Sequence[Measure] = MEASURES, step_unit: str = "steps"
+    summary: pd.DataFrame,
+    entries: Sequence[Measure] = MEASURES,
+    step_unit: str = "steps",
+    steps: Sequence[float] | None = None,
 ) -> list[str]:
-    """Sentences of what the summary (`summary.summarize`, one row per head) shows: which heads
-    scan (or what each could have seen), which became one of the head types of `entries`
-    (`catalog.measures_of` a trajectory; their "formed" columns) and when, when each layer
-    snapped, and the theory's snap where it was fit."""
-    said = [*_scan(summary, step_unit), *_head_types(summary, entries), *_snaps(summary)]
-    said += _theory(summary)
+    """Sentences of what the summary (`summary.summarize`, one row per head) shows, each of
+    about `WORDS` at most: which heads scan (or what each could have seen), which became one
+    of the head types of `entries` (`catalog.measures_of` a trajectory; their "formed"
+    columns) and when, when each layer snapped (or that the run cannot place it: its
+    interval spans more than half of the log-step range of the run's checkpoints `steps`),
+    the theory's snap where it was fit, and last the caveats of several layers, each said
+    once."""
+    span = None if steps is None or not len(steps) else (float(min(steps)), float(max(steps)))
+    snaps, notes = _snaps(summary, span)
+    said = [*_scan(summary, step_unit), *_head_types(summary, entries), *snaps]
+    said += _theory(summary) + notes
     if step_unit != "steps":
         said = [s.replace(" step ", f" {step_unit.removesuffix('s')} ") for s in said]
     return said
@@ -275,11 +327,20 @@ def _names(runs: list[str], n: int) -> str:
 
 
 def _runs_power(per_run: pd.DataFrame) -> str:
-    """Which runs could have seen a scan, where no run shows one (each run's `_power`)."""
+    """What the runs' heads could have seen, where no run shows a scan (`_power` over every
+    run's heads; the runs that could see nothing named apart)."""
     if "auroc_mde" not in per_run:
         return ""
-    parts = [f"{run}: {_power(rows)}" for run, rows in per_run.groupby("run", sort=False)
-             if rows["auroc_mde"].notna().any()]  # fmt: skip
+    seen = per_run["auroc_mde"].astype(float) < 1
+    blind = [run for run, rows in seen.groupby(per_run["run"], sort=False) if not rows.any()]
+    parts = [f"{_names(blind, per_run['run'].nunique())} had no power to see one"
+             ] if blind else []  # fmt: skip
+    if seen.any():
+        parts.append(
+            _power(per_run[seen]).replace(
+                "each could", "the other runs' heads could" if blind else "their heads could"
+            )
+        )
     return f" ({'; '.join(parts)})" if parts else ""
 
 
@@ -293,17 +354,17 @@ def unseen_group_chance(inits: int) -> float:
     return 0.75**inits
 
 
-def _recipe_caveat(comparison) -> str:
+def _recipe_caveat(comparison) -> list[str]:
     """Where few initialisations stand for the recipe, what they can miss."""
     design = comparison.design
     if design is None or len(design) < 3:
-        return ""
+        return []
     inits = design["init"].where(design["init"].notna(), design["run"]).nunique()
     if not 3 <= inits <= 5:
-        return ""
-    return (f"; from {inits} initialisations, a group holding a quarter of the recipe's runs"
+        return []
+    return [f"From {inits} initialisations, a group holding a quarter of the recipe's runs"
             f" would be missed by all of them with probability"
-            f" {unseen_group_chance(inits):.2f}")  # fmt: skip
+            f" {unseen_group_chance(inits):.2f}."]  # fmt: skip
 
 
 def _split_said(comparison, layer: int) -> list[str]:
@@ -374,48 +435,72 @@ def runs_findings_of(comparison, entries: Sequence[Measure] = MEASURES) -> list[
     if none:
         kinds = ", ".join(none[:-1]) + " or " + none[-1] if len(none) > 1 else none[0]
         said.append(f"No head became a {kinds} head in any run.")
+    span = _runs_span(comparison)
+    noisy_runs: set[str] = set()
     for row in layers.to_dict("records"):
         if pd.isna(row.get("snap_step_median_mean", math.nan)):
             continue
+        layer = int(row["layer"])
         each = ", ".join(
             f"{run}: {_num(row[f'snap_step_median_{run}'])}"
             for run in runs
             if pd.notna(row.get(f"snap_step_median_{run}"))
         )
-        over = ""
-        if pd.notna(row.get("snap_step_median_lo")):
-            over = f" [{_num(row['snap_step_median_lo'])}, {_num(row['snap_step_median_hi'])}]"
+        lo, hi = row.get("snap_step_median_lo", math.nan), row.get("snap_step_median_hi", math.nan)
         at = per_run[per_run["layer"] == row["layer"]]
-        noisy = [run for run in runs if _noisy(at[at["run"] == run])]
-        caveat = ""
-        if noisy:
-            caveat = (f"; in {_names(noisy, n)} its attention moved mostly by step-to-step noise"
-                      " between checkpoints (see each run's page): each run's snap steps are"
-                      " its own, and the interval over runs is for their typical (geometric"
-                      " mean) step, as far as these runs go")  # fmt: skip
-        said.append(
-            f"Layer {int(row['layer'])} snaps near step {_num(row['snap_step_median_mean'])}"
-            f"{over} over runs ({each}){caveat}{_recipe_caveat(comparison)}."
-        )
+        noisy_runs |= {run for run in runs if _noisy(at[at["run"] == run])}
+        if cannot_place(float(lo), float(hi), span):
+            said.append(f"Layer {layer}'s snap over runs cannot be placed from these {n} runs:"
+                        f" somewhere in steps {_num(lo)} to {_num(hi)} ({each}); more seeds"
+                        " would place it.")  # fmt: skip
+        else:
+            over = f" [{_num(lo)}, {_num(hi)}]" if pd.notna(lo) else ""
+            said.append(f"Layer {layer} snaps near step {_num(row['snap_step_median_mean'])}"
+                        f"{over} over runs ({each}).")  # fmt: skip
         groups = row.get("snap_step_median_groups")
         if isinstance(groups, str) and groups:
             said.append(
-                f"Layer {int(row['layer'])}'s runs snap in two separate groups ({groups}):"
-                " the recipe's mean lies between them, and a single run tells only its own"
-                " group."
+                f"Layer {layer}'s runs snap in two separate groups ({groups}): the recipe's"
+                " mean lies between them, and a single run tells only its own group."
             )
-        said += _split_said(comparison, int(row["layer"]))
+        said += _split_said(comparison, layer)
+    if noisy_runs:
+        named = _names([run for run in runs if run in noisy_runs], n)
+        said.append(f"In {named} the attention moved mostly by step-to-step noise between"
+                    " checkpoints (see each run's page): a run's snap steps are its own, and"
+                    " the interval over runs is for their typical (geometric mean)"
+                    " step.")  # fmt: skip
+    said += _recipe_caveat(comparison)
     matching = comparison.matching
     if matching is not None:
         others = matching[matching["run"] != runs[0]]
         quality = others.groupby("layer").agg(similarity=("similarity", "mean"),
                                               chance=("chance", "mean"))  # fmt: skip
-        parts = [
-            f"layer {layer}: {_num(q.similarity)} against {_num(q.chance)} by chance"
-            for layer, q in quality.iterrows()
-        ]
+        close = [int(x) for x, q in quality.iterrows() if q.similarity - q.chance < MATCHED_BY]
         said.append(
             f"Heads are matched to {runs[0]}'s by their attention on the example prompt"
-            f" (similarity {'; '.join(parts)})."
+            f" (similarity {_range(quality['similarity'])} against"
+            f" {_range(quality['chance'])} by chance"
+            + (f"; {_layers(close).lower()} barely above it" if close else "")
+            + ")."
         )
     return said
+
+
+MATCHED_BY = 0.05  # a layer's similarity within this of chance: its heads' match says little
+
+
+def _range(values: pd.Series) -> str:
+    low, high = _num(float(values.min())), _num(float(values.max()))
+    return low if low == high else f"{low} to {high}"
+
+
+def _runs_span(comparison) -> tuple[float, float] | None:
+    """The first and last checkpoint of the runs (their losses' steps; from summaries alone,
+    step 0 to their last, ``final_step``), or None."""
+    losses, per_run = comparison.losses, comparison.per_run
+    if losses is not None and len(losses):
+        return float(losses["step"].min()), float(losses["step"].max())
+    if "final_step" in per_run and per_run["final_step"].notna().any():
+        return 0.0, float(per_run["final_step"].max())
+    return None

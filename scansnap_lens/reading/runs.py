@@ -84,7 +84,7 @@ SPLIT = ("bias", "auroc", "snap_step")  # per head, and each layer's median snap
 _SEEDED = re.compile(r"^(?P<base>.+?)-(?:(?P<kind>data|weight)-)?seed(?P<k>\d+)$")
 TWO_RUNS = (
     "Only 2 runs: an interval over runs rests on 1 degree of freedom (t = 12.7 at 95 %), so it"
-    " says little beyond the two values; each more seed narrows it"
+    " says little beyond the two values; each more seed narrows it."
 )
 
 
@@ -210,7 +210,7 @@ def compare_runs(
     frames = []
     for index, (run, summary) in enumerate(summaries.items()):
         kept = [c for c in columns("runs", entries) if c in summary]
-        own = ["own_head"] if "own_head" in summary else []
+        own = [c for c in ("own_head", "final_step") if c in summary]  # its last: the run's span
         frame = summary[["layer", "head", *own, *kept]].copy()
         frame.insert(0, "run", str(run))
         frame.insert(1, "run_index", index)

@@ -76,7 +76,7 @@ RESERVED = frozenset({
     "plan", "steps", "layers", "heads", "step_unit", "skipped", "meta", "prompt",
     "prompt_pattern", "aggregates", "rows", "values", "step", "num_steps", "replace", "holds",
     "from_records", "class_slot", "class_attention", "attention", "logits", "select",
-    "to_dataframe", "entropy_dataframe", "save", "load", "entries", "loss",
+    "to_dataframe", "entropy_dataframe", "save", "load", "entries", "loss", "loss_on",
 })  # fmt: skip
 
 AXES = {
@@ -229,13 +229,14 @@ class CheckpointRecord:
     values: {aggregate name: [L, H, slots]} (`AGGREGATES`), each readable as an attribute
     (``record.zbar``); prompt_pattern: [L, H, T, T] attention weights of one example prompt,
     or None; loss: the model's mean next-token loss (nats) on the first evaluation rows
-    (`hooks.loss_rows`), or None.
+    (`hooks.loss_rows`), or None, over the positions `loss_on` says ("all" or "last").
     """
 
     step: int
     values: dict[str, Tensor]
     prompt_pattern: Tensor | None = None
     loss: float | None = None
+    loss_on: str = "all"
 
     def __getattr__(self, name: str) -> Tensor:
         values = self.__dict__.get("values", {})

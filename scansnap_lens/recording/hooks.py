@@ -45,6 +45,7 @@ from scansnap_lens.recording.aggregates import (
 )
 from scansnap_lens.recording.fused import FusedReads, MaskCheck, fusable_layers, fused_attention
 from scansnap_lens.recording.plan import RecordPlan, find_sorted
+from scansnap_lens.recording.settings import LOSS_ON
 from scansnap_lens.statistics.corpus import rows_fingerprint
 
 if TYPE_CHECKING:
@@ -276,6 +277,7 @@ class _HookAggregator:
         self.row_counts = {a.name: torch.zeros(rows, dtype=torch.long) for a in self.on_rows}
         self.rows_done = 0
         self.loss_sum, self.loss_tokens = torch.zeros((), dtype=torch.float64, device=device), 0
+        self.loss_last = False  # the loss on each row's final prediction only (`loss_on`)
         self.batch: _Batch | None = None
         self.positions: _Positions | None = None
         # what the checkpoints of one run share: per layer, whether hook_attn_scores carries
@@ -677,6 +679,8 @@ class _HookAggregator:
                 logits = self.model.run_with_hooks(on_device, return_type="logits",
                                                    fwd_hooks=self.hooks())  # fmt: skip
                 per_token = next_token_loss(logits[:with_loss], on_device[:with_loss])
+                if self.loss_last:  # the training's loss is on each row's final prediction
+                    per_token = per_token[:, -1:]
                 self.loss_sum += per_token.double().sum()
                 self.loss_tokens += per_token.numel()
             else:
@@ -1015,6 +1019,7 @@ def record_checkpoint(
     on_batch=None,
     aggregates: Sequence[Aggregate | str] | None = None,
     state: RunState | None = None,
+    loss_on: str = "all",
 ) -> CheckpointRecord:
     """Run the evaluation tokens through `model` and record its attention's aggregates.
 
@@ -1025,7 +1030,11 @@ def record_checkpoint(
     on_batch: called after each batch with (batches done, batches in all or None, seconds).
     state: what a run's checkpoints share (`RunState`), decided once and kept in it (without
     one, a one-off call: each batch's indices are not kept past it).
+    loss_on: the positions the loss averages over, as the training optimizes them ("all", or
+    "last": each row's final prediction; `settings.RecordingSettings.loss_on`).
     """
+    if loss_on not in LOSS_ON:
+        raise ValueError(f"loss_on must be one of {LOSS_ON}, got {loss_on!r}")
     vocab = model_vocab_size(model)
     if plan.vocab_size != vocab:
         raise ValueError(
@@ -1049,6 +1058,7 @@ def record_checkpoint(
     positions = max((x.shape[1] for x in batches), default=None)
     aggregator = _HookAggregator(model, plan, layers, heads, device, main, rows, state,
                                  positions)  # fmt: skip
+    aggregator.loss_last = loss_on == "last"
     fingerprint = 0
     start = time.perf_counter()
     values = {}
@@ -1079,6 +1089,7 @@ def record_checkpoint(
         values={a.name: values[a.name] for a in aggregates},
         prompt_pattern=None if prompt is None else prompt_attention(model, prompt, layers, heads),
         loss=aggregator.mean_loss(),
+        loss_on=loss_on,
     )
 
 

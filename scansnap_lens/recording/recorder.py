@@ -39,7 +39,7 @@ from scansnap_lens.recording.hooks import (
     watched,
 )
 from scansnap_lens.recording.plan import RecordPlan, plan_recording
-from scansnap_lens.recording.settings import PROMPT_LENGTH, RecordingSettings
+from scansnap_lens.recording.settings import LOSS_ON, PROMPT_LENGTH, RecordingSettings
 from scansnap_lens.recording.storage import (
     TrajectoryFolder,
     TrajectoryWriter,
@@ -121,6 +121,7 @@ class RecordingRun:
             model, self.tokens, self.plan, step=int(step), layers=self.layers, heads=self.heads,
             batch_size=s.batch_size, device=s.device, progress=s.progress, prompt=self.prompt,
             on_batch=on_batch, aggregates=self.aggregates, state=self.state,
+            loss_on=s.loss_on or "all",
         )  # fmt: skip
         writer.write(record)
         return record
@@ -322,8 +323,9 @@ class Recorder:
             self.layers, self.heads = layers, heads
             if self.on_plan is not None:
                 self.on_plan(self.plan, len(layers) * len(heads))
+            settings = self.settings.replace(loss_on=self._loss_on())
             run = RecordingRun(self.out, self.tokens, self.plan, layers, heads, self.prompt,
-                               self.aggregates, entries, self.settings, self.state)  # fmt: skip
+                               self.aggregates, entries, settings, self.state)  # fmt: skip
             self._check_budget(run)
             self.lock.acquire()
             self._writer, self.run = run.writer(self.meta), run
@@ -331,6 +333,20 @@ class Recorder:
             self._writer.skip(*skip)
         self._skips = []
         return self.run
+
+    def _loss_on(self) -> str:
+        """The positions the recorded loss averages over: the settings', else the training's
+        (its meta's ``loss_on``, which `train` passes), else all; ValueError where the two
+        differ."""
+        told, given = self.meta.get("loss_on"), self.settings.loss_on
+        if told is not None and told not in LOSS_ON:
+            raise ValueError(f"the run's meta says loss_on {told!r}: one of {LOSS_ON} expected")
+        if told is not None and given is not None and told != given:
+            raise ValueError(
+                f"loss_on={given!r}, but the training's loss is on {told!r} positions (its"
+                " meta): record the loss the training optimizes, or leave loss_on unset"
+            )
+        return given or told or "all"
 
     # ---------------------------------------------------------------- the budget
     def _entries(self, vocab_size: int) -> list[dict]:

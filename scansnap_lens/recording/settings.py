@@ -25,10 +25,11 @@ from typing import Any
 from scansnap_lens._settings import options, setting
 from scansnap_lens.recording.budget import CHECKPOINT_BUDGET, RUN_BUDGET
 
-__all__ = ["DUPLICATES", "ON_DISK", "RecordingSettings"]
+__all__ = ["DUPLICATES", "LOSS_ON", "ON_DISK", "RecordingSettings"]
 
 ON_DISK = 2  # revisions of a hub sweep on disk at once: the one recording, the next
 DUPLICATES = ("refuse", "skip", "record")
+LOSS_ON = ("all", "last")  # the positions a loss averages over (`models.training.train`)
 
 
 PROMPT_LENGTH = 64  # tokens of the example prompt of a new recording
@@ -71,6 +72,11 @@ class RecordingSettings:
     prompt_length: int | None = setting(
         None, TRACKED, "tokens of the example prompt whose whole attention is kept (0: none;"
         f" default {PROMPT_LENGTH}, or what a resumed folder keeps)",
+    )  # fmt: skip
+    loss_on: str | None = setting(
+        None, TRACKED, "the positions the recorded evaluation loss averages over, as the training"
+        " optimizes them: all (as language models train) or last (each row's final prediction;"
+        " default: the training's own, as train passes it, else all)", choices=LOSS_ON,
     )  # fmt: skip
     layers: tuple[int, ...] | None = setting(None, WATCHED, "layers to watch (a,b); default all")
     heads: tuple[int, ...] | None = setting(None, WATCHED, "heads to watch (a,b); default all")
@@ -138,7 +144,8 @@ class RecordingSettings:
             raise ValueError(f"prompt_length must be 0 or more, got {self.prompt_length}")
         for f in dataclasses.fields(self):
             name, allowed = f.name, f.metadata["choices"]
-            if allowed is not None and getattr(self, name) not in allowed:
+            unset = f.default is None and getattr(self, name) is None
+            if allowed is not None and not unset and getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.download_dir is not None:
             if self.keep_checkpoints:

@@ -209,6 +209,7 @@ class TrajectoryWriter:
         entry = {"step": int(record.step), "file": name}
         if record.loss is not None:  # the evaluation loss: one number, in the manifest
             entry["loss"] = float(record.loss)
+            entry["loss_on"] = record.loss_on  # absent in folders from before: "all"
         self._update(record.step, entry, None)
 
     def skip(self, step: int, source: str, error: str) -> None:

@@ -59,7 +59,8 @@ class Trajectory:
     weights at every checkpoint (None where no prompt was recorded).  loss: [S] the model's
     mean next-token loss on the first evaluation rows (`hooks.loss_rows`: about
     `hooks.LOSS_TOKENS` tokens), NaN where a checkpoint has none (folders written before it
-    was recorded).
+    was recorded); loss_on: the positions it averages over, "all" or "last" (each row's final
+    prediction, as `train(loss_on="last")` optimizes), "mixed" where checkpoints differ.
     """
 
     def __init__(
@@ -76,6 +77,7 @@ class Trajectory:
         aggregates: dict[str, Aggregate] | None = None,
         rows: dict[str, str] | None = None,
         loss: Tensor | None = None,
+        loss_on: str = "all",
         **values: Tensor | StepStack,
     ):
         self.plan, self.steps = plan, steps
@@ -87,6 +89,7 @@ class Trajectory:
         # [S] the evaluation loss at each checkpoint (NaN where not recorded)
         self.loss = (torch.full((len(steps),), math.nan, dtype=torch.float64) if loss is None
                      else torch.as_tensor(loss, dtype=torch.float64))  # fmt: skip
+        self.loss_on = loss_on
         aggregates = dict(aggregates or {})
         for name in values:
             if name not in aggregates:
@@ -120,6 +123,7 @@ class Trajectory:
             "step_unit": self.step_unit, "skipped": self.skipped, "meta": self.meta,
             "prompt": self.prompt, "prompt_pattern": self.prompt_pattern,
             "aggregates": self.aggregates, "rows": self.rows, "loss": self.loss,
+            "loss_on": self.loss_on,
         }  # fmt: skip
         values = dict(self.values)
         for key, value in changes.items():
@@ -156,6 +160,7 @@ class Trajectory:
         steps = torch.tensor([r.step for r in records], dtype=torch.long)
         losses = [math.nan if r.loss is None else r.loss for r in records]
         kwargs.setdefault("loss", torch.tensor(losses, dtype=torch.float64))
+        kwargs.setdefault("loss_on", _loss_on([r.loss_on for r in records if r.loss is not None]))
         patterns = [r.prompt_pattern for r in records]
         if kwargs.get("prompt") is not None and all(p is not None for p in patterns):
             kwargs["prompt_pattern"] = torch.stack(patterns)
@@ -287,7 +292,7 @@ class Trajectory:
             pattern = None if self.prompt_pattern is None else self.prompt_pattern[i]
             values = {k: torch.as_tensor(v[i]) for k, v in self.values.items()}
             loss = None if math.isnan(self.loss[i]) else float(self.loss[i])
-            writer.write(CheckpointRecord(step, values, pattern, loss))
+            writer.write(CheckpointRecord(step, values, pattern, loss, self.loss_on))
         for item in self.skipped:
             writer.skip(item["step"], item["source"], item["error"])
         writer.finish()
@@ -321,6 +326,8 @@ class Trajectory:
             rows={e["name"]: e["rows"] for e in entries if "rows" in e},
             loss=torch.tensor([c.get("loss", math.nan) for c in manifest["checkpoints"]],
                               dtype=torch.float64),
+            loss_on=_loss_on([c.get("loss_on", "all") for c in manifest["checkpoints"]
+                              if "loss" in c]),
         )  # fmt: skip
 
     def entries(self) -> list[dict]:
@@ -329,6 +336,13 @@ class Trajectory:
             agg.entry(self.values[name].shape[-1], self.rows.get(name))
             for name, agg in self.aggregates.items()
         ]
+
+
+def _loss_on(each: list) -> str:
+    """The positions a trajectory's losses average over, from each checkpoint's (a folder's
+    values checked as strings): "mixed" where they differ."""
+    found = {v if v in ("all", "last") else "mixed" for v in each}
+    return found.pop() if len(found) == 1 else "all" if not found else "mixed"
 
 
 def _prompt_tensor(ids: list[int] | None) -> Tensor | None:

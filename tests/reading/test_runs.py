@@ -246,13 +246,22 @@ def test_the_runs_page_carries_each_runs_noise_and_power():
 
     said = " ".join(runs_findings_of(compare_runs({"s0": run(9, 1.0), "s1": run(101, 0.7),
                                                    "s2": run(12, 1.0)})))  # fmt: skip
-    assert "in s0 and s2 its attention moved mostly by step-to-step noise" in said, said
-    assert "s0: none could have been seen (no power" in said
-    assert "s1: each could have seen AUROC >= 0.7" in said
+    assert "In s0 and s2 the attention moved mostly by step-to-step noise" in said, said
+    assert "s0 and s2 had no power to see one" in said
+    assert "the other runs' heads could have seen AUROC >= 0.7" in said
     assert "scansnap record --power" in said
     quiet = " ".join(runs_findings_of(compare_runs({"s0": run(101, 0.7), "s1": run(100, 0.7),
                                                     "s2": run(101, 0.7)})))  # fmt: skip
     assert "noise" not in quiet and "no power" not in quiet, quiet
+    assert "Layer 0 snaps near step 310 [310, 310] over runs" in quiet, quiet
+    # runs far apart on a run of 1,000 steps: the interval over them spans more than half of
+    # the log-step range, and the page says the runs cannot place it, and what would
+    apart = {f"s{i}": run(101, 0.7).assign(snap_step=step)
+             for i, step in enumerate([3.0, 30.0, 900.0])}  # fmt: skip
+    far = runs_findings_of(compare_runs(apart))
+    line = next(x for x in far if x.startswith("Layer 0"))
+    assert line.startswith("Layer 0's snap over runs cannot be placed from these 3 runs"), far
+    assert line.endswith("more seeds would place it.") and len(line.split()) <= 35, line
 
 
 PYTHIA = np.array([0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, *range(1000, 143001, 1000)])

@@ -3,13 +3,14 @@ and on bridges over Hugging Face models; the forward pass stops after the last w
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 import torch
 from _backends import BACKENDS, requires_hooked
 from _reference import assert_matches, brute_force
-from _tiny import V, tiny_model
+from _tiny import QUIET, V, tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from scansnap_lens.measures.entropy import position_entropy
@@ -120,6 +121,50 @@ def test_a_cpu_runs_the_loss_rows_in_passes_whose_logits_stay_bounded(backend, m
     for name, values in whole.values.items():  # other passes: float32 sums in another order
         torch.testing.assert_close(parts.values[name], values, rtol=1e-5, atol=1e-6,
                                    equal_nan=True)  # fmt: skip
+
+
+def test_the_loss_is_recorded_on_the_positions_the_training_optimizes(tmp_path, monkeypatch):
+    """loss_on="last" records each row's final prediction, as `train(loss_on="last")`
+    optimizes it; a Recorder takes it from the training's meta, the settings may say it for
+    a loop of the user's own, the two may not differ, and the folder keeps it per checkpoint
+    (a folder recorded before says nothing: all positions)."""
+    from transformer_lens.utilities import lm_cross_entropy_loss
+
+    from scansnap_lens.recording import hooks
+    from scansnap_lens.recording.recorder import Recorder
+    from scansnap_lens.recording.trajectory import Trajectory
+
+    monkeypatch.setattr(hooks, "LOSS_TOKENS", 60)  # 6 rows of 10 tokens
+    model = tiny_model()
+    tokens = torch.randint(0, V, (8, 10), generator=torch.Generator().manual_seed(1))
+    plan = plan_recording(tokens, V)
+    with torch.no_grad():
+        per_token = lm_cross_entropy_loss(model(tokens[:6]), tokens[:6], per_token=True)
+    last = record_checkpoint(model, tokens, plan, progress=False, loss_on="last")
+    every = record_checkpoint(model, tokens, plan, progress=False)
+    assert (last.loss_on, every.loss_on) == ("last", "all")
+    assert abs(last.loss - float(per_token[:, -1].mean())) < 1e-5
+    assert abs(every.loss - float(per_token.mean())) < 1e-5
+    with pytest.raises(ValueError, match="loss_on must be one of"):
+        record_checkpoint(model, tokens, plan, progress=False, loss_on="first")
+
+    recorder = Recorder(tmp_path / "t", tokens, QUIET, plan)
+    recorder.on_checkpoint(0, model, {"lr_y": 0.1, "lr_z": 1.0, "loss_on": "last"})
+    recorder.close()
+    traj = Trajectory.load(tmp_path / "t")
+    assert traj.loss_on == "last" and abs(float(traj.loss[0]) - last.loss) < 1e-6
+    own = Recorder(tmp_path / "own", tokens, QUIET.replace(loss_on="last"), plan)
+    own.on_checkpoint(0, model)
+    own.close()
+    assert Trajectory.load(tmp_path / "own").loss_on == "last"
+    told = Recorder(tmp_path / "both", tokens, QUIET.replace(loss_on="all"), plan)
+    with pytest.raises(ValueError, match="the training's loss is on 'last' positions"):
+        told.on_checkpoint(0, model, {"lr_y": 0.1, "lr_z": 1.0, "loss_on": "last"})
+    manifest = json.loads((tmp_path / "t" / "manifest.json").read_text())
+    for entry in manifest["checkpoints"]:
+        del entry["loss_on"]
+    (tmp_path / "t" / "manifest.json").write_text(json.dumps(manifest))
+    assert Trajectory.load(tmp_path / "t").loss_on == "all"
 
 
 def test_the_loss_rows_share_their_pass_only_where_launches_cost_more_than_compute():
