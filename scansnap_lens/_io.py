@@ -238,6 +238,32 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
     return path
 
 
+def create_locked(path: str | Path, text: str):
+    """`path` made with `text` where no file has that name yet, locked (``flock``, exclusive)
+    before it is visible: written, synced and locked under a temporary name, then linked to
+    `path` (a link never replaces a name).  The open, locked file; FileExistsError where
+    another process made `path` first.  Two processes making one mark at once: one holds
+    it, the other sees it made and locked (a rename made the second replace the first's
+    mark, and both held a lock)."""
+    path = Path(path)
+    refuse_link(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        _write_all(fd, text.encode("utf-8"))
+        os.fchmod(fd, 0o666 & ~_umask())
+        os.fsync(fd)
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no one else has the file yet
+        os.link(tmp, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    _fsync(path.parent)
+    return os.fdopen(fd, "r+")
+
+
 def write_tensors(path: str | Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> Path:
     """A safetensors file through `write_bytes`."""
     data = save({k: v.contiguous() for k, v in tensors.items()}, metadata=metadata)

@@ -171,6 +171,8 @@ def _record(args: argparse.Namespace) -> int:
         if len(models) > 1:
             return _record_suite(args, models)
         args.model = models[0]
+    if args.power is not None:  # every option checked before anything is loaded
+        _check_power(args)
     tokens = _eval_tokens(args) if args.power is None else None  # --power chooses the rows
     auto = args.steps == "auto"
     steps = None if auto else args.steps
@@ -285,26 +287,48 @@ def _say_power(stats):
     return say
 
 
-def _rows_for_power(args: argparse.Namespace, tokens, stats, source):
-    """The first rows of the evaluation text that give the scan verdict `args.power`."""
-    from scansnap_lens.planning.power import rows_for_power
-    from scansnap_lens.recording.hooks import watched
-
-    if stats is None:
+def _check_power(args: argparse.Namespace) -> None:
+    """--power's own value and the options it needs, before any model or text is read."""
+    if not 0.5 < args.power <= 1:
+        raise ValueError(f"--power is the AUROC to detect, in (0.5, 1]; got {args.power:g}")
+    if args.stats is None:
         raise ValueError("--power plans the rows from the statistics: give --stats too")
     if args.max_rows is not None:
         raise ValueError("--power chooses how many rows to record: give it without --max-rows")
+
+
+def _watched_heads(args: argparse.Namespace, source) -> int:
+    """How many heads the recording watches, from the first checkpoint: a hub revision's
+    config.json alone (its weights are the sweep's to download, into its own cache), a
+    local checkpoint loaded."""
+    from types import SimpleNamespace
+
+    from scansnap_lens.models import hub
+    from scansnap_lens.recording.hooks import watched
+
+    first = next(iter(source))
+    if first.revision is not None:
+        n_layers, n_heads = hub.model_shape(source.name, first.revision)
+        model = SimpleNamespace(cfg=SimpleNamespace(n_layers=n_layers, n_heads=n_heads))
+    else:
+        model = first.load()
+    layers, heads = watched(model, args.layers, args.heads)
+    return len(layers) * len(heads)
+
+
+def _rows_for_power(args: argparse.Namespace, tokens, stats, source):
+    """The first rows of the evaluation text that give the scan verdict `args.power`."""
+    from scansnap_lens.planning.power import rows_for_power
+
     groups = _groups_or_none(stats)
     if groups is None:
         raise ValueError("--power: the statistics classify no token distinct, so there is no"
                          " scan verdict to plan for (see scansnap stats, --min-count)")  # fmt: skip
     args.max_rows = 0  # every row of the text, to choose from
     every = _eval_tokens(args)
-    model = next(iter(source)).load()  # its heads set the correction over heads
-    layers, heads = watched(model, args.layers, args.heads)
-    del model
-    rows, mde, tried = rows_for_power(every, stats.vocab_size, groups, args.power,
-                                      len(layers) * len(heads), context=stats.context)  # fmt: skip
+    heads = _watched_heads(args, source)  # they set the correction over heads
+    rows, mde, tried = rows_for_power(every, stats.vocab_size, groups, args.power, heads,
+                                      context=stats.context)  # fmt: skip
     for r, m, df in tried:
         print(f"--power {args.power:g}: {r:,} rows -> AUROC >= {m:.3g} (its t reference's"
               f" degrees of freedom {df:.2g})", file=sys.stderr)  # fmt: skip

@@ -190,7 +190,7 @@ def test_record_power_chooses_the_rows_that_reach_the_asked_auroc(tmp_path, caps
     assert main([*args, "--out", str(tmp_path / "c"), "--power", "0.8", "--max-rows", "64"]) == 2
     assert "without --max-rows" in capsys.readouterr().err
     assert main([*args, "--out", str(tmp_path / "d"), "--power", "1.5"]) == 2
-    assert "the target AUROC must lie in (0.5, 1], got 1.5" in capsys.readouterr().err
+    assert "--power is the AUROC to detect, in (0.5, 1]; got 1.5" in capsys.readouterr().err
     no_stats = [a for a in args if a not in ("--stats", str(stats))]
     assert main([*no_stats, "--out", str(tmp_path / "e"), "--power", "0.8"]) == 2
     assert "--power plans the rows from the statistics: give --stats" in capsys.readouterr().err

@@ -353,12 +353,58 @@ def revision_files(name: str, revision: str) -> dict[str, int]:
 def cached_commit(name: str, revision: str, cache: Path | None = None) -> str | None:
     """The commit `revision` of `name` resolves to in `cache` (default: the hub cache), where
     its snapshot is there."""
+    from scansnap_lens._io import NotAFile, read_small
+
     repo = repo_folder(name, cache)
     ref = repo / "refs" / revision
-    if not ref.is_file():
+    if not is_revision_name(revision) or not ref.is_file():
         return None
-    commit = ref.read_text().strip()
-    return commit if (repo / "snapshots" / commit).is_dir() else None
+    try:  # a cache is a folder someone else may have made: a ref names a commit, or nothing
+        commit = read_small(ref, "commit a revision resolves to", limit=1024).strip()
+    except (OSError, NotAFile, UnicodeDecodeError):
+        return None
+    return commit if is_commit(commit) and (repo / "snapshots" / commit).is_dir() else None
+
+
+# the fields of a Hugging Face config that count a model's layers and heads, by architecture
+_LAYERS, _HEADS = ("num_hidden_layers", "n_layer", "n_layers"), ("num_attention_heads",
+                                                                  "n_head", "n_heads")  # fmt: skip
+
+
+def model_shape(name: str, revision: str) -> tuple[int, int]:
+    """(layers, heads) of `name` at `revision` from its config.json alone: read from your hub
+    cache where it holds the revision, else fetched into a temporary folder removed after
+    (no weights are downloaded, and nothing lands in a cache).  CheckpointError naming the
+    file where it gives neither count."""
+    import tempfile
+
+    from scansnap_lens._io import NotAFile, read_json
+
+    commit = cached_commit(name, revision)
+    held = None if commit is None else repo_folder(name) / "snapshots" / commit / "config.json"
+    with tempfile.TemporaryDirectory(prefix="scansnap-config-") as folder:
+        if held is None or not held.is_file():
+            from huggingface_hub import hf_hub_download
+
+            try:
+                held = Path(hf_hub_download(name, "config.json", revision=revision,
+                                            cache_dir=folder))  # fmt: skip
+            except Exception as err:  # LocalEntryNotFoundError, connection and HTTP errors
+                if offline():
+                    raise CheckpointError(_download_hint(name, " (config.json)")) from None
+                raise CheckpointError(f"{name}@{revision}: cannot download config.json"
+                                      f" ({err})") from None  # fmt: skip
+        try:
+            data = read_json(held, "model config")
+        except (OSError, NotAFile, ValueError) as err:
+            raise CheckpointError(f"{name}@{revision}: cannot read config.json ({err})") from None
+    counts = [next((data[k] for k in keys if k in data), None) if isinstance(data, dict)
+              else None for keys in (_LAYERS, _HEADS)]  # fmt: skip
+    if not all(isinstance(c, int) and not isinstance(c, bool) and 0 < c < 1 << 16
+               for c in counts):  # fmt: skip
+        raise CheckpointError(f"{name}@{revision}: its config.json gives no count of layers"
+                              f" and heads ({', '.join(_LAYERS + _HEADS)})")  # fmt: skip
+    return counts[0], counts[1]
 
 
 def snapshot_in(

@@ -29,7 +29,14 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from scansnap_lens._io import make_folder, open_lock, read_small, refuse_link, write_text
+from scansnap_lens._io import (
+    create_locked,
+    make_folder,
+    open_lock,
+    read_small,
+    refuse_link,
+    write_text,
+)
 from scansnap_lens.models import hub
 from scansnap_lens.models.checkpoints import Checkpoint, CheckpointSource
 from scansnap_lens.models.formats import WEIGHT_SUFFIXES, CheckpointError
@@ -109,34 +116,44 @@ class SweepCache:
                 )
         own = self._recording_id()
         if mark.is_file():
-            self._lock(mark)  # a sweep running now says so first
-            theirs = _read_json(mark)
-            if own is None or theirs.get("id") != own:
-                self._handle.close()
-                self._handle = None
-                where = theirs.get("recording") or "another recording"
-                raise ValueError(
-                    f"{folder} is the download folder of another sweep ({where}): name another"
-                    " folder for this one's downloads (download_dir=); the sweep deletes only"
-                    " what it downloaded itself"
-                )
-        elif folder.exists() and any(folder.iterdir()):
+            return self._held(mark, own)
+        if folder.exists() and any(folder.iterdir()):
+            if all(p.name.startswith(f".{self.MARK}.") for p in folder.iterdir()):
+                raise ValueError(f"{folder} is being opened by another sweep now: give this one"
+                                 " another download folder (download_dir=), or wait")  # fmt: skip
             raise ValueError(
                 f"{folder} holds files the sweep did not put there: name an empty or new folder"
                 " for its downloads (download_dir=); it deletes what it downloads"
             )
-        else:
-            made = not folder.exists()
-            make_folder(folder)
-            own = own or uuid.uuid4().hex
-            if self.recording is not None:
-                write_text(self.recording / self.ID, own + "\n")
-            write_text(mark, json.dumps({
+        made = not folder.exists()
+        make_folder(folder)
+        own = own or uuid.uuid4().hex
+        if self.recording is not None:
+            write_text(self.recording / self.ID, own + "\n")
+        try:  # visible only once locked: of two sweeps opening it at once, one holds it
+            self._handle = create_locked(mark, json.dumps({
                 "made_by": "scansnap_lens sweep", "id": own, "made_folder": made,
                 "recording": str(self.recording.resolve()) if self.recording else None,
                 "deletes": "only the revisions it noted in .scansnap-made",
             }))  # fmt: skip
-            self._lock(mark)
+        except FileExistsError:  # another sweep marked it first: it is theirs, or ours resumed
+            return self._held(mark, own)
+        return self
+
+    def _held(self, mark: Path, own: str | None) -> SweepCache:
+        """The folder of an existing mark, locked, where the mark holds this recording's id:
+        a sweep running now, or one of another recording, refused."""
+        self._lock(mark)  # a sweep running now says so first
+        theirs = _read_json(mark)
+        if own is None or theirs.get("id") != own:
+            self._handle.close()
+            self._handle = None
+            where = theirs.get("recording") or "another recording"
+            raise ValueError(
+                f"{self.folder} is the download folder of another sweep ({where}): name another"
+                " folder for this one's downloads (download_dir=); the sweep deletes only"
+                " what it downloaded itself"
+            )
         return self
 
     def _lock(self, mark: Path) -> None:

@@ -865,3 +865,72 @@ def test_a_crafted_note_names_nothing_to_delete(tmp_path):
     assert "is not a commit id" in str(said[0].message) and "0.json" in str(said[0].message)
     assert "is not a hub repository name" in str(said[4].message)
     assert _contents(me) == before
+
+
+def test_power_with_a_hub_model_reads_its_config_alone_and_downloads_nothing_of_its_own(
+    revisions, cache, tmp_path, capsys
+):
+    """`record --model --power` counts the watched heads from the first revision's
+    config.json (fetched into a temporary folder, not the user's hub cache), so the weights
+    are downloaded once, by the sweep, into its own cache and deleted there; a --power out
+    of range is refused before anything is asked of the hub (it downloaded a revision into
+    the user's cache first, and kept it)."""
+    from scansnap_lens.cli import main
+    from scansnap_lens.inputs.tokens import save_tokens
+    from scansnap_lens.lab.calibration import CorpusScenario, corpus_text
+
+    scenario = CorpusScenario(vocab=MODEL["vocab_size"], rows=600, seq_len=24, tied=True)
+    text, queries = corpus_text(scenario, seed=0)
+    save_tokens(tmp_path / "corpus.safetensors", text[128:])
+    save_tokens(tmp_path / "eval.safetensors", text[:128])
+    stats = tmp_path / "stats.safetensors"
+    assert main(["stats", str(tmp_path / "corpus.safetensors"), "--out", str(stats),
+                 "--vocab-size", str(MODEL["vocab_size"]), "--window", "16", "--queries",
+                 ",".join(map(str, queries.tolist()))]) == 0  # fmt: skip
+    args = ["record", "--model", NAME, "--steps", "0,1", "--tokens",
+            str(tmp_path / "eval.safetensors"), "--stats", str(stats),
+            "--download-dir", str(tmp_path / "downloads")]  # fmt: skip
+    with LoopbackHub({NAME: revisions}) as server, server.use():
+        assert main([*args, "--out", str(tmp_path / "far"), "--power", "2"]) == 2
+        assert server.requests == [] and _contents(cache) == {}
+        assert "--power is the AUROC to detect, in (0.5, 1]" in capsys.readouterr().err
+        assert main([*args, "--out", str(tmp_path / "a"), "--power", "0.8"]) == 0
+    err = capsys.readouterr().err
+    assert "--power 0.8: " in err and " rows -> AUROC >= " in err
+    assert _contents(cache) == {}  # nothing of it in the user's hub cache
+    weights = [p for _, p, _, _ in server.requests if p.endswith("model.safetensors")]
+    configs = [p for m, p, _, _ in server.requests if p.endswith("config.json") and m == "GET"]
+    assert len(weights) == 2, weights  # step0 and step1, each once, by the sweep
+    assert configs, server.requests
+    assert Trajectory.load(tmp_path / "a").steps.tolist() == [0, 1]
+    assert not any((tmp_path / "downloads").rglob("*.safetensors"))  # deleted once recorded
+
+
+def test_two_sweeps_opening_one_new_download_folder_at_once_never_both_hold_it(
+    tmp_path, monkeypatch
+):
+    """The second sweep opens the new folder while the first is making it (between its
+    checks and its mark): one of them holds it, the other is refused by name.  The mark was
+    written by a rename and locked after, so the first replaced the second's mark and both
+    held a lock (4 of 30 tries from outside); now it is visible only once locked."""
+    folder = tmp_path / "downloads"
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    first, second = (sweep.SweepCache(folder, tmp_path / name) for name in ("a", "b"))
+    real, opened = sweep.make_folder, []
+
+    def meanwhile(path):
+        made = real(path)
+        if not opened:  # once: the second sweep, in full, between the first's check and mark
+            opened.append(None)
+            opened[0] = second.open()
+        return made
+
+    monkeypatch.setattr(sweep, "make_folder", meanwhile)
+    with pytest.raises(ValueError, match="download folder of a sweep running now"):
+        first.open()
+    assert opened[0]._handle is not None
+    mark = json.loads((folder / sweep.SweepCache.MARK).read_text())
+    assert mark["recording"] == str((tmp_path / "b").resolve())
+    assert sorted(p.name for p in folder.iterdir()) == [sweep.SweepCache.MARK]  # no temp left
+    opened[0].close()
