@@ -536,16 +536,15 @@ HOW_TO_READ_ID = "how-to-read"
 
 def _findings(heading: str, lines: list[str], folder: _Folder, mapped: str, loss: str,
               note: str = "") -> str:  # fmt: skip
-    """The first screen: the findings with the `loss` figure under them and the map figure
-    `mapped` beside them (the loss beside them where there is no map: one head, or no figure
-    to map); "How to read it" in a finding links to that section."""
+    """The first screen: the findings, and beside them the map figure `mapped` with the
+    `loss` figure under it (the loss alone where there is no map: one head, or no figure to
+    map); "How to read it" in a finding links to that section."""
     maps, curve = folder.figures.pop(mapped, ""), folder.figures.pop(loss, "")
-    beside, under = (maps, curve) if maps else (curve, "")
     link = f"<a href='#{HOW_TO_READ_ID}'>How to read it</a>"
     items = "".join(f"<li>{html.escape(line).replace('How to read it', link)}</li>"
                     for line in lines)  # fmt: skip
     return (f"<div class='findings'><div><h2>{html.escape(heading)}</h2><ul>{items}</ul>{note}"
-            f"{under}</div>{beside}</div>")  # fmt: skip
+            f"</div><div class='aside'>{maps}{curve}</div></div>")  # fmt: skip
 
 
 THEORY_COLUMNS = ["layer", "head", "snap_step", "predicted_snap", "population_snap", "snap_ratio",
@@ -696,7 +695,9 @@ figure { margin: 1.5em 0; } figure img { max-width: 100%; }
 div.table { max-width: 100%; overflow-x: auto; }
 div.table td { white-space: nowrap; }
 div.findings { display: flex; gap: 1.5em; align-items: flex-start; }
-div.findings > div { flex: 1 1 45%; } div.findings figure { flex: 1 1 55%; margin: 0; }
+div.findings > div { flex: 1 1 45%; } div.findings > div.aside { flex: 1 1 55%; }
+div.findings figure { margin: 0 0 1em 0; }
+div.aside img { max-height: 38vh; }
 div.findings li { margin: 0.3em 0; }
 figcaption { font-size: 0.9em; color: #444; }
 </style>"""

@@ -73,17 +73,15 @@ window.addEventListener("load", () => setTimeout(() => {
       wide.push(el.tagName + "." + el.className + " " + Math.round(r.right));
   }
   const found = document.querySelector("div.findings");
+  // beside the findings: the map, then the loss under it (the loss alone without a map)
+  const figs = found ? found.querySelectorAll(":scope > div.aside > figure") : [];
   const out = {width, height, page_width: document.documentElement.scrollWidth, wide,
                findings: found ? box(found) : null,
                findings_items: found ? found.querySelectorAll("li").length : 0,
-               map: found && found.querySelector(":scope > figure img") ?
-                 box(found.querySelector(":scope > figure img")) : null,
-               beside: found && found.querySelector(":scope > figure figcaption") ?
-                 found.querySelector(":scope > figure figcaption").textContent : "",
-               under: found && found.querySelector(":scope > div figure img") ?
-                 box(found.querySelector(":scope > div figure img")) : null,
-               under_caption: found && found.querySelector(":scope > div figcaption") ?
-                 found.querySelector(":scope > div figcaption").textContent : ""};
+               map: figs[0] ? box(figs[0].querySelector("img")) : null,
+               beside: figs[0] ? figs[0].querySelector("figcaption").textContent : "",
+               under: figs[1] ? box(figs[1].querySelector("img")) : null,
+               under_caption: figs[1] ? figs[1].querySelector("figcaption").textContent : ""};
   const pre = document.createElement("pre");
   pre.id = "layout-probe"; pre.textContent = JSON.stringify(out);
   document.body.appendChild(pre);
@@ -94,8 +92,8 @@ window.addEventListener("load", () => setTimeout(() => {
 def layout(path: Path, size: tuple[int, int] = (1300, 900), budget_ms: int = 10000) -> dict:
     """How a page lays out in a window of `size`: the elements wider than the window (outside
     boxes that scroll on their own), and where the findings, the figure beside them (``map``,
-    ``beside``: its caption) and the figure under them (``under``, ``under_caption``) are
-    (page pixels)."""
+    ``beside``: its caption) and the figure under that one (``under``, ``under_caption``)
+    are (page pixels)."""
     import json
     import tempfile
 

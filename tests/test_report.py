@@ -439,8 +439,8 @@ def test_each_page_opens_with_its_findings_and_fits_1300_pixels(demo_out, traine
         assert seen["findings"] is not None and seen["findings_items"] >= 3, name
         assert seen["findings"]["top"] < seen["height"], name
         assert seen["map"] is not None and seen["map"]["bottom"] <= seen["height"], (name, seen)
-        # the [layer, head] map beside the findings and the loss, its snaps marked, under
-        # them: all on the first screen (the demo's one head has no map: its loss is beside)
+        # beside the findings the [layer, head] map, and the loss with its snaps marked under
+        # it: all on the first screen (the demo's one head has no map: its loss alone)
         beside, under = seen["beside"], seen["under_caption"]
         if name == "demo":
             assert "Loss over training" in beside and "snap step" in beside, beside
