@@ -219,10 +219,9 @@ def _snaps(summary: pd.DataFrame, span=None) -> tuple[list[str], list[str]]:
     notes = []
     if noise:
         their = "its" if len(noise) == 1 else "their"
-        notes.append(f"{_layers(noise)} moved mostly by step-to-step noise between checkpoints:"
-                     f" {their} snap steps are read from the drift and are this run's own;"
-                     " more seeds, not more checkpoints, place the recipe's (see How to read"
-                     " it).")  # fmt: skip
+        notes.append(f"{_layers(noise)} moved mostly by step-to-step noise: {their} snap steps,"
+                     " read from the drift, are this run's own; more seeds, not more"
+                     " checkpoints, place the recipe's (see How to read it).")  # fmt: skip
     if spacing:
         values = ", ".join(v for _, v in spacing)
         notes.append(f"{_layers([x for x, _ in spacing])} moved mostly by step-to-step noise"
