@@ -5,6 +5,7 @@ likewise; and the reader of tagged safetensors files."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import tempfile
@@ -66,6 +67,9 @@ def make_folder(path: str | Path) -> Path:
 
 
 STAGE_LOCK = ".scansnap-staging.lock"  # held while a stage fills; not moved into the folder
+STAGE_MARK = "scansnap_lens stage"  # what the tool writes into its stages' lock: only those go
+JOURNAL = ".scansnap-journal.json"  # the move-in's list, while it runs: a kill rolls back
+_OLD = ".scansnap-old"  # in a stage: the files the move-in replaced, until it is done
 
 
 @contextmanager
@@ -74,8 +78,10 @@ def staged_folder(out: str | Path) -> Iterator[Path]:
     error, its files move into `out` all or nothing (each replacing its namesake and no
     other file of `out`; where one cannot move, those moved go back and the old ones return);
     on any error, Ctrl-C or SIGTERM (the command line turns it into an interrupt) it is
-    removed and `out` stays as it was.  A stage a killed process left (its lock free) is
-    removed by the next one."""
+    removed and `out` stays as it was.  A stage is the tool's by the mark in its lock file;
+    one a killed process left (its lock free) is removed by the next one, and a move-in it
+    left half done is rolled back from its journal first (the old files return).  A folder
+    of a user's named like a stage is never touched; two move-ins into one `out` take turns."""
     out = Path(out)
     make_folder(out.parent)
     _remove_stale_stages(out)
@@ -84,6 +90,7 @@ def staged_folder(out: str | Path) -> Iterator[Path]:
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".new", dir=out.parent))
     lock = None
     try:
+        write_text(stage / STAGE_LOCK, json.dumps({"made_by": STAGE_MARK, "pid": os.getpid()}))
         lock = open_lock(stage / STAGE_LOCK)
         if fcntl is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -92,16 +99,33 @@ def staged_folder(out: str | Path) -> Iterator[Path]:
         stage = named
         yield stage
         files = sorted(p for p in stage.rglob("*") if p.is_file() and p.name != STAGE_LOCK)
-        _move_in(stage, files, out)
-        _fsync(out)
+        make_folder(out)
+        with _taking_turns(out):
+            _move_in(stage, files, out)
+            _fsync(out)
     finally:
         if lock is not None:
             lock.close()
         shutil.rmtree(stage, ignore_errors=True)
 
 
+@contextmanager
+def _taking_turns(out: Path) -> Iterator[None]:
+    """An exclusive lock on the folder `out` itself (no file of its own): two move-ins into
+    one folder run one after the other."""
+    fd = os.open(out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _move_in(stage: Path, files: list[Path], out: Path) -> None:
-    """Move `files` of `stage` into `out` at their places, all or nothing."""
+    """Move `files` of `stage` into `out` at their places, all or nothing: a journal in the
+    stage lists them first (what a kill midway leaves for `_roll_back`), and goes once all
+    are in."""
     targets = [out / p.relative_to(stage) for p in files]
     for target in targets:  # what would stop it midway, found before anything moves
         refuse_link(target)
@@ -115,11 +139,13 @@ def _move_in(stage: Path, files: list[Path], out: Path) -> None:
                 f"cannot write {target}: a folder of that name is in the way; move it, or"
                 " write elsewhere"
             )
-    old = stage / ".scansnap-old"
+    old = stage / _OLD
+    journal = [[p.relative_to(stage).as_posix(), t.exists()] for p, t in zip(files, targets)]
+    write_text(stage / JOURNAL, json.dumps(journal))
     made, moved = [], []  # folders made; (target, its old file or None)
     try:
         for path, target in zip(files, targets):
-            missing = [f for f in [target.parent, *target.parent.parents] if not f.exists()]
+            missing = [f for f in [target.parent, *target.parents] if not f.exists()]
             make_folder(target.parent)
             made += reversed(missing)
             backup = None
@@ -139,24 +165,59 @@ def _move_in(stage: Path, files: list[Path], out: Path) -> None:
             with suppress(OSError):
                 folder.rmdir()
         raise
+    (stage / JOURNAL).unlink()  # all in: a kill from here on leaves nothing to undo
+
+
+def _roll_back(stage: Path, out: Path) -> None:
+    """Undo a move-in a killed process left half done, from the stage's journal: each old
+    file back in its place, each new one it had moved in (where none was before) removed."""
+    try:
+        entries = json.loads(read_small(stage / JOURNAL, "move-in's journal"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(entries, list):
+        return
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
+            continue
+        name, had_old = entry
+        relative = Path(name)
+        if relative.is_absolute() or ".." in relative.parts:  # never outside the folder
+            continue
+        target, backup = out / relative, stage / _OLD / relative
+        if backup.is_file() and not backup.is_symlink():
+            refuse_link(target)
+            os.replace(backup, target)
+        elif had_old is False and not (stage / relative).exists() and target.is_file():
+            target.unlink()
+
+
+def _is_stage(stage: Path) -> bool:
+    """Whether `stage` is one the tool made: its lock file holds the tool's mark."""
+    try:
+        mark = json.loads(read_small(stage / STAGE_LOCK, "stage's lock", limit=4096))
+    except (OSError, ValueError):
+        return False
+    return isinstance(mark, dict) and mark.get("made_by") == STAGE_MARK
 
 
 def _remove_stale_stages(out: Path) -> None:
-    """Remove the stages beside `out` that no process fills (a kill's leftovers)."""
+    """Remove the stages beside `out` that no process fills (a kill's leftovers), a move-in
+    they left half done rolled back first; only the tool's own (`_is_stage`), and an empty
+    one a kill left before its mark, by its age."""
     if fcntl is None:
         return
     name = glob_escape(out.name)
     for stage in [*out.parent.glob(f".{name}.*.partial"), *out.parent.glob(f".{name}.*.new")]:
-        lock_file = stage / STAGE_LOCK
         if stage.is_symlink() or not stage.is_dir():
             continue
-        if stage.suffix == ".new" or not lock_file.is_file():  # not yet locked: by its age
+        if not _is_stage(stage):  # a user's folder of that name, or one killed before its mark
             with suppress(OSError):
                 if time.time() - stage.stat().st_mtime > 60:
-                    shutil.rmtree(stage, ignore_errors=True)
+                    stage.rmdir()  # only where empty
             continue
         try:
-            handle = open_lock(lock_file)
+            handle = open_lock(stage / STAGE_LOCK)
         except (OSError, ValueError):
             continue
         try:
@@ -164,7 +225,12 @@ def _remove_stale_stages(out: Path) -> None:
         except OSError:  # a process is filling it now
             handle.close()
             continue
-        handle.close()
+        try:
+            if (stage / JOURNAL).is_file() and out.is_dir():
+                with _taking_turns(out):
+                    _roll_back(stage, out)
+        finally:
+            handle.close()
         shutil.rmtree(stage, ignore_errors=True)
 
 

@@ -12,6 +12,7 @@ folder."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -209,7 +210,7 @@ def test_a_stage_is_seen_by_its_name_only_once_locked_so_a_kill_leaves_one_to_re
     # what a kill leaves: one locked stage (named), one before its lock (unnamed, old)
     killed, early = tmp_path / ".r.k1.partial", tmp_path / ".r.k2.new"
     killed.mkdir()
-    (killed / _io.STAGE_LOCK).touch()
+    (killed / _io.STAGE_LOCK).write_text(json.dumps({"made_by": _io.STAGE_MARK}))
     early.mkdir()
     os.utime(early, (time.time() - 120, time.time() - 120))
     young = tmp_path / ".r.k3.new"  # another process's, a moment old: kept
@@ -217,3 +218,109 @@ def test_a_stage_is_seen_by_its_name_only_once_locked_so_a_kill_leaves_one_to_re
     with _io.staged_folder(out):
         pass
     assert sorted(p.name for p in tmp_path.iterdir()) == [".r.k3.new", "r"]
+
+
+def test_a_users_folder_named_like_a_stage_is_never_removed(tmp_path):
+    """Beside --out, `.r.mine.partial/` and `.r.backup.new/` of a user's, old and without
+    the tool's lock, were removed whole with their contents by name and age alone; only a
+    stage whose lock holds the tool's mark goes (and an empty one a kill left before it)."""
+    import os
+    import time
+
+    out = tmp_path / "r"
+    old = time.time() - 3600
+    for name in (".r.mine.partial", ".r.backup.new", ".r.lock.partial"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "results.json").write_text("{}")
+        os.utime(folder, (old, old))
+    (tmp_path / ".r.lock.partial" / _io.STAGE_LOCK).write_text("mine")  # a lock not ours
+    empty = tmp_path / ".r.k.new"  # a kill right after the stage was made: empty
+    empty.mkdir()
+    os.utime(empty, (old, old))
+    with _io.staged_folder(out) as stage:
+        (stage / "a.txt").write_text("a")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".r.backup.new",
+        ".r.lock.partial",
+        ".r.mine.partial",
+        "r",
+    ]
+    for name in (".r.mine.partial", ".r.backup.new", ".r.lock.partial"):
+        assert (tmp_path / name / "results.json").read_text() == "{}"
+
+
+_KILLED_MID_MOVE = """
+import os, sys
+from pathlib import Path
+from scansnap_lens import _io
+out, after = Path(sys.argv[1]), int(sys.argv[2])
+real, moved = os.replace, []
+def replace(src, dst):
+    real(src, dst)
+    if Path(dst).parent == out and not str(dst).endswith("tmp"):
+        moved.append(dst)
+        if len(moved) == after:
+            os.kill(os.getpid(), 9)  # SIGKILL: no handler, no finally
+_io.os.replace = replace
+with _io.staged_folder(out) as stage:
+    for i in range(20):
+        (stage / f"f{i:02d}.txt").write_text(f"new {i}")
+    (stage / "only_new.txt").write_text("new")
+"""
+
+
+@pytest.mark.parametrize("after", [1, 5, 13])
+def test_a_move_in_killed_at_any_file_is_rolled_back_by_the_next_writer(tmp_path, after):
+    """SIGKILL during the move-in: it left 5 of 20 new files beside the old page, and the
+    next report deleted the stage that kept the old files.  Now the stage's journal lets
+    the next writer put every old file back (and take the new ones out) before it goes."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "r"
+    out.mkdir()
+    for i in range(20):
+        (out / f"f{i:02d}.txt").write_text(f"old {i}")
+    (out / "mine.txt").write_text("a user's")
+    before = {p.name: p.read_text() for p in out.iterdir()}
+    done = subprocess.run([sys.executable, "-c", _KILLED_MID_MOVE, str(out), str(after)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == -9, done.stderr
+    mixed = {p.name: p.read_text() for p in out.iterdir()}
+    assert mixed != before  # the kill landed inside the move-in
+    with _io.staged_folder(tmp_path / "other"):  # a writer beside it: not its folder
+        pass
+    assert {p.name: p.read_text() for p in out.iterdir()} == mixed
+    with _io.staged_folder(out):  # the next writer of this folder: rolled back, then nothing
+        pass
+    assert {p.name: p.read_text() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "r"]
+
+
+def test_two_writers_into_one_folder_take_turns(tmp_path):
+    """Two reports into one --out at once could fail with a raw [Errno 2] (one's move-in
+    moving the other's backups): the move-ins take turns, and the folder ends as one of
+    them wrote it, whole."""
+    import threading
+
+    out = tmp_path / "r"
+    errors, barrier = [], threading.Barrier(2)
+
+    def write(tag: str) -> None:
+        try:
+            with _io.staged_folder(out) as stage:
+                for i in range(200):
+                    (stage / f"f{i:03d}.txt").write_text(tag)
+                barrier.wait()
+        except Exception as err:
+            errors.append(err)
+
+    for _ in range(5):
+        threads = [threading.Thread(target=write, args=(t,)) for t in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert len({p.read_text() for p in out.iterdir()}) == 1
