@@ -408,32 +408,42 @@ def model_shape(name: str, revision: str) -> tuple[int, int]:
 
 
 def snapshot_in(
-    cache: Path, name: str, revision: str, commit: str | None = None, files=None, ids=None
+    cache: Path,
+    name: str,
+    revision: str,
+    commit: str | None = None,
+    files=None,
+    ids=None,
+    check: bool = True,
 ) -> Path | None:
     """The snapshot folder of `name` at `revision` in `cache`, found by its ref or by its
     `commit` (a revision pinned by hash has no ref), holding every one of `files`, each with
-    its content id in `ids` where given (`mismatched`); or None.  Reads only."""
+    its content id in `ids` (`mismatched`; without `check`, not read); or None.  Reads
+    only."""
     repo = repo_folder(name, cache)
     for found in (commit, cached_commit(name, revision, cache)):
         if found is None or not is_commit(found):
             continue
         folder = repo / "snapshots" / found
         if folder.is_dir() and all((folder / f).is_file() for f in files or ()):
-            return None if mismatched(folder, ids) else folder
+            return None if check and mismatched(folder, ids) else folder
     return None
 
 
 def mismatched(folder: Path, ids: dict[str, str] | None) -> list[str]:
     """The files of snapshot `folder` that are not what the hub lists: `ids` gives each
-    file's content id (an LFS file's sha256, another's git blob id), which names the blob a
-    cache's snapshot file links to.  A link is checked by that name and by where it lands
-    (the blobs of the folder's own repository); a plain file (a cache without links) by
-    hashing it."""
-    if not ids:
-        return []
+    file's content id (an LFS file's sha256, another's git blob id), checked against the
+    file's content (`content_id`), linked or plain; a link must also land in the blobs of
+    the folder's own repository.  Without `ids` (offline), a link to a blob named by a
+    sha256 (an LFS file, as the cache names it) is checked against that name."""
     blobs = (folder.parents[1] / "blobs").resolve()
+    linked = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_symlink()}
+    wanted = dict(ids or {})
+    if not ids:  # the names the cache gave the blobs: what the hub listed when it downloaded
+        wanted = {f: p.resolve().name for f, p in linked.items()
+                  if re.fullmatch(r"[0-9a-f]{64}", p.resolve().name)}  # fmt: skip
     out = []
-    for file, want in sorted(ids.items()):
+    for file, want in sorted(wanted.items()):
         path = folder / file
         if not want or not path.exists():
             continue
@@ -441,23 +451,33 @@ def mismatched(folder: Path, ids: dict[str, str] | None) -> list[str]:
             target = path.resolve()
             if target.parent != blobs or target.name != want:
                 out.append(file)
-        elif content_id(path, len(want)) != want:
+                continue
+        if content_id(path, len(want)) != want:
             out.append(file)
     return out
 
 
+_CONTENT_IDS: dict[tuple, str] = {}  # (device, inode, size, mtime, length): the file's id
+
+
 def content_id(path: Path, length: int = 64) -> str:
-    """sha256 of the file (length 64), or its git blob id (length 40): the ids a hub lists."""
+    """sha256 of the file (length 64), or its git blob id (length 40): the ids a hub lists.
+    Read once per file: kept by its device, inode, size and modification time."""
     import hashlib
 
+    info = os.stat(path)
+    key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, length)
+    if key in _CONTENT_IDS:
+        return _CONTENT_IDS[key]
     if length == 64:
         digest = hashlib.sha256()
     else:
-        digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+        digest = hashlib.sha1(f"blob {info.st_size}\0".encode())
     with open(path, "rb") as handle:
         while chunk := handle.read(1 << 23):
             digest.update(chunk)
-    return digest.hexdigest()
+    _CONTENT_IDS[key] = digest.hexdigest()
+    return _CONTENT_IDS[key]
 
 
 def fetch_revision(name: str, revision: str, files=None, cache: Path | None = None) -> Path:

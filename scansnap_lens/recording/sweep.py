@@ -303,6 +303,7 @@ class HubRevisions:
         self.folder: Path | None = None  # the sweep's own cache (also in a Ray worker's copy)
         self.infos: dict[str, hub.RevisionInfo] = {}  # revision -> what the hub lists
         self.held: dict[str, Path] = {}  # revision -> a snapshot in your cache, read only
+        self._said_unlike: set[str] = set()  # revisions whose cached files differ, said once
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- what the hub lists
@@ -342,8 +343,28 @@ class HubRevisions:
     # ---------------------------------------------------------------- where a revision is
     def _users(self, revision: str) -> Path | None:
         """The revision's snapshot in your hub cache, by ref or by commit, whole and each
-        file the content the hub lists; or None."""
-        return self._snapshot(hub.cache_dir(), revision)
+        file the content the hub lists (read, whether linked or plain: `hub.mismatched`;
+        offline, a linked blob against its own name); or None.  A snapshot whose content
+        differs is never read nor changed: said once naming the files (the revision is then
+        downloaded into the sweep's own cache), and offline, where nothing else can be read,
+        refused (CheckpointError)."""
+        info = self.infos.get(revision)
+        commit, files = (None, None) if info is None else (info.commit, info.files)
+        cache = hub.cache_dir()
+        folder = hub.snapshot_in(cache, self.name, revision, commit, files, check=False)
+        bad = [] if folder is None else hub.mismatched(folder, None if info is None else info.ids)
+        if not bad:
+            return folder
+        said = (f"{self.name}@{revision}: {', '.join(bad)} in your hub cache ({folder}) is not"
+                " the file the hub lists (its content's hash differs)")  # fmt: skip
+        if hub.offline():
+            raise CheckpointError(f"{said}: remove that revision from your cache"
+                                  " (huggingface-cli delete-cache) and record again")  # fmt: skip
+        if revision not in self._said_unlike:
+            self._said_unlike.add(revision)
+            warnings.warn(f"{said}: not read; downloading it into the sweep's own cache",
+                          stacklevel=2)  # fmt: skip
+        return None
 
     def _ours(self, revision: str) -> Path | None:
         return None if self.folder is None else self._snapshot(self.folder, revision)

@@ -934,3 +934,47 @@ def test_two_sweeps_opening_one_new_download_folder_at_once_never_both_hold_it(
     assert mark["recording"] == str((tmp_path / "b").resolve())
     assert sorted(p.name for p in folder.iterdir()) == [sweep.SweepCache.MARK]  # no temp left
     opened[0].close()
+
+
+@pytest.mark.parametrize("tamper", ["another step's bytes", "one bit flipped"])
+def test_a_cached_file_whose_content_is_not_the_listed_one_is_refused_by_name(
+    revisions, cache, tmp_path, monkeypatch, tamper
+):
+    """A blob named with step 2's listed sha256 but holding step 1's bytes (or step 2's
+    with one bit flipped), linked from step 2's snapshot in the user's hub cache, was
+    recorded as step 2: a linked file was checked by the name of the blob it lands on.  Its
+    content is read now: online, against the hub's listing, it is said by name and not
+    read (step 2 comes from the hub, into the sweep's own cache); offline, against the
+    blob's own name, the recording refuses it naming the file; the cache is not changed."""
+    from scansnap_lens.models.formats import CheckpointError
+
+    with LoopbackHub({NAME: revisions}) as server, server.use():
+        keep = QUIET.replace(on_disk=1, keep_checkpoints=True)
+        Recorder(tmp_path / "kept", _tokens(), keep).record(
+            checkpoints.pretrained(NAME, steps=[1, 2], backend="bridge")
+        )
+    snapshot = hub.repo_folder(NAME) / "snapshots"
+    one, two = ((snapshot / hub.cached_commit(NAME, r) / "model.safetensors").resolve()
+                for r in ("step1", "step2"))  # fmt: skip
+    if tamper == "one bit flipped":
+        data = bytearray(two.read_bytes())
+        data[len(data) // 2] ^= 1
+        two.write_bytes(bytes(data))
+    else:
+        two.write_bytes(one.read_bytes())
+    before = _contents(cache)
+    with LoopbackHub({NAME: revisions}) as server, server.use():
+        with pytest.warns(UserWarning, match=r"model\.safetensors in your hub cache .* not read"):
+            online = Recorder(tmp_path / "online", _tokens(), QUIET).record(
+                checkpoints.pretrained(NAME, steps=[2], backend="bridge")
+            )
+        _same_trajectory(online, Recorder(tmp_path / "fresh", _tokens(), QUIET).record(
+            checkpoints.pretrained(NAME, steps=[2], backend="bridge")))  # fmt: skip
+    assert server.sent[(NAME, "step2", "model.safetensors")] >= 2 * two.stat().st_size
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hub, "offline", lambda: True)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors in your hub cache"):
+        Recorder(tmp_path / "offline", _tokens(), QUIET).record(
+            checkpoints.pretrained(NAME, steps=[2], backend="bridge")
+        )
+    assert _contents(cache) == before
