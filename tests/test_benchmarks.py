@@ -19,6 +19,7 @@ QUICK = {  # the arguments that make each one small
     "bench_calibration.py": ["--trajectories", "1"],
     "bench_classify.py": ["--quick"],
     "bench_cooccurrence.py": ["--quick", "--reference-tokens", "2000"],
+    "bench_fuzz_folders.py": ["--quick"],
     "bench_device.py": ["--quick", "--rounds", "1", "--device", "cpu"],
     "bench_plan_power.py": ["--quick"],
     "bench_population.py": ["--quick", "--family", "transformer_b64"],

@@ -366,7 +366,9 @@ def _reload(path: Path, key, traj, groups, source) -> Analysis | None:
         for file in path.iterdir():  # a FIFO or device among its files would block a reader
             if not file.is_dir():
                 regular_file(file, "saved analysis's file", limit=None)
-        if said.get("format") != FORMAT or (key is not None and said.get("key") != key):
+        if said.get("format") != FORMAT:
+            raise ValueError(f"its index is not a saved analysis's (format {said.get('format')!r})")
+        if key is not None and said.get("key") != key:
             return None
         _, tensors = read_tensors(path / "values.safetensors", TAG, "saved analysis's values")
         results = {}
