@@ -373,13 +373,13 @@ def _reload(path: Path, key, traj, groups, source) -> Analysis | None:
         _, tensors = read_tensors(path / "values.safetensors", TAG, "saved analysis's values")
         results = {}
         for name, entry in said["measurements"].items():
-            table = pd.read_parquet(path / f"{name}.parquet")
+            table = _read_frame(path / f"{name}.parquet")
             table.attrs.update(entry["attrs"])
-            detail = pd.read_parquet(path / f"{name}_detail.parquet") if entry["detail"] else None
+            detail = _read_frame(path / f"{name}_detail.parquet") if entry["detail"] else None
             predictions = [Trajectory.load(path / f"{name}_prediction_{i}")
                            for i in range(entry["predictions"])] or None  # fmt: skip
             results[name] = Measurement(name, table, detail, tensors.get(name), predictions)
-        summary = pd.read_parquet(path / "summary.parquet")
+        summary = _read_frame(path / "summary.parquet")
         formed = bool(said.get("formed")) and groups is None
         if formed and (path / "groups.safetensors").is_file():
             groups = TokenGroups.load(path / "groups.safetensors")
@@ -390,6 +390,22 @@ def _reload(path: Path, key, traj, groups, source) -> Analysis | None:
     settings = AnalysisSettings.from_dict(said["settings"])
     return Analysis(traj, groups, source, settings, results, said["not_measured"], summary,
                     said["inputs"], said["key"], reused=True, formed=formed)  # fmt: skip
+
+
+FRAME_BYTES = 1 << 30  # a saved table's columns, uncompressed: far above any analysis's
+
+
+def _read_frame(path: Path) -> pd.DataFrame:
+    """A saved table, its size bounded before it is read: the columns' uncompressed bytes
+    its footer gives (a 3.6 MB file of one repeated value expanded to 6.4 GB)."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    if size > FRAME_BYTES:
+        raise ValueError(f"{path} expands to {size:,} bytes, more than a saved analysis's"
+                         f" table holds ({FRAME_BYTES:,})")  # fmt: skip
+    return pd.read_parquet(path)
 
 
 def _write_frame(path: Path, frame: pd.DataFrame) -> None:

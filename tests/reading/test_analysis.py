@@ -151,6 +151,28 @@ def test_a_fifo_in_a_saved_analysis_is_measured_again_not_waited_on(demo, tmp_pa
 
 
 @pytest.mark.tl
+def test_a_table_that_expands_past_its_bound_is_not_read(demo, tmp_path, monkeypatch):
+    """A saved table's size is read from its footer before the table: a small file of one
+    repeated value expanded to 6.4 GB and exhausted memory (issue 79); past the bound it is
+    refused by name, and `report` measures again."""
+    import pyarrow.parquet as pq
+
+    import scansnap_lens.reading.analysis as analysis_module
+
+    traj, groups, _ = demo
+    cache = tmp_path / "analysis"
+    Analysis.of(traj, groups, cache=cache, settings=NO_FIT)
+    meta = pq.ParquetFile(cache / "summary.parquet").metadata
+    size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    monkeypatch.setattr(analysis_module, "FRAME_BYTES", size - 1)
+    with pytest.raises(ValueError, match=r"summary\.parquet expands to .* bytes"):
+        Analysis.load(cache, traj, groups)
+    assert not Analysis.of(traj, groups, cache=cache, settings=NO_FIT).reused
+    monkeypatch.setattr(analysis_module, "FRAME_BYTES", size)
+    assert Analysis.of(traj, groups, cache=cache, settings=NO_FIT).reused
+
+
+@pytest.mark.tl
 def test_a_damaged_cache_is_measured_again_and_replaced(demo, tmp_path):
     traj, groups, _ = demo
     cache = tmp_path / "analysis"
