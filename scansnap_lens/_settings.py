@@ -1,14 +1,28 @@
 """Settings values whose fields carry their command-line option: `setting` declares a field
 with its group and help, `options` lists a value's options, and the command line builds one
 generator over all of them (`RecordingSettings`, `Classification`, `AnalysisSettings`,
-`Rates`), so a field, its default and its help are written once."""
+`Rates`), so a field, its default and its help are written once; `Settings` is the base
+every one of them shares: `replace`, `to_dict`, `from_dict` and one rule for a name it does
+not know (refused, naming it and the known ones).
+
+>>> from dataclasses import dataclass
+>>> @dataclass(frozen=True)
+... class Knobs(Settings):
+...     rate: float = 0.1
+...     steps: tuple = (1, 2)
+>>> Knobs().replace(rate=0.2).to_dict()
+{'rate': 0.2, 'steps': [1, 2]}
+>>> Knobs.from_dict({"rate": 0.3, "step": 4})
+Traceback (most recent call last):
+ValueError: unknown Knobs field 'step': known are rate, steps
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import MISSING, field
 
-__all__ = ["options", "setting"]
+__all__ = ["Settings", "options", "setting"]
 
 
 def setting(default=MISSING, group: str = "", help: str = "", flag: str | None = None,
@@ -38,3 +52,62 @@ def options(cls) -> list[dict]:
                         "help": meta["help"], "choices": meta["choices"],
                         "scale": meta["scale"]})  # fmt: skip
     return out
+
+
+class Settings:
+    """The base of a frozen dataclass of settings: `replace`, `to_dict` (tuples as lists,
+    settings inside as dicts: what JSON keeps) and `from_dict` (its inverse), each refusing a
+    name the value does not know, naming it and the known ones."""
+
+    def replace(self, **changes):
+        """These settings with some fields changed."""
+        _known(type(self), changes)
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, values: dict):
+        """The settings `to_dict` gave (a settings value inside from its dict)."""
+        if not isinstance(values, dict):
+            raise ValueError(f"{cls.__name__} settings must be a dict, got {values!r}")
+        _known(cls, values)
+        values = dict(values)
+        for f in dataclasses.fields(cls):
+            inner = _settings_type(f.type, cls)
+            if inner is not None and isinstance(values.get(f.name), dict):
+                values[f.name] = inner.from_dict(values[f.name])
+            elif isinstance(values.get(f.name), list):
+                values[f.name] = tuple(values[f.name])
+        return cls(**values)
+
+
+def _known(cls, names) -> None:
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        what = "field" if len(unknown) == 1 else "fields"
+        raise ValueError(f"unknown {cls.__name__} {what} {', '.join(map(repr, unknown))}:"
+                         f" known are {', '.join(known)}")  # fmt: skip
+
+
+def _plain(value):
+    if isinstance(value, Settings):
+        return value.to_dict()
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _settings_type(annotation, owner):
+    """The `Settings` class a field holds (its annotation names one), or None."""
+    import sys
+
+    names = vars(sys.modules[owner.__module__])
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    for part in str(text).replace(" ", "").split("|"):
+        found = names.get(part)
+        if isinstance(found, type) and issubclass(found, Settings):
+            return found
+    return None

@@ -395,9 +395,9 @@ def _report(args: argparse.Namespace) -> int:
     check_writable(out)
     trajs = {name: Trajectory.load(path) for name, path in zip(_run_names(runs), runs)}
     stats_of = [CooccurrenceStats.load(p) for p in args.stats]
-    training = _settings(args, Rates).to_dict() if args.lr_y is not None else None
+    training = _settings(args, Rates) if args.lr_y is not None else None
     settings = _settings(args, AnalysisSettings).replace(
-        classification=_settings(args, Classification).to_dict(), training=training
+        classification=_settings(args, Classification), training=training
     )
     for i, traj in enumerate(trajs.values()):  # before anything is measured
         check_vocabulary(stats_of[i if len(stats_of) > 1 else 0].vocab_size, traj.plan)

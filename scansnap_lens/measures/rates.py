@@ -46,7 +46,7 @@ def effective_rate(lr: float, optimizer: str = "sgd", momentum: float = 0.0) -> 
     return float(lr) / (1.0 - float(momentum))
 
 
-def training_of(traj: Trajectory, training: dict | None = None) -> list[dict] | None:
+def training_of(traj: Trajectory, training: Rates | dict | None = None) -> list[dict] | None:
     """How each head was trained, as the training wrote it: per head a dict with the nominal
     ``lr_y``, ``lr_z``, ``optimizer`` and ``momentum``; None where the trajectory does not say.
     `training` (``lr_y`` and ``lr_z``, optionally ``optimizer``, ``momentum``) overrides it.
@@ -56,7 +56,8 @@ def training_of(traj: Trajectory, training: dict | None = None) -> list[dict] | 
     ``ratio`` per run (one head per run).
     """
     if training is not None:
-        return [Rates.from_dict(training).to_dict()] * len(traj.heads)
+        rates = training if isinstance(training, Rates) else Rates.of_meta(training)
+        return [rates.to_dict()] * len(traj.heads)
     meta = traj.meta
     optimizer = meta.get("optimizer", "sgd")
     momentum = float(meta.get("momentum", 0.0))
@@ -64,7 +65,7 @@ def training_of(traj: Trajectory, training: dict | None = None) -> list[dict] | 
         pairs = [(z * r, z) for z, r in zip(meta["lr_z"], meta["ratio"])]
         pairs = [pairs[h] for h in traj.heads]
     elif "lr_y" in meta and "lr_z" in meta:
-        return [Rates.from_dict(meta, "the trajectory's meta").to_dict()] * len(traj.heads)
+        return [Rates.of_meta(meta, "the trajectory's meta").to_dict()] * len(traj.heads)
     else:
         typed = sorted(k for k in meta if re.match(r"(lr|eta|learning_rate)", k, re.IGNORECASE))
         if typed:  # rates under other names would silently give no prediction

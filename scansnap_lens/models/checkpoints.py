@@ -339,7 +339,7 @@ def _training_meta(path: Path) -> dict:
         raise CheckpointError(f"{file}: the training description is not a JSON object")
     if "lr_y" in data or "lr_z" in data:  # refused here, not when a report reads it back
         try:
-            Rates.from_dict(data, where=str(file))
+            Rates.of_meta(data, where=str(file))
         except ValueError as err:
             raise CheckpointError(str(err)) from None
     return data

@@ -29,7 +29,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from scansnap_lens._io import make_folder, write_tensors, write_text
-from scansnap_lens._settings import setting
+from scansnap_lens._settings import Settings, setting
 from scansnap_lens.models.backend import (
     HookedModel,
     attention_logit_parameters,
@@ -209,15 +209,15 @@ TRAINING = "how the run was trained (the theory's rates; lr_y= and lr_z= go toge
 
 
 @dataclass(frozen=True)
-class Rates:
+class Rates(Settings):
     """How a model was trained, as far as the theory needs it: the paper's eta_Y (``lr_y``:
     every parameter but W_Q, W_K), eta_Z (``lr_z``: W_Q, W_K), the optimizer and SGD's
     momentum.  The one value that `train` writes (``training.json``, the trajectory's meta),
     the command line's ``--lr-y``/``--lr-z`` build, and `measures.rates` reads.
 
-    >>> Rates.from_dict({"lr_y": 0.1, "lr_z": 3, "loss_on": "last"}).to_dict()
+    >>> Rates.of_meta({"lr_y": 0.1, "lr_z": 3, "loss_on": "last"}).to_dict()
     {'lr_y': 0.1, 'lr_z': 3.0, 'optimizer': 'sgd', 'momentum': 0.0}
-    >>> Rates.from_dict({"lr_y": "fast", "lr_z": 3}, where="training.json")
+    >>> Rates.of_meta({"lr_y": "fast", "lr_z": 3}, where="training.json")
     Traceback (most recent call last):
     ValueError: training.json: lr_y must be a finite number >= 0, got 'fast'
     """
@@ -231,7 +231,8 @@ class Rates:
     momentum: float = setting(0.0, TRAINING, "SGD momentum in [0, 1)")
 
     def __post_init__(self) -> None:
-        _checked_rates(self.to_dict(), "Rates")
+        _checked_rates({f: getattr(self, f) for f in ("lr_y", "lr_z", "optimizer", "momentum")},
+                       "Rates")  # fmt: skip
 
     @classmethod
     def of(cls, lr_y=None, lr_z=None, optimizer: str = "sgd", momentum: float = 0.0,
@@ -244,14 +245,11 @@ class Rates:
         return cls(float(lr_y), float(lr_y if lr_z is None else lr_z), optimizer, momentum)
 
     @classmethod
-    def from_dict(cls, values: dict, where: str = "training") -> Rates:
-        """The rates of a dict that holds ``lr_y`` and ``lr_z`` (other keys are ignored);
+    def of_meta(cls, values: dict, where: str = "training") -> Rates:
+        """The rates a run's description holds (a trajectory's meta, ``training.json``): its
+        ``lr_y`` and ``lr_z`` (needed), optimizer and momentum, the rest of it left aside;
         ValueError naming `where` and the field for anything else."""
         return cls(*_checked_rates(values, where))
-
-    def to_dict(self) -> dict:
-        return {"lr_y": self.lr_y, "lr_z": self.lr_z, "optimizer": self.optimizer,
-                "momentum": self.momentum}  # fmt: skip
 
 
 def _checked_rates(values: dict, where: str) -> tuple[float, float, str, float]:

@@ -4,14 +4,18 @@ measures with and saves beside its tables; the command line's options are made f
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from torch import Tensor
 
-from scansnap_lens._settings import setting
+from scansnap_lens._settings import Settings, setting
 from scansnap_lens.statistics.groups import Classification
 from scansnap_lens.theory.population import THEORY_CLASSES, THEORY_SECONDS
+
+if TYPE_CHECKING:  # the models' stage loads its libraries: read once a value needs it
+    from scansnap_lens.models.training import Rates
 
 __all__ = ["AnalysisSettings"]
 
@@ -19,10 +23,10 @@ THEORY = "the theory fit"
 
 
 @dataclass(frozen=True)
-class AnalysisSettings:
+class AnalysisSettings(Settings):
     """How a trajectory is read.  classification: how the statistics' tokens get their kinds
-    (used where `Analysis.of` forms the token groups itself); training: the training's rates
-    (`rates.training_of`: ``lr_y``, ``lr_z``, optimizer, momentum), for the theory's
+    (used where `Analysis.of` forms the token groups itself); training: the training's
+    `Rates` (a dict of them is read as one; `rates.training_of`), for the theory's
     prediction; theory: False leaves out the theory fit (the population dynamics);
     theory_classes, theory_seconds: the classes it integrates and the seconds it takes at
     most (`fit.theory_fit`); loss_positions:
@@ -30,7 +34,7 @@ class AnalysisSettings:
     default `rates.predicted_snap`); leave_out: names of measurements not made."""
 
     classification: Classification = field(default_factory=Classification)
-    training: dict | None = None
+    training: Rates | None = None
     theory: bool = setting(
         True, THEORY, "leave out the theory fit (the paper's population dynamics on the"
         " statistics, on theory_classes= classes; made by default)",
@@ -50,33 +54,14 @@ class AnalysisSettings:
     leave_out: tuple[str, ...] = ()
 
     def __post_init__(self):
+        from scansnap_lens.models.training import Rates
+
+        if isinstance(self.training, dict):  # as a user writes it: {"lr_y": ..., "lr_z": ...}
+            object.__setattr__(self, "training", Rates.from_dict(self.training))
+        if self.training is not None and not isinstance(self.training, Rates):
+            raise ValueError(f"training must be Rates or None, got {self.training!r}")
         if isinstance(self.prediction, list | np.ndarray | Tensor):
             object.__setattr__(self, "prediction", tuple(float(p) for p in self.prediction))
         object.__setattr__(self, "leave_out", tuple(self.leave_out))
         if self.theory_classes is not None and self.theory_classes < 1:
             raise ValueError(f"theory_classes must be >= 1 or None, got {self.theory_classes}")
-
-    def replace(self, **changes) -> AnalysisSettings:
-        """These settings with some fields changed (unknown names refused, naming them)."""
-        return AnalysisSettings.from_dict({**self.to_dict(), **changes})
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["classification"] = self.classification.to_dict()
-        out["leave_out"] = list(self.leave_out)
-        if isinstance(self.prediction, tuple):
-            out["prediction"] = list(self.prediction)
-        return out
-
-    @classmethod
-    def from_dict(cls, values: dict) -> AnalysisSettings:
-        known = {f.name for f in fields(cls)}
-        unknown = set(values) - known
-        if unknown:
-            raise ValueError(f"unknown analysis settings {sorted(unknown)}; known: {sorted(known)}")
-        values = dict(values)
-        if isinstance(values.get("classification"), dict):
-            values["classification"] = Classification.from_dict(values["classification"])
-        if isinstance(values.get("prediction"), list):
-            values["prediction"] = tuple(values["prediction"])
-        return cls(**values)

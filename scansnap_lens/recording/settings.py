@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from scansnap_lens._settings import options, setting
+from scansnap_lens._settings import Settings, options, setting
 from scansnap_lens.recording.budget import CHECKPOINT_BUDGET, RUN_BUDGET
 
 __all__ = ["DUPLICATES", "LOSS_ON", "ON_DISK", "RecordingSettings"]
@@ -40,7 +40,7 @@ TRACKED, WATCHED, BUDGET, RUNNING = (
 
 
 @dataclass(frozen=True)
-class RecordingSettings:
+class RecordingSettings(Settings):
     """How a run is recorded (every field optional; the defaults are the command line's)."""
 
     queries: Any = setting(
@@ -157,9 +157,6 @@ class RecordingSettings:
         if self.device is not None:
             fix(self, "device", str(self.device))
 
-    def replace(self, **changes) -> RecordingSettings:
-        return dataclasses.replace(self, **changes)
-
     def to_dict(self) -> dict:
         """The settings as the manifest keeps them (a tokenizer or aggregate object by name)."""
         out = {}
@@ -171,12 +168,6 @@ class RecordingSettings:
                 value = [a if isinstance(a, str) else a.name for a in value]
             out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
-
-    @classmethod
-    def from_dict(cls, values: dict) -> RecordingSettings:
-        """The settings a manifest kept (fields it does not know are left out)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in known})
 
     @classmethod
     def options(cls) -> list[dict]:

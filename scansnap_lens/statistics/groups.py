@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from scansnap_lens._io import read_tensors, write_tensors
-from scansnap_lens._settings import setting
+from scansnap_lens._settings import Settings, setting
 from scansnap_lens.statistics.context import Context, require_same
 
 GROUPS_FORMAT = "scansnap-groups-1"
@@ -49,7 +49,7 @@ MAX_SHARED = 8
 
 
 @dataclass(frozen=True)
-class Classification:
+class Classification(Settings):
     """How the context tokens of corpus statistics get their kinds and the classes their
     groups: the one set of settings (and defaults) that `TokenGroups.from_statistics`,
     ``scansnap report`` (each field an option: ``--min-support``, ...) and the report share,
@@ -107,23 +107,6 @@ class Classification:
             raise ValueError(f"purity must lie in (0, 1] (purity=), got {self.purity!r}")
         if not 0.0 < self.alpha < 1.0:
             raise ValueError(f"alpha must lie in (0, 1), got {self.alpha!r}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> Classification:
-        return cls().replace(**values)
-
-    def replace(self, **changes) -> Classification:
-        """These settings with some fields changed (unknown names refused, naming them)."""
-        known = sorted(f.name for f in fields(self))
-        unknown = sorted(set(changes) - set(known))
-        if unknown:
-            raise ValueError(
-                f"unknown classification settings {unknown}: known are {sorted(known)}"
-            )
-        return replace(self, **changes)
 
     def describe(self) -> str:
         """One line for the page and the command line."""

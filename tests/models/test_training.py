@@ -147,7 +147,9 @@ def test_one_typed_value_for_the_rates(tmp_path):
     train(model, syn_data, num_steps=2, lr_y=0.5, lr_z=2.0, optimizer="adam", momentum=0.9,
           out=tmp_path / "run", save_steps=[0, 2], progress=False)  # fmt: skip
     written = json.loads((tmp_path / "run" / "training.json").read_text())
-    assert Rates.from_dict(written) == Rates(0.5, 2.0, "adam", 0.0)  # momentum: SGD's only
+    assert Rates.of_meta(written) == Rates(0.5, 2.0, "adam", 0.0)  # momentum: SGD's only
+    with pytest.raises(ValueError, match="unknown Rates fields .*'loss_on'"):
+        Rates.from_dict(written)  # a Rates value's own dict: nothing else in it
     assert checkpoints.folder(tmp_path / "run").meta["lr_z"] == 2.0
     for field, value, message in (("lr_y", "fast", "lr_y must be a finite number >= 0, got 'fast'"),
                                   ("lr_z", -3, "lr_z must be a finite number >= 0, got -3"),
@@ -157,4 +159,4 @@ def test_one_typed_value_for_the_rates(tmp_path):
         with pytest.raises(CheckpointError, match=f"training.json: {message}"):
             checkpoints.folder(tmp_path / "run")
     with pytest.raises(ValueError, match="needs lr_z"):
-        Rates.from_dict({"lr_y": 1.0})
+        Rates.of_meta({"lr_y": 1.0})

@@ -186,10 +186,29 @@ def test_a_damaged_cache_is_measured_again_and_replaced(demo, tmp_path):
 
 
 def test_settings_name_what_they_do_not_know():
-    with pytest.raises(ValueError, match=r"unknown analysis settings \['classes'\]"):
+    """Every settings value shares one base (`_settings.Settings`): `replace`, `to_dict` and
+    `from_dict` round trip through JSON, and a name it does not know is refused the same way
+    by each, naming it and the known ones (it was dropped, refused or ignored)."""
+    from scansnap_lens.models.training import Rates
+    from scansnap_lens.recording.settings import RecordingSettings
+    from scansnap_lens.statistics.groups import Classification
+
+    with pytest.raises(ValueError, match=r"unknown AnalysisSettings field 'classes': known"):
         AnalysisSettings().replace(classes=3)
-    settings = AnalysisSettings(prediction=[100.0, 200.0], leave_out=["theory_fit"])
+    settings = AnalysisSettings(prediction=[100.0, 200.0], leave_out=["theory_fit"],
+                                training={"lr_y": 0.1, "lr_z": 3.0})  # fmt: skip
+    assert isinstance(settings.training, Rates)
     assert AnalysisSettings.from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
+    values = {AnalysisSettings: AnalysisSettings(), Classification: Classification(purity=0.9),
+              RecordingSettings: RecordingSettings(layers=(1, 0), batch_size=4),
+              Rates: Rates(0.1, 3.0, "adam")}  # fmt: skip
+    for kind, value in values.items():
+        assert kind.from_dict(json.loads(json.dumps(value.to_dict()))) == value
+        refused = f"unknown {kind.__name__} field 'colour'"
+        with pytest.raises(ValueError, match=refused):
+            kind.from_dict({**value.to_dict(), "colour": 1})
+        with pytest.raises(ValueError, match=refused):
+            value.replace(colour=1)
 
 
 @pytest.mark.tl

@@ -124,7 +124,7 @@ def test_one_classification_with_its_defaults_refusing_bad_settings():
     for bad, match in [({"purity": 0.0}, "purity="), ({"scope": "both"}, "scope="),
                        ({"min_support": 0}, "min_support"), ({"min_distinct": -1}, "min_distinct="),
                        ({"max_shared": -1}, "max_shared="), ({"max_shared": True}, "max_shared="),
-                       ({"pureness": 1.0}, "unknown classification settings")]:  # fmt: skip
+                       ({"pureness": 1.0}, "unknown Classification field 'pureness'")]:  # fmt: skip
         with pytest.raises(ValueError, match=match):
             Classification().replace(**bad)
     with pytest.raises(TypeError, match="needs CooccurrenceStats"):
