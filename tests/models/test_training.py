@@ -148,7 +148,7 @@ def test_one_typed_value_for_the_rates(tmp_path):
           out=tmp_path / "run", save_steps=[0, 2], progress=False)  # fmt: skip
     written = json.loads((tmp_path / "run" / "training.json").read_text())
     assert Rates.of_meta(written) == Rates(0.5, 2.0, "adam", 0.0)  # momentum: SGD's only
-    with pytest.raises(ValueError, match="unknown Rates fields .*'loss_on'"):
+    with pytest.raises(ValueError, match=r"unknown Rates fields .*'loss_on'"):
         Rates.from_dict(written)  # a Rates value's own dict: nothing else in it
     assert checkpoints.folder(tmp_path / "run").meta["lr_z"] == 2.0
     for field, value, message in (("lr_y", "fast", "lr_y must be a finite number >= 0, got 'fast'"),
