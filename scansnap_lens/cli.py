@@ -781,7 +781,6 @@ def _record_command(sub) -> None:
         help="statistics (scansnap stats) that choose the default queries: those whose classes"
         " have distinct tokens, most frequent first",
     )  # fmt: skip
-    record.add_argument("--include-bos", action="store_true", help=argparse.SUPPRESS)  # former
     from scansnap_lens.recording.settings import RecordingSettings
 
     _setting_options(record, RecordingSettings)

@@ -148,7 +148,7 @@ class QueryTokens:
         return segment, segment_starts(segment, 2 * self.query.numel())
 
     @cached_property
-    def _tokens(self) -> Tensor:
+    def token_index(self) -> Tensor:
         """[N] the index of each entry's token among the tokens the entries hold."""
         return torch.unique(self.token, return_inverse=True)[1]
 
@@ -160,8 +160,8 @@ class QueryTokens:
         Kish's n_eff of the squared weights (the variance's own units), likewise."""
         sides, dof = [], []
         for mask in (self.distinct, ~self.distinct):
-            per_token = torch.zeros(int(self._tokens.max()) + 1, dtype=torch.float64)
-            per_token.index_add_(0, self._tokens[mask], coefficient[mask].abs().double())
+            per_token = torch.zeros(int(self.token_index.max()) + 1, dtype=torch.float64)
+            per_token.index_add_(0, self.token_index[mask], coefficient[mask].abs().double())
             sides.append(kish(per_token))
             dof.append(kish(per_token**2))
         per_query = torch.zeros(self.query.numel(), dtype=torch.float64)
@@ -449,8 +449,8 @@ class QueryTokens:
         entry = weight[..., self.unit] * torch.nan_to_num(mine.double())
         room = 1 - weight[..., self.unit] * share.double()
         entry = torch.where(room > 1e-9, entry / room.clamp_min(1e-12).sqrt(), 0.0)
-        token_terms = entry.new_zeros(*entry.shape[:-1], int(self._tokens.max()) + 1)
-        token_terms.index_add_(-1, self._tokens, entry)
+        token_terms = entry.new_zeros(*entry.shape[:-1], int(self.token_index.max()) + 1)
+        token_terms.index_add_(-1, self.token_index, entry)
         n_eff, dof = (x.expand_as(value) for x in self._n_eff(coefficient))
         n_eff = torch.where(ok.any(-1), n_eff, 0.0)
         squares = [(x**2).sum(-1) for x in (query_terms, token_terms, entry)]

@@ -336,7 +336,7 @@ def _weights(traj: Trajectory, slots: Tensor | None) -> Tensor:
 
 DRIFT_ABOVE = 0.85  # a split's pooled straightness at which its halves move as a drift
 CLEAN_ABOVE = 0.97  # ... at which they move with little noise: finer splits must match it
-_POOL = 6  # splits of the same depth pooled on each side
+POOL = 6  # splits of the same depth pooled on each side
 _BALANCED = 0.5  # halves within 2x of each other's movement: their straightness shows noise
 
 
@@ -387,7 +387,7 @@ def drift_knots(traj: Trajectory, slots: Tensor | None = None) -> Tensor:
     """[L, H, S] bool: per head, the checkpoints between which the attention moves as a drift.
 
     The checkpoints are split in halves on the log-step axis (`split_tree`); a split is kept
-    where its halves' movements add up (their straightness, pooled over `_POOL` splits of the
+    where its halves' movements add up (their straightness, pooled over `POOL` splits of the
     same depth on each side, at least `DRIFT_ABOVE`: step-to-step noise gives about 0.71), and
     its halves are split in turn.  Where a coarser, even split was clean (`CLEAN_ABOVE`), a
     finer one must be clean too: there the noise grows as the intervals shrink, and the
@@ -410,7 +410,7 @@ def drift_knots(traj: Trajectory, slots: Tensor | None = None) -> Tensor:
         s = torch.where(den > 0, num / den.clamp_min(1e-300), 1.0)  # each split alike
         cum = torch.cat([torch.zeros_like(s[:1]), s.cumsum(0)])
         for i, (a, b, c) in enumerate(level):
-            lo, hi = max(0, i - _POOL), min(len(level), i + _POOL + 1)
+            lo, hi = max(0, i - POOL), min(len(level), i + POOL + 1)
             pooled[(a, c)] = (cum[hi] - cum[lo]) / (hi - lo)
             small = torch.minimum(d[(a, b)], d[(b, c)])
             large = torch.maximum(d[(a, b)], d[(b, c)])

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from scansnap_lens._io import write_text
 from scansnap_lens.measures.head_types import formation_step, head_type, head_type_scores
-from scansnap_lens.measures.snap import _POOL, DRIFT_ABOVE, head_movement, snapping
+from scansnap_lens.measures.snap import DRIFT_ABOVE, POOL, head_movement, snapping
 from scansnap_lens.models.steps import select_steps
 from scansnap_lens.recording.trajectory import Trajectory
 
@@ -256,7 +256,7 @@ class AdaptiveSchedule:
         if self._before is not None:  # the latest splits' straightness, as `snap.drift_knots`
             self._triples.append((head_movement(plan, self._before, c_hat),
                                   self._moves[-2] + self._moves[-1]))  # fmt: skip
-            recent = self._triples[-(_POOL + 1) :]
+            recent = self._triples[-(POOL + 1) :]
             straight, path = (sum(x[i] for x in recent) for i in (0, 1))
             self.noisy = straight < DRIFT_ABOVE * path
         self._before, self._c_hat = self._c_hat, c_hat

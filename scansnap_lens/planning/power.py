@@ -51,7 +51,7 @@ def _planned(plan, groups, heads, draws=32, alpha=ALPHA, seed=0) -> tuple[float,
     except ValueError:
         return math.nan, math.nan
     g = torch.Generator().manual_seed(seed)
-    tokens = units._tokens
+    tokens = units.token_index
     n_tokens = int(tokens.max()) + 1
     a = torch.randn(draws, units.query.numel(), generator=g, dtype=torch.float64)
     b = torch.randn(draws, n_tokens, generator=g, dtype=torch.float64) * math.sqrt(TOKEN_SHARE)

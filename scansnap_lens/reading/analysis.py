@@ -40,6 +40,7 @@ from scansnap_lens.measures.entropy import SINGLE_DISTINCT
 from scansnap_lens.measures.measurement import Measurement
 from scansnap_lens.measures.summary import measure_all, summarize
 from scansnap_lens.reading.settings import AnalysisSettings
+from scansnap_lens.recording.storage import StepStack
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
@@ -85,8 +86,8 @@ def fingerprint(*parts) -> str:
         elif isinstance(x, np.ndarray):  # a memory-mapped one is read, not copied
             digest.update(f"A{x.dtype}{x.shape}".encode())
             digest.update(np.ascontiguousarray(x).reshape(-1).view(np.uint8))
-        elif hasattr(x, "_arrays") and hasattr(x, "shape"):  # a memory-mapped `StepStack`
-            for array in x._arrays:
+        elif isinstance(x, StepStack):  # memory-mapped: each step's array read in turn
+            for array in x.arrays:
                 feed(array)
         elif isinstance(x, dict):
             digest.update(b"D")

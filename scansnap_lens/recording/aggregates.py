@@ -55,7 +55,6 @@ __all__ = [
     "AGGREGATES",
     "AXES",
     "DEFAULT",
-    "HEAD_TYPES",
     "RESERVED",
     "Aggregate",
     "CheckpointRecord",
@@ -413,7 +412,6 @@ AGGREGATES: tuple[Aggregate, ...] = (
 )
 _BY_NAME = {a.name: a for a in AGGREGATES}
 DEFAULT = AGGREGATES  # what a recording records unless told otherwise
-HEAD_TYPES = ("previous_token", "first_token", "induction")  # the field's head types
 V1 = tuple(a for a in AGGREGATES if not a.optional)  # what every folder holds
 
 

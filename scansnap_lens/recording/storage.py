@@ -486,6 +486,11 @@ class StepStack:
         return len(self._arrays)
 
     @property
+    def arrays(self) -> list[np.ndarray]:
+        """The step arrays it stacks, as read (memory-mapped where they were)."""
+        return self._arrays
+
+    @property
     def ndim(self) -> int:
         return len(self.shape)
 

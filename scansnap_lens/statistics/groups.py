@@ -285,9 +285,13 @@ class TokenGroups:
         at = torch.searchsorted(self.pair_key, key).clamp_max(self.pair_key.numel() - 1)
         return torch.where(self.pair_key[at] == key, self.pair_count[at].double(), 0.0)
 
+    def classes_of(self, query: int) -> list[int]:
+        """The indices of the classes whose query is `query` (none: [])."""
+        return list(self._classes_of_query.get(int(query), ()))
+
     def distinct_of_query(self, query: int) -> Tensor:
         """Union of the distinct tokens of the classes of `query`."""
-        parts = [self.distinct[k] for k in self._classes_of_query.get(int(query), ())]
+        parts = [self.distinct[k] for k in self.classes_of(query)]
         return torch.unique(torch.cat(parts)) if parts else torch.empty(0, dtype=torch.long)
 
     @cached_property

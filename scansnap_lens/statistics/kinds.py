@@ -100,9 +100,6 @@ class TokenKinds:
             keep &= self.next_token == int(next_token)
         return self.token[keep]
 
-    def common_tokens(self, query: int | None = None) -> Tensor:
-        return self.token[self._select(query) & (self.kind == COMMON)]
-
     def kind_map(self, query: int | None = None) -> Tensor:
         """[V] kind of every token (for ``query`` when local); unseen tokens UNDETERMINED."""
         keep = self._select(query)

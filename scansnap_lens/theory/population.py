@@ -102,10 +102,6 @@ class Population:
         """[Q] the distinct query tokens, ascending."""
         return torch.unique(self.query)
 
-    def classes_of(self, query: int) -> Tensor:
-        """Indices of the classes whose query is `query`."""
-        return (self.query == int(query)).nonzero().flatten()
-
     @classmethod
     def from_stats(
         cls,

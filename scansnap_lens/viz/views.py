@@ -217,7 +217,7 @@ def _class_codes(prompt: Tensor, position: int, groups: TokenGroups) -> Tensor:
     common = groups.common.get(m, torch.empty(0, dtype=torch.long))
     codes[torch.isin(prompt[: position + 1], common)] = COMMON_CODE
     distinct = torch.empty(0, dtype=torch.long)
-    for k in groups._classes_of_query.get(m, ()):  # the query's classes, not every class
+    for k in groups.classes_of(m):  # the query's classes, not every class
         if int(groups.next_token[k]) == n:
             distinct = groups.distinct[k]
     codes[torch.isin(prompt[: position + 1], distinct)] = DISTINCT_CODE
