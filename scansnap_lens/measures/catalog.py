@@ -47,15 +47,14 @@ NEEDS_SOURCE = "needs the training corpus's statistics (source=, stats=)"
 class MeasureInputs:
     """What a measurement may read: the trajectory, the token groups (None where none could be
     formed, `groups_reason` says why), the training corpus's statistics, the training's rates
-    (see `rates.training_of`), the number of loss positions per row and the classes and seconds
-    the theory fit may take at most (see `fit.theory_fit`).
+    (see `rates.training_of`) and the classes and seconds the theory fit may take at most
+    (see `fit.theory_fit`).
     """
 
     traj: Trajectory
     groups: TokenGroups | None = None
     source: object | None = None
     training: dict | None = None
-    loss_positions: int | None = None
     groups_reason: str = "no token groups were given"
     theory_classes: int | None = THEORY_CLASSES  # see `fit.theory_fit`
     theory_seconds: float | None = THEORY_SECONDS
@@ -242,9 +241,7 @@ MEASURES: tuple[Measure, ...] = (
     ),
     Measure(
         "growth_bounds",
-        lambda x: growth_bounds(
-            x.traj, x.groups, x.source, training=x.training, loss_positions=x.loss_positions
-        ),
+        lambda x: growth_bounds(x.traj, x.groups, x.source, training=x.training),
         summary=("bound_ratio", "inside"),
         plots=(
             Plot(
@@ -269,7 +266,6 @@ MEASURES: tuple[Measure, ...] = (
             x.source,
             x.groups,
             training=x.training,
-            loss_positions=x.loss_positions,
             theory_classes=x.theory_classes,
             theory_seconds=x.theory_seconds,
         ),

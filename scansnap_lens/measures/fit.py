@@ -51,17 +51,17 @@ PROBE_GRADIENTS = 4  # timed to estimate the fit's cost
 NOTHING_TO_RANK = "no tracked class has two distinct tokens to rank"
 
 
-def _population(traj: Trajectory, source, loss_positions: int | None, classes=None):
+def _population(traj: Trajectory, source, classes=None):
+    """The population of `source` for the classes (default: every tracked class), each
+    weighted over the positions the training's loss averages: every next-token prediction,
+    or one per row where the trajectory's meta says ``loss_on: "last"``."""
     require_same(source, traj.plan)
     if classes is None:
         classes = list(zip(traj.plan.class_query.tolist(), traj.plan.class_next.tolist()))
-    if (
-        loss_positions is None
-        and traj.meta.get("loss_on") == "last"
-        and hasattr(source, "num_rows")
-    ):
-        loss_positions = source.num_rows  # `train(loss_on="last")`: one position per row
-    return Population.of(source, classes, loss_positions, traj.plan.vocab_size)
+    positions = None
+    if traj.meta.get("loss_on") == "last" and hasattr(source, "num_rows"):
+        positions = source.num_rows  # `train(loss_on="last")`: one position per row
+    return Population.of(source, classes, positions, traj.plan.vocab_size)
 
 
 def _plan_population(traj: Trajectory) -> Population:
@@ -95,7 +95,6 @@ def growth_bounds(
     source=None,
     rho0_value: float | str = "data",
     training: dict | None = None,
-    loss_positions: int | None = None,
 ) -> Measurement:
     """Measured growth factor against Theorem 3's bounds, per class, layer and head.
 
@@ -128,7 +127,7 @@ def growth_bounds(
             "Theorem 4's B(t) needs plain-SGD rates, and the training's optimizer has none"
             " (Adam normalises its steps): bound_ratio is not defined for it"
         )
-    pop = _plan_population(traj) if source is None else _population(traj, source, loss_positions)
+    pop = _plan_population(traj) if source is None else _population(traj, source)
     t = traj.steps.double().numpy()
     rows, dzs, lower, upper = [], [], [], []
     M = traj.plan.vocab_size
@@ -270,7 +269,7 @@ def _rankable(plan, groups: TokenGroups) -> Tensor:
     return counts >= 2
 
 
-def _classes_within(traj, source, rankable, loss_positions, theory_classes, seconds, trainings,
+def _classes_within(traj, source, rankable, theory_classes, seconds, trainings,
                     progress):  # fmt: skip
     """(classes, population, estimated seconds): `theory_classes` of `fit_classes` (None:
     every class), fewer where their prediction would take over `seconds`.  A gradient's cost
@@ -283,7 +282,7 @@ def _classes_within(traj, source, rankable, loss_positions, theory_classes, seco
     n, last, checkpoints = wanted, int(traj.steps[-1]), traj.num_steps
     while True:
         classes = fit_classes(traj, n, rankable)
-        pop = _population(traj, source, loss_positions, classes)
+        pop = _population(traj, source, classes)
         if seconds is None:
             return classes, pop, None
         estimate = len(trainings) * gradients_at_most(last, checkpoints) * max(
@@ -343,7 +342,6 @@ def theory_fit(
     source,
     groups: TokenGroups | None = None,
     training: dict | None = None,
-    loss_positions: int | None = None,
     classes=None,
     progress: bool = True,
     theory_classes: int | None = THEORY_CLASSES,
@@ -369,8 +367,8 @@ def theory_fit(
     ``snap_ratio`` = snap_step / population_snap.
     ``values``: dz_corr [S, L, H]; ``detail``: rank agreement per class at the last step.
 
-    loss_positions: see `population.Population.from_stats`; by default every next-token
-    prediction, or one per row where the trajectory's meta says ``loss_on: "last"``.
+    Each class is weighted over the positions the training's loss averages (`_population`:
+    one per row where the trajectory's meta says ``loss_on: "last"``).
     classes: pairs (m, n) to predict (default: `theory_classes` of `fit_classes`).  Each class
     carries its own weight N(m, n) / loss positions, so a subset evolves as it would among the
     others except through the parameters it shares with them.
@@ -385,7 +383,7 @@ def theory_fit(
         raise ValueError(f"theory_seconds must be >= 0 (0: no limit), not {theory_seconds}")
     require_same(source, traj.plan)  # a convention mismatch first: it is the inputs' fault
     heads_training = _head_training(traj, training)
-    pop, estimate = _fit_population(traj, source, groups, heads_training, loss_positions,
+    pop, estimate = _fit_population(traj, source, groups, heads_training,
                                     classes, progress, theory_classes,
                                     theory_seconds or None)  # fmt: skip
     plan = traj.plan
@@ -420,7 +418,7 @@ def theory_fit(
     return Measurement("theory_fit", table, detail, values=corr, predictions=list(runs.values()))
 
 
-def _fit_population(traj, source, groups, heads_training, loss_positions, classes, progress,
+def _fit_population(traj, source, groups, heads_training, classes, progress,
                     theory_classes, theory_seconds):  # fmt: skip
     """(population, estimated seconds or None) of `theory_fit`: its `classes`, or those
     `_classes_within` the time."""
@@ -428,9 +426,9 @@ def _fit_population(traj, source, groups, heads_training, loss_positions, classe
     if rankable is not None and not rankable.any():
         raise ValueError(NOTHING_TO_RANK)  # before the population dynamics are timed
     if classes is not None:
-        return _population(traj, source, loss_positions, classes), None
+        return _population(traj, source, classes), None
     trainings = list({tuple(sorted(t.items())): t for t in heads_training}.values())
-    _, pop, estimate = _classes_within(traj, source, rankable, loss_positions, theory_classes,
+    _, pop, estimate = _classes_within(traj, source, rankable, theory_classes,
                                        theory_seconds, trainings, progress)  # fmt: skip
     return pop, estimate
 

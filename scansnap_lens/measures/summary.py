@@ -34,7 +34,6 @@ def measure_all(
     *,
     source=None,
     training: dict | None = None,
-    loss_positions: int | None = None,
     names: Iterable[str] | None = None,
     groups_reason: str | None = None,
     theory_classes: int | None = THEORY_CLASSES,
@@ -46,13 +45,13 @@ def measure_all(
 
     groups: the token groups, or None where none could be formed (`groups_reason` says why;
     the measurements that need them are then left out with that reason).  source, training,
-    loss_positions, theory_classes, theory_seconds: see `catalog.MeasureInputs`.  Nothing
+    theory_classes, theory_seconds: see `catalog.MeasureInputs`.  Nothing
     raises because one measurement cannot be made (its ValueError is its reason); any other
     error is a defect and raises: `summarize` and `report.write_report` share these results.
     """
     _check_inputs(traj, groups)
     inputs = MeasureInputs(
-        traj, groups, source, training, loss_positions,
+        traj, groups, source, training,
         theory_classes=theory_classes, theory_seconds=theory_seconds,
     )  # fmt: skip
     if groups_reason:

@@ -201,7 +201,6 @@ class Analysis:
             skip.add("theory_fit")
         made, why = measure_all(
             traj, groups, source=source, training=settings.training,
-            loss_positions=settings.loss_positions,
             names=[m.name for m in measures_of(traj) if m.name not in skip],
             groups_reason="needs token groups (see 'token groups')",
             theory_classes=settings.theory_classes,
@@ -384,11 +383,11 @@ def _reload(path: Path, key, traj, groups, source) -> Analysis | None:
         formed = bool(said.get("formed")) and groups is None
         if formed and (path / "groups.safetensors").is_file():
             groups = TokenGroups.load(path / "groups.safetensors")
+        settings = AnalysisSettings.from_dict(said["settings"])
     except (OSError, ValueError, KeyError) as err:
         if key is None:
             raise ValueError(f"{path} holds no readable saved analysis: {err}") from None
         return None
-    settings = AnalysisSettings.from_dict(said["settings"])
     return Analysis(traj, groups, source, settings, results, said["not_measured"], summary,
                     said["inputs"], said["key"], reused=True, formed=formed)  # fmt: skip
 

@@ -29,8 +29,8 @@ class AnalysisSettings(Settings):
     `Rates` (a dict of them is read as one; `rates.training_of`), for the theory's
     prediction; theory: False leaves out the theory fit (the population dynamics);
     theory_classes, theory_seconds: the classes it integrates and the seconds it takes at
-    most (`fit.theory_fit`); loss_positions:
-    `catalog.MeasureInputs`; prediction: the theory's snap step (one value, or one per head;
+    most (`fit.theory_fit`; the positions its loss averages are the training's own, from the
+    trajectory's meta); prediction: the theory's snap step (one value, or one per head;
     default `rates.predicted_snap`); leave_out: names of measurements not made."""
 
     classification: Classification = field(default_factory=Classification)
@@ -49,7 +49,6 @@ class AnalysisSettings(Settings):
         " theory_classes= would take longer (timed before it starts; 0: no"
         " limit)",
     )  # fmt: skip
-    loss_positions: int | None = None
     prediction: float | tuple[float, ...] | None = None
     leave_out: tuple[str, ...] = ()
 
