@@ -437,10 +437,10 @@ def mismatched(folder: Path, ids: dict[str, str] | None) -> list[str]:
     the folder's own repository.  Without `ids` (offline), a link to a blob named by a
     sha256 (an LFS file, as the cache names it) is checked against that name."""
     blobs = (folder.parents[1] / "blobs").resolve()
-    linked = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_symlink()}
     wanted = dict(ids or {})
     if not ids:  # the names the cache gave the blobs: what the hub listed when it downloaded
-        wanted = {f: p.resolve().name for f, p in linked.items()
+        linked = [p for p in folder.rglob("*") if p.is_symlink()]
+        wanted = {p.relative_to(folder).as_posix(): p.resolve().name for p in linked
                   if re.fullmatch(r"[0-9a-f]{64}", p.resolve().name)}  # fmt: skip
     out = []
     for file, want in sorted(wanted.items()):

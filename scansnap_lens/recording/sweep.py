@@ -341,18 +341,20 @@ class HubRevisions:
         return {**out, **local_weights_ids(local)}
 
     # ---------------------------------------------------------------- where a revision is
-    def _users(self, revision: str) -> Path | None:
-        """The revision's snapshot in your hub cache, by ref or by commit, whole and each
-        file the content the hub lists (read, whether linked or plain: `hub.mismatched`;
-        offline, a linked blob against its own name); or None.  A snapshot whose content
-        differs is never read nor changed: said once naming the files (the revision is then
-        downloaded into the sweep's own cache), and offline, where nothing else can be read,
-        refused (CheckpointError)."""
+    def _users(self, revision: str, verify: bool = True) -> Path | None:
+        """The revision's snapshot in your hub cache, by ref or by commit, whole and (with
+        `verify`) each file the content the hub lists (read, whether linked or plain:
+        `hub.mismatched`; offline, a linked blob against its own name); or None.  A snapshot
+        whose content differs is never read nor changed: said once naming the files (the
+        revision is then downloaded into the sweep's own cache), and offline, where nothing
+        else can be read, refused (CheckpointError)."""
         info = self.infos.get(revision)
         commit, files = (None, None) if info is None else (info.commit, info.files)
         cache = hub.cache_dir()
         folder = hub.snapshot_in(cache, self.name, revision, commit, files, check=False)
-        bad = [] if folder is None else hub.mismatched(folder, None if info is None else info.ids)
+        if folder is None or not verify:
+            return folder
+        bad = hub.mismatched(folder, None if info is None else info.ids)
         if not bad:
             return folder
         said = (f"{self.name}@{revision}: {', '.join(bad)} in your hub cache ({folder}) is not"
@@ -395,10 +397,11 @@ class HubRevisions:
                     self.cache.delete(self.name, note["revision"])
         self.list(todo)
         for c in todo:
-            users = self._users(c.revision)
+            users = self._users(c.revision, verify=False)  # read when it is fetched
             if users is not None:
                 self.held[c.revision] = users
-        missing = [c for c in todo if self._on_disk(c.revision) is None]
+        missing = [c for c in todo
+                   if c.revision not in self.held and self._ours(c.revision) is None]  # fmt: skip
         listed = [c for c in missing if c.revision in self.infos]  # the others fail to fetch
         if not listed or hub.offline():
             return
@@ -436,7 +439,11 @@ class HubRevisions:
         revision = checkpoint.revision
         if revision is None:
             return
-        found = self.held.get(revision) or self._ours(revision)
+        found = self.held.get(revision)
+        if found is not None and self._users(revision) is None:  # its content, read once now
+            del self.held[revision]
+            found = None
+        found = found or self._ours(revision)
         if found is not None:
             checkpoint.path = found
             return
