@@ -201,6 +201,17 @@ def _is_stage(stage: Path) -> bool:
     return isinstance(mark, dict) and mark.get("made_by") == STAGE_MARK
 
 
+STALE_NEW_S = 60  # a stage not yet locked, older than this, was left by a kill
+
+
+def _age_s(path: Path) -> float:
+    """Seconds since `path` last changed (inf where it is gone)."""
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return float("inf")
+
+
 def _remove_stale_stages(out: Path) -> None:
     """Remove the stages beside `out` that no process fills (a kill's leftovers), a move-in
     they left half done rolled back first; only the tool's own (`_is_stage`), and an empty
@@ -211,9 +222,14 @@ def _remove_stale_stages(out: Path) -> None:
     for stage in [*out.parent.glob(f".{name}.*.partial"), *out.parent.glob(f".{name}.*.new")]:
         if stage.is_symlink() or not stage.is_dir():
             continue
+        # a `.new` stage is marked a moment before it is locked (and renamed): one seen marked
+        # and unlocked may be another writer's between the two, so only its age says stale
+        young = stage.suffix == ".new" and _age_s(stage) < STALE_NEW_S
+        if young:
+            continue
         if not _is_stage(stage):  # a user's folder of that name, or one killed before its mark
             with suppress(OSError):
-                if time.time() - stage.stat().st_mtime > 60:
+                if _age_s(stage) > STALE_NEW_S:
                     stage.rmdir()  # only where empty
             continue
         try:

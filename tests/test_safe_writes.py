@@ -215,9 +215,34 @@ def test_a_stage_is_seen_by_its_name_only_once_locked_so_a_kill_leaves_one_to_re
     os.utime(early, (time.time() - 120, time.time() - 120))
     young = tmp_path / ".r.k3.new"  # another process's, a moment old: kept
     young.mkdir()
+    marked = tmp_path / ".r.k4.new"  # another's, marked and not yet locked: kept
+    marked.mkdir()
+    (marked / _io.STAGE_LOCK).write_text(json.dumps({"made_by": _io.STAGE_MARK}))
+    with _io.staged_folder(out):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".r.k3.new", ".r.k4.new", "r"]
+    os.utime(marked, (time.time() - 120, time.time() - 120))  # a kill's, in that moment
     with _io.staged_folder(out):
         pass
     assert sorted(p.name for p in tmp_path.iterdir()) == [".r.k3.new", "r"]
+
+
+def test_a_writer_arriving_between_a_stages_mark_and_its_lock_leaves_it(tmp_path, monkeypatch):
+    """Another writer of the same --out that looks for stale stages in the moment between a
+    stage's mark and its lock (seen as a hang of two reports at once, when the other's
+    stage was removed under it) leaves that stage alone."""
+    out, real, looked = tmp_path / "r", _io.open_lock, []
+
+    def another_writer_now(path):
+        if not looked:
+            looked.append(path)
+            _io._remove_stale_stages(out)
+        return real(path)
+
+    monkeypatch.setattr(_io, "open_lock", another_writer_now)
+    with _io.staged_folder(out) as stage:
+        (stage / "a.txt").write_text("a")
+    assert (out / "a.txt").read_text() == "a"
 
 
 def test_a_users_folder_named_like_a_stage_is_never_removed(tmp_path):
@@ -312,7 +337,7 @@ def test_two_writers_into_one_folder_take_turns(tmp_path):
             with _io.staged_folder(out) as stage:
                 for i in range(200):
                     (stage / f"f{i:03d}.txt").write_text(tag)
-                barrier.wait()
+                barrier.wait(timeout=60)  # one that failed must not hang the other
         except Exception as err:
             errors.append(err)
 
