@@ -47,6 +47,7 @@ _CHOSEN = {  # what a notebook needs at the top, by the module that defines it
     "theory.transition": "PhaseTransition",
     "reading.analysis": "Analysis",
     "reading.settings": "AnalysisSettings",
+    "reading.live": "Live LiveSettings",
     "measures.entropy": "position_entropy",
     "reading.runs": "measure_runs",
     "measures.summary": "summarize",

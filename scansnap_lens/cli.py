@@ -34,13 +34,14 @@ __all__ = ["build_parser", "cli_message", "main"]
 def _print_summary(summary, traj) -> None:
     from scansnap_lens.measures.catalog import columns as shown
     from scansnap_lens.measures.catalog import measures_of
-    from scansnap_lens.reading.findings import findings_of
+    from scansnap_lens.reading.findings import findings_of, in_progress
     from scansnap_lens.report import number, with_intervals
 
     table = with_intervals(summary, shown("key", measures_of(traj)))
     print(table.to_string(index=False, float_format=number))
     print("findings:")  # below the table: the last lines a terminal shows
-    for line in findings_of(summary, measures_of(traj), traj.step_unit, traj.steps.tolist()):
+    found = findings_of(summary, measures_of(traj), traj.step_unit, traj.steps.tolist())
+    for line in [*in_progress(traj), *found]:
         print(f"  {line}")
 
 

@@ -279,6 +279,7 @@ def _write_report(analysis: Analysis, out: Path, title, views, token_strings, dr
         "heads": traj.heads,
         "meta": traj.meta,
         "skipped": traj.skipped,
+        "recording": traj.recording,
         "summary": json.loads(summary.to_json(orient="records")),
         "not_measured": folder.not_measured,
         "files": {k: str(v.relative_to(out)) for k, v in folder.files.items()},
@@ -481,6 +482,7 @@ def _page(
     from scansnap_lens.viz import views as cv
 
     found = reading.findings_of(summary, measures_of(traj), traj.step_unit, traj.steps.tolist())
+    found = [*reading.in_progress(traj), *found]
     body = [
         f"<h1>{html.escape(title)}</h1>",
         _findings("Findings", found, folder, "heads", "loss", SETTINGS_AT_THE_END),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from scansnap_lens.models.backend import attention_logit_parameters, build_model
@@ -39,3 +41,34 @@ def tiny_model(positional="standard", seed=0, n_layers=2, attn_only=False, backe
 
 
 QUIET = RecordingSettings(progress=False)  # the tests' recordings: no progress bars
+
+
+def planted_circuit(V: int, T: int, d: int) -> dict[str, torch.Tensor]:
+    """A 2-layer attention-only model's weights (TransformerLens layout, no LayerNorm) that
+    make layer 0 a previous-token head and layer 1 an induction head: the residual holds the
+    token (one-hot), the position (one-hot) and, after layer 0, the previous token."""
+    D = 2 * V + T
+    E, P, R = slice(0, V), slice(V, V + T), slice(V + T, D)
+    beta = 30.0 * math.sqrt(d)  # sharp attention whatever the scale
+    s = {
+        "embed.W_E": torch.zeros(V, D), "pos_embed.W_pos": torch.zeros(T, D),
+        "unembed.W_U": torch.zeros(D, V), "unembed.b_U": torch.zeros(V),
+    }  # fmt: skip
+    s["embed.W_E"][:, E] = torch.eye(V)
+    s["pos_embed.W_pos"][:, P] = torch.eye(T)
+    s["unembed.W_U"][E] = torch.eye(V)
+    for layer in (0, 1):
+        for name, shape in (("W_Q", (1, D, d)), ("W_K", (1, D, d)), ("W_V", (1, D, d)),
+                            ("W_O", (1, d, D)), ("b_Q", (1, d)), ("b_K", (1, d)),
+                            ("b_V", (1, d)), ("b_O", (D,))):  # fmt: skip
+            s[f"blocks.{layer}.attn.{name}"] = torch.zeros(shape)
+    a0, a1 = "blocks.0.attn", "blocks.1.attn"
+    s[f"{a0}.W_Q"][0, P, :T] = beta * torch.eye(T)  # position p looks for ...
+    s[f"{a0}.W_K"][0, P, :T] = torch.eye(T).roll(1, 1)  # ... position p - 1
+    s[f"{a0}.W_V"][0, E, :V] = torch.eye(V)
+    s[f"{a0}.W_O"][0, :V, R] = torch.eye(V)  # its token, written as "previous token"
+    s[f"{a1}.W_Q"][0, E, :V] = beta * torch.eye(V)  # token x looks for ...
+    s[f"{a1}.W_K"][0, R, :V] = torch.eye(V)  # ... the position whose previous token is x
+    s[f"{a1}.W_V"][0, E, :V] = torch.eye(V)
+    s[f"{a1}.W_O"][0, :V, E] = torch.eye(V)
+    return s

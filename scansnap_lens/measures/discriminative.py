@@ -358,6 +358,17 @@ class QueryTokens:
             out.append(total.index_add_(-1, self.unit[mask], values[..., mask]) / n)
         return out[0], out[1]
 
+    def figures(self, dz: Tensor, means: tuple[Tensor, Tensor] | None = None) -> dict:
+        """The scan's figures of `dz` [..., N] (each entry's logit change since the first
+        checkpoint), each query counting once: ``bias``, ``auroc``, ``dz_distinct`` and
+        ``dz_common``, each [...].  means: `kind_means(dz)` where the caller has them."""
+        d_mean, c_mean = self.kind_means(dz) if means is None else means
+        w = torch.ones_like(self.events)
+        return {"bias": _weighted_nanmean(d_mean - c_mean, w),
+                "auroc": _weighted_nanmean(self.auroc(dz), w),
+                "dz_distinct": _weighted_nanmean(d_mean, w),
+                "dz_common": _weighted_nanmean(c_mean, w)}  # fmt: skip
+
     def ranks(self, values: Tensor) -> Tensor:
         """[..., N] the ranks of `values` [..., N] within each query (`segment_ranks`)."""
         return segment_ranks(values, self.unit, self.start)
@@ -488,16 +499,7 @@ def discriminative_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
     dz = z - z[:1]
     d_mean, c_mean = units.kind_means(dz)  # [S, L, H, U]
     bias = d_mean - c_mean
-    w = torch.ones_like(units.events)
-    table = _frame(
-        traj,
-        {
-            "bias": _weighted_nanmean(bias, w),
-            "auroc": _weighted_nanmean(units.auroc(dz), w),
-            "dz_distinct": _weighted_nanmean(d_mean, w),
-            "dz_common": _weighted_nanmean(c_mean, w),
-        },
-    )
+    table = _frame(traj, units.figures(dz, (d_mean, c_mean)))
     table["bias_queries"] = units.query.numel()
     detail = pd.DataFrame({
         "query": units.query.numpy(), "distinct": units.num_distinct.numpy(),

@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from scansnap_lens.measures.measurement import Measurement, _frame, segment_starts
+from scansnap_lens.measures.measurement import (
+    Measurement,
+    _frame,
+    _weighted_nanmean,
+    segment_starts,
+)
 from scansnap_lens.measures.resampling import Estimate, mean_over_units
 from scansnap_lens.recording.hooks import (
     check_tokens,
@@ -31,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SINGLE_DISTINCT",
     "attention_entropy",
+    "over_queries",
     "position_entropy",
     "restricted_entropy",
     "sparsity",
@@ -183,6 +189,15 @@ SINGLE_DISTINCT = (
 )
 
 
+def over_queries(entropy: Tensor, plan) -> Tensor:
+    """[...] the entropy `entropy` [..., Q] of each tracked query averaged over them, weighted
+    by their events (`RecordPlan.query_events`; a NaN has no weight)."""
+    w = plan.query_events.double()
+    if w.numel() == 0 or float(w.sum()) == 0:
+        raise ValueError("the trajectory tracks no query events")
+    return _weighted_nanmean(entropy.double(), w)
+
+
 def attention_entropy(traj: Trajectory) -> Measurement:
     """Fig. 10: the entropy (nats) of each head's attention row, averaged over every recorded
     evaluation position (events-weighted over the tracked queries), per checkpoint.
@@ -192,16 +207,7 @@ def attention_entropy(traj: Trajectory) -> Measurement:
     masks it).  ``values`` of the result: [S, L, H].
     """
     plan = traj.plan
-    w = plan.query_events.double()
-    if w.numel() == 0 or float(w.sum()) == 0:
-        raise ValueError("the trajectory tracks no query events")
-    ent = traj.query_entropy.double()  # [S, L, H, Q]
-    ok = ~torch.isnan(ent)
-    weights = torch.where(ok, w, torch.zeros_like(w))
-    total = weights.sum(-1)
-    values = torch.where(
-        total > 0, (torch.nan_to_num(ent) * weights).sum(-1) / total.clamp_min(1e-300), math.nan
-    )
+    values = over_queries(traj.query_entropy, plan)  # [S, L, H]
     table = _frame(traj, {"attention_entropy": values})
     table.attrs["include_self"] = bool(plan.include_self)
     return Measurement("attention_entropy", table, values=values)

@@ -51,12 +51,18 @@ class ClassTokens:
 
     @classmethod
     def of(cls, traj: Trajectory, groups: TokenGroups) -> ClassTokens:
-        ks = torch.tensor(_tracked(traj, groups), dtype=torch.long)
+        """The units of `traj` under `groups` (`of_plan`)."""
+        return cls.of_plan(traj.plan, groups)
+
+    @classmethod
+    def of_plan(cls, plan, groups: TokenGroups) -> ClassTokens:
+        """The units a recording of `plan` (`RecordPlan`) holds under `groups`."""
+        ks = torch.tensor(_tracked(plan, groups), dtype=torch.long)
         sizes = torch.tensor([groups.distinct[k].numel() for k in ks.tolist()], dtype=torch.long)
         unit = torch.repeat_interleave(torch.arange(ks.numel()), sizes)
         token = _cat([groups.distinct[k] for k in ks.tolist()]).long()
         p = _cat([groups.distinct_p[k] for k in ks.tolist()]).double()
-        slot = traj.plan.pair_slot(groups.query[ks][unit], token)
+        slot = plan.pair_slot(groups.query[ks][unit], token)
         held = slot >= 0
         unit, slot, p = unit[held], slot[held], p[held]
         K = ks.numel()
@@ -89,6 +95,10 @@ class ClassTokens:
         rx = segment_ranks(values, self.unit, self.start) - mean_rank
         rp = segment_ranks(self.p, self.unit, self.start) - mean_rank
         return self._correlation(rx, rp)
+
+    def mean_over_classes(self, rho: Tensor) -> Tensor:
+        """[...] the figure `rho` [..., K] averaged over the classes, weights N(m, n)."""
+        return _weighted_nanmean(rho, self.events)
 
     def pearson(self, values: Tensor) -> Tensor:
         """[..., K] Pearson's r of `values` [..., N] with P(l|m, n) itself within each class:
@@ -160,7 +170,7 @@ def frequency_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
         raise ValueError("no class has two distinct tokens with different P(l|m, n)")
     z = traj.zbar[..., units.slot].double()  # [S, L, H, N]
     rho = units.spearman(z - z[:1])  # [S, L, H, K]
-    table = _frame(traj, {"spearman": _weighted_nanmean(rho, units.events)})
+    table = _frame(traj, {"spearman": units.mean_over_classes(rho)})
     table["spearman_classes"] = units.num_classes
     final = rho[-1].flatten(0, 1)  # [L * H, K]
     final_mean = torch.where(

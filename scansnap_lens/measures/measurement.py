@@ -26,13 +26,15 @@ def _z(traj: Trajectory, query: int, tokens: Tensor) -> tuple[Tensor, Tensor]:
     return traj.zbar[..., slot[held]].double(), held
 
 
-def _tracked(traj: Trajectory, groups) -> list[int]:
-    """Indices of the groups' classes that the recording tracks (class slots of its plan): the
-    per-class measurements average over these, one vectorised lookup for all of them."""
+def _tracked(traj, groups) -> list[int]:
+    """Indices of the groups' classes that the recording tracks (class slots of its plan; a
+    trajectory or its `RecordPlan`): the per-class measurements average over these, one
+    vectorised lookup for all of them."""
     from scansnap_lens.recording.plan import find_sorted
 
-    keys = groups.query * traj.plan.vocab_size + groups.next_token
-    return (find_sorted(traj.plan.class_keys, keys) >= 0).nonzero().flatten().tolist()
+    plan = getattr(traj, "plan", traj)
+    keys = groups.query * plan.vocab_size + groups.next_token
+    return (find_sorted(plan.class_keys, keys) >= 0).nonzero().flatten().tolist()
 
 
 def segment_starts(segment: Tensor, num: int) -> Tensor:

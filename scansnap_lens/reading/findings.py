@@ -32,7 +32,7 @@ from scansnap_lens.measures.catalog import MEASURES, Measure, columns
 from scansnap_lens.measures.snap import NOISY_BELOW
 from scansnap_lens.measures.uncertainty import TARGET_AUROC, VERDICTS
 
-__all__ = ["findings_of", "runs_findings_of"]
+__all__ = ["findings_of", "in_progress", "runs_findings_of"]
 
 MOST = 4  # heads named in one sentence; the rest are counted
 
@@ -306,6 +306,19 @@ def findings_of(
     if step_unit != "steps":
         said = [s.replace(" step ", f" {step_unit.removesuffix('s')} ") for s in said]
     return said
+
+
+def in_progress(traj) -> list[str]:
+    """The finding that comes first while the run is still being recorded (`Trajectory.
+    recording`): what the report reads is its checkpoints so far; none once it is done."""
+    if getattr(traj, "recording", None) is None:
+        return []
+    last = int(traj.steps[-1]) if traj.num_steps else 0
+    unit = traj.step_unit.removesuffix("s")
+    return [
+        f"Still recording (process {traj.recording}): this reads its first"
+        f" {traj.num_steps} checkpoints, to {unit} {last}; report again for the rest."
+    ]
 
 
 def _scanning_runs(per_run: pd.DataFrame, row) -> str:

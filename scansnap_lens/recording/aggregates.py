@@ -76,6 +76,7 @@ RESERVED = frozenset({
     "prompt_pattern", "aggregates", "rows", "values", "step", "num_steps", "replace", "holds",
     "from_records", "class_slot", "class_attention", "attention", "logits", "select",
     "to_dataframe", "entropy_dataframe", "save", "load", "entries", "loss", "loss_on",
+    "recording",
 })  # fmt: skip
 
 AXES = {

@@ -711,7 +711,7 @@ def _recordable(model: HookedModel | torch.nn.Module) -> HookedModel:
     return hf_bridge(copy.deepcopy(model).eval()) if is_hf_model(model) else model
 
 
-def trainer_callback(recorder: Recorder, steps=None):
+def trainer_callback(recorder: Recorder, steps=None, observe=None):
     """A ``transformers.TrainerCallback`` that records at the start and at every save, and,
     with `steps` (optimizer steps, e.g. Pythia's 0, 1, 2, 4, ..., 512, 1000, ...), at each of
     them whether or not the Trainer saves there (no weights are written for those); `steps`
@@ -719,7 +719,8 @@ def trainer_callback(recorder: Recorder, steps=None):
     `on_checkpoint`: `planning.placement.AdaptiveSchedule`), and then every recording,
     saves included, goes through it.  The
     Trainer's rate, optimizer and schedule go into the trajectory's meta (what the recorder's
-    `meta` already says stays).
+    `meta` already says stays).  observe: called as ``observe(record, control)`` after each
+    new recording (`reading.live.Live.watch`: metrics into the Trainer's loggers, a stop).
 
     >>> # trainer = transformers.Trainer(..., callbacks=[trainer_callback(recorder)])
     """
@@ -727,7 +728,12 @@ def trainer_callback(recorder: Recorder, steps=None):
 
     chooses = hasattr(steps, "wants")
     wanted = None if steps is None or chooses else {int(s) for s in steps}
-    record = steps if chooses else recorder.on_checkpoint
+    recorded = steps if chooses else recorder.on_checkpoint
+
+    def record(step: int, model, control) -> None:
+        made = recorded(step, model)
+        if made is not None and observe is not None:
+            observe(made, control)
 
     class ScanSnapCallback(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -736,17 +742,17 @@ def trainer_callback(recorder: Recorder, steps=None):
             for key, value in training_arguments(args).items():  # what you set stays
                 recorder.meta.setdefault(key, value)
             if model is not None and state.global_step == 0:
-                record(0, model)
+                record(0, model, control)
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
             step = state.global_step
             if model is not None and (step in wanted if wanted is not None else
                                       chooses and steps.wants(step)):  # fmt: skip
-                record(step, model)
+                record(step, model, control)
 
         def on_save(self, args, state, control, model=None, **kwargs):
             if model is not None and state.global_step not in recorder.done:
-                record(state.global_step, model)
+                record(state.global_step, model, control)
 
     return ScanSnapCallback()
 

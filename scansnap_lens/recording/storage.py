@@ -337,6 +337,28 @@ class RecordingLock:
         handle.flush()
         self._held[self._key] = (handle, {id(self)})
 
+    def holder(self) -> str | None:
+        """The pid of the process recording into the folder now (this one's where it holds
+        the lock), or None.  Only looks: a shared lock taken and dropped at once, on a file
+        opened read-only, so the folder is never changed."""
+        if self._key in self._held:
+            return str(os.getpid())
+        path = self.path / ".recording.lock"
+        if fcntl is None or path.is_symlink() or not path.is_file():
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+        except OSError:
+            return None
+        with os.fdopen(fd) as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = handle.read(32).strip()
+                return pid if pid.isdigit() else "unknown"
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        return None
+
     def release(self) -> None:
         handle, holders = self._held.get(self._key, (None, set()))
         holders.discard(id(self))

@@ -23,6 +23,7 @@ from scansnap_lens.recording.aggregates import (
 )
 from scansnap_lens.recording.plan import RecordPlan
 from scansnap_lens.recording.storage import (
+    RecordingLock,
     StepStack,
     TrajectoryWriter,
     _read_manifest,
@@ -61,6 +62,8 @@ class Trajectory:
     `hooks.LOSS_TOKENS` tokens), NaN where a checkpoint has none (folders written before it
     was recorded); loss_on: the positions it averages over, "all" or "last" (each row's final
     prediction, as `train(loss_on="last")` optimizes), "mixed" where checkpoints differ.
+    recording: the pid of the process that was recording into the folder when it was loaded
+    (the trajectory holds the checkpoints recorded so far), or None.
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class Trajectory:
         rows: dict[str, str] | None = None,
         loss: Tensor | None = None,
         loss_on: str = "all",
+        recording: str | None = None,
         **values: Tensor | StepStack,
     ):
         self.plan, self.steps = plan, steps
@@ -90,6 +94,7 @@ class Trajectory:
         self.loss = (torch.full((len(steps),), math.nan, dtype=torch.float64) if loss is None
                      else torch.as_tensor(loss, dtype=torch.float64))  # fmt: skip
         self.loss_on = loss_on
+        self.recording = recording
         aggregates = dict(aggregates or {})
         for name in values:
             if name not in aggregates:
@@ -123,7 +128,7 @@ class Trajectory:
             "step_unit": self.step_unit, "skipped": self.skipped, "meta": self.meta,
             "prompt": self.prompt, "prompt_pattern": self.prompt_pattern,
             "aggregates": self.aggregates, "rows": self.rows, "loss": self.loss,
-            "loss_on": self.loss_on,
+            "loss_on": self.loss_on, "recording": self.recording,
         }  # fmt: skip
         values = dict(self.values)
         for key, value in changes.items():
@@ -303,6 +308,7 @@ class Trajectory:
         """The trajectory of a folder, its checkpoints memory-mapped (read when used).  A
         link to the folder is read where it points (only writes refuse links)."""
         path = Path(path).resolve() if Path(path).is_symlink() else Path(path)
+        recording = RecordingLock(path).holder()  # before the manifest: what it lists is done
         manifest = _read_manifest(path)
         plan = _read_plan(path / manifest.get("plan", "plan.safetensors"))
         if not manifest["checkpoints"]:
@@ -328,6 +334,7 @@ class Trajectory:
                               dtype=torch.float64),
             loss_on=_loss_on([c.get("loss_on", "all") for c in manifest["checkpoints"]
                               if "loss" in c]),
+            recording=recording,
         )  # fmt: skip
 
     def entries(self) -> list[dict]:
