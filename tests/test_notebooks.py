@@ -120,3 +120,20 @@ def test_wikitext(shared_dir, tmp_path):
         "assert traj.steps.tolist()[-1] == STEPS and result.loss[-1] < result.loss[0]",
         tmp_path,
     )
+
+
+def test_watch_training(tmp_path):
+    """A Trainer reporting to TensorBoard, watched by `Live`: the metrics are in TensorBoard
+    at each recorded step (read with its own reader), the events were logged, and the
+    report of the run is written."""
+    book = execute(
+        "04_watch_training.ipynb",
+        "STEPS = 60\nOUT = 'watch'",
+        "assert sorted(live.metrics) == traj.steps.tolist()\n"
+        "logged = [e.step for e in board.Scalars('train/scansnap/layer0/auroc')]\n"
+        "assert logged == traj.steps.tolist()\n"
+        "assert report.path.is_file()",
+        tmp_path,
+    )
+    assert any("scansnap/layer0/rate" in str(o.get("data", {}).get("text/plain", ""))
+               for c in book.cells for o in c.get("outputs", []))  # fmt: skip

@@ -198,12 +198,14 @@ def best_of(functions: dict, rounds: int = 3) -> dict[str, dict[str, float]]:
 
 @torch.no_grad()
 def forward_baselines(checkpoint: Path, tokens: torch.Tensor, batch_size: int, plan,
-                      work: Path, rounds: int = 3) -> dict:  # fmt: skip
+                      work: Path, rounds: int = 3, stats=None) -> dict:  # fmt: skip
     """On the same rows: the TransformerLens forward without hooks (stopped after the last
     layer), the plain Hugging Face forward (the GPT-NeoX body), `record_checkpoint` on its own
     (it decides anew what a run decides once: the probe of the scores hook, the rows of the
     induction score), and the `Recorder`'s whole per-checkpoint call (`on_checkpoint`: record
-    and write the file, its load aside) once its first checkpoint has decided those."""
+    and write the file, its load aside) once its first checkpoint has decided those; and
+    that call through `reading.live.Live` (its metrics; with `stats`, the scan's too), and
+    Live's look at the snap as the report reads it (`snap.snapping` over the folder)."""
     from transformers import GPTNeoXForCausalLM
 
     from scansnap_lens.models import checkpoints
@@ -243,12 +245,29 @@ def forward_baselines(checkpoint: Path, tokens: torch.Tensor, batch_size: int, p
     def per_checkpoint():
         recorder.on_checkpoint(next(steps), model)
 
+    from scansnap_lens.reading.live import Live, LiveSettings
+
+    watched = Recorder(work / "live", tokens, RecordingSettings(  # planned as `record` plans
+        batch_size=batch_size, progress=False, overwrite=True),
+        plan=None if stats is not None else plan, stats=stats)  # fmt: skip
+    live = Live(watched, LiveSettings(per_head=True, say=False))
+    live_steps = iter(range(1, 10**6))
+    live.on_checkpoint(0, model)
+
+    def live_checkpoint():
+        live.on_checkpoint(next(live_steps), model)
+
+    def snap_look():  # every checkpoint of the folder read, as `Live._snaps` reads them
+        live._snaps(list(watched.run.layers), 10**6)
+
     tl_forward()  # warm: the first pass allocates
     times = best_of({"tl_forward": tl_forward, "hf_forward": hf_forward,
-                     "record_checkpoint": record, "per_checkpoint_call": per_checkpoint},
-                    rounds)  # fmt: skip
+                     "record_checkpoint": record, "per_checkpoint_call": per_checkpoint,
+                     "live_checkpoint_call": live_checkpoint}, rounds)  # fmt: skip
+    times.update(best_of({"live_snap_look": snap_look}, 1))
     recorder.close()
-    out = {}
+    watched.close()
+    out = {"live_checkpoints_looked_at": len(live.steps)}
     for name, t in times.items():
         out[f"{name}_s"], out[f"{name}_cpu_s"] = round(t["wall"], 4), round(t["cpu"], 4)
     return out
@@ -316,8 +335,22 @@ def main() -> None:
     docs = read_documents(wiki / "test.txt", "wikitext")
     tokens = rows_of(encode(load_tokenizer(str(tokenizer)), docs), args.seq_len)[: args.rows]
     last = max(runs.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-    timing = forward_baselines(last, tokens, args.batch_size, plan, work, args.rounds)
+    from scansnap_lens.statistics.corpus import CooccurrenceStats
+
+    read = None if args.no_stats else CooccurrenceStats.load(stats)
+    timing = forward_baselines(last, tokens, args.batch_size, plan, work, args.rounds, read)
     result.update(timing)
+    # what Live adds to a recorded checkpoint: its metrics, and at most its looks at the snap
+    # (each reads every checkpoint so far, within LOOK_READS checkpoint reads per checkpoint)
+    from scansnap_lens.reading.live import LOOK_READS
+
+    base = timing["per_checkpoint_call_s"]
+    result["live_metrics_cost"] = round(timing["live_checkpoint_call_s"] / base - 1, 3)
+    per_read = timing["live_snap_look_s"] / max(timing["live_checkpoints_looked_at"], 1)
+    result["live_snap_look_cost_at_most"] = round(LOOK_READS * per_read / base, 3)
+    result["live_cost_at_most"] = round(
+        result["live_metrics_cost"] + result["live_snap_look_cost_at_most"], 3
+    )
     for name in ("tl", "hf"):  # the whole command against the forward, and its later checkpoints
         forward = timing[f"{name}_forward_s"]
         result[f"record_command_over_{name}_forward"] = round(

@@ -15,8 +15,8 @@ Events, each logged once with the step it was seen at:
 
 - ``snap/layer{l}``: half or more of the layer's heads have a rate of movement fallen to half
   its peak, as the report reads the checkpoints so far (`snap.snapping`, over each head's
-  drift knots; looked at once `snap.snap_step` over every checkpoint says so, and again only
-  as the checkpoints grow by `LOOK_GROWTH`), once training has gone `HELD` times past the
+  drift knots; looked at once `snap.snap_step` over every checkpoint says so, within a budget
+  of `LOOK_READS` checkpoint reads per checkpoint), once training has gone `HELD` times past the
   step (on 1 + step) with the rate still down and the head's attention has moved by
   `MIN_MOVED` (total variation) from the first checkpoint; logged as
   ``scansnap/layer0/snap_step`` (the median of those heads' steps) with ``_lo``/``_hi`` (the
@@ -70,8 +70,10 @@ __all__ = ["EVENT_KINDS", "Event", "Live", "LiveSettings"]
 HEAD_TYPES = ("previous_token", "first_token", "induction")
 EVENT_KINDS = ("snap", "formation", *HEAD_TYPES)  # what stop_when names
 PREFIX = "scansnap"
-# the report's snap reads every checkpoint so far: read again only once they grew this much
-LOOK_GROWTH = 1.1
+# the report's snap reads every checkpoint so far: the looks read at most this many
+# checkpoints per checkpoint recorded, a budget saved until the first look needs it (at
+# Pythia-70m's shape a read is 2.7 % of recording it: bench_pythia.py's live_snap_look_cost)
+LOOK_READS = 2
 # a snap is told once the training has gone this factor past it (on 1 + step) with the rate
 # still under half its peak, and once the head's attention has moved this far (total
 # variation from the first checkpoint, as a head type's score must rise by
@@ -171,7 +173,7 @@ class Live:
         self._no_groups: str | None = None
         self._rows: dict[str, Tensor] = {}
         self._groups: TokenGroups | None = None
-        self._next_look = 0
+        self._read = 0  # checkpoints the looks at the snap have read
         self._distance: Tensor | None = None  # [L, H] from the first checkpoint
 
     # ------------------------------------------------------------------ the loop's side
@@ -325,9 +327,8 @@ class Live:
     def _snaps(self, layers: list[int], step: int) -> list[Event]:
         """The snap events of `layers` as the report reads the checkpoints so far
         (`snap.snapping`, over each head's drift knots): where half or more of a layer's
-        heads have snapped.  Read again only once the checkpoints have grown by
-        `LOOK_GROWTH` (each look reads them all)."""
-        self._next_look = math.ceil(len(self.steps) * LOOK_GROWTH)
+        heads have snapped.  Each look reads every checkpoint so far (`LOOK_READS`)."""
+        self._read += len(self.steps)
         traj = self.recorder.trajectory()
         if traj.num_steps != len(self.steps):  # a resumed run's replay: the steps seen by then
             traj = traj.select(steps=self.steps)
@@ -361,7 +362,7 @@ class Live:
             looking = [layer for i, layer in enumerate(run.layers)
                        if f"snap/layer{layer}" not in seen
                        and 2 * int(held[i].sum()) >= len(run.heads)]  # fmt: skip
-            if looking and len(self.steps) >= self._next_look:
+            if looking and self._read + len(self.steps) <= LOOK_READS * len(self.steps):
                 found += self._snaps(looking, step)
         first_rows = {n: self._first.values[n] for n in HEAD_TYPES if n in self._first.values}
         for name, rows in self._rows.items():

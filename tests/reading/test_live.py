@@ -245,7 +245,7 @@ def test_a_trainer_reporting_to_tensorboard_gets_the_metrics_and_events(tmp_path
         )  # fmt: skip
         args = transformers.TrainingArguments(
             str(out / "ckpt"), max_steps=last, save_strategy="no", logging_steps=10,
-            per_device_train_batch_size=16, learning_rate=1e-2, report_to=["tensorboard"],
+            per_device_train_batch_size=16, learning_rate=3e-3, report_to=["tensorboard"],
             use_cpu=True, disable_tqdm=True, seed=0, data_seed=0, lr_scheduler_type="constant",
         )  # fmt: skip
         trainer = transformers.Trainer(
