@@ -40,8 +40,6 @@ __all__ = [
     "NOT_YET_SNAPPED",
     "NO_SCAN",
     "class_movement",
-    "class_slots",
-    "class_weights",
     "comparable_intervals",
     "drift_knots",
     "half_steps",
@@ -300,11 +298,10 @@ def _moved(plan, before: Tensor, now: Tensor) -> Tensor:
     return out.mul_(0.5)
 
 
-def head_movement(plan, before: Tensor, now: Tensor, weights: Tensor | None = None) -> Tensor:
-    """[...] a head's movement between two checkpoints' c_hat [..., Pc]: the mean of its
-    classes' total variation, weighted by `weights` [K] (default each class's events:
-    `snapping`'s movement over every tracked class; `class_weights` for some)."""
-    w = plan.class_events.double() if weights is None else weights.double()
+def head_movement(plan, before: Tensor, now: Tensor) -> Tensor:
+    """[...] a head's movement between two checkpoints' c_hat [..., Pc]: the events-weighted
+    mean of its classes' total variation (`snapping`'s movement over every tracked class)."""
+    w = plan.class_events.double()
     return (_moved(plan, before, now) * w).sum(-1) / w.sum().clamp_min(1e-300)
 
 
@@ -330,13 +327,8 @@ def straightness(traj: Trajectory, slots: Tensor | None = None, moves=None) -> T
 
 
 def _weights(traj: Trajectory, slots: Tensor | None) -> Tensor:
-    return class_weights(traj.plan, slots)
-
-
-def class_weights(plan, slots: Tensor | None) -> Tensor:
-    """[K] the classes' event counts in `plan`, zero outside `slots` (a head's movement is
-    the mean over classes with these weights)."""
-    w = plan.class_events.double()
+    """[K] the classes' event counts, zero outside `slots`."""
+    w = traj.plan.class_events.double()
     if slots is None:
         return w
     return torch.zeros_like(w).index_fill_(0, slots, 1.0) * w
@@ -578,7 +570,7 @@ def snapping(
     if traj.num_steps < 2:
         raise ValueError("snapping needs at least two checkpoints")
     plan = traj.plan
-    slots = class_slots(plan, groups, classes)
+    slots = _class_slots(plan, groups, classes)
     weights = _weights(traj, slots)
     keep = drift_knots(traj, slots)
     both = _movements(traj, weights, keep)
@@ -645,7 +637,7 @@ def _snapping_table(traj, head: dict[str, Tensor], reasons: list[str]) -> pd.Dat
     return table
 
 
-def class_slots(plan, groups: TokenGroups | None, classes=None) -> Tensor:
+def _class_slots(plan, groups: TokenGroups | None, classes) -> Tensor:
     """[K] the plan's slots of the classes of `groups`, or of `classes` (pairs (m, n)), else
     of every tracked class; ValueError where none is tracked."""
     if groups is not None:

@@ -55,13 +55,7 @@ from scansnap_lens.measures.entropy import over_queries
 from scansnap_lens.measures.frequency import ClassTokens
 from scansnap_lens.measures.head_types import MIN_RISE, formation_step
 from scansnap_lens.measures.resampling import ALPHA, adjust, mean_over_units
-from scansnap_lens.measures.snap import (
-    class_slots,
-    class_weights,
-    head_movement,
-    snap_step,
-    snapping,
-)
+from scansnap_lens.measures.snap import head_movement, snap_step, snapping
 from scansnap_lens.recording.aggregates import CheckpointRecord
 from scansnap_lens.statistics.groups import Classification, TokenGroups
 
@@ -169,10 +163,9 @@ class Live:
         self._last_c_hat: Tensor | None = None
         self._moves: list[Tensor] = []  # [L, H] per interval
         self._scores: dict[str, list[Tensor]] = {}  # type -> [L, H] per checkpoint
-        self._units = self._classes = self._weights = None
+        self._units = self._classes = None
         self._no_groups: str | None = None
         self._rows: dict[str, Tensor] = {}
-        self._groups: TokenGroups | None = None
         self._read = 0  # checkpoints the looks at the snap have read
         self._distance: Tensor | None = None  # [L, H] from the first checkpoint
 
@@ -222,6 +215,8 @@ class Live:
         step = int(record.step)
         if self._first is None:
             self._begin(record)
+            if self._no_groups is not None and self.settings.say:
+                tqdm.write(f"scansnap: no scan metrics (bias, auroc, spearman): {self._no_groups}")
         values = self._figures(record)
         out = self._named(values)
         if record.loss is not None:
@@ -249,12 +244,10 @@ class Live:
             try:
                 groups = TokenGroups.from_statistics(stats, plan.queries.tolist(),
                                                      self.settings.classification)  # fmt: skip
-                self._groups = groups
                 self._units = QueryTokens.of_plan(plan, groups)
                 self._classes = ClassTokens.of_plan(plan, groups)
                 if not self._classes.num_classes:
                     self._classes = None
-                self._weights = class_weights(plan, class_slots(plan, groups))
             except ValueError as err:
                 self._no_groups = str(err)
         self._first = record
@@ -290,11 +283,11 @@ class Live:
         if "c_hat" in now:
             c_hat = now["c_hat"].double()
             if self._last_c_hat is not None:
-                move = head_movement(plan, self._last_c_hat, c_hat, self._weights)
+                move = head_movement(plan, self._last_c_hat, c_hat)
                 self._moves.append(move)
                 gap = max(int(record.step) - self.steps[-1], 1)
                 out["rate"] = move / gap
-            out["distance"] = head_movement(plan, first["c_hat"].double(), c_hat, self._weights)
+            out["distance"] = head_movement(plan, first["c_hat"].double(), c_hat)
             self._distance = out["distance"]
             self._last_c_hat = c_hat
         if "query_entropy" in now:
@@ -332,7 +325,7 @@ class Live:
         traj = self.recorder.trajectory()
         if traj.num_steps != len(self.steps):  # a resumed run's replay: the steps seen by then
             traj = traj.select(steps=self.steps)
-        table = snapping(traj, self._groups).table  # one row per head
+        table = snapping(traj).table  # one row per head, every tracked class: the report's
         found = []
         for layer in layers:
             rows = table[table["layer"] == layer]
