@@ -97,9 +97,11 @@ class LiveSettings(Settings):
         stop = (self.stop_when,) if isinstance(self.stop_when, str) else self.stop_when
         object.__setattr__(self, "stop_when", tuple(stop))
         for entry in self.stop_when:
-            if str(entry).split("/")[0] not in EVENT_KINDS:
-                raise ValueError(f"stop_when entry {entry!r} names no event: it starts with one"
-                                 f" of {', '.join(EVENT_KINDS)}")  # fmt: skip
+            kind, *where = str(entry).split("/")
+            if kind not in EVENT_KINDS or (where and kind == "formation"):
+                raise ValueError(f"stop_when entry {entry!r} names no event: a kind (one of"
+                                 f" {', '.join(EVENT_KINDS)}), or an event's name such as"
+                                 " 'snap/layer1' or 'induction/layer1/head3'")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -169,8 +169,32 @@ def test_stop_when_ends_the_loop_once_every_named_event_happened(tmp_path):
     live, traj = _planted_run(tmp_path, steps, LiveSettings(stop_when=("induction",), say=False))
     seen = [e.seen_at for e in live.events if e.kind == "induction"]
     assert seen and int(traj.steps[-1]) == seen[0] < 200
-    with pytest.raises(ValueError, match=r"names no event.*snap, formation"):
-        LiveSettings(stop_when=("snapped",))
+    for wrong in ("snapped", "formation/layer0/head0"):
+        with pytest.raises(ValueError, match=r"names no event.*snap, formation"):
+            LiveSettings(stop_when=(wrong,))
+
+
+def test_a_resumed_run_goes_on_as_if_it_had_not_stopped(tmp_path):
+    """A run recorded through `Live` for three checkpoints, stopped, and resumed by a new
+    recorder and a new `Live` on its folder: the later checkpoints' metrics (the changes
+    since the folder's first checkpoint, the rate since the one before) are those of one
+    uninterrupted run."""
+    rows, stats, model_at = _lab()
+    steps = [0, 3, 10, 30, 100]
+    whole = Live(Recorder(tmp_path / "whole", rows, QUIET, stats=stats),
+                 QUIET_LIVE.replace(classification=LAB))  # fmt: skip
+    for step, seed in zip(steps, range(5)):
+        whole.on_checkpoint(step, model_at(seed))
+    whole.recorder.close()
+    for part in (steps[:3], steps[3:]):
+        recorder = Recorder(tmp_path / "parts", rows, QUIET, stats=stats)
+        live = Live(recorder, QUIET_LIVE.replace(classification=LAB))
+        for step in part:
+            live.on_checkpoint(step, model_at(steps.index(step)))
+        recorder.close()
+    assert live.steps == steps
+    for step in steps[3:]:
+        assert live.metrics[step] == pytest.approx(whole.metrics[step], rel=1e-9, nan_ok=True)
 
 
 def test_the_papers_run_snaps_live_where_the_finished_report_places_it(tmp_path):
