@@ -1,11 +1,21 @@
 """scansnap_lens: Scan and Snap instruments for TransformerLens models.
 
-The names a notebook needs are here, imported on first use::
+The main path: statistics of the training corpus, a recording of the checkpoints, the
+analysis measured once, the report::
 
     import scansnap_lens as ss
 
+    stats = ss.CooccurrenceStats.load("stats.safetensors")  # `scansnap stats CORPUS`
+    source = ss.pretrained("EleutherAI/pythia-70m", steps="log:20")  # or ss.folder(...)
+    traj = ss.record_trajectory(source, tokens, "run", stats=stats)  # tokens: [N, T] rows
+    analysis = ss.Analysis.of(traj, source=stats)  # every measurement, once
+    ss.write_report(analysis, "run/report")  # the page, summary.json and CSVs
+    analysis.summary  # one row per layer and head
+
+While a model trains, ``ss.Live`` puts the same figures into the trainer's own loggers.
+The names a notebook needs are here, imported on first use::
+
     result = ss.run_demo("demo_out")  # train, record, measure, report
-    result.summary  # one row per layer and head
     ss.viz.attention_over_checkpoints(result.trajectory)  # circuitsvis, inline
 
 The folders follow the pipeline, each stage importing only the ones before it:

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from scansnap_lens import measures, reading
 from scansnap_lens._io import check_writable, make_folder, staged_folder, write_bytes, write_text
-from scansnap_lens.measures.catalog import Plot, columns, measures_of
+from scansnap_lens.measures.catalog import Plot, columns
 from scansnap_lens.reading.analysis import Analysis
 from scansnap_lens.reading.runs import median_bounds
 from scansnap_lens.recording.trajectory import Trajectory
@@ -244,14 +244,14 @@ def write_report(
 
 def _write_report(analysis: Analysis, out: Path, title, views, token_strings, drawn):
     traj, groups, results = analysis.traj, analysis.groups, analysis.results
-    training, summary = analysis.settings.training, analysis.summary
+    summary, entries = analysis.summary, analysis.entries
     make_folder(out / "figures")
-    plots = sum(len(entry.plots) for entry in measures_of(traj) if entry.name in results)
+    plots = sum(len(entry.plots) for entry in entries if entry.name in results)
     folder = _Folder(out, drawn, expected=plots + MODEL_FIGURES)
     folder.not_measured.update(analysis.not_measured)
     folder.csv("summary", summary)
     snaps = results["snapping"].table if "snapping" in results else None
-    for entry in measures_of(traj):
+    for entry in entries:
         if entry.name not in results:
             continue
         result = results[entry.name]
@@ -262,17 +262,17 @@ def _write_report(analysis: Analysis, out: Path, title, views, token_strings, dr
             folder.figure(plot.name, plot.caption, partial(_draw, plot, result, snaps))
     ranking = _ranking(summary, folder)
     layer, head = _best_head(summary)
-    _model_figures(traj, groups, summary, results, folder, layer, head, training)
+    _model_figures(analysis, folder, layer, head)
     view_html = _views(traj, groups, folder, layer, head, token_strings) if views else ""
 
     folder.files["summary_json"] = out / "summary.json"
     folder.files["report"] = out / "report.html"
     title = default_title(traj) if title is None else title
-    settings = _settings(analysis)
+    settings, limits = _settings(analysis), analysis.theory_limits
     payload = {
         "title": title,
         "settings": settings,
-        "theory_limits": measures.theory_limits(traj, training),
+        "theory_limits": limits,
         "steps": traj.steps.tolist(),
         "step_unit": traj.step_unit,
         "layers": traj.layers,
@@ -285,8 +285,7 @@ def _write_report(analysis: Analysis, out: Path, title, views, token_strings, dr
         "files": {k: str(v.relative_to(out)) for k, v in folder.files.items()},
     }
     write_text(folder.files["summary_json"], json.dumps(payload, indent=1))
-    body = _page(traj, groups, title, summary, ranking, results, folder, view_html, settings,
-                 training)  # fmt: skip
+    body = _page(analysis, title, ranking, folder, view_html, settings, limits)
     write_text(folder.files["report"], body)
     report = Report(folder.files["report"], summary, folder.files, folder.not_measured)
     return report, folder.failed
@@ -323,11 +322,13 @@ def _ranking(summary: pd.DataFrame, folder: _Folder) -> pd.DataFrame | None:
 MODEL_FIGURES = 6  # most figures `_model_figures` draws
 
 
-def _model_figures(traj, groups, summary, results, folder, layer, head, training) -> None:
+def _model_figures(analysis: Analysis, folder: _Folder, layer: int, head: int) -> None:
     """The figures of the whole model rather than of one measurement."""
     from scansnap_lens.viz import figures
     from scansnap_lens.viz import views as cv
 
+    traj, groups, summary = analysis.traj, analysis.groups, analysis.summary
+    results, training = analysis.results, analysis.settings.training
     if len(summary) > 1:
         folder.figure(
             "heads",
@@ -340,7 +341,7 @@ def _model_figures(traj, groups, summary, results, folder, layer, head, training
                 summary,
                 traj.layers,
                 traj.heads,
-                columns=columns("grid", measures_of(traj)),
+                columns=columns("grid", analysis.entries),
                 path=p,
             ),
         )
@@ -350,7 +351,7 @@ def _model_figures(traj, groups, summary, results, folder, layer, head, training
         " at each checkpoint, and a training log's) with each layer's snap step (dashed: the"
         " median over its heads; shaded: where the checkpoints place it) and head types'"
         " formation steps (dotted)",
-        lambda p: _loss_figure(traj, summary, p),
+        lambda p: _loss_figure(traj, summary, analysis.entries, p),
     )
     order = _shown_classes(traj, groups)
     if groups is not None:
@@ -415,7 +416,7 @@ def _loss_curves(traj: Trajectory) -> dict[str, tuple[list, list]]:
     return curves
 
 
-def _loss_figure(traj: Trajectory, summary: pd.DataFrame, path: Path):
+def _loss_figure(traj: Trajectory, summary: pd.DataFrame, entries, path: Path):
     from scansnap_lens.viz.figures import plot_loss_with_steps
 
     marks = {}
@@ -424,7 +425,7 @@ def _loss_figure(traj: Trajectory, summary: pd.DataFrame, path: Path):
             if rows["snap_step"].notna().any():  # the median, within its heads' bounds
                 marks[f"layer {layer} snap"] = (float(rows["snap_step"].median()),
                                                 *median_bounds(rows, "snap_step"))  # fmt: skip
-    for step in columns("formed", measures_of(traj)):
+    for step in columns("formed", entries):
         if step in summary and summary[step].notna().any():
             first = summary.loc[summary[step].idxmin()]
             kind = step.removesuffix("_step").replace("_", "-")
@@ -467,27 +468,19 @@ def _views(traj, groups, folder: _Folder, layer: int, head: int, strings) -> str
     )
 
 
-def _page(
-    traj,
-    groups,
-    title,
-    summary,
-    ranking,
-    results,
-    folder: _Folder,
-    view_html,
-    settings,
-    training=None,
-) -> str:
+def _page(analysis: Analysis, title, ranking, folder: _Folder, view_html, settings,
+          limits: list[str]) -> str:  # fmt: skip
     from scansnap_lens.viz import views as cv
 
-    found = reading.findings_of(summary, measures_of(traj), traj.step_unit, traj.steps.tolist())
+    traj, groups, summary = analysis.traj, analysis.groups, analysis.summary
+    results, entries = analysis.results, analysis.entries
+    found = reading.findings_of(summary, entries, traj.step_unit, traj.steps.tolist())
     found = [*reading.in_progress(traj), *found]
     body = [
         f"<h1>{html.escape(title)}</h1>",
         _findings("Findings", found, folder, "heads", "loss", SETTINGS_AT_THE_END),
         "<h2>Summary (one row per layer and head, at the last checkpoint)</h2>",
-        table_html(with_intervals(summary, columns("key", measures_of(traj))).head(50)),
+        table_html(with_intervals(summary, columns("key", entries)).head(50)),
         _legend(results),
         f"<p>The first 50 heads and the main columns; all {len(summary.columns)} columns of"
         f" every head are in <code>summary.csv</code>.  Each is explained under"
@@ -497,12 +490,10 @@ def _page(
     if ranking is not None:
         body += [
             "<h2>Heads ranked by scan (AUROC, then bias)</h2>",
-            table_html(
-                with_intervals(ranking, ["rank", *columns("heads", measures_of(traj))]).head(20)
-            ),
+            table_html(with_intervals(ranking, ["rank", *columns("heads", entries)]).head(20)),
         ]
     if len(summary) > 1:
-        table = reading.atlas(summary, measures_of(traj))
+        table = reading.atlas(summary, entries)
         shown = [c for c in table.columns if not c.endswith(("_lo", "_hi")) and c != "snap_step"]
         body += [
             "<h2>Head atlas</h2>",
@@ -514,12 +505,11 @@ def _page(
             " theory's fit and the attention entropy; the figure <i>heads</i> maps them.</p>",
             table_html(with_intervals(table, shown)),
         ]
-    limits = measures.theory_limits(traj, training)
     if {"growth_bounds", "theory_fit"} & set(results) or limits:
         body.append(_theory_section(summary, results, limits))
     body += [
         f"<h2 id='{HOW_TO_READ_ID}'>How to read it</h2>",
-        how_to_read(measures_of(traj)),
+        how_to_read(entries),
         "<h2>Figures</h2>",
         *folder.figures.values(),
     ]

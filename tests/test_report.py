@@ -497,7 +497,9 @@ def test_the_loss_figure_marks_the_snap_and_formation_steps(trainer_runs):
     assert traj.steps.tolist() == [4, 8, 12] and torch.isfinite(traj.loss).all()
     logged = dict(zip(*curves["training loss (log)"]))
     assert sorted(logged) == list(range(1, 13))  # the Trainer logged every step
-    figure = _loss_figure(traj, summary, None)
+    from scansnap_lens.measures.catalog import measures_of
+
+    figure = _loss_figure(traj, summary, measures_of(traj), None)
     labels = [line.get_label() for line in figure.axes[0].get_lines()]
     snapped = sorted(summary.dropna(subset=["snap_step"])["layer"].unique())
     assert [f"layer {layer} snap" for layer in snapped] == [x for x in labels if "snap" in x]

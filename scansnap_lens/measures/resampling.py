@@ -48,19 +48,13 @@ __all__ = [
     "interval_over_runs",
     "joint_mde",
     "joint_power",
-    "kish",
     "mean_over_units",
-    "normal_p",
     "pair_variances",
-    "resample_counts",
     "run_components",
     "run_groups",
     "share_interval",
     "spread_split",
-    "sum_of_squares",
     "too_few",
-    "widened",
-    "with_grid",
 ]
 
 LEVEL = 0.95  # every interval's coverage

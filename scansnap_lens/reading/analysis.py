@@ -225,6 +225,19 @@ class Analysis:
         """The one-row-per-head summary."""
         return self.summary
 
+    @property
+    def entries(self) -> list:
+        """The catalog's entries of what this trajectory holds (`catalog.measures_of`), in
+        their order: the columns, figures and explanations a page shows."""
+        return measures_of(self.traj)
+
+    @property
+    def theory_limits(self) -> list[str]:
+        """What the theory can and cannot say of this training (`rates.theory_limits`)."""
+        from scansnap_lens.measures.rates import theory_limits
+
+        return theory_limits(self.traj, self.settings.training)
+
     def __repr__(self) -> str:
         made = ", ".join(self.results)
         return (

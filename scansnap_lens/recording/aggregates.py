@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AGGREGATES",
-    "AXES",
     "DEFAULT",
     "RESERVED",
     "Aggregate",

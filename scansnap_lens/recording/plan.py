@@ -37,7 +37,6 @@ __all__ = [
     "COMMON_PER_QUERY",
     "RecordPlan",
     "budget_queries",
-    "find_sorted",
     "plan_recording",
     "select_queries",
 ]
