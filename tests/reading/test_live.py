@@ -353,3 +353,36 @@ def test_a_report_of_a_run_still_recording_is_the_final_one_restricted(tmp_path)
                              settings=settings).summary  # fmt: skip
     got = json.loads(restricted.to_json(orient="records"))
     assert got == half["summary"]
+
+
+def test_a_folder_another_process_records_into_reads_as_still_recording(tmp_path):
+    """While another process holds a folder's recording lock, loading it names that process
+    (the report says the run is still going) and changes nothing in the folder; once that
+    process ends, the folder reads as finished."""
+    import subprocess
+    import sys
+    import time
+
+    rows, stats, model_at = _lab()
+    recorder = Recorder(tmp_path / "t", rows, QUIET, stats=stats)
+    recorder.on_checkpoint(0, model_at(0))
+    recorder.close()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from scansnap_lens.recording.storage import RecordingLock\n"
+        "RecordingLock(sys.argv[1]).acquire()\n"
+        "print('held', flush=True)\n"
+        "time.sleep(120)\n"), str(tmp_path / "t")], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "t").iterdir())
+        assert Trajectory.load(tmp_path / "t").recording == str(holder.pid)
+        after = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "t").iterdir())
+        assert after == before
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while Trajectory.load(tmp_path / "t").recording is not None:  # the kill releases it
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
