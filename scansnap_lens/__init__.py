@@ -56,7 +56,7 @@ _CHOSEN = {  # what a notebook needs at the top, by the module that defines it
     "recording.trajectory": "Trajectory",
     "theory.transition": "PhaseTransition",
     "reading.analysis": "Analysis",
-    "reading.settings": "AnalysisSettings",
+    "measures.settings": "AnalysisSettings",
     "reading.live": "Live LiveSettings",
     "measures.entropy": "position_entropy",
     "reading.runs": "measure_runs",

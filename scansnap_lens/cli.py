@@ -350,9 +350,9 @@ def _rows_for_power(args: argparse.Namespace, tokens, stats, source):
 # ------------------------------------------------------------------ report
 def _report(args: argparse.Namespace) -> int:
     from scansnap_lens._io import check_writable
+    from scansnap_lens.measures.settings import AnalysisSettings
     from scansnap_lens.models.training import Rates
     from scansnap_lens.reading.analysis import Analysis
-    from scansnap_lens.reading.settings import AnalysisSettings
     from scansnap_lens.recording.trajectory import Trajectory
     from scansnap_lens.report import write_report
     from scansnap_lens.statistics.corpus import CooccurrenceStats
@@ -826,8 +826,8 @@ def _report_command(sub) -> None:
         " run, init, data (run: the run's folder name; default: the seeds the recordings"
         " kept, or PolyPythias' names)",
     )  # fmt: skip
+    from scansnap_lens.measures.settings import AnalysisSettings
     from scansnap_lens.models.training import Rates
-    from scansnap_lens.reading.settings import AnalysisSettings
     from scansnap_lens.statistics.groups import Classification
 
     _setting_options(report, AnalysisSettings, Classification, Rates)

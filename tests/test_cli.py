@@ -1084,8 +1084,8 @@ def test_the_report_options_are_the_settings_fields(capsys):
     """`scansnap report`'s options are generated from the settings values the library reads:
     their defaults are the library's, and each option lands in its field."""
     from scansnap_lens.cli import _settings, build_parser
+    from scansnap_lens.measures.settings import AnalysisSettings
     from scansnap_lens.models.training import Rates
-    from scansnap_lens.reading.settings import AnalysisSettings
     from scansnap_lens.statistics.groups import Classification
 
     parser = build_parser()

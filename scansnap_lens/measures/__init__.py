@@ -10,5 +10,5 @@ next, `planning`.
 from scansnap_lens._lazy import exports
 
 _MODULES = """catalog discriminative entropy fit frequency growth head_types matching measurement
-rates resampling snap summary uncertainty"""
+rates resampling settings snap summary uncertainty"""
 __all__, __getattr__, __dir__ = exports(__name__, _MODULES)

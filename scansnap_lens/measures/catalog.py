@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 
 from scansnap_lens.measures.discriminative import discriminative_bias
 from scansnap_lens.measures.entropy import attention_entropy, sparsity
-from scansnap_lens.measures.fit import THEORY_CLASSES, THEORY_SECONDS, growth_bounds, theory_fit
+from scansnap_lens.measures.fit import growth_bounds, theory_fit
 from scansnap_lens.measures.frequency import frequency_bias
 from scansnap_lens.measures.growth import growth_factor
 from scansnap_lens.measures.head_types import MIN_RISE, head_type
 from scansnap_lens.measures.measurement import Measurement
+from scansnap_lens.measures.settings import AnalysisSettings
 from scansnap_lens.measures.snap import snapping
 from scansnap_lens.measures.uncertainty import UNCERTAINTY_COLUMNS, scan_uncertainty
 from scansnap_lens.recording.trajectory import Trajectory
@@ -46,18 +47,19 @@ NEEDS_SOURCE = "needs the training corpus's statistics (source=, stats=)"
 @dataclass
 class MeasureInputs:
     """What a measurement may read: the trajectory, the token groups (None where none could be
-    formed, `groups_reason` says why), the training corpus's statistics, the training's rates
-    (see `rates.training_of`) and the classes and seconds the theory fit may take at most
-    (see `fit.theory_fit`).
-    """
+    formed, `groups_reason` says why), the training corpus's statistics and the one
+    `AnalysisSettings` value its settings come from (the training's rates, the classes and
+    seconds the theory fit may take at most: `fit.theory_fit`)."""
 
     traj: Trajectory
     groups: TokenGroups | None = None
     source: object | None = None
-    training: dict | None = None
+    settings: AnalysisSettings = field(default_factory=AnalysisSettings)
     groups_reason: str = "no token groups were given"
-    theory_classes: int | None = THEORY_CLASSES  # see `fit.theory_fit`
-    theory_seconds: float | None = THEORY_SECONDS
+
+    @property
+    def training(self):
+        return self.settings.training
 
 
 @dataclass(frozen=True)
@@ -266,8 +268,8 @@ MEASURES: tuple[Measure, ...] = (
             x.source,
             x.groups,
             training=x.training,
-            theory_classes=x.theory_classes,
-            theory_seconds=x.theory_seconds,
+            theory_classes=x.settings.theory_classes,
+            theory_seconds=x.settings.theory_seconds or None,
         ),
         needs_groups=False,
         needs_source=True,

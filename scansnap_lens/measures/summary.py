@@ -8,9 +8,9 @@ from collections.abc import Iterable
 import pandas as pd
 
 from scansnap_lens.measures.catalog import MeasureInputs, measures_of
-from scansnap_lens.measures.fit import THEORY_CLASSES, THEORY_SECONDS
 from scansnap_lens.measures.measurement import Measurement
 from scansnap_lens.measures.rates import predicted_snap
+from scansnap_lens.measures.settings import AnalysisSettings
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
@@ -33,27 +33,24 @@ def measure_all(
     groups: TokenGroups | None = None,
     *,
     source=None,
-    training: dict | None = None,
+    settings: AnalysisSettings | None = None,
     names: Iterable[str] | None = None,
     groups_reason: str | None = None,
-    theory_classes: int | None = THEORY_CLASSES,
-    theory_seconds: float | None = THEORY_SECONDS,
 ) -> tuple[dict[str, Measurement], dict[str, str]]:
     """Each measurement of the trajectory (`catalog.measures_of`: `catalog.MEASURES` and a
     head type per rows aggregate of your own; or those of `names`) once, in order:
-    ({name: result}, {name: why it could not be made}).
+    ({name: result}, {name: why it could not be made}): what `reading.analysis.Analysis.of`
+    measures with.
 
     groups: the token groups, or None where none could be formed (`groups_reason` says why;
-    the measurements that need them are then left out with that reason).  source, training,
-    theory_classes, theory_seconds: see `catalog.MeasureInputs`.  Nothing
-    raises because one measurement cannot be made (its ValueError is its reason); any other
-    error is a defect and raises: `summarize` and `report.write_report` share these results.
+    the measurements that need them are then left out with that reason).  source: the
+    training corpus's statistics; settings: the one `AnalysisSettings` value every
+    measurement reads its settings from.  Nothing raises because one measurement cannot be
+    made (its ValueError is its reason); any other error is a defect and raises: `summarize`
+    and `report.write_report` share these results.
     """
     _check_inputs(traj, groups)
-    inputs = MeasureInputs(
-        traj, groups, source, training,
-        theory_classes=theory_classes, theory_seconds=theory_seconds,
-    )  # fmt: skip
+    inputs = MeasureInputs(traj, groups, source, settings or AnalysisSettings())
     if groups_reason:
         inputs.groups_reason = groups_reason
     wanted = None if names is None else set(names)
@@ -71,24 +68,24 @@ def measure_all(
 def summarize(
     traj: Trajectory,
     groups: TokenGroups | None = None,
-    prediction=None,
-    training: dict | None = None,
+    settings: AnalysisSettings | None = None,
     results: dict[str, Measurement] | None = None,
     source=None,
 ) -> pd.DataFrame:
     """One row per layer and head: the last checkpoint's columns of each measurement of
     `catalog.MEASURES` that can be made (`Measure.summary` says which), the step of that
-    checkpoint, and the theory's transition t0 (`prediction`: one value, one per head, or by
-    default `rates.predicted_snap`; NaN where unknown).
+    checkpoint, and the theory's transition t0 (``settings.prediction``: one value, one per
+    head, or by default `rates.predicted_snap` at ``settings.training``; NaN where unknown).
 
     results: the measurements of `measure_all` (to which one made by hand, e.g. a
     `theory_fit` of chosen classes, may be added), used as they are; by default each is
-    measured here.  source, training: see `catalog.MeasureInputs` (without `source` there is no
-    `theory_fit`).
+    measured here with `settings` (without `source`, the training corpus's statistics,
+    there is no `theory_fit`).  `reading.analysis.Analysis.of` is the same, kept.
     """
     _check_inputs(traj, groups)
+    settings = settings or AnalysisSettings()
     if results is None:
-        results, _ = measure_all(traj, groups, source=source, training=training)
+        results, _ = measure_all(traj, groups, source=source, settings=settings)
     out = pd.MultiIndex.from_product([traj.layers, traj.heads], names=["layer", "head"])
     out = out.to_frame(index=False)
     for entry in measures_of(traj):
@@ -101,8 +98,11 @@ def summarize(
             table = table[["layer", "head", *entry.summary]]
         out = out.merge(table, on=["layer", "head"], how="left")
     out["final_step"] = int(traj.steps[-1])
+    prediction = settings.prediction
+    if isinstance(prediction, tuple):
+        prediction = list(prediction)
     if prediction is None:
-        prediction = predicted_snap(traj, training)
+        prediction = predicted_snap(traj, settings.training)
     if prediction is None:
         out["predicted_snap"] = math.nan
     elif isinstance(prediction, int | float):

@@ -4,5 +4,5 @@
 
 from scansnap_lens._lazy import exports
 
-_MODULES = "analysis findings heads live runs settings"
+_MODULES = "analysis findings heads live runs"
 __all__, __getattr__, __dir__ = exports(__name__, _MODULES)

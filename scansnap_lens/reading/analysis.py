@@ -38,8 +38,8 @@ from scansnap_lens._io import (
 from scansnap_lens.measures.catalog import measures_of
 from scansnap_lens.measures.entropy import SINGLE_DISTINCT
 from scansnap_lens.measures.measurement import Measurement
+from scansnap_lens.measures.settings import AnalysisSettings
 from scansnap_lens.measures.summary import measure_all, summarize
-from scansnap_lens.reading.settings import AnalysisSettings
 from scansnap_lens.recording.storage import StepStack
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
@@ -200,11 +200,9 @@ class Analysis:
         if not settings.theory:
             skip.add("theory_fit")
         made, why = measure_all(
-            traj, groups, source=source, training=settings.training,
+            traj, groups, source=source, settings=settings,
             names=[m.name for m in measures_of(traj) if m.name not in skip],
             groups_reason="needs token groups (see 'token groups')",
-            theory_classes=settings.theory_classes,
-            theory_seconds=settings.theory_seconds or None,
         )  # fmt: skip
         results = {**made, **(given or {})}
         not_measured.update(why)
@@ -215,10 +213,7 @@ class Analysis:
                 not_measured.setdefault(name, "left out (leave_out)")
         if "sparsity" in results and not results["sparsity"].table["sparsity_classes"].iloc[0]:
             not_measured["entropy, top_share"] = SINGLE_DISTINCT
-        prediction = settings.prediction
-        if isinstance(prediction, tuple):
-            prediction = list(prediction)
-        summary = summarize(traj, groups, prediction, training=settings.training, results=results)
+        summary = summarize(traj, groups, settings, results=results)
         return cls(traj, groups, source, settings, results, not_measured, summary, *keys)
 
     def to_dataframe(self) -> pd.DataFrame:

@@ -48,8 +48,8 @@ from scansnap_lens.measures.resampling import (
     share_interval,
     spread_split,
 )
+from scansnap_lens.measures.settings import AnalysisSettings
 from scansnap_lens.reading.analysis import Analysis
-from scansnap_lens.reading.settings import AnalysisSettings
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from scansnap_lens.lab.synthetic import syn_medium
+from scansnap_lens.measures.settings import AnalysisSettings
 from scansnap_lens.reading.analysis import Analysis, fingerprint
-from scansnap_lens.reading.settings import AnalysisSettings
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 

@@ -17,9 +17,9 @@ from scansnap_lens.measures.discriminative import discriminative_bias
 from scansnap_lens.measures.entropy import attention_entropy
 from scansnap_lens.measures.frequency import frequency_bias
 from scansnap_lens.measures.head_types import head_type
+from scansnap_lens.measures.settings import AnalysisSettings
 from scansnap_lens.reading.analysis import Analysis
 from scansnap_lens.reading.live import Live, LiveSettings
-from scansnap_lens.reading.settings import AnalysisSettings
 from scansnap_lens.recording.recorder import Recorder
 from scansnap_lens.recording.settings import RecordingSettings
 from scansnap_lens.recording.trajectory import Trajectory

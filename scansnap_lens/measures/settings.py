@@ -1,6 +1,8 @@
-"""How a trajectory is read: `AnalysisSettings`, one value that `reading.analysis.Analysis`
-measures with and saves beside its tables; the command line's options are made from it (as
-`recording.settings` for recording), without importing the measurements."""
+"""How a trajectory is measured: `AnalysisSettings`, the one value the measurements read
+their settings from (`summary.measure_all`, `summary.summarize`) and that
+`reading.analysis.Analysis` measures with and saves beside its tables; the command line's
+options are made from it (as `recording.settings` for recording), without importing the
+measurements."""
 
 from __future__ import annotations
 
