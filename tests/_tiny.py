@@ -72,3 +72,29 @@ def planted_circuit(V: int, T: int, d: int) -> dict[str, torch.Tensor]:
     s[f"{a1}.W_V"][0, E, :V] = torch.eye(V)
     s[f"{a1}.W_O"][0, :V, E] = torch.eye(V)
     return s
+
+
+def planted_run():
+    """(model_at(step), rows): a 2-layer attention-only model whose weights move from a
+    random start to `planted_circuit` (layer 0 previous-token, layer 1 induction) along a
+    sigmoid centred on step 100, and 16 rows of BOS then ten tokens twice, where both
+    circuits read."""
+    from scansnap_lens.models.backend import load_weights
+    from scansnap_lens.models.training import attention_only_model, initial_weights
+
+    Vp, T, d = 32, 24, 32
+    kw = dict(d_model=2 * Vp + T, n_heads=1, n_layers=2, n_ctx=T, positional=True,
+              normalization_type=None, d_head=d)  # fmt: skip
+    fields = dict(n_layers=2, d_model=2 * Vp + T, n_heads=1, d_head=d, d_vocab=Vp, n_ctx=T,
+                  attn_only=True, normalization_type=None)  # fmt: skip
+    start, planted = initial_weights(fields, 0), planted_circuit(Vp, T, d)
+
+    def model_at(step: int):
+        mix = 1 / (1 + math.exp(-(step - 100) / 10))
+        model = attention_only_model(Vp, **kw)
+        load_weights(model, {k: start[k] + mix * (planted[k] - start[k]) for k in start}, "mix")
+        return model
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.stack([torch.randperm(Vp - 1, generator=g)[:10] + 1 for _ in range(16)])
+    return model_at, torch.cat([torch.zeros(16, 1, dtype=torch.long), ids, ids], 1)

@@ -11,7 +11,7 @@ import os
 
 import pytest
 import torch
-from _tiny import QUIET, planted_circuit
+from _tiny import QUIET, planted_run
 
 from scansnap_lens.measures.discriminative import discriminative_bias
 from scansnap_lens.measures.entropy import attention_entropy
@@ -115,25 +115,11 @@ def test_each_checkpoints_metrics_are_the_reports_figures_at_that_checkpoint(tmp
 def _planted_run(tmp_path, steps, settings=QUIET_LIVE):
     """Checkpoints moving a random start to a planted circuit (layer 0 previous-token, layer
     1 induction) along a sigmoid centred on step 100, recorded through `Live`."""
-    from scansnap_lens.models.backend import load_weights
-    from scansnap_lens.models.training import attention_only_model, initial_weights
-
-    Vp, T, d = 32, 24, 32
-    kw = dict(d_model=2 * Vp + T, n_heads=1, n_layers=2, n_ctx=T, positional=True,
-              normalization_type=None, d_head=d)  # fmt: skip
-    fields = dict(n_layers=2, d_model=2 * Vp + T, n_heads=1, d_head=d, d_vocab=Vp, n_ctx=T,
-                  attn_only=True, normalization_type=None)  # fmt: skip
-    start, planted = initial_weights(fields, 0), planted_circuit(Vp, T, d)
-    g = torch.Generator().manual_seed(1)
-    ids = torch.stack([torch.randperm(Vp - 1, generator=g)[:10] + 1 for _ in range(16)])
-    rows = torch.cat([torch.zeros(16, 1, dtype=torch.long), ids, ids], 1)  # BOS, then twice
+    model_at, rows = planted_run()
     recorder = Recorder(tmp_path / "t", rows, RecordingSettings(queries="all", progress=False))
     live = Live(recorder, settings)
     for step in steps:
-        mix = 1 / (1 + math.exp(-(step - 100) / 10))
-        model = attention_only_model(Vp, **kw)
-        load_weights(model, {k: start[k] + mix * (planted[k] - start[k]) for k in start}, "mix")
-        live.on_checkpoint(step, model)
+        live.on_checkpoint(step, model_at(step))
         if live.stop:
             break
     recorder.close()
@@ -172,6 +158,8 @@ def test_stop_when_ends_the_loop_once_every_named_event_happened(tmp_path):
     for wrong in ("snapped", "formation/layer0/head0"):
         with pytest.raises(ValueError, match=r"names no event.*snap, formation"):
             LiveSettings(stop_when=(wrong,))
+    with pytest.raises(TypeError, match="settings must be LiveSettings"):
+        Live(live.recorder, {"stop_when": ("snap",)})
 
 
 def test_a_resumed_run_goes_on_as_if_it_had_not_stopped(tmp_path):

@@ -15,12 +15,11 @@ import pytest
 import torch
 from _backends import BACKENDS
 from _reference import _float64_copy, float32_tolerance
-from _tiny import QUIET, V, planted_circuit, tiny_model
+from _tiny import QUIET, V, planted_run, tiny_model
 
 from scansnap_lens.measures.head_types import head_type
-from scansnap_lens.models.backend import load_weights
 from scansnap_lens.models.checkpoints import in_memory
-from scansnap_lens.models.training import attention_only_model, initial_weights
+from scansnap_lens.models.training import attention_only_model
 from scansnap_lens.recording.aggregates import (
     AGGREGATES,
     DEFAULT,
@@ -124,23 +123,8 @@ def test_a_planted_induction_head_scores_near_one_and_forms_where_it_was_made(tm
     """Checkpoints move the weights from a random start to a planted circuit along a sigmoid
     centred on step 100: layer 1's head gets an induction score near 1, layer 0's a
     previous-token score near 1, each with a formation step where the weights made it."""
-    Vp, T, d = 32, 24, 32
-    kw = dict(d_model=2 * Vp + T, n_heads=1, n_layers=2, n_ctx=T, positional=True,
-              normalization_type=None, d_head=d)  # fmt: skip
-    fields = dict(n_layers=2, d_model=2 * Vp + T, n_heads=1, d_head=d, d_vocab=Vp, n_ctx=T,
-                  attn_only=True, normalization_type=None)  # fmt: skip
-    start, planted = initial_weights(fields, 0), planted_circuit(Vp, T, d)
+    at, rows = planted_run()
     steps = list(range(0, 201, 10))
-
-    def at(step: int):
-        mix = 1 / (1 + math.exp(-(step - 100) / 10))
-        model = attention_only_model(Vp, **kw)
-        load_weights(model, {k: start[k] + mix * (planted[k] - start[k]) for k in start}, "mix")
-        return model
-
-    g = torch.Generator().manual_seed(1)
-    ids = torch.stack([torch.randperm(Vp - 1, generator=g)[:10] + 1 for _ in range(16)])
-    rows = torch.cat([torch.zeros(16, 1, dtype=torch.long), ids, ids], 1)  # BOS, then twice
     source = in_memory({s: at(s) for s in steps})
     traj = Recorder(tmp_path / "t", rows, RecordingSettings(queries="all", progress=False)).record(
         source
