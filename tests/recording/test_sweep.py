@@ -790,7 +790,9 @@ def test_a_ray_sweep_over_two_workers_equals_the_sequential_one(revisions, cache
     assert not (out / sweep.CACHE).exists()
     weights = (revisions["step0"] / "model.safetensors").stat().st_size
     key = (NAME, "step2", "model.safetensors")
-    assert server.sent[key] == sent_before[key] == weights  # the user's download only
+    # the user's own download may have resumed once under load (a Range request re-sends its
+    # tail); what matters is that the sweep sent none of it again
+    assert server.sent[key] == sent_before[key] >= weights
 
 
 @contextlib.contextmanager
