@@ -1,7 +1,8 @@
 """Settings values whose fields carry their command-line option: `setting` declares a field
 with its group and help, `options` lists a value's options, and the command line builds one
 generator over all of them (`RecordingSettings`, `Classification`, `AnalysisSettings`,
-`Rates`), so a field, its default and its help are written once; `Settings` is the base
+`Rates`), so a field, its default, its help and how its option's text is read (`reads`:
+`count`, `real`, `ints`, ...) are written once; `Settings` is the base
 every one of them shares: `replace`, `to_dict`, `from_dict` and one rule for a name it does
 not know (refused, naming it and the known ones).
 
@@ -19,24 +20,89 @@ ValueError: unknown Knobs field 'step': known are rate, steps
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import math
 from dataclasses import MISSING, field
 
-__all__ = ["Settings", "options", "setting"]
+__all__ = ["Settings", "count", "count_or_all", "fraction", "ints", "nonnegative", "options",
+           "positive", "real", "setting", "share"]  # fmt: skip
 
 
 def setting(default=MISSING, group: str = "", help: str = "", flag: str | None = None,
-            scale: float = 1, choices: tuple | None = None, **kwargs):  # fmt: skip
+            scale: float = 1, choices: tuple | None = None, reads=str, **kwargs):  # fmt: skip
     """A dataclass field with its option: group and help as ``--help`` shows them; flag
     (None: the field's name with dashes, ``--no-NAME`` for a field that defaults to True;
-    "": no option); scale: the option's unit in the field's (bytes as MB: 1e6)."""
-    meta = {"group": group, "help": help, "given_flag": flag, "scale": scale, "choices": choices}
+    "": no option); scale: the option's unit in the field's (bytes as MB: 1e6); reads: the
+    option's text to its value (`count`, `real`, ...), raising `argparse.ArgumentTypeError`."""
+    meta = {"group": group, "help": help, "given_flag": flag, "scale": scale,
+            "choices": choices, "reads": reads}  # fmt: skip
     return field(default=default, metadata=meta, **kwargs)
+
+
+# How an option's text is read: each a function of the text, whose error names the rule.
+def ints(text: str) -> list[int]:
+    """Comma-separated integers."""
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def count(low: int, high: int = 2**31 - 1):
+    """An integer in [low, high].
+
+    >>> count(1, 8)("3")
+    3
+    >>> count(1, 8)("9")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must lie in [1, 8], got 9
+    """
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must lie in [{low}, {high}], got {value}")
+        return value
+
+    return parse
+
+
+def count_or_all(low: int, all=0):
+    """An integer >= low, or "all" (read as `all`)."""
+    read = count(low)
+    return lambda text: all if text.strip().lower() == "all" else read(text)
+
+
+def real(test, rule: str):
+    """A finite number that passes `test`, else "must RULE"."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or not test(value):
+            raise argparse.ArgumentTypeError(f"must {rule}, got {text}")
+        return value
+
+    return parse
+
+
+positive = real(lambda v: v > 0, "be a positive finite number")
+fraction = real(lambda v: 0 <= v < 1, "lie in [0, 1)")
+nonnegative = real(lambda v: v >= 0, "be a finite number >= 0")
+share = real(lambda v: 0 < v <= 1, "lie in (0, 1]")
 
 
 def options(cls) -> list[dict]:
     """Each field of the dataclass `cls` the command line sets: name, flag, group, default,
-    help, choices (or None), scale."""
+    help, choices (or None), scale, reads."""
     out = []
     for f in dataclasses.fields(cls):
         meta = f.metadata
@@ -50,7 +116,7 @@ def options(cls) -> list[dict]:
         if flag:
             out.append({"name": f.name, "flag": flag, "default": default, "group": meta["group"],
                         "help": meta["help"], "choices": meta["choices"],
-                        "scale": meta["scale"]})  # fmt: skip
+                        "scale": meta["scale"], "reads": meta["reads"]})  # fmt: skip
     return out
 
 

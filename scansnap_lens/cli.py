@@ -25,6 +25,8 @@ import time
 import warnings
 from pathlib import Path
 
+from scansnap_lens import _settings as _readers
+
 __all__ = ["build_parser", "cli_message", "main"]
 
 # pandas and torch are imported inside the commands: an interrupt while they load is
@@ -503,81 +505,8 @@ def _theory(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ parser
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-
-
-def _count_or_all(low: int, all=0):
-    """An argparse type: an integer >= low, or "all" (`all`)."""
-    count = _count(low)
-    return lambda text: all if text.strip().lower() == "all" else count(text)
-
-
-def _count(low: int, high: int = 2**31 - 1):
-    """An argparse type: an integer in [low, high]."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must lie in [{low}, {high}], got {value}")
-        return value
-
-    return parse
-
-
-def _real(test, rule: str):
-    """An argparse type: a finite number that passes `test`, else "must RULE"."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(value) or not test(value):
-            raise argparse.ArgumentTypeError(f"must {rule}, got {text}")
-        return value
-
-    return parse
-
-
-_positive_float = _real(lambda v: v > 0, "be a positive finite number")
-_fraction = _real(lambda v: 0 <= v < 1, "lie in [0, 1)")
-_nonnegative_float = _real(lambda v: v >= 0, "be a finite number >= 0")
-_purity = _real(lambda v: 0 < v <= 1, "lie in (0, 1]")
-
-
-def _device(text: str) -> str:
-    """A torch device that exists here."""
-    import torch
-
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(
-            f"not a device: {text!r} (cpu, cuda, cuda:1, mps)"
-        ) from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"{text}: this machine has no CUDA device (use cpu)")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise argparse.ArgumentTypeError(f"{text}: this machine has no MPS device (use cpu)")
-    return text
-
-
-def _queries(text: str):
-    """all, a share of events covered (0 < q <= 1), or comma-separated token ids."""
-    if text == "all":
-        return text
-    if "," not in text and "." in text:
-        return float(text)
-    return _ints(text)
+_ints, _count, _count_or_all = _readers.ints, _readers.count, _readers.count_or_all
+_positive_float = _readers.positive
 
 
 def _steps(text: str):
@@ -862,20 +791,6 @@ def _theory_command(sub) -> None:
     theory.set_defaults(func=_theory)
 
 
-# how a setting's value is read from the command line (the rest: str, or a switch)
-_SETTING_TYPES = {
-    "queries": lambda: _queries, "window": lambda: _count(1), "layers": lambda: _ints,
-    "heads": lambda: _ints, "prompt_length": lambda: _count(0, 1 << 16),
-    "max_checkpoint_bytes": lambda: _positive_float, "max_run_bytes": lambda: _positive_float,
-    "batch_size": lambda: _count(1, 1 << 20), "device": lambda: _device,
-    "on_disk": lambda: _count(1, 1 << 16), "download_dir": lambda: Path,
-    "min_support": lambda: _count(1), "purity": lambda: _purity, "min_distinct": lambda: _count(0),
-    "theory_classes": lambda: _count_or_all(2, all=None), "lr_y": lambda: _positive_float,
-    "lr_z": lambda: _positive_float, "momentum": lambda: _fraction,
-    "theory_seconds": lambda: _nonnegative_float,
-}  # fmt: skip
-
-
 def _setting_options(parser: argparse.ArgumentParser, *settings: type) -> None:
     """One option per field of each settings value the command line sets (`_settings.options`),
     grouped and explained as the value's fields are."""
@@ -896,7 +811,7 @@ def _setting_options(parser: argparse.ArgumentParser, *settings: type) -> None:
         else:
             if option["choices"] is None:
                 kwargs["metavar"] = option["flag"][2:].upper().replace("-", "_")
-            kwargs["type"] = _SETTING_TYPES.get(option["name"], lambda: str)()
+            kwargs["type"] = option["reads"]
             kwargs["choices"] = option["choices"]
             scale = option["scale"]
             kwargs["default"] = default / scale if scale != 1 and default is not None else default

@@ -155,12 +155,11 @@ def ray_execute(address: str | None = None, num_cpus: int | None = None, max_ret
     """A `Recorder.record` executor: one Ray task per checkpoint (one GPU each where the
     cluster has GPUs), writing into the recording folder, which every worker must see.
 
-    Everything the sequential recording honours holds: a hub sweep's workers read the
-    revisions your hub cache holds and download the others into the sweep's own cache, each
-    deleted once recorded (kept in your hub cache with keep_checkpoints), at most on_disk
-    recording at once (each holds its one revision); an unreadable checkpoint stops the
-    recording or is noted (on_error); duplicates are found before any task starts.  A task
-    whose worker dies runs again (`max_retries`).
+    Everything the sequential recording honours holds: each worker fetches its revision by
+    the sweep's rules (`recording.sweep`), at most on_disk recording at once (each holds its
+    one revision); an unreadable checkpoint stops the recording or is noted (on_error);
+    duplicates are found before any task starts.  A task whose worker dies runs again
+    (`max_retries`).
 
     >>> # Recorder(out, tokens, settings).record(source, execute=ray_execute())
     """

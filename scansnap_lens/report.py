@@ -477,8 +477,7 @@ def _page(analysis: Analysis, title, ranking, folder: _Folder, view_html, settin
     found = reading.findings_of(summary, entries, traj.step_unit, traj.steps.tolist())
     found = [*reading.in_progress(traj), *found]
     body = [
-        f"<h1>{html.escape(title)}</h1>",
-        _findings("Findings", found, folder, "heads", "loss", SETTINGS_AT_THE_END),
+        _first_screen(title, "", "Findings", found, folder, "heads", "loss", SETTINGS_AT_THE_END),
         "<h2>Summary (one row per layer and head, at the last checkpoint)</h2>",
         table_html(with_intervals(summary, columns("key", entries)).head(50)),
         _legend(results),
@@ -526,17 +525,19 @@ SETTINGS_AT_THE_END = "<p>Each is measured below; the settings are at the end.</
 HOW_TO_READ_ID = "how-to-read"
 
 
-def _findings(heading: str, lines: list[str], folder: _Folder, mapped: str, loss: str,
-              note: str = "") -> str:  # fmt: skip
-    """The first screen: the findings, and beside them the map figure `mapped` with the
-    `loss` figure under it (the loss alone where there is no map: one head, or no figure to
-    map); "How to read it" in a finding links to that section."""
+def _first_screen(title: str, lead: str, heading: str, lines: list[str], folder: _Folder,
+                  mapped: str, loss: str, note: str = "") -> str:  # fmt: skip
+    """The first screen of a run's or the runs' page: the title, a `lead` line, the findings,
+    and beside them the map figure `mapped` with the `loss` figure under it (the loss alone
+    where there is no map: one head, or no figure to map); "How to read it" in a finding
+    links to that section."""
     maps, curve = folder.figures.pop(mapped, ""), folder.figures.pop(loss, "")
     link = f"<a href='#{HOW_TO_READ_ID}'>How to read it</a>"
     items = "".join(f"<li>{html.escape(line).replace('How to read it', link)}</li>"
                     for line in lines)  # fmt: skip
-    return (f"<div class='findings'><div><h2>{html.escape(heading)}</h2><ul>{items}</ul>{note}"
-            f"</div><div class='aside'>{maps}{curve}</div></div>")  # fmt: skip
+    return (f"<h1>{html.escape(title)}</h1>{lead}<div class='findings'><div>"
+            f"<h2>{html.escape(heading)}</h2><ul>{items}</ul>{note}</div>"
+            f"<div class='aside'>{maps}{curve}</div></div>")  # fmt: skip
 
 
 THEORY_COLUMNS = ["layer", "head", "snap_step", "predicted_snap", "population_snap", "snap_ratio",
@@ -863,10 +864,10 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
         )
     found = reading.runs_findings_of(comparison)
     mapped = next((k for k in folder.figures if k.startswith("runs_map")), "")
+    runs = "<p>Runs: " + ", ".join(html.escape(r) for r in comparison.runs) + "</p>"
+    heading = "What holds across the runs"
     body = [
-        f"<h1>{html.escape(title)}</h1>",
-        "<p>Runs: " + ", ".join(html.escape(r) for r in comparison.runs) + "</p>",
-        _findings("What holds across the runs", found, folder, mapped, "runs_loss"),
+        _first_screen(title, runs, heading, found, folder, mapped, "runs_loss"),
         *layer_html,
         *shared_html,
         "<h2>Across runs (one row per matched head)</h2>",

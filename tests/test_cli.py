@@ -1110,6 +1110,30 @@ def test_the_report_options_are_the_settings_fields(capsys):
     assert "Traceback" not in error
 
 
+def test_every_numeric_setting_option_is_read_as_its_fields_kind():
+    """Each setting's option is read by the reader its field declares (`setting(reads=)`): a
+    number field is never handed the option's text (`--max-shared 0` reached Classification
+    as the string '0' and was refused)."""
+    import dataclasses
+
+    from scansnap_lens._settings import options
+    from scansnap_lens.cli import _settings, build_parser
+    from scansnap_lens.measures.settings import AnalysisSettings
+    from scansnap_lens.models.training import Rates
+    from scansnap_lens.recording.settings import RecordingSettings
+    from scansnap_lens.statistics.groups import Classification
+
+    for cls in (RecordingSettings, Classification, AnalysisSettings, Rates):
+        kinds = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+        for option in options(cls):
+            if any(k in kinds[option["name"]] for k in ("int", "float")):
+                assert option["reads"] is not str, (cls.__name__, option["name"])
+    given = build_parser().parse_args(
+        ["report", "traj", "--stats", "stats", "--max-shared", "0", "--min-support", "2"]
+    )
+    assert _settings(given, Classification) == Classification(min_support=2, max_shared=0)
+
+
 def test_building_the_parser_imports_no_measurement():
     """Every command builds the whole parser, the report's options from `AnalysisSettings`:
     that must not import the measurements and scipy (about a second of every command)."""

@@ -125,7 +125,7 @@ def bench(case: str, steps: int, rows: int, data: Path) -> dict:
         manifest = json.loads((root / "traj" / "manifest.json").read_text())
         saved = json.loads((root / "traj" / "analysis" / "analysis.json").read_text())
         fit = saved["measurements"].get("theory_fit")
-        fit_s = (fit or {}).get("attrs", {}).get("theory_seconds") or {}
+        fit_s = (fit or {}).get("attrs", {}).get("fit_seconds") or {}
         fit_classes = None
         if fit is not None:
             import pandas as pd

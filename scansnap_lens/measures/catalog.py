@@ -57,10 +57,6 @@ class MeasureInputs:
     settings: AnalysisSettings = field(default_factory=AnalysisSettings)
     groups_reason: str = "no token groups were given"
 
-    @property
-    def training(self):
-        return self.settings.training
-
 
 @dataclass(frozen=True)
 class Plot:
@@ -243,7 +239,7 @@ MEASURES: tuple[Measure, ...] = (
     ),
     Measure(
         "growth_bounds",
-        lambda x: growth_bounds(x.traj, x.groups, x.source, training=x.training),
+        lambda x: growth_bounds(x.traj, x.groups, x.source, settings=x.settings),
         summary=("bound_ratio", "inside"),
         plots=(
             Plot(
@@ -263,14 +259,7 @@ MEASURES: tuple[Measure, ...] = (
     ),
     Measure(
         "theory_fit",
-        lambda x: theory_fit(
-            x.traj,
-            x.source,
-            x.groups,
-            training=x.training,
-            theory_classes=x.settings.theory_classes,
-            theory_seconds=x.settings.theory_seconds or None,
-        ),
+        lambda x: theory_fit(x.traj, x.source, x.groups, settings=x.settings),
         needs_groups=False,
         needs_source=True,
         summary=("population_snap", "snap_ratio", "rank_agreement", "dz_corr", "fit_classes"),

@@ -31,20 +31,20 @@ from scansnap_lens.measures.measurement import (
     _z,
 )
 from scansnap_lens.measures.rates import effective_rate, training_of
+from scansnap_lens.measures.settings import AnalysisSettings
 from scansnap_lens.measures.snap import snapping
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.context import require_same
 from scansnap_lens.statistics.groups import TokenGroups
 from scansnap_lens.theory.population import (
     THEORY_CLASSES,
-    THEORY_SECONDS,
     Population,
     gradients_at_most,
     predict,
 )
 from scansnap_lens.theory.transition import PhaseTransition, rho0
 
-__all__ = ["THEORY_SECONDS", "growth_bounds", "theory_fit"]
+__all__ = ["growth_bounds", "theory_fit"]
 
 MIN_FIT_CLASSES = 8  # fewest classes the time limit cuts the fit to
 PROBE_GRADIENTS = 4  # timed to estimate the fit's cost
@@ -94,7 +94,7 @@ def growth_bounds(
     groups: TokenGroups,
     source=None,
     rho0_value: float | str = "data",
-    training: dict | None = None,
+    settings: AnalysisSettings | None = None,
 ) -> Measurement:
     """Measured growth factor against Theorem 3's bounds, per class, layer and head.
 
@@ -109,7 +109,8 @@ def growth_bounds(
     none: ValueError saying so).
 
     source: the training corpus's `CooccurrenceStats` or `SequenceClasses` (default: the
-    recording's own evaluation text) for P(l|m, n), rho0 and K.
+    recording's own evaluation text) for P(l|m, n), rho0 and K; settings: its ``training``
+    overrides the rates the trajectory's meta gives.
 
     Table columns: chi (geometric mean over classes), chi_lower and chi_upper (the bounds,
     likewise), bound_ratio (median over classes of dz / B: Theorem 3 holds where it lies in
@@ -117,7 +118,7 @@ def growth_bounds(
     """
     if traj.step_unit != "steps":
         raise ValueError("the theory counts optimizer steps; this trajectory counts tokens")
-    heads_training = _head_training(traj, training)
+    heads_training = _head_training(traj, (settings or AnalysisSettings()).training)
     rates = [
         [effective_rate(s[lr], s["optimizer"], s["momentum"]) for lr in ("lr_y", "lr_z")]
         for s in heads_training
@@ -341,11 +342,9 @@ def theory_fit(
     traj: Trajectory,
     source,
     groups: TokenGroups | None = None,
-    training: dict | None = None,
+    settings: AnalysisSettings | None = None,
     classes=None,
     progress: bool = True,
-    theory_classes: int | None = THEORY_CLASSES,
-    theory_seconds: float | None = THEORY_SECONDS,
 ) -> Measurement:
     """Score every head against attention predicted from corpus statistics alone (the
     population dynamics show their progress where they take over two seconds).
@@ -353,7 +352,7 @@ def theory_fit(
     The population dynamics (`population.predict`) run on `source` (the training corpus's
     `CooccurrenceStats`, or the lab's `SequenceClasses`) for the trajectory's tracked
     classes, with the training's own optimizer and rates (`rates.training_of`, or
-    `training`), to the trajectory's steps.  Per step, layer and head:
+    the settings' ``training``), to the trajectory's steps.  Per step, layer and head:
 
     - ``rank_agreement``: Spearman correlation of predicted and measured per-token attention
       c(t) over each class's distinct tokens (`groups`; all its tracked context tokens without
@@ -369,23 +368,20 @@ def theory_fit(
 
     Each class is weighted over the positions the training's loss averages (`_population`:
     one per row where the trajectory's meta says ``loss_on: "last"``).
-    classes: pairs (m, n) to predict (default: `theory_classes` of `fit_classes`).  Each class
-    carries its own weight N(m, n) / loss positions, so a subset evolves as it would among the
-    others except through the parameters it shares with them.
-    theory_seconds: the fit's time at most: fewer classes where those would take longer
-    (timed on a few gradients of each candidate, said before it starts); None or 0: no limit.
-    The table's ``fit_classes`` says how many classes were fit, its attrs ``theory_seconds``
-    the estimate said and the seconds taken.
+    classes: pairs (m, n) to predict (default: the settings' ``theory_classes`` of
+    `fit_classes`, fewer where they would take over its ``theory_seconds``: timed on a few
+    gradients of each candidate and said before it starts).  Each class carries its own
+    weight N(m, n) / loss positions, so a subset evolves as it would among the others except
+    through the parameters it shares with them.  The table's ``fit_classes`` says how many
+    classes were fit, its attrs ``fit_seconds`` the estimate said and the seconds taken.
     """
     if traj.step_unit != "steps":
         raise ValueError("the prediction counts optimizer steps; this trajectory counts tokens")
-    if theory_seconds is not None and not theory_seconds >= 0:
-        raise ValueError(f"theory_seconds must be >= 0 (0: no limit), not {theory_seconds}")
+    settings = settings or AnalysisSettings()
     require_same(source, traj.plan)  # a convention mismatch first: it is the inputs' fault
-    heads_training = _head_training(traj, training)
-    pop, estimate = _fit_population(traj, source, groups, heads_training,
-                                    classes, progress, theory_classes,
-                                    theory_seconds or None)  # fmt: skip
+    heads_training = _head_training(traj, settings.training)
+    pop, estimate = _fit_population(traj, source, groups, heads_training, classes, progress,
+                                    settings)  # fmt: skip
     plan = traj.plan
     S, L, H = traj.num_steps, len(traj.layers), len(traj.heads)
 
@@ -413,13 +409,13 @@ def theory_fit(
         rank[:, :, j] = _rank_agreement(traj, j, predicted, class_sets, measured_c_hat, per_class)
         pop_snap[j] = float(snapping(predicted, classes=shared).table["snap_step"].iloc[0])
     table = _fit_table(traj, rank, corr, measured_snap, pop_snap, len(shared))
-    table.attrs["theory_seconds"] = {"estimate": estimate, "took": took}
+    table.attrs["fit_seconds"] = {"estimate": estimate, "took": took}
     detail = pd.DataFrame(per_class, columns=_FIT_DETAIL)
     return Measurement("theory_fit", table, detail, values=corr, predictions=list(runs.values()))
 
 
 def _fit_population(traj, source, groups, heads_training, classes, progress,
-                    theory_classes, theory_seconds):  # fmt: skip
+                    settings: AnalysisSettings):  # fmt: skip
     """(population, estimated seconds or None) of `theory_fit`: its `classes`, or those
     `_classes_within` the time."""
     rankable = None if groups is None else _rankable(traj.plan, groups)
@@ -428,8 +424,9 @@ def _fit_population(traj, source, groups, heads_training, classes, progress,
     if classes is not None:
         return _population(traj, source, classes), None
     trainings = list({tuple(sorted(t.items())): t for t in heads_training}.values())
-    _, pop, estimate = _classes_within(traj, source, rankable, theory_classes,
-                                       theory_seconds, trainings, progress)  # fmt: skip
+    _, pop, estimate = _classes_within(traj, source, rankable, settings.theory_classes,
+                                       settings.theory_seconds or None, trainings,
+                                       progress)  # fmt: skip
     return pop, estimate
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from torch import Tensor
 
-from scansnap_lens._settings import Settings, setting
+from scansnap_lens._settings import Settings, count_or_all, nonnegative, setting
 from scansnap_lens.statistics.groups import Classification
 from scansnap_lens.theory.population import THEORY_CLASSES, THEORY_SECONDS
 
@@ -44,12 +44,12 @@ class AnalysisSettings(Settings):
     theory_classes: int | None = setting(
         THEORY_CLASSES, THEORY, "the theory fit's classes: those with two distinct tokens"
         " first, then the most frequent (its time grows faster than the classes; all: every"
-        " recorded class)",
+        " recorded class)", reads=count_or_all(2, all=None),
     )  # fmt: skip
     theory_seconds: float | None = setting(
         THEORY_SECONDS, THEORY, "the theory fit's seconds at most: fewer classes where"
-        " theory_classes= would take longer (timed before it starts; 0: no"
-        " limit)",
+        " theory_classes= would take longer (timed before it starts; 0: no limit)",
+        reads=nonnegative,
     )  # fmt: skip
     prediction: float | tuple[float, ...] | None = None
     leave_out: tuple[str, ...] = ()
@@ -66,3 +66,7 @@ class AnalysisSettings(Settings):
         object.__setattr__(self, "leave_out", tuple(self.leave_out))
         if self.theory_classes is not None and self.theory_classes < 1:
             raise ValueError(f"theory_classes must be >= 1 or None, got {self.theory_classes}")
+        if self.theory_seconds is not None and not self.theory_seconds >= 0:
+            raise ValueError(
+                f"theory_seconds must be >= 0 (0: no limit), got {self.theory_seconds}"
+            )

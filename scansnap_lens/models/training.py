@@ -29,7 +29,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from scansnap_lens._io import make_folder, write_tensors, write_text
-from scansnap_lens._settings import Settings, setting
+from scansnap_lens._settings import Settings, fraction, positive, setting
 from scansnap_lens.models.backend import (
     HookedModel,
     attention_logit_parameters,
@@ -224,11 +224,13 @@ class Rates(Settings):
 
     lr_y: float = setting(
         group=TRAINING, help="the training's rate of all but W_Q, W_K (eta_Y; default: what the"
-        " trajectory recorded)",
+        " trajectory recorded)", reads=positive,
     )  # fmt: skip
-    lr_z: float = setting(group=TRAINING, help="the training's rate of W_Q, W_K (eta_Z)")
+    lr_z: float = setting(
+        group=TRAINING, help="the training's rate of W_Q, W_K (eta_Z)", reads=positive
+    )
     optimizer: str = setting("sgd", TRAINING, "the training's optimizer", choices=OPTIMIZERS)
-    momentum: float = setting(0.0, TRAINING, "SGD momentum in [0, 1)")
+    momentum: float = setting(0.0, TRAINING, "SGD momentum in [0, 1)", reads=fraction)
 
     def __post_init__(self) -> None:
         _checked_rates({f: getattr(self, f) for f in ("lr_y", "lr_z", "optimizer", "momentum")},

@@ -485,8 +485,7 @@ class Recorder:
         the next one fetched in the background meanwhile (`sweep`), as the settings say:
         on_error ("raise" stops at an unreadable checkpoint, everything recorded so far
         saved; "skip" notes it in the manifest's ``skipped`` list), on_disk, keep_checkpoints
-        and download_dir (hub revisions: read from your hub cache where it holds them, else
-        downloaded into the sweep's own cache and deleted once recorded), duplicates
+        and download_dir (the sweep's rules: `recording.sweep`), duplicates
         (checkpoints whose weights files are identical: "refuse", "skip" all but the last of
         each group, or "record").
 

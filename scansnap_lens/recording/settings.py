@@ -18,11 +18,13 @@ ValueError: on_error must be one of ('raise', 'skip'), got 'ignore'
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from scansnap_lens._settings import Settings, options, setting
+from scansnap_lens._settings import Settings, count, ints, options, positive, setting
 from scansnap_lens.recording.budget import CHECKPOINT_BUDGET, RUN_BUDGET
 
 __all__ = ["DUPLICATES", "LOSS_ON", "ON_DISK", "RecordingSettings"]
@@ -33,6 +35,34 @@ LOSS_ON = ("all", "last")  # the positions a loss averages over (`models.trainin
 
 
 PROMPT_LENGTH = 64  # tokens of the example prompt of a new recording
+
+
+def read_queries(text: str):
+    """`queries` as an option gives it: all, a share of events covered (0 < q <= 1), or
+    comma-separated token ids."""
+    if text == "all":
+        return text
+    if "," not in text and "." in text:
+        return float(text)
+    return ints(text)
+
+
+def read_device(text: str) -> str:
+    """`device` as an option gives it: a torch device that exists here."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(
+            f"not a device: {text!r} (cpu, cuda, cuda:1, mps)"
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: this machine has no CUDA device (use cpu)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: this machine has no MPS device (use cpu)")
+    return text
+
 
 TRACKED, WATCHED, BUDGET, RUNNING = (
     "what is tracked", "what is watched", "the budget", "how to run",
@@ -47,12 +77,12 @@ class RecordingSettings(Settings):
         None, TRACKED,
         "all, a share of events covered by the most frequent queries (0.5), or ids (a,b,c);"
         " default: the queries that fit max_checkpoint_bytes= (with statistics, those whose"
-        " classes have distinct tokens first, else the most frequent)",
+        " classes have distinct tokens first, else the most frequent)", reads=read_queries,
     )  # fmt: skip
     window: int | None = setting(
         None, TRACKED,
         "most context positions before a query (default: the statistics' window, else the"
-        " whole row)",
+        " whole row)", reads=count(1),
     )  # fmt: skip
     exclude_bos: bool = setting(
         False, TRACKED, "keep position 0 out of context (as the statistics must have been counted)",
@@ -71,25 +101,31 @@ class RecordingSettings(Settings):
     )  # fmt: skip
     prompt_length: int | None = setting(
         None, TRACKED, "tokens of the example prompt whose whole attention is kept (0: none;"
-        f" default {PROMPT_LENGTH}, or what a resumed folder keeps)",
+        f" default {PROMPT_LENGTH}, or what a resumed folder keeps)", reads=count(0, 1 << 16),
     )  # fmt: skip
     loss_on: str | None = setting(
         None, TRACKED, "the positions the recorded evaluation loss averages over, as the training"
         " optimizes them: all (as language models train) or last (each row's final prediction;"
         " default: the training's own, as train passes it, else all)", choices=LOSS_ON,
     )  # fmt: skip
-    layers: tuple[int, ...] | None = setting(None, WATCHED, "layers to watch (a,b); default all")
-    heads: tuple[int, ...] | None = setting(None, WATCHED, "heads to watch (a,b); default all")
+    layers: tuple[int, ...] | None = setting(
+        None, WATCHED, "layers to watch (a,b); default all", reads=ints
+    )
+    heads: tuple[int, ...] | None = setting(
+        None, WATCHED, "heads to watch (a,b); default all", reads=ints
+    )
     max_checkpoint_bytes: int = setting(
         CHECKPOINT_BUDGET, BUDGET, "default queries: at most this many MB per checkpoint",
-        "--max-checkpoint-mb", 1e6,
+        "--max-checkpoint-mb", 1e6, reads=positive,
     )  # fmt: skip
     max_run_bytes: int = setting(
         RUN_BUDGET, BUDGET, "refuse a recording that would write more than this many GB",
-        "--max-run-gb", 1e9,
+        "--max-run-gb", 1e9, reads=positive,
     )  # fmt: skip
-    batch_size: int = setting(8, RUNNING, "rows per forward pass")
-    device: str | None = setting(None, RUNNING, "cpu, cuda, ... (default: the model's)")
+    batch_size: int = setting(8, RUNNING, "rows per forward pass", reads=count(1, 1 << 20))
+    device: str | None = setting(
+        None, RUNNING, "cpu, cuda, ... (default: the model's)", reads=read_device
+    )
     step_unit: str = setting(
         "steps", RUNNING, "what a step counts: steps or tokens", "", choices=("steps", "tokens")
     )
@@ -104,6 +140,7 @@ class RecordingSettings(Settings):
         "hub revisions of the sweep on disk at once, the one recording included (on Ray: the"
         " checkpoints recording at once); each is deleted from the sweep's own cache once"
         " recorded, and revisions your hub cache holds are read from it, never changed",
+        reads=count(1, 1 << 16),
     )  # fmt: skip
     keep_checkpoints: bool = setting(
         False, RUNNING, "download hub revisions into your hub cache (HF_HUB_CACHE) and keep them"
@@ -111,6 +148,7 @@ class RecordingSettings(Settings):
     download_dir: str | None = setting(
         None, RUNNING, "the sweep's own cache: an empty or new folder apart from the"
         " recording's; it deletes there only what it downloaded (default: OUT/hub-cache)",
+        reads=Path,
     )  # fmt: skip
     duplicates: str = setting(
         "refuse", RUNNING,

@@ -282,9 +282,8 @@ def _read_json(path: Path) -> dict:
 
 
 class HubRevisions:
-    """Fetches the hub revisions of a `CheckpointSource` from `pretrained`: from your hub
-    cache where it holds them (read only), else downloaded into the sweep's own cache and
-    deleted from there once recorded (into your hub cache, kept, with `keep_checkpoints`)."""
+    """Fetches the hub revisions of a `CheckpointSource` from `pretrained`, by the sweep's
+    rules (this module's docstring)."""
 
     writes = True  # its cache is in the recording folder by default
 

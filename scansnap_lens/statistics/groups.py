@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from scansnap_lens._io import read_tensors, write_tensors
-from scansnap_lens._settings import Settings, setting
+from scansnap_lens._settings import Settings, count, setting, share
 from scansnap_lens.statistics.context import Context, require_same
 
 GROUPS_FORMAT = "scansnap-groups-1"
@@ -68,10 +68,12 @@ class Classification(Settings):
         "local", KINDS, "distinct for the next token of its own query (local, Sec. 7) or of all"
         " queries (global, Sec. 3.2)", choices=("local", "global"),
     )  # fmt: skip
-    min_support: int = setting(1, KINDS, "occurrences a context token needs before it is judged")
+    min_support: int = setting(
+        1, KINDS, "occurrences a context token needs before it is judged", reads=count(1)
+    )
     purity: float = setting(
         1.0, KINDS, "a token is distinct when its top next token takes at least this share of"
-        " its occurrences (1: the paper's definition)",
+        " its occurrences (1: the paper's definition)", reads=share,
     )  # fmt: skip
     guard: bool = setting(
         True, KINDS, "no binomial guard (by default a distinct-looking token must be"
@@ -79,12 +81,12 @@ class Classification(Settings):
     )  # fmt: skip
     alpha: float = 0.05
     min_events: int = 1
-    min_distinct: int = setting(1, KINDS, "classes need this many distinct tokens")
+    min_distinct: int = setting(1, KINDS, "classes need this many distinct tokens", reads=count(0))
     max_shared: int = setting(
         MAX_SHARED, KINDS, "a token distinct for more than this many times as many queries as"
         " the median distinct token is left out of the scan's units, as distinct and as common"
         " (on WikiText the heading marker '=' is distinct for a third of the queries and would"
-        " carry the verdict alone); 0 keeps every token",
+        " carry the verdict alone); 0 keeps every token", reads=count(0),
     )  # fmt: skip
 
     def __post_init__(self):

@@ -12,6 +12,7 @@ import torch
 from scansnap_lens import measures
 from scansnap_lens.lab.synthetic import syn_medium, syn_small
 from scansnap_lens.lab.yz import train_yz
+from scansnap_lens.measures.settings import AnalysisSettings as Settings
 from scansnap_lens.statistics.groups import TokenGroups
 from scansnap_lens.theory import PhaseTransition, rho0
 
@@ -115,7 +116,7 @@ def test_adam_has_no_bound_and_missing_rates_are_named(lab):
     bare = traj.replace(meta={"source": "yz"})
     with pytest.raises(ValueError, match="does not say how the model was trained"):
         measures.theory_fit(bare, classes, groups)
-    fit = measures.theory_fit(bare, classes, groups, training={"lr_y": 2.0, "lr_z": 0.5})
+    fit = measures.theory_fit(bare, classes, groups, Settings(training={"lr_y": 2.0, "lr_z": 0.5}))
     assert fit.final()["dz_corr"].iloc[0] == pytest.approx(1.0, abs=1e-5)
 
 
@@ -138,7 +139,8 @@ def test_growth_bounds_count_next_tokens_not_classes(tmp_path):
     traj = record_trajectory(models, tokens, tmp_path / "t", QUIET, plan=plan)
     stats = cooccurrence(tokens, V)
     groups = TokenGroups.from_statistics(stats, guard=False, purity=0.5)
-    bounds = measures.growth_bounds(traj, groups, stats, training={"lr_y": 1.0, "lr_z": 1.0})
+    rates = Settings(training={"lr_y": 1.0, "lr_z": 1.0})
+    bounds = measures.growth_bounds(traj, groups, stats, settings=rates)
     assert (bounds.detail["K"] == plan.class_next.unique().numel()).all()
     assert bounds.final()["bound_ratio"].notna().all()
 
@@ -168,7 +170,8 @@ def test_the_fit_ends_on_a_trajectory_at_step_ten_to_the_twelve(tmp_path, monkey
     calls = []
     loss = population._loss
     monkeypatch.setattr(population, "_loss", lambda *a: calls.append(1) or loss(*a))
-    fit = measures.theory_fit(traj, stats, training={"lr_y": 0.5, "lr_z": 1.0}, progress=False)
+    fit = measures.theory_fit(traj, stats, settings=Settings(training={"lr_y": 0.5, "lr_z": 1.0}),
+                               progress=False)  # fmt: skip
     assert len(calls) < population.EXACT_STEPS + population.RESOLUTION * 42, len(calls)
     assert fit.table["step"].max() == 10**12
 
@@ -189,19 +192,19 @@ def test_the_fit_integrates_the_most_frequent_classes_and_says_its_cost(tmp_path
     models = in_memory({0: tiny_model(seed=0), 5: tiny_model(seed=1), 40: tiny_model(seed=2)})
     traj = record_trajectory(models, tokens, tmp_path / "t", QUIET)
     stats = cooccurrence(tokens, V)
-    training = {"lr_y": 1.0, "lr_z": 1.0}
+    training = Settings(training={"lr_y": 1.0, "lr_z": 1.0})
     plan = traj.plan
     top = fit_classes(traj, 12)
     events = dict(zip(zip(plan.class_query.tolist(), plan.class_next.tolist()),
                       plan.class_events.tolist()))  # fmt: skip
     assert len(top) == 12 and min(events[c] for c in top) >= sorted(events.values())[-12]
-    capped = measures.theory_fit(traj, stats, training=training, theory_classes=12)
+    capped = measures.theory_fit(traj, stats, settings=training.replace(theory_classes=12))
     said = capsys.readouterr().out
     assert "theory fit: 12 classes (the most frequent)" in said and "to step 40: about" in said
     assert (capped.table["fit_classes"] == 12).all()
-    every = measures.theory_fit(traj, stats, training=training, theory_classes=None,
+    every = measures.theory_fit(traj, stats, settings=training.replace(theory_classes=None),
                                 progress=False)  # fmt: skip
-    above = measures.theory_fit(traj, stats, training=training, theory_classes=10**6,
+    above = measures.theory_fit(traj, stats, settings=training.replace(theory_classes=10**6),
                                 progress=False)  # fmt: skip
     assert (every.table["fit_classes"] == plan.num_classes).all()
     pd.testing.assert_frame_equal(every.table, above.table)
@@ -225,27 +228,26 @@ def test_the_fit_takes_fewer_classes_where_its_time_would_pass_the_limit(tmp_pat
     models = in_memory({0: tiny_model(seed=0), 5: tiny_model(seed=1), 40: tiny_model(seed=2)})
     traj = record_trajectory(models, tokens, tmp_path / "t", QUIET)
     stats = cooccurrence(tokens, V)
-    training = {"lr_y": 1.0, "lr_z": 1.0}
+    training = Settings(training={"lr_y": 1.0, "lr_z": 1.0}, theory_classes=None)
     per_class = 1e-5
     monkeypatch.setattr(fit, "_gradient_seconds", lambda pop, s: per_class * pop.num_classes**2)
     most = gradients_at_most(40, 3)
     limit = per_class * 16**2 * most  # 16 classes fit, more do not
-    cut = fit.theory_fit(traj, stats, training=training, theory_classes=None,
-                         theory_seconds=limit)  # fmt: skip
+    cut = fit.theory_fit(traj, stats, settings=training.replace(theory_seconds=limit))
     said = capsys.readouterr().out
     n = int(cut.table["fit_classes"].iloc[0])
     assert fit.MIN_FIT_CLASSES <= n <= 16, n
     assert f" of {traj.plan.num_classes:,} classes (theory_seconds=" in said
-    assert cut.table.attrs["theory_seconds"]["estimate"] <= limit
-    every = fit.theory_fit(traj, stats, training=training, theory_classes=None,
-                           theory_seconds=None, progress=False)  # fmt: skip
+    assert cut.table.attrs["fit_seconds"]["estimate"] <= limit
+    every = fit.theory_fit(traj, stats, settings=training.replace(theory_seconds=None),
+                           progress=False)  # fmt: skip
     assert (every.table["fit_classes"] == traj.plan.num_classes).all()
-    assert every.table.attrs["theory_seconds"]["estimate"] is None
-    zero = fit.theory_fit(traj, stats, training=training, theory_classes=None,
-                          theory_seconds=0, progress=False)  # fmt: skip
-    assert zero.table.attrs["theory_seconds"]["estimate"] is None  # 0: no limit, as the CLI's
+    assert every.table.attrs["fit_seconds"]["estimate"] is None
+    zero = fit.theory_fit(traj, stats, settings=training.replace(theory_seconds=0),
+                          progress=False)  # fmt: skip
+    assert zero.table.attrs["fit_seconds"]["estimate"] is None  # 0: no limit, as the CLI's
     with pytest.raises(ValueError, match="theory_seconds must be >= 0"):
-        fit.theory_fit(traj, stats, training=training, theory_seconds=-1, progress=False)
+        training.replace(theory_seconds=-1)
 
 
 def test_the_fit_takes_first_the_classes_it_can_rank():
