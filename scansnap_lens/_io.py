@@ -382,7 +382,15 @@ class NotAFile(OSError):
 
 
 def read_small(path: str | Path, what: str, limit: int = SMALL_FILE) -> str:
-    """The text of `path`, read only where it is a regular file of at most `limit` bytes
+    """The text of `path` (`read_small_bytes`, decoded as UTF-8: `NotAFile` where it is not)."""
+    try:
+        return read_small_bytes(path, what, limit).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise NotAFile(f"{path} should be the {what}, text; it is not UTF-8 ({err})") from None
+
+
+def read_small_bytes(path: str | Path, what: str, limit: int = SMALL_FILE) -> bytes:
+    """The bytes of `path`, read only where it is a regular file of at most `limit` bytes
     (a FIFO would block for ever, /dev/zero or a sparse file exhaust memory): `NotAFile`
     naming the file and what it should hold otherwise.  Links are followed, as a reader of
     a folder someone else made must; the file is checked once open (not between)."""
@@ -405,10 +413,7 @@ def read_small(path: str | Path, what: str, limit: int = SMALL_FILE) -> str:
             os.close(fd)
     if len(data) > limit:
         raise NotAFile(f"{path} should be the {what}, a file of at most {limit:,} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise NotAFile(f"{path} should be the {what}, text; it is not UTF-8 ({err})") from None
+    return data
 
 
 def read_json(path: str | Path, what: str, limit: int = SMALL_FILE):

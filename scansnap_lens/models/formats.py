@@ -29,6 +29,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from scansnap_lens._io import read_json, read_small_bytes
 from scansnap_lens.models import backend as be
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ def read_tl_config(path: str | Path) -> tuple[dict, str | None]:
     """(config fields, weight layout or None) from a TransformerLens ``config.json``."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, "model config")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointError(f"{path}: cannot read the model config ({err})") from None
     if not isinstance(data, dict):
@@ -160,7 +161,7 @@ def is_hf_folder(path: Path) -> bool:
     if not config.is_file():
         return False
     try:
-        data = json.loads(config.read_text())
+        data = read_json(config, "model config")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return isinstance(data, dict) and "model_type" in data
@@ -251,7 +252,7 @@ def trainer_step(path: Path) -> int | None:
     if not state.is_file():
         return None
     try:
-        return int(json.loads(state.read_text())["global_step"])
+        return int(read_json(state, "Trainer's state", TRAINER_STATE_BYTES)["global_step"])
     except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as err:
         warnings.warn(
             f"{state} is not readable ({type(err).__name__}: {err}): the step is taken from"
@@ -267,6 +268,7 @@ _STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
 _INTS = {"BININT", "BININT1", "BININT2", "LONG1", "INT", "LONG", "NONE"}
 _MEMO = {"MEMOIZE", "BINPUT", "LONG_BINPUT", "PUT"}
 ARGS_BYTES = 1 << 20  # a TrainingArguments pickle is a few kB
+TRAINER_STATE_BYTES = 1 << 30  # its log of every step of a long run: far below this
 
 
 def trainer_seeds(args_file: Path) -> dict:
@@ -286,7 +288,7 @@ def trainer_seeds(args_file: Path) -> dict:
                     return {}
                 data = archive.read(names[0])
         else:
-            data = args_file.read_bytes()
+            data = read_small_bytes(args_file, "Trainer's arguments", ARGS_BYTES)
         found, key = {}, None
         for op, arg, _ in pickletools.genops(data):
             if op.name in _MEMO:
@@ -311,7 +313,7 @@ def trainer_training(states: list[Path]) -> dict:
     losses: dict[str, dict[int, float]] = {"loss": {}, "eval_loss": {}}
     for state in states:
         try:
-            log = json.loads(state.read_text()).get("log_history", [])
+            log = read_json(state, "Trainer's state", TRAINER_STATE_BYTES).get("log_history", [])
         except (OSError, ValueError, AttributeError):
             continue  # trainer_step has said so
         entries = log if isinstance(log, list) else []

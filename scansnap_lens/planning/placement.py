@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from scansnap_lens._io import write_text
+from scansnap_lens._io import read_json, write_text
 from scansnap_lens.measures.head_types import formation_step, head_type, head_type_scores
 from scansnap_lens.measures.snap import DRIFT_ABOVE, POOL, head_movement, snapping
 from scansnap_lens.models.steps import select_steps
@@ -164,8 +164,8 @@ def _read_placement(out: Path) -> dict[int, str]:
     if not path.is_file() or path.is_symlink():
         return {}
     try:
-        return {int(k): str(v) for k, v in json.loads(path.read_text())["steps"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError):
+        return {int(k): str(v) for k, v in read_json(path, "placement's log")["steps"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
 
 
@@ -174,7 +174,7 @@ def _check_budget(out: Path, budget: int, recorded: int) -> None:
     changed."""
     path = out / PLACEMENT_FILE
     try:
-        before = json.loads(path.read_text())["budget"] if path.is_file() else None
+        before = read_json(path, "placement's log")["budget"] if path.is_file() else None
     except (OSError, ValueError, KeyError, TypeError):
         before = None
     if recorded > budget:

@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import math
+import re
 import warnings
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from torch import Tensor
 
 from scansnap_lens._io import (
     read_json,
+    read_small_bytes,
     read_tensors,
     regular_file,
     staged_folder,
@@ -70,6 +72,7 @@ def code_version() -> str:
 
 
 TAG = f"scansnap-analysis-{FORMAT}"
+FIGURE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a kept figure's name: no path
 
 
 def fingerprint(*parts) -> str:
@@ -284,9 +287,12 @@ class Analysis:
             said = read_json(folder / "figures.json", "index of the kept figures")
             if said.get("key") != self.key:
                 return {}
-            drawn = {name: (folder / f"{name}.png").read_bytes() for name in said["drawn"]}
-            return {**drawn, **said["failed"]}
-        except (OSError, TypeError, ValueError, KeyError):
+            names, failed = list(said["drawn"]), dict(said["failed"])
+            if not all(isinstance(n, str) and FIGURE_NAME.fullmatch(n) for n in [*names, *failed]):
+                return {}  # a name that is no figure's (a path) is never read
+            drawn = {n: read_small_bytes(folder / f"{n}.png", "kept figure") for n in names}
+            return {**drawn, **{n: str(why) for n, why in failed.items()}}
+        except (OSError, TypeError, ValueError, KeyError, AttributeError):
             return {}
 
     def keep_figures(self, drawn: dict[str, Path], failed: dict[str, str]) -> None:

@@ -540,3 +540,30 @@ def test_trainer_seeds_are_read_without_running_the_pickle(tmp_path):
     (tmp_path / "junk.bin").write_bytes(b"not a pickle at all")
     assert formats.trainer_seeds(tmp_path / "junk.bin") == {}
     assert not planted.exists()
+
+
+def test_a_checkpoints_config_that_is_no_regular_file_is_refused_not_waited_on(tmp_path):
+    """A checkpoint folder's config.json as a FIFO blocked for ever (read as it was), a huge
+    training_args.bin was read whole: each is now checked as a small regular file first."""
+    import threading
+
+    os.mkfifo(tmp_path / "config.json")
+    out = {}
+    reader = threading.Thread(target=lambda: out.update(error=_refusal(tmp_path)), daemon=True)
+    reader.start()
+    reader.join(30)
+    assert not reader.is_alive(), "still waiting on the FIFO"
+    assert "not a regular file" in out["error"] and "config.json" in out["error"]
+    assert not formats.is_hf_folder(tmp_path)
+    big = tmp_path / "training_args.bin"
+    with open(big, "wb") as handle:
+        handle.truncate(formats.ARGS_BYTES + 1)  # sparse: no disk spent
+    assert formats.trainer_seeds(big) == {}
+
+
+def _refusal(folder) -> str:
+    try:
+        formats.read_tl_config(folder / "config.json")
+    except CheckpointError as err:
+        return str(err)
+    return "read"

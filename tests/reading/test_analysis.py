@@ -151,6 +151,33 @@ def test_a_fifo_in_a_saved_analysis_is_measured_again_not_waited_on(demo, tmp_pa
 
 
 @pytest.mark.tl
+def test_kept_figures_are_read_only_as_small_files_named_as_figures(demo, tmp_path):
+    """The figures a report kept beside its analysis are read back by name from their index:
+    a crafted index naming a path outside ("../../secret") read that file into the next page,
+    and a FIFO in place of a figure blocked `report` for ever; now neither is read, and the
+    figures are drawn again."""
+    import json
+    import os
+
+    traj, groups, _ = demo
+    cache = tmp_path / "analysis"
+    analysis = Analysis.of(traj, groups, cache=cache, settings=NO_FIT)
+    png = tmp_path / "heads.png"
+    png.write_bytes(b"\x89PNG kept")
+    analysis.keep_figures({"heads": png}, {"loss": "no loss was recorded"})
+    assert analysis.drawn_figures() == {"heads": b"\x89PNG kept", "loss": "no loss was recorded"}
+    index = cache / "figures" / "figures.json"
+    said = json.loads(index.read_text())
+    (tmp_path / "secret.png").write_bytes(b"a private file")
+    index.write_text(json.dumps({**said, "drawn": ["../../secret"]}))
+    assert analysis.drawn_figures() == {}
+    index.write_text(json.dumps(said))
+    os.unlink(cache / "figures" / "heads.png")
+    os.mkfifo(cache / "figures" / "heads.png")
+    assert _within(60, analysis.drawn_figures) == {}
+
+
+@pytest.mark.tl
 def test_a_table_that_expands_past_its_bound_is_not_read(demo, tmp_path, monkeypatch):
     """A saved table's size is read from its footer before the table: a small file of one
     repeated value expanded to 6.4 GB and exhausted memory (issue 79); past the bound it is
