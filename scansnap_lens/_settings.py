@@ -16,6 +16,14 @@ not know (refused, naming it and the known ones).
 >>> Knobs.from_dict({"rate": 0.3, "step": 4})
 Traceback (most recent call last):
 ValueError: unknown Knobs field 'step': known are rate, steps
+>>> @dataclass(frozen=True)
+... class Bounded(Settings):
+...     most: int = 4
+...     def __post_init__(self):
+...         assert self.most >= 1
+>>> Bounded.from_dict({"most": "many"})  # as a crafted file gives it
+Traceback (most recent call last):
+ValueError: Bounded holds a value of the wrong kind: '>=' not supported between ...
 """
 
 from __future__ import annotations
@@ -146,7 +154,11 @@ class Settings:
                 values[f.name] = inner.from_dict(values[f.name])
             elif isinstance(values.get(f.name), list):
                 values[f.name] = tuple(values[f.name])
-        return cls(**values)
+        try:
+            return cls(**values)
+        except TypeError as err:  # a value of another kind (read from a file): said as one
+            raise ValueError(f"{cls.__name__} holds a value of the wrong kind: {err}"
+                             ) from None  # fmt: skip
 
 
 def _known(cls, names) -> None:

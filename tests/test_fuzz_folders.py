@@ -39,6 +39,7 @@ EXAMPLES = int(os.environ.get("SCANSNAP_FUZZ_EXAMPLES", "25"))
 SAID = (ValueError, KeyError, OSError, CheckpointError, BackendError, ImportError)
 HANG_S = 20  # one reader, at most
 REPO, COMMIT = "EleutherAI/pythia-14m", "a" * 40
+SECRET = '{"accuracy": 0.9}'  # the user's file beside the folder: never changed, never read
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,9 @@ def made(tmp_path_factory):
         recorder.on_checkpoint(step, tiny_model(seed=seed))
     recorder.close()
     traj = Trajectory.load(run)
-    Analysis.of(traj).save(run / "analysis")
+    analysis = Analysis.of(traj, cache=run / "analysis")
+    (root / "heads.png").write_bytes(b"\x89PNG a kept figure")
+    analysis.keep_figures({"heads": root / "heads.png"}, {"loss": "no loss was recorded"})
     cache = SweepCache(run / CACHE, run).open()
     cache.note(REPO, "step0", COMMIT)
     snapshot = run / CACHE / f"models--{REPO.replace('/', '--')}" / "snapshots" / COMMIT
@@ -63,7 +66,7 @@ def made(tmp_path_factory):
     cache._handle.close()  # as a killed sweep leaves it: marked, noted, unlocked
     sentinel = root / "user"
     (sentinel / "results").mkdir(parents=True)
-    (sentinel / "results.json").write_text('{"accuracy": 0.9}')
+    (sentinel / "results.json").write_text(SECRET)
     (sentinel / "results" / ".gitkeep").write_text("")
     (sentinel / "results" / "__init__.py").write_text("")
     return {"root": root, "run": run, "tokens": tokens, "sentinel": sentinel}
@@ -91,14 +94,16 @@ JSON = st.recursive(
 )  # fmt: skip
 # values a crafted note or manifest puts where the tool expects a name, an id or a count
 HOSTILE = st.sampled_from(["/", "..", "../../..", "/tmp", "a" * 40, "../user/results", "", -1,
-                           2**70, 1e308, None, [], {}, "step0", REPO, "\x00"])  # fmt: skip
+                           2**70, 1e308, None, [], {}, "step0", REPO, "\x00",
+                           ["../../../user/results"]])  # fmt: skip
 
 
 @st.composite
 def crafts(draw, targets: list[str]):
     target = draw(st.sampled_from(targets))
-    kind = draw(st.sampled_from(["bytes", "json", "hostile json", "link out", "link to folder",
-                                 "fifo", "huge", "folder", "removed", "empty"]))  # fmt: skip
+    kind = draw(st.sampled_from(["bytes", "json", "hostile json", "edited json", "link out",
+                                 "link to folder", "fifo", "huge", "folder", "removed",
+                                 "empty"]))  # fmt: skip
     if kind == "bytes":
         return target, kind, draw(st.binary(max_size=256))
     if kind == "json":
@@ -106,13 +111,39 @@ def crafts(draw, targets: list[str]):
     if kind == "hostile json":
         keys = st.sampled_from(["repo", "revision", "commit", "id", "checkpoints", "step",
                                 "file", "layers", "heads", "plan", "made_folder", "recording",
-                                "format", "vocab_size", "loss_on", "meta", "settings"])  # fmt: skip
+                                "format", "vocab_size", "loss_on", "meta", "settings",
+                                "drawn", "failed", "key"])  # fmt: skip
         return target, kind, draw(st.dictionaries(keys, HOSTILE | JSON, max_size=6))
+    if kind == "edited json":  # the tool's own file, one value changed (its key kept)
+        return target, kind, (draw(st.lists(st.integers(0, 63), min_size=1, max_size=3)),
+                              draw(HOSTILE))  # fmt: skip
     return target, kind, None
 
 
 def _craft(run: Path, sentinel: Path, target: str, kind: str, value) -> None:
     path = run / target
+    if kind == "edited json":
+        if path.is_symlink() or not path.is_file():
+            return  # a link or FIFO crafted before: editing would write where it points, or wait
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return  # not a JSON file of the tool's: nothing to edit
+        route, hostile = value  # a value at some depth (a setting, a checkpoint's entry)
+        inner = data
+        for depth, index in enumerate(route):
+            if isinstance(inner, dict) and inner:
+                key = sorted(inner)[index % len(inner)]
+            elif isinstance(inner, list) and inner:
+                key = index % len(inner)
+            else:
+                break
+            if depth == len(route) - 1 or not isinstance(inner[key], dict | list):
+                inner[key] = hostile
+                break
+            inner = inner[key]
+        path.write_text(json.dumps(data))
+        return
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     elif os.path.lexists(path):  # a file, a link or a FIFO (writing to one would block)
@@ -157,7 +188,10 @@ def _reads(run: Path, tokens) -> list[str]:
     said = []
 
     def load_analysis():
-        Analysis.load(run / "analysis", Trajectory.load(run))
+        analysis = Analysis.load(run / "analysis", Trajectory.load(run))
+        kept = analysis.drawn_figures()  # what a report would put in its page
+        assert not any(SECRET.encode() in (v if isinstance(v, bytes) else v.encode())
+                       for v in kept.values()), "a file outside the folder was read"  # fmt: skip
 
     def resume():
         Recorder(run, tokens, QUIET).close()
@@ -190,8 +224,7 @@ def test_every_file_a_folder_holds_crafted_by_someone_else(made, tmp_path_factor
     """`EXAMPLES` crafted folders (one to three files each): only said errors, no hang,
     and the user's folder beside the recording never changes."""
     targets = _targets(made["run"])
-    sentinel = made["sentinel"]
-    before = _digest(sentinel)
+    before = _digest(made["sentinel"])
 
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow,
@@ -199,8 +232,9 @@ def test_every_file_a_folder_holds_crafted_by_someone_else(made, tmp_path_factor
     @given(st.lists(crafts(targets), min_size=1, max_size=3))
     def crafted(changes):
         work = tmp_path_factory.mktemp("crafted")
-        run = work / "run"
+        run, sentinel = work / "run", work / "user"  # "../user/results" from the run reaches it
         shutil.copytree(made["run"], run, symlinks=True)
+        shutil.copytree(made["sentinel"], sentinel)
         for target, kind, value in changes:
             _craft(run, sentinel, target, kind, value)
         try:

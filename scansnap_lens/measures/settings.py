@@ -61,8 +61,10 @@ class AnalysisSettings(Settings):
             object.__setattr__(self, "training", Rates.from_dict(self.training))
         if self.training is not None and not isinstance(self.training, Rates):
             raise ValueError(f"training must be Rates or None, got {self.training!r}")
-        if isinstance(self.prediction, list | np.ndarray | Tensor):
+        if isinstance(self.prediction, list | tuple | np.ndarray | Tensor):
             object.__setattr__(self, "prediction", tuple(float(p) for p in self.prediction))
+        elif self.prediction is not None:
+            object.__setattr__(self, "prediction", float(self.prediction))
         object.__setattr__(self, "leave_out", tuple(self.leave_out))
         if self.theory_classes is not None and self.theory_classes < 1:
             raise ValueError(f"theory_classes must be >= 1 or None, got {self.theory_classes}")

@@ -72,7 +72,7 @@ def code_version() -> str:
 
 
 TAG = f"scansnap-analysis-{FORMAT}"
-FIGURE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a kept figure's name: no path
+FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a name a file is saved by: no path
 
 
 def fingerprint(*parts) -> str:
@@ -288,9 +288,12 @@ class Analysis:
             if said.get("key") != self.key:
                 return {}
             names, failed = list(said["drawn"]), dict(said["failed"])
-            if not all(isinstance(n, str) and FIGURE_NAME.fullmatch(n) for n in [*names, *failed]):
+            if not all(isinstance(n, str) and FILE_NAME.fullmatch(n) for n in [*names, *failed]):
                 return {}  # a name that is no figure's (a path) is never read
-            drawn = {n: read_small_bytes(folder / f"{n}.png", "kept figure") for n in names}
+            files = [folder / f"{n}.png" for n in names]
+            if any(f.is_symlink() for f in files):  # the report writes files, never links
+                return {}
+            drawn = {f.stem: read_small_bytes(f, "kept figure") for f in files}
             return {**drawn, **{n: str(why) for n, why in failed.items()}}
         except (OSError, TypeError, ValueError, KeyError, AttributeError):
             return {}
@@ -374,15 +377,11 @@ def _reload(path: Path, key, traj, groups, source) -> Analysis | None:
     """The analysis saved in `path` where its key is `key` (any key for None); None where
     there is none, or it is another's or unreadable (then it is measured again)."""
     try:
-        said = read_json(path / "analysis.json", "saved analysis's index")
-        if not isinstance(said, dict):
-            raise ValueError("its index is not a JSON object")
+        said = _checked_index(read_json(path / "analysis.json", "saved analysis's index"))
         for file in path.iterdir():  # a FIFO or device among its files would block a reader
             if not file.is_dir():
                 regular_file(file, "saved analysis's file", limit=None)
-        if said.get("format") != FORMAT:
-            raise ValueError(f"its index is not a saved analysis's (format {said.get('format')!r})")
-        if key is not None and said.get("key") != key:
+        if key is not None and said["key"] != key:
             return None
         _, tensors = read_tensors(path / "values.safetensors", TAG, "saved analysis's values")
         results = {}
@@ -398,7 +397,7 @@ def _reload(path: Path, key, traj, groups, source) -> Analysis | None:
         if formed and (path / "groups.safetensors").is_file():
             groups = TokenGroups.load(path / "groups.safetensors")
         settings = AnalysisSettings.from_dict(said["settings"])
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError, KeyError, TypeError) as err:  # TypeError: a setting's kind
         if key is None:
             raise ValueError(f"{path} holds no readable saved analysis: {err}") from None
         return None
@@ -406,6 +405,31 @@ def _reload(path: Path, key, traj, groups, source) -> Analysis | None:
                     said["inputs"], said["key"], reused=True, formed=formed)  # fmt: skip
 
 
+def _checked_index(said) -> dict:
+    """A saved analysis's index (analysis.json) checked as `save` writes it, each value as its
+    kind before any is used (a measurement's name names a file: a plain name, never a path);
+    ValueError naming the first that is not."""
+    if not isinstance(said, dict):
+        raise ValueError("its index is not a JSON object")
+    if said.get("format") != FORMAT:
+        raise ValueError(f"its index is not a saved analysis's (format {said.get('format')!r})")
+    kinds = {"key": str, "inputs": str, "measurements": dict, "not_measured": dict,
+             "settings": dict}  # fmt: skip
+    for field, kind in kinds.items():
+        if not isinstance(said.get(field), kind):
+            raise ValueError(f"its index's {field} is not a {kind.__name__}")
+    for name, entry in said["measurements"].items():
+        if not (FILE_NAME.fullmatch(name) and isinstance(entry, dict)
+                and isinstance(entry.get("attrs"), dict) and isinstance(entry.get("detail"), bool)
+                and type(entry.get("predictions")) is int
+                and 0 <= entry["predictions"] <= MAX_PREDICTIONS):  # fmt: skip
+            raise ValueError(f"its index's measurement {name!r} is not one save writes")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in said["not_measured"].items()):
+        raise ValueError("its index's not_measured is not names and reasons")
+    return said
+
+
+MAX_PREDICTIONS = 64  # a measurement's predicted runs: one per training setting of its heads
 FRAME_BYTES = 1 << 30  # a saved table's columns, uncompressed: far above any analysis's
 
 

@@ -394,7 +394,32 @@ def _read_manifest(path: Path) -> dict:
             raise ValueError(f"{file}: the manifest {what} '{key}' (hand-edited?)")
     _check_entries(file, manifest)
     _check_aggregates(file, manifest)
+    _check_values(file, manifest)
     return manifest
+
+
+def _check_values(file: Path, manifest: dict) -> None:
+    """The manifest's other values as their kinds (each used as it is when the trajectory is
+    loaded): layers, heads and the prompt's token ids as counts, losses as numbers, skipped
+    checkpoints as objects with a step."""
+
+    def counts(value) -> bool:
+        return all(type(v) is int and 0 <= v < 2**31 for v in value)
+
+    for key in ("layers", "heads"):
+        if not counts(manifest[key]):
+            raise ValueError(f"{file}: '{key}' must be a list of indices (hand-edited?)")
+    prompt = manifest.get("prompt")
+    if prompt is not None and not (isinstance(prompt, list) and counts(prompt)):
+        raise ValueError(f"{file}: 'prompt' must be a list of token ids (hand-edited?)")
+    for entry in manifest["checkpoints"]:
+        loss = entry.get("loss")
+        if loss is not None and (isinstance(loss, bool) or not isinstance(loss, int | float)):
+            raise ValueError(f"{file}: checkpoint {entry['step']}'s loss is not a number")
+        if not isinstance(entry.get("loss_on", "all"), str):
+            raise ValueError(f"{file}: checkpoint {entry['step']}'s loss_on is not a name")
+    if not all(isinstance(s, dict) and type(s.get("step")) is int for s in manifest["skipped"]):
+        raise ValueError(f"{file}: 'skipped' must list objects with a step (hand-edited?)")
 
 
 def _check_aggregates(file: Path, manifest: dict) -> None:

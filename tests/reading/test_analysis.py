@@ -153,9 +153,9 @@ def test_a_fifo_in_a_saved_analysis_is_measured_again_not_waited_on(demo, tmp_pa
 @pytest.mark.tl
 def test_kept_figures_are_read_only_as_small_files_named_as_figures(demo, tmp_path):
     """The figures a report kept beside its analysis are read back by name from their index:
-    a crafted index naming a path outside ("../../secret") read that file into the next page,
-    and a FIFO in place of a figure blocked `report` for ever; now neither is read, and the
-    figures are drawn again."""
+    a crafted index naming a path outside ("../../secret"), or a figure linked to a file
+    outside, read that file into the next page, and a FIFO in place of a figure blocked
+    `report` for ever; now none is read, and the figures are drawn again."""
     import json
     import os
 
@@ -175,6 +175,9 @@ def test_kept_figures_are_read_only_as_small_files_named_as_figures(demo, tmp_pa
     os.unlink(cache / "figures" / "heads.png")
     os.mkfifo(cache / "figures" / "heads.png")
     assert _within(60, analysis.drawn_figures) == {}
+    os.unlink(cache / "figures" / "heads.png")
+    (cache / "figures" / "heads.png").symlink_to(tmp_path / "secret.png")  # a link out
+    assert analysis.drawn_figures() == {}
 
 
 @pytest.mark.tl
