@@ -118,6 +118,7 @@ def run_demo(
         progress=progress,
         on_checkpoint=recorder.on_checkpoint,
     )
+    recorder.close()  # recorded: the report reads a finished run, not one still recording
     trajectory = recorder.trajectory()
     # the training meta says the loss is on each row's last position
     analysis = Analysis.of(trajectory, groups, source=stats)

@@ -483,6 +483,9 @@ def test_findings_are_short_lead_with_what_the_run_tells_and_never_repeat(demo_o
         assert "id='how-to-read'" in run_page
     demo = pages["demo"].read_text()
     assert "<th>verdict</th>" in demo and "<th>auroc_mde</th>" in demo
+    # every run here had finished: none reads as still recording (the demo's did, its own
+    # process holding the recorder's lock)
+    assert not [n for n, p in pages.items() if "Still recording" in p.read_text()]
 
 
 @pytest.mark.tl

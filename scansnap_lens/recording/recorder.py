@@ -716,10 +716,10 @@ def trainer_callback(recorder: Recorder, steps=None, observe=None):
     them whether or not the Trainer saves there (no weights are written for those); `steps`
     may choose as training goes (``wants(step)`` and called as the recorder's
     `on_checkpoint`: `planning.placement.AdaptiveSchedule`), and then every recording,
-    saves included, goes through it.  The
-    Trainer's rate, optimizer and schedule go into the trajectory's meta (what the recorder's
-    `meta` already says stays).  observe: called as ``observe(record, control)`` after each
-    new recording (`reading.live.Live.watch`: metrics into the Trainer's loggers, a stop).
+    saves included, goes through it.  The Trainer's rate, optimizer and schedule go into the
+    trajectory's meta (what the recorder's `meta` already says stays); the recorder is closed
+    when training ends.  observe: called as ``observe(record, control)`` after each new
+    recording (`reading.live.Live.watch`: metrics into the Trainer's loggers, a stop).
 
     >>> # trainer = transformers.Trainer(..., callbacks=[trainer_callback(recorder)])
     """
@@ -752,6 +752,9 @@ def trainer_callback(recorder: Recorder, steps=None, observe=None):
         def on_save(self, args, state, control, model=None, **kwargs):
             if model is not None and state.global_step not in recorder.done:
                 record(state.global_step, model, control)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            recorder.close()  # the run is done: a report no longer reads it as recording
 
     return ScanSnapCallback()
 

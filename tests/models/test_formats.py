@@ -122,6 +122,7 @@ def test_trainer_callback_records_without_changing_training(tmp_path):
     assert recorded == plain  # recording never touches the live model
     traj = recorder.trajectory()
     assert traj.steps.tolist() == [0, 2, 4]
+    assert traj.recording is None  # training ended: the recorder let the folder go
     # the Trainer's own saves after a recording are whole and load as usual
     source = checkpoints.folder(tmp_path / "run")
     from_folder = Recorder(tmp_path / "traj2", EVAL, QUIET, plan=traj.plan).record(source)
