@@ -403,8 +403,10 @@ def read_small_bytes(path: str | Path, what: str, limit: int = SMALL_FILE) -> by
         if not stat.S_ISREG(info.st_mode):
             raise NotAFile(f"{path} should be the {what}, a file; it is not a regular file")
         if info.st_size > limit:
-            raise NotAFile(f"{path} should be the {what}, a file of at most {limit:,} bytes;"
-                           f" it holds {info.st_size:,}")  # fmt: skip
+            raise NotAFile(
+                f"{path} should be the {what}, a file of at most {limit:,} bytes;"
+                f" it holds {info.st_size:,}"
+            )
         with os.fdopen(fd, "rb", closefd=True) as handle:
             fd = -1
             data = handle.read(limit + 1)
@@ -433,6 +435,8 @@ def regular_file(path: str | Path, what: str, limit: int | None = SMALL_FILE) ->
     if not stat.S_ISREG(info.st_mode):
         raise NotAFile(f"{path} should be the {what}, a file; it is not a regular file")
     if limit is not None and info.st_size > limit:
-        raise NotAFile(f"{path} should be the {what}, a file of at most {limit:,} bytes;"
-                       f" it holds {info.st_size:,}")  # fmt: skip
+        raise NotAFile(
+            f"{path} should be the {what}, a file of at most {limit:,} bytes;"
+            f" it holds {info.st_size:,}"
+        )
     return path

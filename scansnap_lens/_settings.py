@@ -33,18 +33,43 @@ import dataclasses
 import math
 from dataclasses import MISSING, field
 
-__all__ = ["Settings", "count", "count_or_all", "fraction", "ints", "nonnegative", "options",
-           "positive", "real", "setting", "share"]  # fmt: skip
+__all__ = [
+    "Settings",
+    "count",
+    "count_or_all",
+    "fraction",
+    "ints",
+    "nonnegative",
+    "options",
+    "positive",
+    "real",
+    "setting",
+    "share",
+]
 
 
-def setting(default=MISSING, group: str = "", help: str = "", flag: str | None = None,
-            scale: float = 1, choices: tuple | None = None, reads=str, **kwargs):  # fmt: skip
+def setting(
+    default=MISSING,
+    group: str = "",
+    help: str = "",
+    flag: str | None = None,
+    scale: float = 1,
+    choices: tuple | None = None,
+    reads=str,
+    **kwargs,
+):
     """A dataclass field with its option: group and help as ``--help`` shows them; flag
     (None: the field's name with dashes, ``--no-NAME`` for a field that defaults to True;
     "": no option); scale: the option's unit in the field's (bytes as MB: 1e6); reads: the
     option's text to its value (`count`, `real`, ...), raising `argparse.ArgumentTypeError`."""
-    meta = {"group": group, "help": help, "given_flag": flag, "scale": scale,
-            "choices": choices, "reads": reads}  # fmt: skip
+    meta = {
+        "group": group,
+        "help": help,
+        "given_flag": flag,
+        "scale": scale,
+        "choices": choices,
+        "reads": reads,
+    }
     return field(default=default, metadata=meta, **kwargs)
 
 
@@ -122,9 +147,18 @@ def options(cls) -> list[dict]:
         if flag is None:
             flag = ("--no-" if default is True else "--") + f.name.replace("_", "-")
         if flag:
-            out.append({"name": f.name, "flag": flag, "default": default, "group": meta["group"],
-                        "help": meta["help"], "choices": meta["choices"],
-                        "scale": meta["scale"], "reads": meta["reads"]})  # fmt: skip
+            out.append(
+                {
+                    "name": f.name,
+                    "flag": flag,
+                    "default": default,
+                    "group": meta["group"],
+                    "help": meta["help"],
+                    "choices": meta["choices"],
+                    "scale": meta["scale"],
+                    "reads": meta["reads"],
+                }
+            )
     return out
 
 
@@ -157,8 +191,7 @@ class Settings:
         try:
             return cls(**values)
         except TypeError as err:  # a value of another kind (read from a file): said as one
-            raise ValueError(f"{cls.__name__} holds a value of the wrong kind: {err}"
-                             ) from None  # fmt: skip
+            raise ValueError(f"{cls.__name__} holds a value of the wrong kind: {err}") from None
 
 
 def _known(cls, names) -> None:
@@ -166,8 +199,10 @@ def _known(cls, names) -> None:
     unknown = sorted(set(names) - set(known))
     if unknown:
         what = "field" if len(unknown) == 1 else "fields"
-        raise ValueError(f"unknown {cls.__name__} {what} {', '.join(map(repr, unknown))}:"
-                         f" known are {', '.join(known)}")  # fmt: skip
+        raise ValueError(
+            f"unknown {cls.__name__} {what} {', '.join(map(repr, unknown))}:"
+            f" known are {', '.join(known)}"
+        )
 
 
 def _plain(value):

@@ -79,10 +79,16 @@ def _stats(args: argparse.Namespace) -> int:
 
     check_writable(args.out)  # before the corpus is read
     corpus = Corpus.of(
-        args.inputs, dataset=args.dataset, split=args.split, column=args.column,
-        text_column=args.text_column, tokenizer=args.tokenizer, documents=args.documents,
-        max_vocab=args.max_vocab, vocab_size=args.vocab_size,
-    )  # fmt: skip
+        args.inputs,
+        dataset=args.dataset,
+        split=args.split,
+        column=args.column,
+        text_column=args.text_column,
+        tokenizer=args.tokenizer,
+        documents=args.documents,
+        max_vocab=args.max_vocab,
+        vocab_size=args.vocab_size,
+    )
     if corpus.built_tokenizer:
         from scansnap_lens._io import write_text
 
@@ -97,12 +103,19 @@ def _stats(args: argparse.Namespace) -> int:
 
         execute = partial(ray_cooccurrence, address=args.ray or None)
     stats = count_corpus(
-        corpus, Context(args.window, args.exclude_bos), queries=args.queries,
-        min_count=args.min_count, execute=execute, shards=args.shards, progress=True,
-    )  # fmt: skip
+        corpus,
+        Context(args.window, args.exclude_bos),
+        queries=args.queries,
+        min_count=args.min_count,
+        execute=execute,
+        shards=args.shards,
+        progress=True,
+    )
     if corpus.kind == "indexed" and args.vocab_size is None:
-        print(f"vocabulary: {stats.vocab_size} (1 + the largest id; give --vocab-size for the"
-              " model's)")  # fmt: skip
+        print(
+            f"vocabulary: {stats.vocab_size} (1 + the largest id; give --vocab-size for the"
+            " model's)"
+        )
     stats.save(args.out)
     print(
         f"{int(stats.events.sum())} events, {stats.num_classes} classes (m, n),"
@@ -133,8 +146,11 @@ def _eval_tokens(args: argparse.Namespace):
         tokens = read_tokens(args.tokens)
         rows = MAX_ROWS if args.max_rows is None else args.max_rows or len(tokens)
         if rows < len(tokens):
-            print(f"rows: the first {rows:,} of {len(tokens):,} in {args.tokens}"
-                  " (--max-rows N or all for more)", file=sys.stderr)  # fmt: skip
+            print(
+                f"rows: the first {rows:,} of {len(tokens):,} in {args.tokens}"
+                " (--max-rows N or all for more)",
+                file=sys.stderr,
+            )
         return tokens[:rows]
     spec = args.tokenizer or args.model
     if not spec:
@@ -219,8 +235,10 @@ def _record(args: argparse.Namespace) -> int:
 
         budget = BUDGET if args.budget is None else args.budget
         traj = record_placed(recorder, source, budget, execute=execute)
-        print(f"--steps auto: {traj.num_steps} of {len(source)} checkpoints (budget {budget});"
-              f" each step and why: {Path(args.out).resolve() / PLACEMENT_FILE}")  # fmt: skip
+        print(
+            f"--steps auto: {traj.num_steps} of {len(source)} checkpoints (budget {budget});"
+            f" each step and why: {Path(args.out).resolve() / PLACEMENT_FILE}"
+        )
     else:
         traj = recorder.record(source, execute=execute)
     print(
@@ -237,17 +255,23 @@ def _record_suite(args: argparse.Namespace, models: list[str]) -> int:
     from scansnap_lens.recording.suite import Suite
 
     if args.power is not None:
-        raise ValueError("--power chooses one run's rows: run it on one repository, then"
-                         " record the suite with its --max-rows (the same rows in every"
-                         " run)")  # fmt: skip
+        raise ValueError(
+            "--power chooses one run's rows: run it on one repository, then"
+            " record the suite with its --max-rows (the same rows in every"
+            " run)"
+        )
     if args.steps == "auto":
-        raise ValueError("--steps auto places each run's own checkpoints: a suite records"
-                         " the same steps in every run (all, every k, log:N or a"
-                         " list)")  # fmt: skip
+        raise ValueError(
+            "--steps auto places each run's own checkpoints: a suite records"
+            " the same steps in every run (all, every k, log:N or a"
+            " list)"
+        )
     suite = Suite(args.out)
     runs = suite.start(models)
-    print(f"a suite of {len(runs)} runs in {Path(args.out).resolve()}, one after the other,"
-          " each its own sweep (the same command resumes each where it stopped)")  # fmt: skip
+    print(
+        f"a suite of {len(runs)} runs in {Path(args.out).resolve()}, one after the other,"
+        " each its own sweep (the same command resumes each where it stopped)"
+    )
     for k, (name, folder) in enumerate(runs, 1):
         print(f"[{k}/{len(runs)}] {name} -> {folder}")
         one = argparse.Namespace(**vars(args))
@@ -325,27 +349,41 @@ def _rows_for_power(args: argparse.Namespace, tokens, stats, source):
 
     groups = _groups_or_none(stats)
     if groups is None:
-        raise ValueError("--power: the statistics classify no token distinct, so there is no"
-                         " scan verdict to plan for (see scansnap stats, --min-count)")  # fmt: skip
+        raise ValueError(
+            "--power: the statistics classify no token distinct, so there is no"
+            " scan verdict to plan for (see scansnap stats, --min-count)"
+        )
     args.max_rows = 0  # every row of the text, to choose from
     every = _eval_tokens(args)
     heads = _watched_heads(args, source)  # they set the correction over heads
-    rows, mde, tried = rows_for_power(every, stats.vocab_size, groups, args.power, heads,
-                                      context=stats.context)  # fmt: skip
+    rows, mde, tried = rows_for_power(
+        every, stats.vocab_size, groups, args.power, heads, context=stats.context
+    )
     for r, m, df in tried:
-        print(f"--power {args.power:g}: {r:,} rows -> AUROC >= {m:.3g} (its t reference's"
-              f" degrees of freedom {df:.2g})", file=sys.stderr)  # fmt: skip
+        print(
+            f"--power {args.power:g}: {r:,} rows -> AUROC >= {m:.3g} (its t reference's"
+            f" degrees of freedom {df:.2g})",
+            file=sys.stderr,
+        )
     if mde <= args.power:
-        print(f"--power {args.power:g}: recording the first {rows:,} of {len(every):,} rows",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"--power {args.power:g}: recording the first {rows:,} of {len(every):,} rows",
+            file=sys.stderr,
+        )
     else:
-        why = ("no plan holds pairs whose counts tell frequency apart" if mde != mde else
-               f"the least is AUROC >= {mde:.3g} at {rows:,} rows; where more rows raise it, they"
-               " gather the figure on a few distinct tokens shared by many queries, whose"
-               " spread one text cannot tell (the degrees of freedom fall)")  # fmt: skip
-        print(f"--power {args.power:g}: not reached with any of the first rows of the"
-              f" {len(every):,} ({why}): more evaluation text would; recording the first"
-              f" {rows:,}", file=sys.stderr)  # fmt: skip
+        why = (
+            "no plan holds pairs whose counts tell frequency apart"
+            if mde != mde
+            else f"the least is AUROC >= {mde:.3g} at {rows:,} rows; where more rows raise it, they"
+            " gather the figure on a few distinct tokens shared by many queries, whose"
+            " spread one text cannot tell (the degrees of freedom fall)"
+        )
+        print(
+            f"--power {args.power:g}: not reached with any of the first rows of the"
+            f" {len(every):,} ({why}): more evaluation text would; recording the first"
+            f" {rows:,}",
+            file=sys.stderr,
+        )
     return every[:rows]
 
 
@@ -407,8 +445,9 @@ def _report(args: argparse.Namespace) -> int:
     analyses = {}
     for i, (name, path) in enumerate(zip(trajs, runs)):
         stats = stats_of[i if len(stats_of) > 1 else 0]
-        analysis = Analysis.of(trajs[name], source=stats, settings=settings,
-                               cache=path / "analysis")  # fmt: skip
+        analysis = Analysis.of(
+            trajs[name], source=stats, settings=settings, cache=path / "analysis"
+        )
         if analysis.reused:
             print(f"{name}: the analysis saved in {path / 'analysis'} (same inputs and settings)")
         elif analysis.remeasured:
@@ -450,14 +489,29 @@ def _report_runs(args, analyses, out) -> int:
     comparison = measure_runs(analyses, design=design)
     report = write_runs_report(comparison, out, title=args.title)
     table = comparison.table
-    shown = ["layer", "head", "scans_runs", "bias_mean", "bias_lo", "bias_hi", "bias_within",
-             "auroc_mean", "auroc_lo", "auroc_hi", "auroc_within", "snap_step_mean"]  # fmt: skip
+    shown = [
+        "layer",
+        "head",
+        "scans_runs",
+        "bias_mean",
+        "bias_lo",
+        "bias_hi",
+        "bias_within",
+        "auroc_mean",
+        "auroc_lo",
+        "auroc_hi",
+        "auroc_within",
+        "snap_step_mean",
+    ]
     print(f"{len(comparison.runs)} runs: {', '.join(comparison.runs)}")
     if comparison.layers is not None:
         layers = comparison.layers
         print("per layer, mean over runs (with the interval over runs on the page):")
-        print(layers[["layer", *[c for c in layers if c.endswith("_mean")]]].to_string(
-            index=False, float_format=number))  # fmt: skip
+        print(
+            layers[["layer", *[c for c in layers if c.endswith("_mean")]]].to_string(
+                index=False, float_format=number
+            )
+        )
     matched = "by index" if comparison.matching is None else "by their attention"
     print(f"per head (matched {matched}):")
     print(table[[c for c in shown if c in table]].to_string(index=False, float_format=number))
@@ -541,11 +595,13 @@ def _documents_option(command) -> None:
     from scansnap_lens.inputs.text import DOCUMENT_SPLITS
 
     command.add_argument(
-        "--documents", choices=DOCUMENT_SPLITS, default="paragraph",
+        "--documents",
+        choices=DOCUMENT_SPLITS,
+        default="paragraph",
         help="how a text file splits into documents, which co-occurrences and rows never"
         " cross: paragraph (blank lines; default), wikitext (articles), line, or document (the"
         " file)",
-    )  # fmt: skip
+    )
 
 
 def _demo_command(sub) -> None:
@@ -595,10 +651,13 @@ def _stats_command(sub) -> None:
     )
     stats.add_argument("--out", type=Path, required=True, help="statistics file (.safetensors)")
     stats.add_argument(
-        "--ray", nargs="?", const="", metavar="ADDRESS",
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
         help="count in Ray tasks: a local instance, or the cluster at ADDRESS (pip install"
         " 'scansnap-lens[ray]')",
-    )  # fmt: skip
+    )
     stats.add_argument(
         "--shards", type=_count(1, 100_000), default=8, help="Ray tasks (default: %(default)s)"
     )
@@ -618,9 +677,10 @@ def _stats_command(sub) -> None:
     )
     stats.add_argument("--window", type=_count(1), help="most context positions before the query")
     stats.add_argument(
-        "--exclude-bos", action="store_true",
+        "--exclude-bos",
+        action="store_true",
         help="keep position 0 out of context (a BOS token; record with the same flag)",
-    )  # fmt: skip
+    )
     stats.add_argument("--queries", type=_ints, help="count only these query ids (a,b,c)")
     stats.add_argument(
         "--min-count",
@@ -659,18 +719,20 @@ def _record_command(sub) -> None:
         " EleutherAI/pythia-14m). Run the same command again to resume.",
     )
     record.add_argument(
-        "--checkpoints", type=Path,
+        "--checkpoints",
+        type=Path,
         help="folder of checkpoints, recognised from its layout: a Hugging Face Trainer's"
         " output (checkpoint-N/ folders with trainer_state.json, whose rates and schedule the"
         " trajectory keeps), TransformerLens state dicts (step_N.safetensors, model_N.pt)"
         " with a config.json, or nanoGPT's ckpt.pt",
-    )  # fmt: skip
+    )
     record.add_argument(
-        "--model", nargs="+",
+        "--model",
+        nargs="+",
         help="a TransformerLens model name with checkpoint labels; several, or a pattern"
         " ('EleutherAI/pythia-70m-seed{1..9}', quoted): a suite, each run into its own"
         " folder of --out, which scansnap report compares",
-    )  # fmt: skip
+    )
     record.add_argument(
         "--backend",
         choices=["hooked", "bridge"],
@@ -686,9 +748,10 @@ def _record_command(sub) -> None:
         " --budget in all (default: %(default)s)",
     )
     record.add_argument(
-        "--budget", type=_count(2, 10**6),
+        "--budget",
+        type=_count(2, 10**6),
         help=f"checkpoints --steps auto records at most (default {BUDGET})",
-    )  # fmt: skip
+    )
     record.add_argument("--tokens", type=Path, help="evaluation token file [rows, positions]")
     record.add_argument("--text", type=Path, help="evaluation text file (with --tokenizer)")
     _documents_option(record)
@@ -696,21 +759,25 @@ def _record_command(sub) -> None:
         "--seq-len", type=_count(2, 1 << 20), help=f"row length for --text (default {SEQ_LEN})"
     )
     record.add_argument(
-        "--max-rows", type=_count_or_all(1),
+        "--max-rows",
+        type=_count_or_all(1),
         help=f"use only the first rows, or all (default: {MAX_ROWS}, of --text or --tokens);"
         " rows x checkpoints drive the recording's time, which it estimates after one batch",
-    )  # fmt: skip
+    )
     record.add_argument("--out", type=Path, required=True, help="trajectory folder")
     record.add_argument(
-        "--power", type=float, metavar="AUROC",
+        "--power",
+        type=float,
+        metavar="AUROC",
         help="choose the evaluation rows (the first 64, 128, ... of --text or --tokens) that let"
         " the scan verdict detect this AUROC (with --stats; it says what each would give)",
-    )  # fmt: skip
+    )
     record.add_argument(
-        "--stats", type=Path,
+        "--stats",
+        type=Path,
         help="statistics (scansnap stats) that choose the default queries: those whose classes"
         " have distinct tokens, most frequent first",
-    )  # fmt: skip
+    )
     from scansnap_lens.recording.settings import RecordingSettings
 
     _setting_options(record, RecordingSettings)
@@ -718,10 +785,13 @@ def _record_command(sub) -> None:
         "--trust-pickle", action="store_true", help="allow pickled .pt files (trusted only)"
     )
     record.add_argument(
-        "--ray", nargs="?", const="", metavar="ADDRESS",
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
         help="one Ray task per checkpoint (a GPU each where there are GPUs), all writing into"
         " --out: a local instance, or the cluster at ADDRESS (its workers must see --out)",
-    )  # fmt: skip
+    )
     record.set_defaults(func=_record)
 
 
@@ -737,24 +807,32 @@ def _report_command(sub) -> None:
         " step with an interval over runs beside the within-run one.",
     )
     report.add_argument(
-        "trajectory", type=Path, nargs="+",
+        "trajectory",
+        type=Path,
+        nargs="+",
         help="trajectory folder (scansnap record); several: runs of one plan, compared",
-    )  # fmt: skip
+    )
     report.add_argument(
-        "--stats", type=Path, nargs="+", required=True,
+        "--stats",
+        type=Path,
+        nargs="+",
+        required=True,
         help="statistics (scansnap stats): one for all runs, or one per run",
-    )  # fmt: skip
+    )
     report.add_argument(
-        "--out", type=Path,
+        "--out",
+        type=Path,
         help="report folder (default TRAJECTORY/report; several runs need it)",
-    )  # fmt: skip
+    )
     report.add_argument("--title", help="the page's title (default: the trajectory's source)")
     report.add_argument(
-        "--design", type=Path, metavar="CSV",
+        "--design",
+        type=Path,
+        metavar="CSV",
         help="several runs: which share initial weights and data order, a CSV with columns"
         " run, init, data (run: the run's folder name; default: the seeds the recordings"
         " kept, or PolyPythias' names)",
-    )  # fmt: skip
+    )
     from scansnap_lens.measures.settings import AnalysisSettings
     from scansnap_lens.models.training import Rates
     from scansnap_lens.statistics.groups import Classification
@@ -816,8 +894,9 @@ def _setting_options(parser: argparse.ArgumentParser, *settings: type) -> None:
             scale = option["scale"]
             kwargs["default"] = default / scale if scale != 1 and default is not None else default
             if default is not None:
-                kwargs["help"] += " (default: %(default)g)" if option["scale"] != 1 else (
-                    " (default: %(default)s)")  # fmt: skip
+                kwargs["help"] += (
+                    " (default: %(default)g)" if option["scale"] != 1 else " (default: %(default)s)"
+                )
         group.add_argument(option["flag"], **kwargs)
 
 
@@ -862,7 +941,7 @@ def flag_text(message: str, help: bool = False, flags: dict | None = None) -> st
         flag, kind = flags[name]
         switch = (value == "True" and kind == "storetrue") or (
             value == "False" and kind == "storefalse"
-        )  # fmt: skip
+        )
         if value and not switch and not match.group(2):  # K=40: a value in words, not an option
             return match.group(0)
         on_line = flag if value == "" or switch else f"{flag} {value}"
@@ -927,8 +1006,10 @@ def main(argv: list[str] | None = None) -> int:
             # stays so); SIGTERM (timeout, a scheduler, systemctl stop, kill) where it would end
             # the process: it ends the command as Ctrl-C does, what is half written removed,
             # what is recorded kept
-            for sig, usual in ((signal.SIGINT, signal.default_int_handler),
-                               (signal.SIGTERM, signal.SIG_DFL)):  # fmt: skip
+            for sig, usual in (
+                (signal.SIGINT, signal.default_int_handler),
+                (signal.SIGTERM, signal.SIG_DFL),
+            ):
                 if signal.getsignal(sig) == usual:
                     taken[sig] = signal.signal(sig, _Interrupts.handler)
         with warnings.catch_warnings():
@@ -985,8 +1066,8 @@ def _main(argv: list[str] | None) -> int:
         )
         return 2
     except KeyboardInterrupt:
-        print(f"scansnap {args.command}: interrupted; {_AFTER_INTERRUPT.get(args.command, '')}"
-              .rstrip("; "), file=sys.stderr)  # fmt: skip
+        left = _AFTER_INTERRUPT.get(args.command, "")
+        print(f"scansnap {args.command}: interrupted; {left}".rstrip("; "), file=sys.stderr)
         return 130
 
 

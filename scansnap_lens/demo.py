@@ -122,7 +122,8 @@ def run_demo(
     trajectory = recorder.trajectory()
     # the training meta says the loss is on each row's last position
     analysis = Analysis.of(trajectory, groups, source=stats)
-    report = write_report(analysis, out / "report",
-                          title=f"scansnap_lens demo: {data}, {num_steps} steps")  # fmt: skip
+    report = write_report(
+        analysis, out / "report", title=f"scansnap_lens demo: {data}, {num_steps} steps"
+    )
     write_text(out / "report" / "loss.csv", training.to_dataframe().to_csv(index=False))
     return DemoResult(training, stats, groups, trajectory, report)

@@ -109,8 +109,13 @@ def ray_cooccurrence(
     if merge_arity < 2:
         raise ValueError(f"merge_arity must be >= 2, got {merge_arity}")
     ray = connect(address, num_cpus)
-    options = {"window": window, "exclude_bos": exclude_bos, "queries": queries,
-               "next_tokens": next_tokens, "num_proc": 1}  # fmt: skip
+    options = {
+        "window": window,
+        "exclude_bos": exclude_bos,
+        "queries": queries,
+        "next_tokens": next_tokens,
+        "num_proc": 1,
+    }
     count = ray.remote(_count).options(num_returns=2)
     merge = ray.remote(_merge)
     start = time.perf_counter()
@@ -129,8 +134,11 @@ def ray_cooccurrence(
         ]
     stats = _owned(ray.get(level[0]))
     if timings is not None:
-        timings.update(count_s=counted - start, merge_s=time.perf_counter() - counted,
-                       worker_peak_bytes=ray.get(list(peaks)))  # fmt: skip
+        timings.update(
+            count_s=counted - start,
+            merge_s=time.perf_counter() - counted,
+            worker_peak_bytes=ray.get(list(peaks)),
+        )
     return stats.prune(min_count) if min_count > 1 else stats
 
 
@@ -173,8 +181,13 @@ def ray_execute(address: str | None = None, num_cpus: int | None = None, max_ret
     return execute
 
 
-def ray_record(recorder, source: CheckpointSource, address: str | None = None,
-               num_cpus: int | None = None, max_retries: int = 3):  # fmt: skip
+def ray_record(
+    recorder,
+    source: CheckpointSource,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    max_retries: int = 3,
+):
     """`Recorder.record` with one Ray task per checkpoint (`ray_execute`); the same
     trajectory."""
     return recorder.record(source, execute=ray_execute(address, num_cpus, max_retries))

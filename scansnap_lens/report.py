@@ -92,10 +92,13 @@ def with_intervals(summary: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
         if lo not in summary or not pd.api.types.is_float_dtype(shown[c]):
             continue
         shown[c] = [
-            "–" if pd.isna(v) else number(v) if pd.isna(a) or pd.isna(b)
+            "–"
+            if pd.isna(v)
+            else number(v)
+            if pd.isna(a) or pd.isna(b)
             else f"{number(v)} [{number(a)}, {number(b)}]"
             for v, a, b in zip(summary[c], summary[lo], summary[hi])
-        ]  # fmt: skip
+        ]
     return shown
 
 
@@ -192,8 +195,9 @@ class _Folder:
 
     def missing(self, heading: str) -> str:
         """The page's list of what was left out and why (nothing where nothing was)."""
-        items = "".join(f"<li>{html.escape(k)}: {html.escape(v)}</li>"
-                        for k, v in self.not_measured.items())  # fmt: skip
+        items = "".join(
+            f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in self.not_measured.items()
+        )
         return f"<h2>{heading}</h2><ul>{items}</ul>" if items else ""
 
 
@@ -236,8 +240,9 @@ def write_report(
         report, failed = _write_report(analysis, stage, title, views, token_strings, drawn)
     files = {k: out / v.relative_to(stage) for k, v in report.files.items()}
     if not drawn:  # kept for the next page of this analysis
-        figures = {k.removeprefix("figure_"): v for k, v in files.items()
-                   if k.startswith("figure_")}  # fmt: skip
+        figures = {
+            k.removeprefix("figure_"): v for k, v in files.items() if k.startswith("figure_")
+        }
         analysis.keep_figures(figures, failed)
     return Report(files["report"], report.summary, files, report.not_measured)
 
@@ -385,16 +390,23 @@ def _model_figures(analysis: Analysis, folder: _Folder, layer: int, head: int) -
             "Per-token attention predicted from the corpus statistics alone (population"
             " dynamics at the training's rates; same layout as the measured one above)",
             lambda p: figures.plot_class_attention(
-                results["theory_fit"].predictions[0], groups, 0, 0, order, title="predicted",
+                results["theory_fit"].predictions[0],
+                groups,
+                0,
+                0,
+                order,
+                title="predicted",
                 path=p,
             ),
-        )  # fmt: skip
+        )
 
 
 # the positions a recorded loss averages over (`Trajectory.loss_on`), as the page says them
-LOSS_POSITIONS = {"all": "every position of the first rows",
-                  "last": "each row's last position, as the training's loss",
-                  "mixed": "positions that differ between checkpoints"}  # fmt: skip
+LOSS_POSITIONS = {
+    "all": "every position of the first rows",
+    "last": "each row's last position, as the training's loss",
+    "mixed": "positions that differ between checkpoints",
+}
 
 
 def _loss_curves(traj: Trajectory) -> dict[str, tuple[list, list]]:
@@ -407,8 +419,7 @@ def _loss_curves(traj: Trajectory) -> dict[str, tuple[list, list]]:
         where = LOSS_POSITIONS.get(traj.loss_on, LOSS_POSITIONS["mixed"])
         if traj.loss_on == "all":
             where += f", about {LOSS_TOKENS:,} tokens"
-        curves[f"evaluation loss ({where})"] = (
-            traj.steps.tolist(), traj.loss.tolist())  # fmt: skip
+        curves[f"evaluation loss ({where})"] = (traj.steps.tolist(), traj.loss.tolist())
     for key, label in (("train_loss", "training loss (log)"), ("eval_loss", "eval loss (log)")):
         logged = traj.meta.get(key)
         if isinstance(logged, list) and logged:
@@ -423,8 +434,10 @@ def _loss_figure(traj: Trajectory, summary: pd.DataFrame, entries, path: Path):
     if "snap_step" in summary:
         for layer, rows in summary.groupby("layer"):
             if rows["snap_step"].notna().any():  # the median, within its heads' bounds
-                marks[f"layer {layer} snap"] = (float(rows["snap_step"].median()),
-                                                *median_bounds(rows, "snap_step"))  # fmt: skip
+                marks[f"layer {layer} snap"] = (
+                    float(rows["snap_step"].median()),
+                    *median_bounds(rows, "snap_step"),
+                )
     for step in columns("formed", entries):
         if step in summary and summary[step].notna().any():
             first = summary.loc[summary[step].idxmin()]
@@ -468,8 +481,9 @@ def _views(traj, groups, folder: _Folder, layer: int, head: int, strings) -> str
     )
 
 
-def _page(analysis: Analysis, title, ranking, folder: _Folder, view_html, settings,
-          limits: list[str]) -> str:  # fmt: skip
+def _page(
+    analysis: Analysis, title, ranking, folder: _Folder, view_html, settings, limits: list[str]
+) -> str:
     from scansnap_lens.viz import views as cv
 
     traj, groups, summary = analysis.traj, analysis.groups, analysis.summary
@@ -525,23 +539,44 @@ SETTINGS_AT_THE_END = "<p>Each is measured below; the settings are at the end.</
 HOW_TO_READ_ID = "how-to-read"
 
 
-def _first_screen(title: str, lead: str, heading: str, lines: list[str], folder: _Folder,
-                  mapped: str, loss: str, note: str = "") -> str:  # fmt: skip
+def _first_screen(
+    title: str,
+    lead: str,
+    heading: str,
+    lines: list[str],
+    folder: _Folder,
+    mapped: str,
+    loss: str,
+    note: str = "",
+) -> str:
     """The first screen of a run's or the runs' page: the title, a `lead` line, the findings,
     and beside them the map figure `mapped` with the `loss` figure under it (the loss alone
     where there is no map: one head, or no figure to map); "How to read it" in a finding
     links to that section."""
     maps, curve = folder.figures.pop(mapped, ""), folder.figures.pop(loss, "")
     link = f"<a href='#{HOW_TO_READ_ID}'>How to read it</a>"
-    items = "".join(f"<li>{html.escape(line).replace('How to read it', link)}</li>"
-                    for line in lines)  # fmt: skip
-    return (f"<h1>{html.escape(title)}</h1>{lead}<div class='findings'><div>"
-            f"<h2>{html.escape(heading)}</h2><ul>{items}</ul>{note}</div>"
-            f"<div class='aside'>{maps}{curve}</div></div>")  # fmt: skip
+    items = "".join(
+        f"<li>{html.escape(line).replace('How to read it', link)}</li>" for line in lines
+    )
+    return (
+        f"<h1>{html.escape(title)}</h1>{lead}<div class='findings'><div>"
+        f"<h2>{html.escape(heading)}</h2><ul>{items}</ul>{note}</div>"
+        f"<div class='aside'>{maps}{curve}</div></div>"
+    )
 
 
-THEORY_COLUMNS = ["layer", "head", "snap_step", "predicted_snap", "population_snap", "snap_ratio",
-                  "rank_agreement", "dz_corr", "bound_ratio", "inside"]  # fmt: skip
+THEORY_COLUMNS = [
+    "layer",
+    "head",
+    "snap_step",
+    "predicted_snap",
+    "population_snap",
+    "snap_ratio",
+    "rank_agreement",
+    "dz_corr",
+    "bound_ratio",
+    "inside",
+]
 
 
 def _spread(values: pd.Series) -> str:
@@ -592,9 +627,12 @@ def _settings(analysis: Analysis) -> dict:
         "classification": None if chosen is None else chosen.to_dict(),
         "window": None if context is None else context.window,
         "groups": "none" if groups is None else groups.source,
-        "analysis": {k: v for k, v in analysis.settings.to_dict().items()
-                     if k not in ("classification", "training")},
-    }  # fmt: skip
+        "analysis": {
+            k: v
+            for k, v in analysis.settings.to_dict().items()
+            if k not in ("classification", "training")
+        },
+    }
     if "uncertainty" in results:
         attrs = results["uncertainty"].table.attrs
         out["uncertainty"] = {k: attrs[k] for k in ("level", "alpha", "correction", "min_units")}
@@ -697,8 +735,17 @@ figcaption { font-size: 0.9em; color: #444; }
 
 
 # ------------------------------------------------------------------ several runs
-RUNS_COLUMNS = ["layer", "head", "scans_share", "bias", "bias_within", "auroc", "auroc_within",
-                "snap_step", "snap_step_within"]  # fmt: skip
+RUNS_COLUMNS = [
+    "layer",
+    "head",
+    "scans_share",
+    "bias",
+    "bias_within",
+    "auroc",
+    "auroc_within",
+    "snap_step",
+    "snap_step_within",
+]
 HOW_TO_READ_RUNS = (
     "Each run is one unit.  A run's own interval (<i>within</i>: the median half-width of the"
     " runs' intervals) resamples the queries and context tokens of that one trained model; the"
@@ -746,8 +793,10 @@ def _runs_loss_figure(comparison, path: Path):
     from scansnap_lens.viz.figures import plot_loss_with_steps
 
     losses = comparison.losses
-    curves = {run: (rows["step"].tolist(), rows["loss"].tolist())
-              for run, rows in losses.groupby("run", sort=False)}  # fmt: skip
+    curves = {
+        run: (rows["step"].tolist(), rows["loss"].tolist())
+        for run, rows in losses.groupby("run", sort=False)
+    }
     marks = {}
     layers = comparison.layers if comparison.layers is not None else pd.DataFrame()
     for row in layers.to_dict("records"):
@@ -778,8 +827,14 @@ def _runs_figures(comparison, folder: _Folder) -> None:
             " (shaded)",
             partial(_runs_loss_figure, comparison),
         )
-    mapped = next((c for c in ("bias", "snap_step") if c in comparison.per_run
-                   and comparison.per_run[c].notna().any()), "bias")  # fmt: skip
+    mapped = next(
+        (
+            c
+            for c in ("bias", "snap_step")
+            if c in comparison.per_run and comparison.per_run[c].notna().any()
+        ),
+        "bias",
+    )
     folder.figure(
         f"runs_map_{mapped}",
         f"{mapped} over [layer, head], one panel per run on one scale (heads matched as the"
@@ -809,10 +864,14 @@ def _shared_html(comparison) -> list[str]:
         return []
     out = ["<h2>What the runs share</h2>", table_html(design)]
     if split is not None and len(split):
-        shown = with_intervals(split, ["layer", "head", "figure", "part", "share", "sd", "df",
-                                       "method", "far_runs"])  # fmt: skip
-        out += ["<h2>The spread between runs, split</h2>", f"<p>{SPLIT_NOTE}</p>",
-                table_html(shown)]  # fmt: skip
+        shown = with_intervals(
+            split, ["layer", "head", "figure", "part", "share", "sd", "df", "method", "far_runs"]
+        )
+        out += [
+            "<h2>The spread between runs, split</h2>",
+            f"<p>{SPLIT_NOTE}</p>",
+            table_html(shown),
+        ]
     return out
 
 
@@ -822,8 +881,15 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
     make_folder(out / "figures")
     folder = _Folder(out, expected=5)
     comparison.save(out)
-    for name in ("runs.json", "per_run.csv", "across_runs.csv", "across_runs_layers.csv",
-                 "matching.csv", "design.csv", "split.csv"):  # fmt: skip
+    for name in (
+        "runs.json",
+        "per_run.csv",
+        "across_runs.csv",
+        "across_runs_layers.csv",
+        "matching.csv",
+        "design.csv",
+        "split.csv",
+    ):
         if (out / name).is_file():
             folder.files[name.split(".")[0]] = out / name
     _runs_figures(comparison, folder)
@@ -837,9 +903,10 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
     if "scans_share" in table:
         shown["scans_share"] = [
             f"{int(k)}/{int(n)} [{number(a)}, {number(b)}]"
-            for k, n, a, b in zip(table["scans_runs"], table["runs"], table["scans_share_lo"],
-                                  table["scans_share_hi"])
-        ]  # fmt: skip
+            for k, n, a, b in zip(
+                table["scans_runs"], table["runs"], table["scans_share_lo"], table["scans_share_hi"]
+            )
+        ]
     order = [c for c in RUNS_COLUMNS if c in shown]
     shown = shown[order + [c for c in shown.columns if c not in order and c != "scans_runs"]]
     layers = comparison.layers

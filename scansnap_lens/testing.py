@@ -452,13 +452,17 @@ class LoopbackHub:
             if "lfs" in entry:  # the hub sends LFS files from its CDN
                 self._files[entry["lfs"]["oid"]] = entry
                 cdn = f"http://localhost:{self._server.server_address[1]}/cdn/{entry['lfs']['oid']}"
-                return self._send(handler, 302, {
-                    "Location": cdn,
-                    "X-Repo-Commit": commit,
-                    "X-Linked-Etag": f'"{entry["lfs"]["oid"]}"',
-                    "X-Linked-Size": entry["size"],
-                    "ETag": f'"{entry["oid"]}"',
-                })  # fmt: skip
+                return self._send(
+                    handler,
+                    302,
+                    {
+                        "Location": cdn,
+                        "X-Repo-Commit": commit,
+                        "X-Linked-Etag": f'"{entry["lfs"]["oid"]}"',
+                        "X-Linked-Size": entry["size"],
+                        "ETag": f'"{entry["oid"]}"',
+                    },
+                )
             return self._file(handler, entry, {"X-Repo-Commit": commit}, body)
         return self._error(handler, "RepoNotFound", 401)
 
@@ -480,11 +484,16 @@ class LoopbackHub:
         entries = self._entries(repo, name)
         if kind == "tree":
             data = [
-                {"type": "file", "oid": e["oid"], "size": e["size"], "path": e["path"],
-                 **({"lfs": e["lfs"]} if "lfs" in e else {})}
+                {
+                    "type": "file",
+                    "oid": e["oid"],
+                    "size": e["size"],
+                    "path": e["path"],
+                    **({"lfs": e["lfs"]} if "lfs" in e else {}),
+                }
                 for e in entries
                 if e["path"].startswith(inside)
-            ]  # fmt: skip
+            ]
             if inside and not data:  # the hub: no such folder at this revision
                 return self._error(handler, "EntryNotFound", commit=commit)
         elif kind == "revision":
@@ -495,18 +504,32 @@ class LoopbackHub:
                 if blobs:
                     sibling.update(size=e["size"], blobId=e["oid"])
                     if "lfs" in e:
-                        sibling["lfs"] = {"sha256": e["lfs"]["oid"], "size": e["size"],
-                                          "pointerSize": 134}  # fmt: skip
+                        sibling["lfs"] = {
+                            "sha256": e["lfs"]["oid"],
+                            "size": e["size"],
+                            "pointerSize": 134,
+                        }
                 siblings.append(sibling)
-            data = {"id": repo, "modelId": repo, "sha": commit, "private": False,
-                    "disabled": False, "gated": False, "tags": [], "downloads": 0,
-                    "likes": 0, "siblings": siblings}  # fmt: skip
+            data = {
+                "id": repo,
+                "modelId": repo,
+                "sha": commit,
+                "private": False,
+                "disabled": False,
+                "gated": False,
+                "tags": [],
+                "downloads": 0,
+                "likes": 0,
+                "siblings": siblings,
+            }
         else:
             return self._error(handler, "EntryNotFound")
         self._send(
-            handler, 200, {"Content-Type": "application/json", "X-Repo-Commit": commit},
+            handler,
+            200,
+            {"Content-Type": "application/json", "X-Repo-Commit": commit},
             _json.dumps(data).encode(),
-        )  # fmt: skip
+        )
 
     def _file(self, handler, entry: dict, headers: dict, body: bool) -> None:
         data = entry["file"].read_bytes()
@@ -521,9 +544,13 @@ class LoopbackHub:
             status = 206
             headers = {**headers, "Content-Range": f"bytes {start}-{size - 1}/{size}"}
         etag = entry["lfs"]["oid"] if "lfs" in entry else entry["oid"]
-        headers = {**headers, "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
-                   "Content-Length": size - start,
-                   "Content-Type": "application/octet-stream"}  # fmt: skip
+        headers = {
+            **headers,
+            "ETag": f'"{etag}"',
+            "Accept-Ranges": "bytes",
+            "Content-Length": size - start,
+            "Content-Type": "application/octet-stream",
+        }
         handler.send_response(status)
         for key, value in headers.items():
             handler.send_header(key, str(value))

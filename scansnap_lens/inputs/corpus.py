@@ -87,9 +87,16 @@ class Corpus:
             tok = load_tokenizer(tokenizer) if text_column else None
             vocab = vocab_size or (None if tok is None else codec(tok).vocab_size)
             name = None if tokenizer is None else str(tokenizer)
-            return cls("dataset", vocab_size=vocab, tokenizer=tok, tokenizer_name=name,
-                       dataset=str(dataset), split=split, column=column,
-                       text_column=text_column)  # fmt: skip
+            return cls(
+                "dataset",
+                vocab_size=vocab,
+                tokenizer=tok,
+                tokenizer_name=name,
+                dataset=str(dataset),
+                split=split,
+                column=column,
+                text_column=text_column,
+            )
         paths = [Path(p) for p in paths]
         indexed = [p for p in paths if p.suffix in INDEXED_SUFFIXES]
         if indexed:
@@ -117,11 +124,15 @@ class Corpus:
             word_level_tokenizer(docs, max_vocab=max_vocab) if built else load_tokenizer(tokenizer)
         )
         return cls(
-            "text", paths, vocab_size=vocab_size or codec(tok).vocab_size, tokenizer=tok,
-            tokenizer_name=None if built else str(tokenizer), built_tokenizer=built,
+            "text",
+            paths,
+            vocab_size=vocab_size or codec(tok).vocab_size,
+            tokenizer=tok,
+            tokenizer_name=None if built else str(tokenizer),
+            built_tokenizer=built,
             documents=documents,
             rows=encode(tok, docs),
-        )  # fmt: skip
+        )
 
     def batches(self) -> tuple[Iterable, int | None]:
         """(the rows to count, as rows or an iterable of batches of rows; the vocabulary size,
@@ -163,10 +174,18 @@ class Corpus:
         if num_shards > len(data):
             raise ValueError(f"{self.dataset} has {len(data)} rows: fewer than {num_shards} shards")
         return [
-            partial(_read_dataset, self.dataset, self.split, self.column, self.text_column,
-                    self.tokenizer_name, num_shards, i)
+            partial(
+                _read_dataset,
+                self.dataset,
+                self.split,
+                self.column,
+                self.text_column,
+                self.tokenizer_name,
+                num_shards,
+                i,
+            )
             for i in range(num_shards)
-        ]  # fmt: skip
+        ]
 
 
 def _given(rows: list) -> list:
@@ -189,8 +208,9 @@ def _named_tokenizer(tokenizer, vocab_size: int | None, ids: int) -> tuple[int, 
     return vocab_size or max(size, ids), str(tokenizer)
 
 
-def _read_dataset(spec: str, split: str, column: str, text_column, tokenizer, num_shards: int,
-                  index: int):  # fmt: skip
+def _read_dataset(
+    spec: str, split: str, column: str, text_column, tokenizer, num_shards: int, index: int
+):
     data = open_dataset(spec, split).shard(num_shards=num_shards, index=index, contiguous=True)
     tokenizer = None if tokenizer is None else load_tokenizer(tokenizer)
     return dataset_batches(data, column, text_column, tokenizer)[0]
@@ -214,10 +234,13 @@ def open_dataset(spec: str | Path, split: str = "train", streaming: bool = False
 
 
 def dataset_batches(
-    dataset, column: str = "input_ids", text_column: str | None = None,
+    dataset,
+    column: str = "input_ids",
+    text_column: str | None = None,
     tokenizer: TokenizerLike | None = None,
-    batch_size: int = 1000, num_proc: int | None = None,
-):  # fmt: skip
+    batch_size: int = 1000,
+    num_proc: int | None = None,
+):
     """(batches of rows, vocabulary size of the tokenizer or None, tokenizer name) of a
     ``datasets`` dataset: its token column, or its text column encoded with `tokenizer`."""
     name, vocab_size = None, None

@@ -169,8 +169,9 @@ def crossed_run(
     s = scenario
     Q = s.queries
     target = torch.as_tensor(auroc, dtype=torch.float64).expand(layers, heads)
-    effect = torch.tensor([effect_for_auroc(float(a)) for a in target.reshape(-1)],
-                          dtype=torch.float64).reshape(layers, heads)  # fmt: skip
+    effect = torch.tensor(
+        [effect_for_auroc(float(a)) for a in target.reshape(-1)], dtype=torch.float64
+    ).reshape(layers, heads)
 
     q, t, is_d, count, query_ids, events, vocab = _design(s, g)
 
@@ -191,26 +192,36 @@ def crossed_run(
 
     next_token = torch.full((Q,), vocab - 1, dtype=torch.long)
     plan = RecordPlan.from_counts(
-        vocab, query_ids, next_token, events, torch.as_tensor(q), t, count,
-    )  # fmt: skip
+        vocab,
+        query_ids,
+        next_token,
+        events,
+        torch.as_tensor(q),
+        t,
+        count,
+    )
     slot = plan.pair_slot(query_ids[q], t)
     zbar = torch.zeros(2, H, plan.num_pairs, dtype=torch.float64)
     zbar[0, :, slot] = torch.randn(H, N, generator=g, dtype=torch.float64)
     zbar[1, :, slot] = zbar[0, :, slot] + dz
     c_hat = torch.full((2, H, plan.num_triples), 1.0 / max(1, plan.num_triples))
     traj = Trajectory(
-        plan, torch.tensor([0, 1000]), list(range(layers)), list(range(heads)),
+        plan,
+        torch.tensor([0, 1000]),
+        list(range(layers)),
+        list(range(heads)),
         zbar=zbar.reshape(2, layers, heads, -1).float(),
         c_hat=c_hat.reshape(2, layers, heads, -1).float(),
         entropy=torch.zeros(2, layers, heads, plan.num_classes),
         query_entropy=torch.zeros(2, layers, heads, plan.num_queries),
         meta={"source": "lab.calibration"},
-    )  # fmt: skip
+    )
     distinct = [t[(q == m) & is_d] for m in range(Q)]
     distinct_p = [count[(q == m) & is_d].double() / count[q == m].sum() for m in range(Q)]
     common = {int(query_ids[m]): t[(q == m) & ~is_d] for m in range(Q)}
-    groups = TokenGroups(query_ids.clone(), next_token, events, distinct, distinct_p, common,
-                         source="synthetic")  # fmt: skip
+    groups = TokenGroups(
+        query_ids.clone(), next_token, events, distinct, distinct_p, common, source="synthetic"
+    )
     truth = {"auroc": target.clone(), "bias": effect}
     return traj, groups, truth
 
@@ -256,7 +267,7 @@ def head_type_truth(
     rows: int = 400_000,
 ) -> Tensor:
     """[S, H] the population mean score of `head_type_run` at each step (Monte Carlo over
-    `rows` rows, its error about 1e-4)."""  # fmt: skip
+    `rows` rows, its error about 1e-4)."""
     return _head_type(rows, rise, formed, steps, spacing, 12345, "x", base, noise)[1]
 
 
@@ -276,14 +287,23 @@ def _head_type(rows, rise, formed, steps, spacing, seed, name, base, noise, head
     if rows > 10_000:
         return None, score.mean(1)
     plan = RecordPlan.from_counts(
-        2, torch.tensor([0]), torch.tensor([1]), torch.tensor([1]), torch.tensor([0]),
-        torch.tensor([0]), torch.tensor([1]),
-    )  # fmt: skip
+        2,
+        torch.tensor([0]),
+        torch.tensor([1]),
+        torch.tensor([1]),
+        torch.tensor([0]),
+        torch.tensor([0]),
+        torch.tensor([1]),
+    )
     values = score.permute(0, 2, 1)[:, None].float()  # [S, 1, H, N]
     traj = Trajectory(
-        plan, t.long(), [0], list(range(H)), meta={"source": "lab.calibration"},
+        plan,
+        t.long(),
+        [0],
+        list(range(H)),
+        meta={"source": "lab.calibration"},
         **{name: values},
-    )  # fmt: skip
+    )
     return traj, None
 
 
@@ -402,8 +422,9 @@ def corpus_run(
     s = scenario
     text, queries, true_rate = _corpus(s, seed)
     stats = cooccurrence(text, s.vocab, window=s.window)
-    groups = TokenGroups.from_statistics(stats, queries=queries,
-                                         settings=classification or Classification())  # fmt: skip
+    groups = TokenGroups.from_statistics(
+        stats, queries=queries, settings=classification or Classification()
+    )
     plan = plan_recording(text[: s.eval_rows], s.vocab, queries=queries, window=s.window)
     q, t = plan.pair_query, plan.pair_token
     pair_rate = torch.from_numpy(true_rate)[torch.searchsorted(queries, q), t]
@@ -461,8 +482,13 @@ class TextLayout:
         from scansnap_lens.recording.plan import plan_recording
 
         groups = self.groups if queries is None else None
-        return plan_recording(self.tokens[:rows], self.vocab_size, queries=queries,
-                              groups=groups, context=self.stats.context)  # fmt: skip
+        return plan_recording(
+            self.tokens[:rows],
+            self.vocab_size,
+            queries=queries,
+            groups=groups,
+            context=self.stats.context,
+        )
 
     def ranked_queries(self, first: int, last: int) -> Tensor:
         """The query ids of frequency ranks [first, last) in the evaluation rows."""
@@ -486,21 +512,31 @@ class TextHead:
 
 
 def text_run(
-    plan, groups: TokenGroups, head: TextHead = TextHead(), layers: int = 6, heads: int = 8,
-    auroc: Tensor | float = 0.5, seed: int = 0,
-) -> tuple[Trajectory, dict[str, Tensor]]:  # fmt: skip
+    plan,
+    groups: TokenGroups,
+    head: TextHead = TextHead(),
+    layers: int = 6,
+    heads: int = 8,
+    auroc: Tensor | float = 0.5,
+    seed: int = 0,
+) -> tuple[Trajectory, dict[str, Tensor]]:
     """A two-checkpoint trajectory of `layers` x `heads` heads on a real text's pairs (`plan`,
     a `RecordPlan` of its evaluation rows) under its corpus's `groups`, every head a `head`
     with a planted kind effect of `auroc` (one value or [L, H]), and the truth ``auroc`` and
     ``bias`` [L, H].  Seeded: the text gives the structure, `seed` the values."""
     q, t = plan.pair_query, plan.pair_token
-    counts = {"word": groups.token_count[t].double().clamp_min(1),
-              "pair": groups.pair_count_of(q, t).clamp_min(1)}  # fmt: skip
+    counts = {
+        "word": groups.token_count[t].double().clamp_min(1),
+        "pair": groups.pair_count_of(q, t).clamp_min(1),
+    }
     if head.top:  # the step as a count whose rarity (-log) is it
-        counts = {k: torch.exp(-(x > torch.quantile(x, 1 - head.top)).double())
-                  for k, x in counts.items()}  # fmt: skip
-    covariates = {"word": (head.word_share, counts["word"]),
-                  "pair": (head.pair_share, counts["pair"])}  # fmt: skip
+        counts = {
+            k: torch.exp(-(x > torch.quantile(x, 1 - head.top)).double()) for k, x in counts.items()
+        }
+    covariates = {
+        "word": (head.word_share, counts["word"]),
+        "pair": (head.pair_share, counts["pair"]),
+    }
     return _planted(plan, groups, layers, heads, auroc, head.token_share, covariates, seed)
 
 
@@ -515,8 +551,9 @@ def _planted(plan, groups, layers, heads, auroc, token_share, covariates, seed):
     H = layers * heads
     V = plan.vocab_size
     target = torch.as_tensor(auroc, dtype=torch.float64).expand(layers, heads)
-    effect = torch.tensor([effect_for_auroc(float(a)) for a in target.reshape(-1)],
-                          dtype=torch.float64)  # fmt: skip
+    effect = torch.tensor(
+        [effect_for_auroc(float(a)) for a in target.reshape(-1)], dtype=torch.float64
+    )
     q, t = plan.pair_query, plan.pair_token
     sizes = torch.tensor([d.numel() for d in groups.distinct])
     keys = torch.repeat_interleave(groups.query, sizes) * V + torch.cat(groups.distinct)
@@ -541,9 +578,13 @@ def _planted(plan, groups, layers, heads, auroc, token_share, covariates, seed):
     zbar = torch.stack([z0, z0 + dz]).reshape(2, layers, heads, N)
     c_hat = torch.full((2, layers, heads, plan.num_triples), 1.0 / max(1, plan.num_triples))
     traj = Trajectory(
-        plan, torch.tensor([0, 1000]), list(range(layers)), list(range(heads)),
-        zbar=zbar.float(), c_hat=c_hat.float(),
+        plan,
+        torch.tensor([0, 1000]),
+        list(range(layers)),
+        list(range(heads)),
+        zbar=zbar.float(),
+        c_hat=c_hat.float(),
         entropy=torch.zeros(2, layers, heads, plan.num_classes),
         meta={"source": "lab.calibration"},
-    )  # fmt: skip
+    )
     return traj, {"auroc": target.clone(), "bias": effect.reshape(layers, heads)}

@@ -93,9 +93,13 @@ class LabTraining:
 
 
 def _sweep(
-    num_last: Sequence[int], lr_z: Sequence[float], ratio: Sequence[float],
-    training: LabTraining, progress: bool, desc: str,
-) -> Iterator[tuple[int, list[tuple[float, float, int]], YZRun]]:  # fmt: skip
+    num_last: Sequence[int],
+    lr_z: Sequence[float],
+    ratio: Sequence[float],
+    training: LabTraining,
+    progress: bool,
+    desc: str,
+) -> Iterator[tuple[int, list[tuple[float, float, int]], YZRun]]:
     """Train the grid of Fig. 6 (and Figs. 11-12): for each ``num_last``, every (lr_z,
     ratio, seed) cell in one batched computation; seed s is the same initialisation and data
     stream in every cell (common random numbers).  Yields (num_last, cells, run)."""

@@ -150,9 +150,15 @@ class YZRun:
         # the counts a text of a million context positions per class would hold
         counts = torch.round(classes.probs[k_idx, l_idx].double() * 1e6).long().clamp_min(1)
         plan = RecordPlan.from_counts(
-            M, classes.query, classes.next_token, ones, k_idx, l_idx, counts,
+            M,
+            classes.query,
+            classes.next_token,
+            ones,
+            k_idx,
+            l_idx,
+            counts,
             token_strings=dict(enumerate(classes.token_labels())),
-        )  # fmt: skip
+        )
         R = self.Z.shape[1]
         zbar = self.Z[..., plan.pair_query, plan.pair_token]  # [S, R, Pz]
         order = torch.argsort(classes.query * M + classes.next_token)  # the plan's class order
@@ -366,9 +372,27 @@ def train_yz(
             snaps_y.append(Y.detach().cpu().clone())
             snaps_z.append(Z.detach().cpu().clone())
 
-    config = dict(optimizer=optimizer, momentum=momentum, betas=list(betas), eps=eps, init=init,
-                  init_seeds=None if init_seeds is None else init_t.tolist(),
-                  batch_size=batch_size, seq_len=seq_len, num_steps=num_steps,
-                  snapshot_every=snapshot_every, population=population)  # fmt: skip
-    return YZRun(classes, torch.tensor(snap_steps), torch.stack(snaps_z), torch.stack(snaps_y),
-                 losses, lr_z_t, ratio_t, seeds_t, config)  # fmt: skip
+    config = dict(
+        optimizer=optimizer,
+        momentum=momentum,
+        betas=list(betas),
+        eps=eps,
+        init=init,
+        init_seeds=None if init_seeds is None else init_t.tolist(),
+        batch_size=batch_size,
+        seq_len=seq_len,
+        num_steps=num_steps,
+        snapshot_every=snapshot_every,
+        population=population,
+    )
+    return YZRun(
+        classes,
+        torch.tensor(snap_steps),
+        torch.stack(snaps_z),
+        torch.stack(snaps_y),
+        losses,
+        lr_z_t,
+        ratio_t,
+        seeds_t,
+        config,
+    )

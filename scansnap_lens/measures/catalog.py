@@ -31,8 +31,16 @@ from scansnap_lens.measures.uncertainty import UNCERTAINTY_COLUMNS, scan_uncerta
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
-__all__ = ["MEASURES", "ROLES", "Measure", "MeasureInputs", "Plot", "columns", "measure_named",
-           "measures_of"]  # fmt: skip
+__all__ = [
+    "MEASURES",
+    "ROLES",
+    "Measure",
+    "MeasureInputs",
+    "Plot",
+    "columns",
+    "measure_named",
+    "measures_of",
+]
 
 # Where a measurement's columns are shown (`Measure.shown`): the page's first table and the
 # command line's summary; the ranked heads table; the maps over [layer, head]; the atlas
@@ -325,8 +333,15 @@ def _head_type(name: str, title: str, caption: str, explains: str) -> Measure:
     """The entry of one head type (`head_types.head_type` of a rows aggregate): its score
     with the interval over rows, and its formation step, beside the snap step."""
     columns = ("", "_lo", "_hi", "_rise_p", "_step", "_step_lo", "_step_hi", "_reason")
-    plot = Plot(name, caption + "; dotted: snap_step", "paint_over_steps", name, title,
-                snaps=True, limits=(0.0, 1.0))  # a share of attention  # fmt: skip
+    plot = Plot(
+        name,
+        caption + "; dotted: snap_step",
+        "paint_over_steps",
+        name,
+        title,
+        snaps=True,
+        limits=(0.0, 1.0),
+    )  # a share of attention
     step = f"{name}_step"
     return Measure(
         name,
@@ -381,11 +396,15 @@ def measures_of(traj: Trajectory) -> tuple[Measure, ...]:
     comparison then shows like the built-in ones."""
     known = {m.name for m in MEASURES}
     own = tuple(
-        _head_type(name, f"{name} score", f"{agg.doc or name}, a line per head",
-                   f"<b>{name}</b>: {html.escape(agg.doc or 'a head type of your own')}.")
+        _head_type(
+            name,
+            f"{name} score",
+            f"{agg.doc or name}, a line per head",
+            f"<b>{name}</b>: {html.escape(agg.doc or 'a head type of your own')}.",
+        )
         for name, agg in traj.aggregates.items()
         if agg.axis == "rows" and name not in known
-    )  # fmt: skip
+    )
     return MEASURES + own
 
 

@@ -364,10 +364,12 @@ class QueryTokens:
         ``dz_common``, each [...].  means: `kind_means(dz)` where the caller has them."""
         d_mean, c_mean = self.kind_means(dz) if means is None else means
         w = torch.ones_like(self.events)
-        return {"bias": _weighted_nanmean(d_mean - c_mean, w),
-                "auroc": _weighted_nanmean(self.auroc(dz), w),
-                "dz_distinct": _weighted_nanmean(d_mean, w),
-                "dz_common": _weighted_nanmean(c_mean, w)}  # fmt: skip
+        return {
+            "bias": _weighted_nanmean(d_mean - c_mean, w),
+            "auroc": _weighted_nanmean(self.auroc(dz), w),
+            "dz_distinct": _weighted_nanmean(d_mean, w),
+            "dz_common": _weighted_nanmean(c_mean, w),
+        }
 
     def ranks(self, values: Tensor) -> Tensor:
         """[..., N] the ranks of `values` [..., N] within each query (`segment_ranks`)."""
@@ -389,8 +391,14 @@ class QueryTokens:
         the queries) with its crossed interval's pieces."""
         d_mean, c_mean = self.kind_means(values)
         part = (values - c_mean[..., self.unit]) / self._kind_size  # against the query's commons
-        return self._crossed(d_mean - c_mean, part, -part, 1 / self._kind_size,
-                             self._kind_coefficient, bounds=(-math.inf, math.inf))  # fmt: skip
+        return self._crossed(
+            d_mean - c_mean,
+            part,
+            -part,
+            1 / self._kind_size,
+            self._kind_coefficient,
+            bounds=(-math.inf, math.inf),
+        )
 
     def auroc_estimate(self, values: Tensor, ranks: Tensor | None = None) -> Estimate:
         """The AUROC of `values` [..., N] (per query, averaged over the queries) with its
@@ -402,8 +410,13 @@ class QueryTokens:
         nd, nc = self.num_distinct[self.unit].double(), self.num_common[self.unit].double()
         placement = torch.where(self.distinct, others_below / nc, (nd - others_below) / nd)
         common = placement - per_query[..., self.unit]  # DeLong's component of a common token
-        return self._crossed(per_query, placement / self._kind_size, common / self._kind_size,
-                             1 / self._kind_size, self._kind_coefficient)  # fmt: skip
+        return self._crossed(
+            per_query,
+            placement / self._kind_size,
+            common / self._kind_size,
+            1 / self._kind_size,
+            self._kind_coefficient,
+        )
 
     def matched_auroc_estimate(
         self, values: Tensor, pairs: tuple[Tensor, Tensor] | None = None
@@ -452,8 +465,9 @@ class QueryTokens:
         w = ok.double()  # every query counts once (its events enter through its zbar)
         total = w.sum(-1, keepdim=True)
         weight = w / total.clamp_min(1e-300)
-        value = torch.where(total[..., 0] > 0, (torch.nan_to_num(per_query) * weight).sum(-1),
-                            math.nan)  # fmt: skip
+        value = torch.where(
+            total[..., 0] > 0, (torch.nan_to_num(per_query) * weight).sum(-1), math.nan
+        )
         query_terms = weight * torch.nan_to_num(per_query - value[..., None])
         query_terms = query_terms / (1 - weight).clamp_min(1e-12).sqrt()  # leverage (CR2)
         mine = torch.where(self.distinct, distinct_part - value[..., None] * share, common_part)
@@ -501,9 +515,13 @@ def discriminative_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
     bias = d_mean - c_mean
     table = _frame(traj, units.figures(dz, (d_mean, c_mean)))
     table["bias_queries"] = units.query.numel()
-    detail = pd.DataFrame({
-        "query": units.query.numpy(), "distinct": units.num_distinct.numpy(),
-        "common": units.num_common.numpy(),
-        "final_bias_mean_heads": bias[-1].mean((0, 1)).numpy(), "events": units.events.numpy(),
-    })  # fmt: skip
+    detail = pd.DataFrame(
+        {
+            "query": units.query.numpy(),
+            "distinct": units.num_distinct.numpy(),
+            "common": units.num_common.numpy(),
+            "final_bias_mean_heads": bias[-1].mean((0, 1)).numpy(),
+            "events": units.events.numpy(),
+        }
+    )
     return Measurement("discriminative_bias", table, detail)

@@ -111,8 +111,9 @@ class DistinctAttention:
 
         mass = per_class(c)
         q = c / mass[..., self.unit].clamp_min(1e-300)
-        top = q.new_zeros(*q.shape[:-1], K).scatter_reduce(-1, self.unit.expand_as(q), q,
-                                                           "amax", include_self=True)  # fmt: skip
+        top = q.new_zeros(*q.shape[:-1], K).scatter_reduce(
+            -1, self.unit.expand_as(q), q, "amax", include_self=True
+        )
         ok = (mass > 0) & (self.held >= 2)
         recall = torch.stack(
             [per_class((c >= t).double()) for t in thresholds.tolist()]

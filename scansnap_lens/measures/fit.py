@@ -72,9 +72,13 @@ def _plan_population(traj: Trajectory) -> Population:
     counts.index_put_((plan.triple_class, column), plan.triple_count.double(), accumulate=True)
     events = plan.class_events.double()
     return Population.from_dense(
-        plan.class_query, plan.class_next, events / events.sum(),
-        counts / counts.sum(1, True).clamp_min(1), tokens, plan.vocab_size,
-    )  # fmt: skip
+        plan.class_query,
+        plan.class_next,
+        events / events.sum(),
+        counts / counts.sum(1, True).clamp_min(1),
+        tokens,
+        plan.vocab_size,
+    )
 
 
 def _head_training(traj: Trajectory, training: dict | None) -> list[dict]:
@@ -158,12 +162,14 @@ def growth_bounds(
         raise ValueError(
             "no tracked class has a distinct token in the statistics: Theorem 3 needs one"
         )
-    return _bounds_measurement(traj, rows, np.stack(dzs, -1), np.stack(lower, -1),
-                               np.stack(upper, -1))  # fmt: skip
+    return _bounds_measurement(
+        traj, rows, np.stack(dzs, -1), np.stack(lower, -1), np.stack(upper, -1)
+    )
 
 
-def _bounds_measurement(traj, rows: list, dz: np.ndarray, lo: np.ndarray, B: np.ndarray
-                        ) -> Measurement:  # fmt: skip
+def _bounds_measurement(
+    traj, rows: list, dz: np.ndarray, lo: np.ndarray, B: np.ndarray
+) -> Measurement:
     """`growth_bounds`' result from each class's growth dz and bounds [S, L, H, classes]."""
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.where(B > 0, dz / B, np.nan)
@@ -237,8 +243,11 @@ def _rank(x: Tensor) -> Tensor:
     return torch.from_numpy(rankdata(x.numpy(), axis=-1)).double()
 
 
-def fit_classes(traj: Trajectory, theory_classes: int | None = THEORY_CLASSES,
-                groups: TokenGroups | Tensor | None = None) -> list | None:  # fmt: skip
+def fit_classes(
+    traj: Trajectory,
+    theory_classes: int | None = THEORY_CLASSES,
+    groups: TokenGroups | Tensor | None = None,
+) -> list | None:
     """The `theory_classes` tracked classes (m, n) the fit can rank (two or more of their
     tracked context tokens distinct in `groups`, or `_rankable`'s [K] mask of them) first, the
     most frequent (by their events in the recording) next; None (every class) where the plan
@@ -265,13 +274,11 @@ def _rankable(plan, groups: TokenGroups) -> Tensor:
     sizes = torch.tensor([d.numel() for d in groups.distinct])
     held = torch.repeat_interleave(keys, sizes) * V + torch.cat(groups.distinct)
     triple = plan.class_keys[plan.triple_class] * V + plan.triple_token
-    counts = torch.bincount(plan.triple_class[torch.isin(triple, held)],
-                            minlength=plan.num_classes)  # fmt: skip
+    counts = torch.bincount(plan.triple_class[torch.isin(triple, held)], minlength=plan.num_classes)
     return counts >= 2
 
 
-def _classes_within(traj, source, rankable, theory_classes, seconds, trainings,
-                    progress):  # fmt: skip
+def _classes_within(traj, source, rankable, theory_classes, seconds, trainings, progress):
     """(classes, population, estimated seconds): `theory_classes` of `fit_classes` (None:
     every class), fewer where their prediction would take over `seconds`.  A gradient's cost
     grows with triples x next tokens, about the square of the classes: each candidate is
@@ -286,9 +293,11 @@ def _classes_within(traj, source, rankable, theory_classes, seconds, trainings,
         pop = _population(traj, source, classes)
         if seconds is None:
             return classes, pop, None
-        estimate = len(trainings) * gradients_at_most(last, checkpoints) * max(
-            _gradient_seconds(pop, setting) for setting in trainings
-        )  # fmt: skip
+        estimate = (
+            len(trainings)
+            * gradients_at_most(last, checkpoints)
+            * max(_gradient_seconds(pop, setting) for setting in trainings)
+        )
         if estimate <= seconds or n <= MIN_FIT_CLASSES:
             break
         n = max(MIN_FIT_CLASSES, min(n - 1, int(0.9 * n * math.sqrt(seconds / estimate))))
@@ -297,9 +306,11 @@ def _classes_within(traj, source, rankable, theory_classes, seconds, trainings,
         order = "those with two distinct tokens first, then the most frequent"
         order = "the most frequent" if rankable is None else order
         order = f"theory_seconds={seconds:g}; {order}" if cut else order
-        tqdm.write(f"theory fit: {n:,}{cut} classes ({order}), {pop.num_classes:,} with"
-                   f" statistics, {len(trainings)} run(s) of the population dynamics to step"
-                   f" {last:,}: about {duration(estimate)}")  # fmt: skip
+        tqdm.write(
+            f"theory fit: {n:,}{cut} classes ({order}), {pop.num_classes:,} with"
+            f" statistics, {len(trainings)} run(s) of the population dynamics to step"
+            f" {last:,}: about {duration(estimate)}"
+        )
     return classes, pop, estimate
 
 
@@ -380,8 +391,9 @@ def theory_fit(
     settings = settings or AnalysisSettings()
     require_same(source, traj.plan)  # a convention mismatch first: it is the inputs' fault
     heads_training = _head_training(traj, settings.training)
-    pop, estimate = _fit_population(traj, source, groups, heads_training, classes, progress,
-                                    settings)  # fmt: skip
+    pop, estimate = _fit_population(
+        traj, source, groups, heads_training, classes, progress, settings
+    )
     plan = traj.plan
     S, L, H = traj.num_steps, len(traj.layers), len(traj.heads)
 
@@ -414,8 +426,9 @@ def theory_fit(
     return Measurement("theory_fit", table, detail, values=corr, predictions=list(runs.values()))
 
 
-def _fit_population(traj, source, groups, heads_training, classes, progress,
-                    settings: AnalysisSettings):  # fmt: skip
+def _fit_population(
+    traj, source, groups, heads_training, classes, progress, settings: AnalysisSettings
+):
     """(population, estimated seconds or None) of `theory_fit`: its `classes`, or those
     `_classes_within` the time."""
     rankable = None if groups is None else _rankable(traj.plan, groups)
@@ -424,14 +437,21 @@ def _fit_population(traj, source, groups, heads_training, classes, progress,
     if classes is not None:
         return _population(traj, source, classes), None
     trainings = list({tuple(sorted(t.items())): t for t in heads_training}.values())
-    _, pop, estimate = _classes_within(traj, source, rankable, settings.theory_classes,
-                                       settings.theory_seconds or None, trainings,
-                                       progress)  # fmt: skip
+    _, pop, estimate = _classes_within(
+        traj,
+        source,
+        rankable,
+        settings.theory_classes,
+        settings.theory_seconds or None,
+        trainings,
+        progress,
+    )
     return pop, estimate
 
 
-def _predictions(traj, pop, heads_training: list[dict], progress: bool, announce: bool
-                 ) -> tuple[dict[tuple, Trajectory], float]:  # fmt: skip
+def _predictions(
+    traj, pop, heads_training: list[dict], progress: bool, announce: bool
+) -> tuple[dict[tuple, Trajectory], float]:
     """({training setting: the population dynamics' trajectory at the run's steps}, seconds):
     one prediction for each setting the heads were trained with."""
     started = time.perf_counter()
@@ -439,14 +459,12 @@ def _predictions(traj, pop, heads_training: list[dict], progress: bool, announce
     for setting in heads_training:
         key = tuple(sorted(setting.items()))
         if key not in runs:
-            run = predict(pop, steps=traj.steps, progress=progress, announce=announce,
-                          **setting)  # fmt: skip
+            run = predict(pop, steps=traj.steps, progress=progress, announce=announce, **setting)
             runs[key] = run.to_trajectory(traj.plan)
     return runs, time.perf_counter() - started
 
 
-def _rank_agreement(traj, j: int, predicted, class_sets, measured_c_hat, per_class: list
-                    ) -> Tensor:  # fmt: skip
+def _rank_agreement(traj, j: int, predicted, class_sets, measured_c_hat, per_class: list) -> Tensor:
     """[S, L] head `j`'s rank agreement with the `predicted` trajectory, mean over the class
     sets weighted by N(m, n) (each class's last value appended to `per_class`); NaN where
     none can be ranked.  measured_c_hat: [S, L, H, the sets' tokens, in order]."""
@@ -470,8 +488,9 @@ def _rank_agreement(traj, j: int, predicted, class_sets, measured_c_hat, per_cla
 _FIT_DETAIL = ["layer", "head", "query", "next", "tokens", "events", "rank_agreement"]
 
 
-def _fit_table(traj, rank: Tensor, corr: Tensor, measured_snap, pop_snap, fit_classes: int
-               ) -> pd.DataFrame:  # fmt: skip
+def _fit_table(
+    traj, rank: Tensor, corr: Tensor, measured_snap, pop_snap, fit_classes: int
+) -> pd.DataFrame:
     """`theory_fit`'s table: each step, layer and head's scores, each head's snaps and how
     many classes were fit."""
     table = _frame(traj, {"rank_agreement": rank, "dz_corr": corr})

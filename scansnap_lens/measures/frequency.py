@@ -78,8 +78,15 @@ class ClassTokens:
         entry = keep[unit]
         unit, slot, p = new[unit[entry]], slot[entry], p[entry]
         ks = ks[keep]
-        return cls(groups.query[ks], groups.next_token[ks], groups.events[ks].double(), unit,
-                   slot, p, segment_starts(unit, ks.numel()))  # fmt: skip
+        return cls(
+            groups.query[ks],
+            groups.next_token[ks],
+            groups.events[ks].double(),
+            unit,
+            slot,
+            p,
+            segment_starts(unit, ks.numel()),
+        )
 
     num_classes = property(lambda self: self.query.numel())  # K
 
@@ -173,11 +180,13 @@ def frequency_bias(traj: Trajectory, groups: TokenGroups) -> Measurement:
     table = _frame(traj, {"spearman": units.mean_over_classes(rho)})
     table["spearman_classes"] = units.num_classes
     final = rho[-1].flatten(0, 1)  # [L * H, K]
-    final_mean = torch.where(
-        (~torch.isnan(final)).any(0), torch.nanmean(final, 0), math.nan
-    )  # fmt: skip
-    detail = pd.DataFrame({
-        "query": units.query.numpy(), "next": units.next_token.numpy(),
-        "distinct": units.sizes.numpy(), "final_spearman_mean": final_mean.numpy(),
-    })  # fmt: skip
+    final_mean = torch.where((~torch.isnan(final)).any(0), torch.nanmean(final, 0), math.nan)
+    detail = pd.DataFrame(
+        {
+            "query": units.query.numpy(),
+            "next": units.next_token.numpy(),
+            "distinct": units.sizes.numpy(),
+            "final_spearman_mean": final_mean.numpy(),
+        }
+    )
     return Measurement("frequency_bias", table, detail)

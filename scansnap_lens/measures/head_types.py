@@ -127,8 +127,9 @@ def _over_rows(values: Tensor) -> Estimate:
     return est
 
 
-def head_type(traj: Trajectory, name: str, num: int = 200, level: float = LEVEL,
-              generator=None) -> Measurement:  # fmt: skip
+def head_type(
+    traj: Trajectory, name: str, num: int = 200, level: float = LEVEL, generator=None
+) -> Measurement:
     """The scores of head type `name` (``previous_token``, ``first_token``, ``induction`` or
     any rows aggregate) per checkpoint and head, with intervals over rows, the rise and the
     formation step (module docstring); `num` resamples for the step's interval."""
@@ -136,47 +137,66 @@ def head_type(traj: Trajectory, name: str, num: int = 200, level: float = LEVEL,
     S, L, H, N = values.shape
     per_step = _over_rows(values.permute(3, 0, 1, 2))
     lo, hi = per_step.logit_interval(level)
-    table = _frame(traj, {name: per_step.value, f"{name}_lo": lo, f"{name}_hi": hi,
-                          f"{name}_n_eff": per_step.n_eff})  # fmt: skip
+    table = _frame(
+        traj,
+        {name: per_step.value, f"{name}_lo": lo, f"{name}_hi": hi, f"{name}_n_eff": per_step.n_eff},
+    )
     nan = torch.full((L, H), math.nan, dtype=torch.float64)
-    head = {f"{name}_rise": nan.clone(), f"{name}_rise_lo": nan.clone(),
-            f"{name}_rise_hi": nan.clone(), f"{name}_rise_p": nan.clone(),
-            f"{name}_step": nan.clone(), f"{name}_step_lo": nan.clone(),
-            f"{name}_step_hi": nan.clone()}  # fmt: skip
+    head = {
+        f"{name}_rise": nan.clone(),
+        f"{name}_rise_lo": nan.clone(),
+        f"{name}_rise_hi": nan.clone(),
+        f"{name}_rise_p": nan.clone(),
+        f"{name}_step": nan.clone(),
+        f"{name}_step_lo": nan.clone(),
+        f"{name}_step_hi": nan.clone(),
+    }
     reasons = [["one checkpoint"] * H for _ in range(L)]
     if S >= 2:
         rise = mean_over_units((values[-1] - values[0]).permute(2, 0, 1), torch.ones(N))
         p = adjust(rise.p_value())
-        step, grid_lo, grid_hi = formation_step(traj.steps, per_step.value.permute(1, 2, 0),
-                                                grid=True)  # fmt: skip
+        step, grid_lo, grid_hi = formation_step(
+            traj.steps, per_step.value.permute(1, 2, 0), grid=True
+        )
         generator = generator or torch.Generator().manual_seed(0)
         lo_s, hi_s, _ = bootstrap_percentile(
-            lambda counts: formation_step(traj.steps, _mean_rows(values, counts)), N, num,
-            level, generator,
-        )  # fmt: skip
+            lambda counts: formation_step(traj.steps, _mean_rows(values, counts)),
+            N,
+            num,
+            level,
+            generator,
+        )
         lo_s, hi_s = with_grid(*widened(step, lo_s, hi_s, N, level), grid_lo, grid_hi)
         risen = (p < ALPHA) & (rise.value >= MIN_RISE)
         enough = rise.enough
         rise_lo, rise_hi = rise.interval(level)
-        head.update({
-            f"{name}_rise": rise.value, f"{name}_rise_lo": rise_lo, f"{name}_rise_hi": rise_hi,
-            f"{name}_rise_p": p,
-            f"{name}_step": torch.where(risen, step, math.nan),
-            f"{name}_step_lo": torch.where(risen, lo_s, math.nan),
-            f"{name}_step_hi": torch.where(risen, hi_s, math.nan),
-        })  # fmt: skip
+        head.update(
+            {
+                f"{name}_rise": rise.value,
+                f"{name}_rise_lo": rise_lo,
+                f"{name}_rise_hi": rise_hi,
+                f"{name}_rise_p": p,
+                f"{name}_step": torch.where(risen, step, math.nan),
+                f"{name}_step_lo": torch.where(risen, lo_s, math.nan),
+                f"{name}_step_hi": torch.where(risen, hi_s, math.nan),
+            }
+        )
         n_eff = rise.n_eff
         reasons = [
             [
-                "" if bool(risen[i, j]) else
-                (f"too few units (n_eff = {float(n_eff[i, j]):.3g} < {MIN_UNITS:g})"
-                 if not bool(enough[i, j]) else
-                 _small_rise(float(rise.value[i, j])) if bool(p[i, j] < ALPHA)
-                 and float(rise.value[i, j]) > 0 else NO_RISE)
+                ""
+                if bool(risen[i, j])
+                else (
+                    f"too few units (n_eff = {float(n_eff[i, j]):.3g} < {MIN_UNITS:g})"
+                    if not bool(enough[i, j])
+                    else _small_rise(float(rise.value[i, j]))
+                    if bool(p[i, j] < ALPHA) and float(rise.value[i, j]) > 0
+                    else NO_RISE
+                )
                 for j in range(H)
             ]
             for i in range(L)
-        ]  # fmt: skip
+        ]
     per_head = {k: v[None].expand(S, L, H) for k, v in head.items()}
     for k, v in per_head.items():
         table[k] = v.reshape(-1).numpy()

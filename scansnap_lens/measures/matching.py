@@ -64,9 +64,14 @@ def match_heads(trajs: Mapping[str, Trajectory]) -> tuple[pd.DataFrame | None, s
             ref, own = linear_sum_assignment(distance.numpy())
             chance = float(1 - distance.mean())
             for r, o in zip(ref, own):
-                rows.append({
-                    "run": name, "layer": layer, "head": traj.heads[o],
-                    "reference_head": first.heads[r],
-                    "similarity": float(1 - distance[r, o]), "chance": chance,
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "run": name,
+                        "layer": layer,
+                        "head": traj.heads[o],
+                        "reference_head": first.heads[r],
+                        "similarity": float(1 - distance[r, o]),
+                        "chance": chance,
+                    }
+                )
     return pd.DataFrame(rows), ""

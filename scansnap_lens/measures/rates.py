@@ -120,8 +120,10 @@ def theory_limits(traj: Trajectory, training: dict | None = None) -> list[str]:
     theory is gradient flow at constant rates eta_Y, eta_Z from a zero start."""
     settings = training_of(traj, training) if training is not None or traj.meta else None
     if not settings:
-        return ["The training's rates are not known: no predicted snap and no population"
-                " dynamics (give them: lr_y=, lr_z=, optimizer=)."]  # fmt: skip
+        return [
+            "The training's rates are not known: no predicted snap and no population"
+            " dynamics (give them: lr_y=, lr_z=, optimizer=)."
+        ]
     said = []
     if any(s["optimizer"] == "adam" for s in settings):
         said.append(

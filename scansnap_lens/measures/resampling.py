@@ -193,9 +193,12 @@ def joint_mde(
 
 
 def joint_power(
-    estimates: list[Estimate], alpha: float, distance: Tensor, null: float = 0.0,
+    estimates: list[Estimate],
+    alpha: float,
+    distance: Tensor,
+    null: float = 0.0,
     units: Tensor | float = 1.0,
-) -> Tensor:  # fmt: skip
+) -> Tensor:
     """[...] the probability that every one of `estimates`' two-sided tests at `alpha` rejects
     at a true value `distance` [...] from `null` (`joint_mde`), with `units` times the units
     behind each (standard errors over its root; the t references kept, which errs low)."""
@@ -306,8 +309,9 @@ def normal_p(value: Tensor, null_sd: Tensor) -> Tensor:
     """Two-sided p-value of `value` [...] against a null centred on 0 with standard deviation
     `null_sd` [...], nearly normal (a sum of many small independent parts); 0 where the null
     has no spread and the value is not 0."""
-    z = torch.where(null_sd > 0, value.abs() / null_sd.clamp_min(1e-300),
-                    torch.where(value == 0, 0.0, math.inf))  # fmt: skip
+    z = torch.where(
+        null_sd > 0, value.abs() / null_sd.clamp_min(1e-300), torch.where(value == 0, 0.0, math.inf)
+    )
     p = 2 * scipy_stats.norm.sf(z.numpy())
     return torch.where(torch.isnan(value), math.nan, torch.from_numpy(np.asarray(p, np.float64)))
 
@@ -347,8 +351,9 @@ def resample_counts(num_units: int, num: int, generator=None) -> Tensor:
     return counts.scatter_add_(1, drawn, torch.ones_like(drawn, dtype=torch.float64))
 
 
-def bootstrap_percentile(statistic, num_units: int, num: int, level: float = LEVEL,
-                         generator=None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+def bootstrap_percentile(
+    statistic, num_units: int, num: int, level: float = LEVEL, generator=None
+) -> tuple[Tensor, Tensor, Tensor]:
     """The percentile interval of `statistic(counts)` -> [B, ...] over `num` resamples of
     `num_units` units with replacement (`counts` [B, U]), for a figure that is no weighted
     mean: (lo [...], hi [...], share [...] of resamples where the statistic is a number).
@@ -386,8 +391,10 @@ def with_grid(lo: Tensor, hi: Tensor, grid_lo: Tensor, grid_hi: Tensor) -> tuple
     [256.0, 500.0]
     """
     none = torch.isnan(lo) | torch.isnan(hi)
-    return (torch.where(none, math.nan, torch.fmin(lo, grid_lo)),
-            torch.where(none, math.nan, torch.fmax(hi, grid_hi)))  # fmt: skip
+    return (
+        torch.where(none, math.nan, torch.fmin(lo, grid_lo)),
+        torch.where(none, math.nan, torch.fmax(hi, grid_hi)),
+    )
 
 
 def interval_over_runs(
@@ -507,9 +514,11 @@ def run_components(variances: Mapping[str, tuple[float, int]]) -> dict[str, floa
     elif vi is not None and vd is not None:
         comps = {"init": both - vd, "data": both - vi, "rest": vi + vd - both}
     else:
-        comps = {"init": both - vd if vd is not None else 0.0,
-                 "data": both - vi if vi is not None else 0.0,
-                 "rest": vd if vd is not None else (vi if vi is not None else both)}  # fmt: skip
+        comps = {
+            "init": both - vd if vd is not None else 0.0,
+            "data": both - vi if vi is not None else 0.0,
+            "rest": vd if vd is not None else (vi if vi is not None else both),
+        }
     return {k: max(float(x), 0.0) for k, x in comps.items()}
 
 
@@ -526,9 +535,11 @@ def _variance_of_mean(values: np.ndarray, init: np.ndarray, data: np.ndarray):
     if levels_i < 2:
         return math.nan, 0
     comps = run_components(pair_variances(values, init, data))
-    parts = {"init": comps["init"] * float((np.bincount(init) ** 2).sum()) / n**2,
-             "data": comps["data"] * float((np.bincount(data) ** 2).sum()) / n**2,
-             "rest": comps["rest"] / n}  # fmt: skip
+    parts = {
+        "init": comps["init"] * float((np.bincount(init) ** 2).sum()) / n**2,
+        "data": comps["data"] * float((np.bincount(data) ** 2).sum()) / n**2,
+        "rest": comps["rest"] / n,
+    }
     # Satterthwaite: each part on the degrees of freedom of what estimates it
     shared = {k: len(set(x.tolist())) for k, x in (("init", init), ("data", data))}
     dfs = {k: v - 1 for k, v in shared.items()}
@@ -580,8 +591,11 @@ def spread_split(
         return pd.DataFrame(columns=columns)
     g = np.random.default_rng(seed)
     alpha = (1 - level) / 2
-    factors = {k: _indicators(x) for k, x in (("init", i), ("data", d))
-               if shared[k] and len(np.unique(x)) > 1}  # fmt: skip
+    factors = {
+        k: _indicators(x)
+        for k, x in (("init", i), ("data", d))
+        if shared[k] and len(np.unique(x)) > 1
+    }
     full = np.hstack([np.ones((n, 1)), *factors.values()])
     df_e = n - np.linalg.matrix_rank(full)
     if df_e >= 1 and factors:
@@ -618,18 +632,27 @@ def spread_split(
         # shares of the variance between runs that differ in both, V_both: what remains when
         # only the data order changes (V_data) is the rest the initial weights leave
         shares, shares_star = (_pair_shares(v) for v in (point, drawn))
-        dfs = {"init": pair_dfs.get("data", math.nan), "data": pair_dfs.get("init", math.nan),
-               "rest": pair_dfs["both"]}  # fmt: skip
+        dfs = {
+            "init": pair_dfs.get("data", math.nan),
+            "data": pair_dfs.get("init", math.nan),
+            "rest": pair_dfs["both"],
+        }
     rows = []
     for part in ("init", "data", "rest"):
         if part not in shares or part not in shares_star:
             continue
         share = np.clip(shares_star[part], 0.0, 1.0)
-        rows.append({"part": part, "share": float(np.clip(shares[part], 0.0, 1.0)),
-                     "share_lo": float(np.quantile(share, alpha)),
-                     "share_hi": float(np.quantile(share, 1 - alpha)),
-                     "sd": math.sqrt(sigma2.get(part, 0.0)), "df": dfs.get(part, math.nan),
-                     "method": method})  # fmt: skip
+        rows.append(
+            {
+                "part": part,
+                "share": float(np.clip(shares[part], 0.0, 1.0)),
+                "share_lo": float(np.quantile(share, alpha)),
+                "share_hi": float(np.quantile(share, 1 - alpha)),
+                "sd": math.sqrt(sigma2.get(part, 0.0)),
+                "df": dfs.get(part, math.nan),
+                "method": method,
+            }
+        )
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -653,8 +676,9 @@ def _pair_shares(v: dict) -> dict:
 FAR_LEVEL = 0.99  # a run is said far off where normal runs of the design rarely are
 
 
-def far_runs(values: np.ndarray, init=None, data=None, log: bool = False,
-             level: float = FAR_LEVEL) -> np.ndarray:  # fmt: skip
+def far_runs(
+    values: np.ndarray, init=None, data=None, log: bool = False, level: float = FAR_LEVEL
+) -> np.ndarray:
     """[R] the runs far from what their initial weights and data order predict: the largest
     residual of a median polish (each factor's per-level medians taken out in turn, so a far
     run does not pull its initialisation's effect towards itself), over the residuals'
@@ -749,8 +773,11 @@ def _pair_dfs(values, i, d, sigma2) -> dict[str, float]:
     """Satterthwaite's degrees of freedom of each kind of pair variance: 2 E^2 / Var of the
     quadratic form under Gaussian effects of sizes `sigma2` on the design."""
     n = len(values)
-    cov = (sigma2["init"] * (i[:, None] == i[None, :]) + sigma2["data"] * (d[:, None] == d[None, :])
-           + max(sigma2["rest"], 1e-12) * np.eye(n))  # fmt: skip
+    cov = (
+        sigma2["init"] * (i[:, None] == i[None, :])
+        + sigma2["data"] * (d[:, None] == d[None, :])
+        + max(sigma2["rest"], 1e-12) * np.eye(n)
+    )
     r, s = np.triu_indices(n, 1)
     same_i, same_d = i[r] == i[s], d[r] == d[s]
     out = {}

@@ -38,19 +38,26 @@ class AnalysisSettings(Settings):
     classification: Classification = field(default_factory=Classification)
     training: Rates | None = None
     theory: bool = setting(
-        True, THEORY, "leave out the theory fit (the paper's population dynamics on the"
+        True,
+        THEORY,
+        "leave out the theory fit (the paper's population dynamics on the"
         " statistics, on theory_classes= classes; made by default)",
-    )  # fmt: skip
+    )
     theory_classes: int | None = setting(
-        THEORY_CLASSES, THEORY, "the theory fit's classes: those with two distinct tokens"
+        THEORY_CLASSES,
+        THEORY,
+        "the theory fit's classes: those with two distinct tokens"
         " first, then the most frequent (its time grows faster than the classes; all: every"
-        " recorded class)", reads=count_or_all(2, all=None),
-    )  # fmt: skip
+        " recorded class)",
+        reads=count_or_all(2, all=None),
+    )
     theory_seconds: float | None = setting(
-        THEORY_SECONDS, THEORY, "the theory fit's seconds at most: fewer classes where"
+        THEORY_SECONDS,
+        THEORY,
+        "the theory fit's seconds at most: fewer classes where"
         " theory_classes= would take longer (timed before it starts; 0: no limit)",
         reads=nonnegative,
-    )  # fmt: skip
+    )
     prediction: float | tuple[float, ...] | None = None
     leave_out: tuple[str, ...] = ()
 

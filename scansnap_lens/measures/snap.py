@@ -123,9 +123,12 @@ def snap_step(steps: Tensor, moves: Tensor, fraction: float = 0.5, grid: bool = 
     ]
     if grid:
         brackets = _grid_brackets(t, r, p, i, fraction, snapped, scanned)
-        return snap.reshape(shape), peak.reshape(shape), reasons, *(
-            b.reshape(shape) for b in brackets
-        )  # fmt: skip
+        return (
+            snap.reshape(shape),
+            peak.reshape(shape),
+            reasons,
+            *(b.reshape(shape) for b in brackets),
+        )
     return snap.reshape(shape), peak.reshape(shape), reasons
 
 
@@ -142,8 +145,9 @@ def _log_midpoints(t: Tensor) -> Tensor:
     return torch.where(width > 1e-9, mid - 1, (t[1:] + t[:-1]) / 2 - t[0]) + t[0]
 
 
-def _grid_brackets(t: Tensor, r: Tensor, p: Tensor, i: Tensor, fraction: float,
-                   snapped: Tensor, scanned: Tensor) -> tuple[Tensor, ...]:  # fmt: skip
+def _grid_brackets(
+    t: Tensor, r: Tensor, p: Tensor, i: Tensor, fraction: float, snapped: Tensor, scanned: Tensor
+) -> tuple[Tensor, ...]:
     """`snap_step`'s (lo, hi, peak_lo, peak_hi) [N]: the checkpoints that bracket the snap and
     the peak, from the rates r [N, S - 1], their peak interval p and first crossing i.
 
@@ -160,10 +164,12 @@ def _grid_brackets(t: Tensor, r: Tensor, p: Tensor, i: Tensor, fraction: float,
     index = torch.arange(n)[None, :]
     surely = (index > p[:, None]) & (index < i[:, None]) & (r > highest[:, None])
     last_above = torch.where(surely.any(-1), (index * surely).amax(-1), p)
-    return (torch.where(snapped, t[last_above], math.nan),
-            torch.where(snapped, t[(i + 1).clamp_max(t.numel() - 1)], math.nan),
-            torch.where(scanned, t[(p - 1).clamp_min(0)], math.nan),
-            torch.where(scanned, t[(p + 2).clamp_max(t.numel() - 1)], math.nan))  # fmt: skip
+    return (
+        torch.where(snapped, t[last_above], math.nan),
+        torch.where(snapped, t[(i + 1).clamp_max(t.numel() - 1)], math.nan),
+        torch.where(scanned, t[(p - 1).clamp_min(0)], math.nan),
+        torch.where(scanned, t[(p + 2).clamp_max(t.numel() - 1)], math.nan),
+    )
 
 
 def comparable_intervals(steps: Tensor, ratio: float = 0.25) -> Tensor:
@@ -466,8 +472,10 @@ def half_steps(steps: Tensor, to_first: Tensor, to_last: Tensor) -> dict[str, Te
     t = torch.as_tensor(steps).double()
     x = torch.log1p(t - t[0])
     out = {}
-    for name, value, sign in (("half_displacement_step", to_first, 1.0),
-                              ("half_distance_step", to_last, -1.0)):  # fmt: skip
+    for name, value, sign in (
+        ("half_displacement_step", to_first, 1.0),
+        ("half_distance_step", to_last, -1.0),
+    ):
         v = sign * value.double()
         level = sign * 0.5 * (value[..., -1:] if sign > 0 else value[..., :1]).double()
         reached = (v >= level) & (value.double().amax(-1, keepdim=True) > 0)
@@ -498,9 +506,14 @@ def snap_step_interval(
     nan = torch.full((L, H), math.nan, dtype=torch.float64)
     w = traj.plan.class_events.double()
     n_eff = kish(w).expand(L, H).clone()
-    out = {"snap_step_lo": nan, "snap_step_hi": nan.clone(), "snap_share": nan.clone(),
-           "snap_step_n_eff": n_eff, "snap_step_grid_lo": nan.clone(),
-           "snap_step_grid_hi": nan.clone()}  # fmt: skip
+    out = {
+        "snap_step_lo": nan,
+        "snap_step_hi": nan.clone(),
+        "snap_share": nan.clone(),
+        "snap_step_n_eff": n_eff,
+        "snap_step_grid_lo": nan.clone(),
+        "snap_step_grid_hi": nan.clone(),
+    }
     for name in HALF_STEPS:
         out[f"{name}_lo"], out[f"{name}_hi"] = nan.clone(), nan.clone()
     if traj.num_steps < 3 or float(n_eff[0, 0]) < MIN_UNITS:
@@ -527,9 +540,11 @@ def snap_step_interval(
         q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
         for name, values, glo, ghi in (
             ("snap_step", stat, grid_lo[0], grid_hi[0]),
-            *((n, halves[n], point[f"{n}_grid_lo"][0], point[f"{n}_grid_hi"][0])
-              for n in HALF_STEPS),
-        ):  # fmt: skip
+            *(
+                (n, halves[n], point[f"{n}_grid_lo"][0], point[f"{n}_grid_hi"][0])
+                for n in HALF_STEPS
+            ),
+        ):
             lo, hi = torch.nanquantile(values.double(), q, dim=0)
             lo, hi = with_grid(lo, hi, glo, ghi)
             flat[f"{name}_lo"][heads], flat[f"{name}_hi"][heads] = lo, hi
@@ -580,8 +595,10 @@ def snapping(
     ends = both[3][:, :, 0]  # [2, S, L, H]
     w = plan.class_events[slots].double()
     head = {name: torch.full((L * H,), math.nan, dtype=torch.float64) for name in _HEAD_COLUMNS}
-    per_class = {name: torch.full((K, L * H), math.nan, dtype=torch.float64)
-                 for name in ("snap_step", "snap_path", "snap_rate")}  # fmt: skip
+    per_class = {
+        name: torch.full((K, L * H), math.nan, dtype=torch.float64)
+        for name in ("snap_step", "snap_path", "snap_rate")
+    }
     reasons = [""] * (L * H)
     for mask, heads in _knot_groups(keep):
         steps = traj.steps[mask]
@@ -594,10 +611,17 @@ def snapping(
         path, rate = secondary_snap_steps(steps, head_move, fraction, rate_fraction)
         e = ends[:, mask].reshape(2, int(mask.sum()), L * H)[:, :, heads]
         halves = half_steps(steps, e[0].T, e[1].T)
-        found = dict(snap_step=snap, snap_step_grid_lo=grid_lo, snap_step_grid_hi=grid_hi,
-                     rate_peak_step=peak, rate_peak_step_grid_lo=peak_lo,
-                     rate_peak_step_grid_hi=peak_hi, snap_path=path, snap_rate=rate,
-                     **halves)  # fmt: skip
+        found = dict(
+            snap_step=snap,
+            snap_step_grid_lo=grid_lo,
+            snap_step_grid_hi=grid_hi,
+            rate_peak_step=peak,
+            rate_peak_step_grid_lo=peak_lo,
+            rate_peak_step_grid_hi=peak_hi,
+            snap_path=path,
+            snap_rate=rate,
+            **halves,
+        )
         for name, value in found.items():
             head[name][heads] = value
         head["drift_checkpoints"][heads] = float(mask.sum())
@@ -654,9 +678,19 @@ def _class_slots(plan, groups: TokenGroups | None, classes) -> Tensor:
 
 
 _HEAD_COLUMNS = (
-    "snap_step", "snap_step_grid_lo", "snap_step_grid_hi", "rate_peak_step",
-    "rate_peak_step_grid_lo", "rate_peak_step_grid_hi", "drift_checkpoints",
-    "half_distance_step", "half_distance_step_grid_lo", "half_distance_step_grid_hi",
-    "half_displacement_step", "half_displacement_step_grid_lo",
-    "half_displacement_step_grid_hi", "snap_path", "snap_rate",
-)  # fmt: skip
+    "snap_step",
+    "snap_step_grid_lo",
+    "snap_step_grid_hi",
+    "rate_peak_step",
+    "rate_peak_step_grid_lo",
+    "rate_peak_step_grid_hi",
+    "drift_checkpoints",
+    "half_distance_step",
+    "half_distance_step_grid_lo",
+    "half_distance_step_grid_hi",
+    "half_displacement_step",
+    "half_displacement_step_grid_lo",
+    "half_displacement_step_grid_hi",
+    "snap_path",
+    "snap_rate",
+)

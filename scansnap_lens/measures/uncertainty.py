@@ -40,24 +40,58 @@ __all__ = ["UNCERTAINTY_COLUMNS", "VERDICTS", "scan_uncertainty"]
 
 # the columns `scan_uncertainty` adds to the one-row-per-head summary
 UNCERTAINTY_COLUMNS = (
-    "scans", "verdict", "frequency_control",
-    "bias_lo", "bias_hi", "bias_p", "bias_n_eff", "bias_baseline",
-    "auroc_lo", "auroc_hi", "auroc_p", "auroc_n_eff", "auroc_mde", "auroc_baseline",
-    "held_auroc", "held_auroc_lo", "held_auroc_hi", "held_auroc_p", "held_auroc_n_eff",
+    "scans",
+    "verdict",
+    "frequency_control",
+    "bias_lo",
+    "bias_hi",
+    "bias_p",
+    "bias_n_eff",
+    "bias_baseline",
+    "auroc_lo",
+    "auroc_hi",
+    "auroc_p",
+    "auroc_n_eff",
+    "auroc_mde",
+    "auroc_baseline",
+    "held_auroc",
+    "held_auroc_lo",
+    "held_auroc_hi",
+    "held_auroc_p",
+    "held_auroc_n_eff",
     "held_auroc_lost",
-    "matched_auroc", "matched_auroc_lo", "matched_auroc_hi", "matched_auroc_p",
+    "matched_auroc",
+    "matched_auroc_lo",
+    "matched_auroc_hi",
+    "matched_auroc_p",
     "matched_auroc_n_eff",
-    "word_matched_auroc", "word_matched_auroc_lo", "word_matched_auroc_hi",
-    "word_matched_auroc_p", "word_matched_auroc_n_eff",
-    "frequency_auroc", "held_units_needed", "rows_for_target",
-    "frequency_bias_r", "frequency_bias_p",
-    "spearman_lo", "spearman_hi", "spearman_p", "spearman_n_eff",
-    "entropy_lo", "entropy_hi", "entropy_n_eff",
-    "attention_entropy_lo", "attention_entropy_hi",
-    "snap_step_lo", "snap_step_hi", "snap_share",
-    "half_distance_step_lo", "half_distance_step_hi",
-    "half_displacement_step_lo", "half_displacement_step_hi",
-)  # fmt: skip
+    "word_matched_auroc",
+    "word_matched_auroc_lo",
+    "word_matched_auroc_hi",
+    "word_matched_auroc_p",
+    "word_matched_auroc_n_eff",
+    "frequency_auroc",
+    "held_units_needed",
+    "rows_for_target",
+    "frequency_bias_r",
+    "frequency_bias_p",
+    "spearman_lo",
+    "spearman_hi",
+    "spearman_p",
+    "spearman_n_eff",
+    "entropy_lo",
+    "entropy_hi",
+    "entropy_n_eff",
+    "attention_entropy_lo",
+    "attention_entropy_hi",
+    "snap_step_lo",
+    "snap_step_hi",
+    "snap_share",
+    "half_distance_step_lo",
+    "half_distance_step_hi",
+    "half_displacement_step_lo",
+    "half_displacement_step_hi",
+)
 # the verdict's words, one per outcome (each may carry a number after it)
 VERDICTS = {
     "scans": "scans",
@@ -141,9 +175,16 @@ def scan_uncertainty(
     verdict, control = _verdicts(estimates, out, adjusted, alpha, corpus, controls)
     table = _table(traj, out, verdict, control)
     shared = [] if groups.shared is None else groups.shared.tolist()
-    table.attrs.update(level=level, alpha=alpha, correction=correction, heads=tested,
-                       min_units=MIN_UNITS, matched_on=_MATCHED_ON[corpus],
-                       queries=int(units.query.numel()), shared=shared)  # fmt: skip
+    table.attrs.update(
+        level=level,
+        alpha=alpha,
+        correction=correction,
+        heads=tested,
+        min_units=MIN_UNITS,
+        matched_on=_MATCHED_ON[corpus],
+        queries=int(units.query.numel()),
+        shared=shared,
+    )
     return Measurement("uncertainty", table)
 
 
@@ -177,8 +218,9 @@ def _class_tests(traj, groups, estimates: dict, out: dict, one_sided: dict) -> N
     z = traj.zbar[..., classes.slot]
     d_class = z[-1].double() - z[0].double()
     estimates["spearman"] = classes.estimate(d_class)
-    out["spearman_p"] = torch.where(estimates["spearman"].n_eff >= MIN_UNITS,
-                                    classes.null_p(d_class), math.nan)  # fmt: skip
+    out["spearman_p"] = torch.where(
+        estimates["spearman"].n_eff >= MIN_UNITS, classes.null_p(d_class), math.nan
+    )
     # the paper's second line (Theorem 3): dz grows with P(l|m, n) itself; these classes'
     # tokens as units, P shuffled within each class
     r, p = classes.growth_test(d_class)
@@ -200,8 +242,11 @@ def _table(traj, out: dict, verdict: list[str], control: list[str]) -> pd.DataFr
     """`scan_uncertainty`'s table: one row per layer and head, NaN where a figure could not
     be made."""
     index = pd.MultiIndex.from_product([traj.layers, traj.heads], names=["layer", "head"])
-    columns = {"scans": [v == VERDICTS["scans"] for v in verdict], "verdict": verdict,
-               "frequency_control": control}  # fmt: skip
+    columns = {
+        "scans": [v == VERDICTS["scans"] for v in verdict],
+        "verdict": verdict,
+        "frequency_control": control,
+    }
     nan = torch.full((len(traj.layers), len(traj.heads)), math.nan, dtype=torch.float64)
     figures = ("bias", "auroc", "spearman", "entropy", "attention_entropy")
     for name in (*figures, *UNCERTAINTY_COLUMNS):
@@ -248,8 +293,11 @@ def _units_needed(est: dict[str, Estimate], controls: list[str], alpha: float) -
     for c in controls:
         e = est[c]
         se_one = e.se_at(est["auroc"].value) * e.n_eff.clamp_min(1).sqrt()  # one unit's spread
-        se_one = torch.where(e.enough, se_one, est["auroc"].se_at(est["auroc"].value)
-                             * est["auroc"].n_eff.clamp_min(1).sqrt())  # fmt: skip
+        se_one = torch.where(
+            e.enough,
+            se_one,
+            est["auroc"].se_at(est["auroc"].value) * est["auroc"].n_eff.clamp_min(1).sqrt(),
+        )
         need = torch.fmax(need, (z * se_one / gap.clamp_min(1e-12)) ** 2)
     return torch.where(gap > 0, need.ceil().clamp_min(MIN_UNITS), math.nan)
 
@@ -313,8 +361,12 @@ def _verdicts(
         ]
         # the gain falls with frequency held: significantly, or the held figure's interval
         # ends below the AUROC itself (then it is not wide: "cannot tell" only where it is)
-        lost = [c for c in controls if c not in passed and (p_lost[c][h] < alpha or (
-            units[c][h] >= MIN_UNITS and hi[c][h] < auroc[h]))]  # fmt: skip
+        lost = [
+            c
+            for c in controls
+            if c not in passed
+            and (p_lost[c][h] < alpha or (units[c][h] >= MIN_UNITS and hi[c][h] < auroc[h]))
+        ]
         if not n_eff[h] >= MIN_UNITS:
             verdict = f"{VERDICTS['too_few']} (n_eff = {n_eff[h]:.3g} < {MIN_UNITS:g})"
         elif not (bias[h] > 0 and auroc[h] > 0.5 and p_bias[h] < alpha and p_auroc[h] < alpha):
@@ -326,8 +378,10 @@ def _verdicts(
             # the signature opposes a preference for rare tokens, which is what a gain of
             # distinct tokens could be only where they are the rarer (frequency_auroc < 0.5)
             verdict = VERDICTS["scans"]
-            control = (f"frequency bias (r {rho[h]:.3g}, p = {p_rho[h]:.3g}: the more"
-                       " frequent distinct tokens gain more, not a rarity preference)")  # fmt: skip
+            control = (
+                f"frequency bias (r {rho[h]:.3g}, p = {p_rho[h]:.3g}: the more"
+                " frequent distinct tokens gain more, not a rarity preference)"
+            )
         elif lost and not passed:
             c = lost[0]
             verdict = (
@@ -337,18 +391,26 @@ def _verdicts(
             )
         else:
             side = "rarer" if rarer[h] < 0.5 else "more frequent"
-            shown = [f"{words[c]} held: {value[c][h]:.3g} [{lo[c][h]:.3g}, {hi[c][h]:.3g}]"
-                     if units[c][h] >= MIN_UNITS else f"{words[c]} held: {too_few(units[c][h])}"
-                     for c in controls if c not in passed]  # fmt: skip
-            settle = (f"; about {need[h]:,.0f} effective units would settle it"
-                      if need[h] == need[h] else "")  # fmt: skip
-            bias_seen = (f" (r {rho[h]:.3g}, p = {p_rho[h]:.3g})" if p_rho[h] == p_rho[h]
-                         else "")  # fmt: skip
-            signature = (", or the frequency bias among distinct tokens" + bias_seen
-                         + " on more of them" if rarer[h] < 0.5 else
-                         "; the distinct tokens are the more frequent, so the frequency bias"
-                         " among them" + bias_seen + " cannot tell scanning from a preference"
-                         " for frequent tokens")  # fmt: skip
+            shown = [
+                f"{words[c]} held: {value[c][h]:.3g} [{lo[c][h]:.3g}, {hi[c][h]:.3g}]"
+                if units[c][h] >= MIN_UNITS
+                else f"{words[c]} held: {too_few(units[c][h])}"
+                for c in controls
+                if c not in passed
+            ]
+            settle = (
+                f"; about {need[h]:,.0f} effective units would settle it"
+                if need[h] == need[h]
+                else ""
+            )
+            bias_seen = f" (r {rho[h]:.3g}, p = {p_rho[h]:.3g})" if p_rho[h] == p_rho[h] else ""
+            signature = (
+                ", or the frequency bias among distinct tokens" + bias_seen + " on more of them"
+                if rarer[h] < 0.5
+                else "; the distinct tokens are the more frequent, so the frequency bias"
+                " among them" + bias_seen + " cannot tell scanning from a preference"
+                " for frequent tokens"
+            )
             verdict = (
                 f"{VERDICTS['cannot_tell']} (scans, or prefers {side} tokens: AUROC with "
                 + "; with ".join(shown)

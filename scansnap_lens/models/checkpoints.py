@@ -319,12 +319,17 @@ def _training_meta(path: Path) -> dict:
     file = path / "training.json"
     if not file.is_file():
         hf = formats.is_hf_folder(path)
-        states = [path / "trainer_state.json"] if hf else sorted(
-            path.glob("checkpoint-*/trainer_state.json")
-        )  # fmt: skip
+        states = (
+            [path / "trainer_state.json"]
+            if hf
+            else sorted(path.glob("checkpoint-*/trainer_state.json"))
+        )
         meta = formats.trainer_training([s for s in states if s.is_file()])
-        args = [path / "training_args.bin"] if hf else sorted(
-            path.glob("checkpoint-*/training_args.bin"))  # fmt: skip
+        args = (
+            [path / "training_args.bin"]
+            if hf
+            else sorted(path.glob("checkpoint-*/training_args.bin"))
+        )
         seeds = formats.trainer_seeds(args[0]) if args and args[0].is_file() else {}
         if seeds.get("seed") is not None:  # the seeds say which runs share what
             meta["seed"] = seeds["seed"]

@@ -108,8 +108,16 @@ def load_state_dict(path: str | Path, trust_pickle: bool = False) -> dict[str, t
 
 # ------------------------------------------------------------------ TransformerLens weights
 # sizes of a TransformerLens config: a model is built from them, so each is checked by name
-SIZE_FIELDS = ("n_layers", "d_model", "n_ctx", "d_head", "n_heads", "d_vocab", "d_mlp",
-               "n_key_value_heads")  # fmt: skip
+SIZE_FIELDS = (
+    "n_layers",
+    "d_model",
+    "n_ctx",
+    "d_head",
+    "n_heads",
+    "d_vocab",
+    "d_mlp",
+    "n_key_value_heads",
+)
 
 
 def read_tl_config(path: str | Path) -> tuple[dict, str | None]:
@@ -196,8 +204,16 @@ def hf_folder_model(path: str | Path, tokenizer: TokenizerLike | None = None) ->
 
 # What loading a Hugging Face folder raises where its files are damaged (truncated, corrupt,
 # pickled objects where tensors should be): each is a CheckpointError naming the file.
-LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, EOFError, SafetensorError,
-               pickle.UnpicklingError, zipfile.BadZipFile)  # fmt: skip
+LOAD_ERRORS = (
+    OSError,
+    ValueError,
+    KeyError,
+    RuntimeError,
+    EOFError,
+    SafetensorError,
+    pickle.UnpicklingError,
+    zipfile.BadZipFile,
+)
 
 
 def damaged_file(folder: Path) -> Path | None:

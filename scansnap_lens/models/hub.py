@@ -283,9 +283,14 @@ def _load_hooked(name: str, label: int, folder: Path | None, **load_kwargs):
             if any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
                 tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
             model = HookedTransformer.from_pretrained(
-                name, hf_model=hf, tokenizer=tokenizer, revision=folder.name,
-                cache_dir=str(folder.parents[2]), local_files_only=True, **load_kwargs,
-            )  # fmt: skip
+                name,
+                hf_model=hf,
+                tokenizer=tokenizer,
+                revision=folder.name,
+                cache_dir=str(folder.parents[2]),
+                local_files_only=True,
+                **load_kwargs,
+            )
             model.cfg.checkpoint_value, model.cfg.from_checkpoint = label, True
     except LOAD_ERRORS as err:
         hint = f" ({_download_hint(name, '@' + revision)})" if offline() and folder is None else ""
@@ -367,8 +372,10 @@ def cached_commit(name: str, revision: str, cache: Path | None = None) -> str | 
 
 
 # the fields of a Hugging Face config that count a model's layers and heads, by architecture
-_LAYERS, _HEADS = ("num_hidden_layers", "n_layer", "n_layers"), ("num_attention_heads",
-                                                                  "n_head", "n_heads")  # fmt: skip
+_LAYERS, _HEADS = (
+    ("num_hidden_layers", "n_layer", "n_layers"),
+    ("num_attention_heads", "n_head", "n_heads"),
+)
 
 
 def model_shape(name: str, revision: str) -> tuple[int, int]:
@@ -387,23 +394,28 @@ def model_shape(name: str, revision: str) -> tuple[int, int]:
             from huggingface_hub import hf_hub_download
 
             try:
-                held = Path(hf_hub_download(name, "config.json", revision=revision,
-                                            cache_dir=folder))  # fmt: skip
+                held = Path(
+                    hf_hub_download(name, "config.json", revision=revision, cache_dir=folder)
+                )
             except Exception as err:  # LocalEntryNotFoundError, connection and HTTP errors
                 if offline():
                     raise CheckpointError(_download_hint(name, " (config.json)")) from None
-                raise CheckpointError(f"{name}@{revision}: cannot download config.json"
-                                      f" ({err})") from None  # fmt: skip
+                raise CheckpointError(
+                    f"{name}@{revision}: cannot download config.json ({err})"
+                ) from None
         try:
             data = read_json(held, "model config")
         except (OSError, NotAFile, ValueError) as err:
             raise CheckpointError(f"{name}@{revision}: cannot read config.json ({err})") from None
-    counts = [next((data[k] for k in keys if k in data), None) if isinstance(data, dict)
-              else None for keys in (_LAYERS, _HEADS)]  # fmt: skip
-    if not all(isinstance(c, int) and not isinstance(c, bool) and 0 < c < 1 << 16
-               for c in counts):  # fmt: skip
-        raise CheckpointError(f"{name}@{revision}: its config.json gives no count of layers"
-                              f" and heads ({', '.join(_LAYERS + _HEADS)})")  # fmt: skip
+    counts = [
+        next((data[k] for k in keys if k in data), None) if isinstance(data, dict) else None
+        for keys in (_LAYERS, _HEADS)
+    ]
+    if not all(isinstance(c, int) and not isinstance(c, bool) and 0 < c < 1 << 16 for c in counts):
+        raise CheckpointError(
+            f"{name}@{revision}: its config.json gives no count of layers"
+            f" and heads ({', '.join(_LAYERS + _HEADS)})"
+        )
     return counts[0], counts[1]
 
 
@@ -440,8 +452,11 @@ def mismatched(folder: Path, ids: dict[str, str] | None) -> list[str]:
     wanted = dict(ids or {})
     if not ids:  # the names the cache gave the blobs: what the hub listed when it downloaded
         linked = [p for p in folder.rglob("*") if p.is_symlink()]
-        wanted = {p.relative_to(folder).as_posix(): p.resolve().name for p in linked
-                  if re.fullmatch(r"[0-9a-f]{64}", p.resolve().name)}  # fmt: skip
+        wanted = {
+            p.relative_to(folder).as_posix(): p.resolve().name
+            for p in linked
+            if re.fullmatch(r"[0-9a-f]{64}", p.resolve().name)
+        }
     out = []
     for file, want in sorted(wanted.items()):
         path = folder / file
@@ -591,8 +606,9 @@ def remove_downloaded(cache: Path, name: str, commits: set[str]) -> list[Path]:
     snapshots = repo / "snapshots"
     used = {
         (p.parent / os.readlink(p)).resolve()
-        for p in (snapshots.rglob("*") if snapshots.is_dir() else ()) if p.is_symlink()
-    }  # fmt: skip
+        for p in (snapshots.rglob("*") if snapshots.is_dir() else ())
+        if p.is_symlink()
+    }
     blobs = repo / "blobs"
     for blob in blobs.iterdir() if blobs.is_dir() else ():
         if blob.is_file() and not blob.is_symlink() and blob.resolve() not in used:

@@ -171,8 +171,9 @@ class TrainResult:
         return pd.DataFrame({"step": range(1, len(self.loss) + 1), "loss": self.loss})
 
 
-def _param_groups(model, lr_y: float, lr_z: float, weight_decay: float,
-                  lr_by_name: dict[str, float] | None = None):  # fmt: skip
+def _param_groups(
+    model, lr_y: float, lr_z: float, weight_decay: float, lr_by_name: dict[str, float] | None = None
+):
     """Optimizer groups: eta_Z for the attention logits' parameters, eta_Y for the rest, and
     for parameters whose name matches a pattern of `lr_by_name` (``re.search``, the first
     pattern that matches) that pattern's rate.  Names are the model's state-dict keys, those
@@ -223,9 +224,11 @@ class Rates(Settings):
     """
 
     lr_y: float = setting(
-        group=TRAINING, help="the training's rate of all but W_Q, W_K (eta_Y; default: what the"
-        " trajectory recorded)", reads=positive,
-    )  # fmt: skip
+        group=TRAINING,
+        help="the training's rate of all but W_Q, W_K (eta_Y; default: what the"
+        " trajectory recorded)",
+        reads=positive,
+    )
     lr_z: float = setting(
         group=TRAINING, help="the training's rate of W_Q, W_K (eta_Z)", reads=positive
     )
@@ -233,12 +236,20 @@ class Rates(Settings):
     momentum: float = setting(0.0, TRAINING, "SGD momentum in [0, 1)", reads=fraction)
 
     def __post_init__(self) -> None:
-        _checked_rates({f: getattr(self, f) for f in ("lr_y", "lr_z", "optimizer", "momentum")},
-                       "Rates")  # fmt: skip
+        _checked_rates(
+            {f: getattr(self, f) for f in ("lr_y", "lr_z", "optimizer", "momentum")}, "Rates"
+        )
 
     @classmethod
-    def of(cls, lr_y=None, lr_z=None, optimizer: str = "sgd", momentum: float = 0.0,
-           default_y: float = 1.0, default_z: float | None = None) -> Rates:  # fmt: skip
+    def of(
+        cls,
+        lr_y=None,
+        lr_z=None,
+        optimizer: str = "sgd",
+        momentum: float = 0.0,
+        default_y: float = 1.0,
+        default_z: float | None = None,
+    ) -> Rates:
         """``lr_y`` (default `default_y`) and ``lr_z`` (default `default_z`, else eta_Y);
         momentum counts for SGD only."""
         lr_y = default_y if lr_y is None else lr_y
@@ -300,8 +311,9 @@ def _stream_batches(stream: Tensor, batch_size: int, bptt: int) -> Callable[[], 
     return sample
 
 
-def _sampler(data, batch_size: int, generator: torch.Generator,
-             bptt: int | None = None) -> Callable[[], Tensor]:  # fmt: skip
+def _sampler(
+    data, batch_size: int, generator: torch.Generator, bptt: int | None = None
+) -> Callable[[], Tensor]:
     if bptt is not None:
         stream = torch.as_tensor(data)
         if stream.ndim != 1:
@@ -355,8 +367,9 @@ def _step(model, opt, tokens: Tensor, loss_on: str, clip_grad_norm: float | None
     return loss.item()
 
 
-def _checkpointer(model, out, on_checkpoint, training: dict, result: TrainResult
-                  ) -> Callable[[int], None]:  # fmt: skip
+def _checkpointer(
+    model, out, on_checkpoint, training: dict, result: TrainResult
+) -> Callable[[int], None]:
     """What `train` calls at a scheduled step: the weights saved in `out` (with the model's
     config and `training` once, now) and `on_checkpoint` called."""
     if out is not None:

@@ -65,9 +65,11 @@ def step_brackets(traj: Trajectory, tolerance: float = TOLERANCE) -> pd.DataFram
         table = table[table["drift_checkpoints"] == table["checkpoints"]]  # else: more noise
         for quantity in ("snap_step", "rate_peak_step"):
             part = table[["layer", "head"]].assign(
-                quantity=quantity, step=table[quantity],
-                lo=table[f"{quantity}_grid_lo"], hi=table[f"{quantity}_grid_hi"],
-            )  # fmt: skip
+                quantity=quantity,
+                step=table[quantity],
+                lo=table[f"{quantity}_grid_lo"],
+                hi=table[f"{quantity}_grid_hi"],
+            )
             rows.append(part)
     if traj.num_steps >= 2:
         for name, agg in traj.aggregates.items():
@@ -76,10 +78,14 @@ def step_brackets(traj: Trajectory, tolerance: float = TOLERANCE) -> pd.DataFram
             risen = head_type(traj, name, num=20).final()  # its rise's test decides
             score = head_type_scores(traj, name).nanmean(-1).permute(1, 2, 0)  # [L, H, S]
             _, lo, hi = formation_step(traj.steps, score, grid=True)
-            rows.append(risen[["layer", "head"]].assign(
-                quantity=f"{name}_step", step=risen[f"{name}_step"],
-                lo=lo.reshape(-1).numpy(), hi=hi.reshape(-1).numpy(),
-            ))  # fmt: skip
+            rows.append(
+                risen[["layer", "head"]].assign(
+                    quantity=f"{name}_step",
+                    step=risen[f"{name}_step"],
+                    lo=lo.reshape(-1).numpy(),
+                    hi=hi.reshape(-1).numpy(),
+                )
+            )
     columns = ["layer", "head", "quantity", "step", "lo", "hi"]
     out = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=columns)
     out = out[np.isfinite(out["step"].astype(float))].reset_index(drop=True)
@@ -115,8 +121,10 @@ def next_steps(brackets: pd.DataFrame, available, done, room: int) -> list[tuple
         middle = math.expm1((math.log1p(b["lo"]) + math.log1p(b["hi"])) / 2)
         step = int(inside[np.argmin(np.abs(np.log1p(inside) - math.log1p(middle)))])
         if step not in chosen:
-            chosen[step] = (f"L{b['layer']}H{b['head']} {b['quantity']} {b['step']:.6g}"
-                            f" between checkpoints {b['lo']:.6g} and {b['hi']:.6g}")  # fmt: skip
+            chosen[step] = (
+                f"L{b['layer']}H{b['head']} {b['quantity']} {b['step']:.6g}"
+                f" between checkpoints {b['lo']:.6g} and {b['hi']:.6g}"
+            )
         if len(chosen) == room:
             break
     return sorted(chosen.items())
@@ -140,8 +148,9 @@ def record_placed(recorder, source, budget: int, tolerance: float = TOLERANCE, e
         return recorder.record(part, execute=execute)
 
     first = coarse_steps(available, budget)
-    placed.update({s: "coarse pass: log-spaced, a third of the budget"
-                   for s in first if s not in placed})  # fmt: skip
+    placed.update(
+        {s: "coarse pass: log-spaced, a third of the budget" for s in first if s not in placed}
+    )
     traj = record(first)
     while True:
         _write_placement(Path(recorder.out), placed, budget, tolerance)
@@ -191,8 +200,12 @@ def _check_budget(out: Path, budget: int, recorded: int) -> None:
 def _write_placement(out: Path, placed: dict, budget: int, tolerance: float, **extra) -> None:
     if not out.is_dir():
         return  # the recorder makes the folder with its first checkpoint
-    body = {"budget": budget, "tolerance": tolerance, **extra,
-            "steps": {str(k): placed[k] for k in sorted(placed)}}  # fmt: skip
+    body = {
+        "budget": budget,
+        "tolerance": tolerance,
+        **extra,
+        "steps": {str(k): placed[k] for k in sorted(placed)},
+    }
     write_text(out / PLACEMENT_FILE, json.dumps(body, indent=1))
 
 
@@ -254,8 +267,9 @@ class AdaptiveSchedule:
         if self._c_hat is not None:
             self._moves.append(head_movement(plan, self._c_hat, c_hat))
         if self._before is not None:  # the latest splits' straightness, as `snap.drift_knots`
-            self._triples.append((head_movement(plan, self._before, c_hat),
-                                  self._moves[-2] + self._moves[-1]))  # fmt: skip
+            self._triples.append(
+                (head_movement(plan, self._before, c_hat), self._moves[-2] + self._moves[-1])
+            )
             recent = self._triples[-(POOL + 1) :]
             straight, path = (sum(x[i] for x in recent) for i in (0, 1))
             self.noisy = straight < DRIFT_ABOVE * path
@@ -264,8 +278,14 @@ class AdaptiveSchedule:
         self._next, why = self.choose(self.steps, self._moves)
         self.reasons.setdefault(self._next, why)
         out = Path(self.recorder.out)
-        _write_placement(out, {s: self.reasons.get(s, "") for s in self.steps}, self.budget,
-                         self.fine, next_step=self._next, next_why=why)  # fmt: skip
+        _write_placement(
+            out,
+            {s: self.reasons.get(s, "") for s in self.steps},
+            self.budget,
+            self.fine,
+            next_step=self._next,
+            next_why=why,
+        )
         return self._next
 
     def choose(self, steps: list[int], moves: list[Tensor]) -> tuple[int, str]:
@@ -326,12 +346,19 @@ class AdaptiveSchedule:
             )
             wish = torch.where(crossed, torch.full_like(wish, fine), wish)
             i = int(wish.argmin())
-            what = (f"{_head_name(self.recorder, moves[-1].shape, i)} "
-                    + ("crossed half its peak rate" if bool(crossed[i]) else
-                       (f"foreseen to snap near step {float(foreseen[i]):.0f}"
-                        if float(foreseen[i]) <= self.last_step else "past its peak rate")
-                       if bool(falling[i]) else "its rate rising fast" if bool(rising[i])
-                       else "near its peak rate"))  # fmt: skip
+            what = f"{_head_name(self.recorder, moves[-1].shape, i)} " + (
+                "crossed half its peak rate"
+                if bool(crossed[i])
+                else (
+                    f"foreseen to snap near step {float(foreseen[i]):.0f}"
+                    if float(foreseen[i]) <= self.last_step
+                    else "past its peak rate"
+                )
+                if bool(falling[i])
+                else "its rate rising fast"
+                if bool(rising[i])
+                else "near its peak rate"
+            )
             wish = float(wish.min())
         # a reserve for closing in on snaps still to come
         reserve = 0 if snapped else max(0, min(self.budget // 3 - self._fine, left - 2))

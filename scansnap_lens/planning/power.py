@@ -64,9 +64,14 @@ def _planned(plan, groups, heads, draws=32, alpha=ALPHA, seed=0) -> tuple[float,
 
 
 def rows_for_power(
-    tokens, vocab_size: int, groups: TokenGroups, target: float, heads: int = 1,
-    start: int = 64, **plan_options,
-) -> tuple[int, float, list[tuple[int, float, float]]]:  # fmt: skip
+    tokens,
+    vocab_size: int,
+    groups: TokenGroups,
+    target: float,
+    heads: int = 1,
+    start: int = 64,
+    **plan_options,
+) -> tuple[int, float, list[tuple[int, float, float]]]:
     """(rows, mde, tried): the fewest of the first rows of `tokens` [R, T] (doubling from
     `start`, then all of them) whose plan (`plan_recording` with `plan_options`) reaches a
     planned minimal detectable AUROC of at most `target` for `heads` heads, with its

@@ -203,10 +203,13 @@ class Analysis:
         if not settings.theory:
             skip.add("theory_fit")
         made, why = measure_all(
-            traj, groups, source=source, settings=settings,
+            traj,
+            groups,
+            source=source,
+            settings=settings,
             names=[m.name for m in measures_of(traj) if m.name not in skip],
             groups_reason="needs token groups (see 'token groups')",
-        )  # fmt: skip
+        )
         results = {**made, **(given or {})}
         not_measured.update(why)
         if not settings.theory and "theory_fit" not in results:
@@ -250,13 +253,18 @@ class Analysis:
         (`_io.staged_folder`)."""
         if self.key is None:
             groups = None if self.formed else self.groups
-            self.inputs, self.key = _keys(self.traj, groups, self.source, self.settings,
-                                          self.formed, self.groups_reason)  # fmt: skip
+            self.inputs, self.key = _keys(
+                self.traj, groups, self.source, self.settings, self.formed, self.groups_reason
+            )
         said = {
-            "format": FORMAT, "inputs": self.inputs, "key": self.key, "code": code_version(),
-            "settings": self.settings.to_dict(), "not_measured": self.not_measured,
+            "format": FORMAT,
+            "inputs": self.inputs,
+            "key": self.key,
+            "code": code_version(),
+            "settings": self.settings.to_dict(),
+            "not_measured": self.not_measured,
             "measurements": {},
-        }  # fmt: skip
+        }
         tensors = {}
         with staged_folder(path) as stage:
             _write_frame(stage / "summary.parquet", self.summary)
@@ -269,9 +277,10 @@ class Analysis:
                 for i, predicted in enumerate(result.predictions or []):
                     predicted.save(stage / f"{name}_prediction_{i}")
                 said["measurements"][name] = {
-                    "attrs": _jsonable(result.table.attrs), "detail": result.detail is not None,
+                    "attrs": _jsonable(result.table.attrs),
+                    "detail": result.detail is not None,
                     "predictions": len(result.predictions or []),
-                }  # fmt: skip
+                }
             write_tensors(stage / "values.safetensors", tensors, {"format": TAG})
             said["formed"] = self.formed
             if self.formed and self.groups is not None:
@@ -310,8 +319,7 @@ class Analysis:
                 said = {"key": self.key, "drawn": sorted(drawn), "failed": failed}
                 write_text(stage / "figures.json", json.dumps(said, indent=1))
         except OSError as err:
-            warnings.warn(f"the report's figures are not kept in {self.cache}: {err}",
-                          stacklevel=2)  # fmt: skip
+            warnings.warn(f"the report's figures are not kept in {self.cache}: {err}", stacklevel=2)
 
     @classmethod
     def load(cls, path: str | Path, traj: Trajectory, groups=None, source=None) -> Analysis:
@@ -369,8 +377,10 @@ def _other_code(path: Path, inputs: str) -> str | None:
     if said.get("inputs") != inputs or code == code_version():
         return None
     was = code if isinstance(code, str) and len(code) < 100 else "an older version"
-    return (f"the analysis saved in {path} was measured by other code ({was}; now"
-            f" {code_version()}): measured again")  # fmt: skip
+    return (
+        f"the analysis saved in {path} was measured by other code ({was}; now"
+        f" {code_version()}): measured again"
+    )
 
 
 def _reload(path: Path, key, traj, groups, source) -> Analysis | None:
@@ -389,8 +399,10 @@ def _reload(path: Path, key, traj, groups, source) -> Analysis | None:
             table = _read_frame(path / f"{name}.parquet")
             table.attrs.update(entry["attrs"])
             detail = _read_frame(path / f"{name}_detail.parquet") if entry["detail"] else None
-            predictions = [Trajectory.load(path / f"{name}_prediction_{i}")
-                           for i in range(entry["predictions"])] or None  # fmt: skip
+            predictions = [
+                Trajectory.load(path / f"{name}_prediction_{i}")
+                for i in range(entry["predictions"])
+            ] or None
             results[name] = Measurement(name, table, detail, tensors.get(name), predictions)
         summary = _read_frame(path / "summary.parquet")
         formed = bool(said.get("formed")) and groups is None
@@ -401,8 +413,19 @@ def _reload(path: Path, key, traj, groups, source) -> Analysis | None:
         if key is None:
             raise ValueError(f"{path} holds no readable saved analysis: {err}") from None
         return None
-    return Analysis(traj, groups, source, settings, results, said["not_measured"], summary,
-                    said["inputs"], said["key"], reused=True, formed=formed)  # fmt: skip
+    return Analysis(
+        traj,
+        groups,
+        source,
+        settings,
+        results,
+        said["not_measured"],
+        summary,
+        said["inputs"],
+        said["key"],
+        reused=True,
+        formed=formed,
+    )
 
 
 def _checked_index(said) -> dict:
@@ -413,16 +436,25 @@ def _checked_index(said) -> dict:
         raise ValueError("its index is not a JSON object")
     if said.get("format") != FORMAT:
         raise ValueError(f"its index is not a saved analysis's (format {said.get('format')!r})")
-    kinds = {"key": str, "inputs": str, "measurements": dict, "not_measured": dict,
-             "settings": dict}  # fmt: skip
+    kinds = {
+        "key": str,
+        "inputs": str,
+        "measurements": dict,
+        "not_measured": dict,
+        "settings": dict,
+    }
     for field, kind in kinds.items():
         if not isinstance(said.get(field), kind):
             raise ValueError(f"its index's {field} is not a {kind.__name__}")
     for name, entry in said["measurements"].items():
-        if not (FILE_NAME.fullmatch(name) and isinstance(entry, dict)
-                and isinstance(entry.get("attrs"), dict) and isinstance(entry.get("detail"), bool)
-                and type(entry.get("predictions")) is int
-                and 0 <= entry["predictions"] <= MAX_PREDICTIONS):  # fmt: skip
+        if not (
+            FILE_NAME.fullmatch(name)
+            and isinstance(entry, dict)
+            and isinstance(entry.get("attrs"), dict)
+            and isinstance(entry.get("detail"), bool)
+            and type(entry.get("predictions")) is int
+            and 0 <= entry["predictions"] <= MAX_PREDICTIONS
+        ):
             raise ValueError(f"its index's measurement {name!r} is not one save writes")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in said["not_measured"].items()):
         raise ValueError("its index's not_measured is not names and reasons")
@@ -441,8 +473,10 @@ def _read_frame(path: Path) -> pd.DataFrame:
     meta = pq.ParquetFile(path).metadata
     size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
     if size > FRAME_BYTES:
-        raise ValueError(f"{path} expands to {size:,} bytes, more than a saved analysis's"
-                         f" table holds ({FRAME_BYTES:,})")  # fmt: skip
+        raise ValueError(
+            f"{path} expands to {size:,} bytes, more than a saved analysis's"
+            f" table holds ({FRAME_BYTES:,})"
+        )
     return pd.read_parquet(path)
 
 

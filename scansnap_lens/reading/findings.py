@@ -64,16 +64,20 @@ def _scan(summary: pd.DataFrame, step_unit: str) -> list[str]:
         best = order.iloc[0]
         said = f"{_heads(order)} scan{'s' if len(order) == 1 else ''}"
         if len(order) > 1:
-            said += (f" ({len(order)} of {len(summary)} heads; the strongest, layer"
-                     f" {int(best['layer'])} head {int(best['head'])}: AUROC")  # fmt: skip
+            said += (
+                f" ({len(order)} of {len(summary)} heads; the strongest, layer"
+                f" {int(best['layer'])} head {int(best['head'])}: AUROC"
+            )
         else:
             said += " (AUROC"
         said += f" {_interval(best, 'auroc')}"
         control = str(best.get("frequency_control", ""))
         if control.startswith("frequency bias"):
             r, p = _num(best["frequency_bias_r"]), f"{best['frequency_bias_p']:.2g}"
-            said += (f"; the more frequent distinct tokens gain more, r {r}, p = {p}: not a"
-                     " preference for rare tokens")  # fmt: skip
+            said += (
+                f"; the more frequent distinct tokens gain more, r {r}, p = {p}: not a"
+                " preference for rare tokens"
+            )
         elif "held_auroc" in best and best["held_auroc"] == best["held_auroc"]:
             said += f"; with frequency held {_interval(best, 'held_auroc')}"
         return [said + ")."]
@@ -84,16 +88,23 @@ def _scan(summary: pd.DataFrame, step_unit: str) -> list[str]:
             return [f"No head scans, and {power}."]
         return [f"No head scans ({power})."]
     counts = kinds.value_counts()
-    parts = [f"{n} {'head' if n == 1 else 'heads'}: {kind or 'no verdict'}"
-             for kind, n in counts.items()]  # fmt: skip
+    parts = [
+        f"{n} {'head' if n == 1 else 'heads'}: {kind or 'no verdict'}" for kind, n in counts.items()
+    ]
     said = [f"No head scans ({'; '.join(parts)})."]
     untold = summary[kinds == VERDICTS["cannot_tell"]]
     if len(untold):
-        side = "rarer" if untold["verdict"].astype(str).str.contains("rarer").any() else (
-            "more frequent")  # fmt: skip
+        side = (
+            "rarer"
+            if untold["verdict"].astype(str).str.contains("rarer").any()
+            else "more frequent"
+        )
         need = untold.get("held_units_needed", pd.Series(dtype=float)).astype(float).max()
-        settle = (f": about {need:,.0f} effective units (more evaluation text) would settle"
-                  " it" if need == need else "")  # fmt: skip
+        settle = (
+            f": about {need:,.0f} effective units (more evaluation text) would settle it"
+            if need == need
+            else ""
+        )
         said.append(
             f"{len(untold)} {'head gains' if len(untold) == 1 else 'heads gain'} on distinct"
             f" tokens, but those are {side} than the common ones and frequency cannot be ruled"
@@ -115,9 +126,11 @@ def _power(rows: pd.DataFrame) -> str:
     more = rows.get("rows_for_target", pd.Series(dtype=float)).astype(float)
     plan = ""
     if (more > 1).any():
-        plan = (f"; about {_num(more.max())} times the evaluation rows would let every head"
-                f" see AUROC {TARGET_AUROC:g}: scansnap record --power {TARGET_AUROC:g}"
-                " plans them")  # fmt: skip
+        plan = (
+            f"; about {_num(more.max())} times the evaluation rows would let every head"
+            f" see AUROC {TARGET_AUROC:g}: scansnap record --power {TARGET_AUROC:g}"
+            " plans them"
+        )
     mde = mde[mde < 1]
     if len(mde) == 0:
         return f"none could have been seen (no power: see the verdicts{plan})"
@@ -203,35 +216,47 @@ def _snaps(summary: pd.DataFrame, span=None) -> tuple[list[str], list[str]]:
         elif noisy:
             spacing.append((layer, noisy))
         if cannot_place(lo, hi, span):
-            way = ("more seeds would place the recipe's" if noisy == "drift" else
-                   f"checkpoints between steps {_num(lo)} and {_num(hi)} would (scansnap record"
-                   " --steps auto)")  # fmt: skip
-            said.append(f"Layer {layer}'s snap cannot be placed from this run: somewhere in"
-                        f" steps {_num(lo)} to {_num(hi)} ({heads}); {way}.")  # fmt: skip
+            way = (
+                "more seeds would place the recipe's"
+                if noisy == "drift"
+                else f"checkpoints between steps {_num(lo)} and {_num(hi)} would (scansnap record"
+                " --steps auto)"
+            )
+            said.append(
+                f"Layer {layer}'s snap cannot be placed from this run: somewhere in"
+                f" steps {_num(lo)} to {_num(hi)} ({heads}); {way}."
+            )
             continue
         bounds = f" [{_num(lo)}, {_num(hi)}]" if math.isfinite(lo) and math.isfinite(hi) else ""
         spread = f": {_num(steps.min())} to {_num(steps.max())}" if len(steps) > 1 else ""
-        said.append(f"Layer {layer} snapped near step {_num(steps.median())}{bounds}"
-                    f" ({heads}{spread}).")  # fmt: skip
+        said.append(
+            f"Layer {layer} snapped near step {_num(steps.median())}{bounds} ({heads}{spread})."
+        )
         state = _states(rows)
         if state:
             states.append((layer, state))
     notes = []
     if noise:
         their = "its" if len(noise) == 1 else "their"
-        notes.append(f"{_layers(noise)} moved mostly by step-to-step noise: {their} snap steps,"
-                     " read from the drift, are this run's own; more seeds, not more"
-                     " checkpoints, place the recipe's (see How to read it).")  # fmt: skip
+        notes.append(
+            f"{_layers(noise)} moved mostly by step-to-step noise: {their} snap steps,"
+            " read from the drift, are this run's own; more seeds, not more"
+            " checkpoints, place the recipe's (see How to read it)."
+        )
     if spacing:
         values = ", ".join(v for _, v in spacing)
-        notes.append(f"{_layers([x for x, _ in spacing])} moved mostly by step-to-step noise"
-                     f" between checkpoints (straightness {values}; a drift gives 1, noise"
-                     " 0.71): compare snap steps only at the same checkpoints.")  # fmt: skip
+        notes.append(
+            f"{_layers([x for x, _ in spacing])} moved mostly by step-to-step noise"
+            f" between checkpoints (straightness {values}; a drift gives 1, noise"
+            " 0.71): compare snap steps only at the same checkpoints."
+        )
     if states:
-        notes.append(f"{_layers([x for x, _ in states])} reached half way to the last"
-                     f" checkpoint's attention near step {', '.join(v for _, v in states)},"
-                     " outside the snap's interval in most heads: rate and state disagree"
-                     " (see How to read it).")  # fmt: skip
+        notes.append(
+            f"{_layers([x for x, _ in states])} reached half way to the last"
+            f" checkpoint's attention near step {', '.join(v for _, v in states)},"
+            " outside the snap's interval in most heads: rate and state disagree"
+            " (see How to read it)."
+        )
     return said, notes
 
 
@@ -345,8 +370,7 @@ def _runs_power(per_run: pd.DataFrame) -> str:
         return ""
     seen = per_run["auroc_mde"].astype(float) < 1
     blind = [run for run, rows in seen.groupby(per_run["run"], sort=False) if not rows.any()]
-    parts = [f"{_names(blind, per_run['run'].nunique())} had no power to see one"
-             ] if blind else []  # fmt: skip
+    parts = [f"{_names(blind, per_run['run'].nunique())} had no power to see one"] if blind else []
     if seen.any():
         parts.append(
             _power(per_run[seen]).replace(
@@ -374,9 +398,11 @@ def _recipe_caveat(comparison) -> list[str]:
     inits = design["init"].where(design["init"].notna(), design["run"]).nunique()
     if not 3 <= inits <= 5:
         return []
-    return [f"From {inits} initialisations, a group holding a quarter of the recipe's runs"
-            f" would be missed by all of them with probability"
-            f" {unseen_group_chance(inits):.2f}."]  # fmt: skip
+    return [
+        f"From {inits} initialisations, a group holding a quarter of the recipe's runs"
+        f" would be missed by all of them with probability"
+        f" {unseen_group_chance(inits):.2f}."
+    ]
 
 
 def _split_said(comparison, layer: int) -> list[str]:
@@ -388,22 +414,32 @@ def _split_said(comparison, layer: int) -> list[str]:
     rows = split[(split["layer"] == layer) & (split["figure"] == "snap_step_median")]
     if rows.empty:
         return []
-    parts = [f"{PARTS[r['part']]} {100 * r['share']:.1f} % [{100 * r['share_lo']:.1f},"
-             f" {100 * r['share_hi']:.1f}]" for r in rows.to_dict("records")]  # fmt: skip
-    said = (f"Of the spread of layer {layer}'s snap step between runs, "
-            + "; ".join(parts) + " (shares of the variance, log-step axis)")  # fmt: skip
+    parts = [
+        f"{PARTS[r['part']]} {100 * r['share']:.1f} % [{100 * r['share_lo']:.1f},"
+        f" {100 * r['share_hi']:.1f}]"
+        for r in rows.to_dict("records")
+    ]
+    said = (
+        f"Of the spread of layer {layer}'s snap step between runs, "
+        + "; ".join(parts)
+        + " (shares of the variance, log-step axis)"
+    )
     init = rows[rows["part"] == "init"]
     if len(init) and init["sd"].iloc[0] > 0:
         factor = math.exp(float(init["sd"].iloc[0]))
-        said += (f": another initialisation moves a run's snap step by a factor of about"
-                 f" {factor:.2f} (one sd), so one run's snap is its own, not the"
-                 " recipe's")  # fmt: skip
+        said += (
+            f": another initialisation moves a run's snap step by a factor of about"
+            f" {factor:.2f} (one sd), so one run's snap is its own, not the"
+            " recipe's"
+        )
     said += "."
     far = rows["far_runs"].dropna() if "far_runs" in rows else pd.Series(dtype=object)
     if len(far) and far.iloc[0]:
-        said += (f"  Left out of that split: {far.iloc[0]}, far from what their initialisation"
-                 " and data order predict (a run that went another way; such runs carry a"
-                 " share of the spread that a few runs rarely show).")  # fmt: skip
+        said += (
+            f"  Left out of that split: {far.iloc[0]}, far from what their initialisation"
+            " and data order predict (a run that went another way; such runs carry a"
+            " share of the spread that a few runs rarely show)."
+        )
     return [said]
 
 
@@ -462,13 +498,17 @@ def runs_findings_of(comparison, entries: Sequence[Measure] = MEASURES) -> list[
         at = per_run[per_run["layer"] == row["layer"]]
         noisy_runs |= {run for run in runs if _noisy(at[at["run"] == run])}
         if cannot_place(float(lo), float(hi), span):
-            said.append(f"Layer {layer}'s snap over runs cannot be placed from these {n} runs:"
-                        f" somewhere in steps {_num(lo)} to {_num(hi)} ({each}); more seeds"
-                        " would place it.")  # fmt: skip
+            said.append(
+                f"Layer {layer}'s snap over runs cannot be placed from these {n} runs:"
+                f" somewhere in steps {_num(lo)} to {_num(hi)} ({each}); more seeds"
+                " would place it."
+            )
         else:
             over = f" [{_num(lo)}, {_num(hi)}]" if pd.notna(lo) else ""
-            said.append(f"Layer {layer} snaps near step {_num(row['snap_step_median_mean'])}"
-                        f"{over} over runs ({each}).")  # fmt: skip
+            said.append(
+                f"Layer {layer} snaps near step {_num(row['snap_step_median_mean'])}"
+                f"{over} over runs ({each})."
+            )
         groups = row.get("snap_step_median_groups")
         if isinstance(groups, str) and groups:
             said.append(
@@ -478,16 +518,19 @@ def runs_findings_of(comparison, entries: Sequence[Measure] = MEASURES) -> list[
         said += _split_said(comparison, layer)
     if noisy_runs:
         named = _names([run for run in runs if run in noisy_runs], n)
-        said.append(f"In {named} the attention moved mostly by step-to-step noise between"
-                    " checkpoints (see each run's page): a run's snap steps are its own, and"
-                    " the interval over runs is for their typical (geometric mean)"
-                    " step.")  # fmt: skip
+        said.append(
+            f"In {named} the attention moved mostly by step-to-step noise between"
+            " checkpoints (see each run's page): a run's snap steps are its own, and"
+            " the interval over runs is for their typical (geometric mean)"
+            " step."
+        )
     said += _recipe_caveat(comparison)
     matching = comparison.matching
     if matching is not None:
         others = matching[matching["run"] != runs[0]]
-        quality = others.groupby("layer").agg(similarity=("similarity", "mean"),
-                                              chance=("chance", "mean"))  # fmt: skip
+        quality = others.groupby("layer").agg(
+            similarity=("similarity", "mean"), chance=("chance", "mean")
+        )
         close = [int(x) for x, q in quality.iterrows() if q.similarity - q.chance < MATCHED_BY]
         said.append(
             f"Heads are matched to {runs[0]}'s by their attention on the example prompt"

@@ -74,8 +74,11 @@ def atlas(summary: pd.DataFrame, entries=None) -> pd.DataFrame:
         nan = pd.Series([math.nan] * len(summary))
         lo, hi = (summary.get(f"snap_step_grid_{e}", nan).astype(float) for e in ("lo", "hi"))
         table["snap"] = [
-            (r or "none") if math.isnan(v) else f"{v:.4g}" if math.isnan(a)
+            (r or "none")
+            if math.isnan(v)
+            else f"{v:.4g}"
+            if math.isnan(a)
             else f"{v:.4g} (checkpoints {a:.4g} to {b:.4g})"
             for v, r, a, b in zip(summary["snap_step"].astype(float), reason.fillna(""), lo, hi)
-        ]  # fmt: skip
+        ]
     return table.sort_values(["layer", "head"], kind="stable").reset_index(drop=True)

@@ -99,9 +99,11 @@ class LiveSettings(Settings):
         for entry in self.stop_when:
             kind, *where = str(entry).split("/")
             if kind not in EVENT_KINDS or (where and kind == "formation"):
-                raise ValueError(f"stop_when entry {entry!r} names no event: a kind (one of"
-                                 f" {', '.join(EVENT_KINDS)}), or an event's name such as"
-                                 " 'snap/layer1' or 'induction/layer1/head3'")  # fmt: skip
+                raise ValueError(
+                    f"stop_when entry {entry!r} names no event: a kind (one of"
+                    f" {', '.join(EVENT_KINDS)}), or an event's name such as"
+                    " 'snap/layer1' or 'induction/layer1/head3'"
+                )
 
 
 @dataclass(frozen=True)
@@ -121,17 +123,24 @@ class Event:
     seen_at: int
 
     def sentence(self) -> str:
-        what = (f"layer {self.layer} snapped" if self.kind == "snap" else
-                f"layer {self.layer} head {self.head} became a {self.kind.replace('_', '-')}"
-                " head")  # fmt: skip
-        return (f"scansnap: {what} near step {_num(self.step)} [{_num(self.lo)}, {_num(self.hi)}]"
-                f" (seen at step {self.seen_at})")  # fmt: skip
+        what = (
+            f"layer {self.layer} snapped"
+            if self.kind == "snap"
+            else f"layer {self.layer} head {self.head} became a {self.kind.replace('_', '-')} head"
+        )
+        return (
+            f"scansnap: {what} near step {_num(self.step)} [{_num(self.lo)}, {_num(self.hi)}]"
+            f" (seen at step {self.seen_at})"
+        )
 
     def metrics(self) -> dict[str, float]:
         where = f"{PREFIX}/layer{self.layer}" + ("" if self.head is None else f"/head{self.head}")
         name = "snap_step" if self.kind == "snap" else f"{self.kind}_step"
-        return {f"{where}/{name}": self.step, f"{where}/{name}_lo": self.lo,
-                f"{where}/{name}_hi": self.hi}  # fmt: skip
+        return {
+            f"{where}/{name}": self.step,
+            f"{where}/{name}_lo": self.lo,
+            f"{where}/{name}_hi": self.hi,
+        }
 
 
 def _num(x: float) -> str:
@@ -244,8 +253,9 @@ class Live:
             self._no_groups = "no corpus statistics (record with stats=)"
         else:
             try:
-                groups = TokenGroups.from_statistics(stats, plan.queries.tolist(),
-                                                     self.settings.classification)  # fmt: skip
+                groups = TokenGroups.from_statistics(
+                    stats, plan.queries.tolist(), self.settings.classification
+                )
                 self._units = QueryTokens.of_plan(plan, groups)
                 self._classes = ClassTokens.of_plan(plan, groups)
                 if not self._classes.num_classes:
@@ -339,9 +349,18 @@ class Live:
             if 2 * int(done.sum()) < len(rows):
                 continue
             rows = rows[done]
-            found.append(Event(f"snap/layer{layer}", "snap", layer, None,
-                               _median(rows["snap_step"]), _median(rows["snap_step_grid_lo"]),
-                               _median(rows["snap_step_grid_hi"]), step))  # fmt: skip
+            found.append(
+                Event(
+                    f"snap/layer{layer}",
+                    "snap",
+                    layer,
+                    None,
+                    _median(rows["snap_step"]),
+                    _median(rows["snap_step_grid_lo"]),
+                    _median(rows["snap_step_grid_hi"]),
+                    step,
+                )
+            )
         return found
 
     def _new_events(self, step: int) -> list[Event]:
@@ -354,9 +373,11 @@ class Live:
             moves = torch.stack(self._moves, -1)  # [L, H, S - 1]
             snap = snap_step(steps, moves)[0]  # over every checkpoint: the first look
             held = ((1 + snap) * HELD <= 1 + step) & (self._distance >= MIN_MOVED)
-            looking = [layer for i, layer in enumerate(run.layers)
-                       if f"snap/layer{layer}" not in seen
-                       and 2 * int(held[i].sum()) >= len(run.heads)]  # fmt: skip
+            looking = [
+                layer
+                for i, layer in enumerate(run.layers)
+                if f"snap/layer{layer}" not in seen and 2 * int(held[i].sum()) >= len(run.heads)
+            ]
             if looking and self._read + len(self.steps) <= LOOK_READS * len(self.steps):
                 found += self._snaps(looking, step)
         first_rows = {n: self._first.values[n] for n in HEAD_TYPES if n in self._first.values}
@@ -376,8 +397,18 @@ class Live:
                 event = f"{name}/layer{layer}/head{head}"
                 if event in seen:
                     continue
-                found.append(Event(event, name, layer, head, float(at[i, j]),
-                                           float(lo[i, j]), float(hi[i, j]), step))  # fmt: skip
+                found.append(
+                    Event(
+                        event,
+                        name,
+                        layer,
+                        head,
+                        float(at[i, j]),
+                        float(lo[i, j]),
+                        float(hi[i, j]),
+                        step,
+                    )
+                )
         return found
 
 

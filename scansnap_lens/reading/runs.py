@@ -147,8 +147,12 @@ class RunComparison:
         make_folder(path)
         said = {"runs": self.runs, "warnings": self.warnings}
         write_text(path / "runs.json", json.dumps(said, indent=1))
-        extra = (("matching", self.matching), ("losses", self.losses), ("design", self.design),
-                 ("split", self.split))  # fmt: skip
+        extra = (
+            ("matching", self.matching),
+            ("losses", self.losses),
+            ("design", self.design),
+            ("split", self.split),
+        )
         for name, frame in extra:
             if frame is not None and len(frame.columns):
                 write_text(path / f"{name}.csv", frame.to_csv(index=False))
@@ -165,9 +169,10 @@ class RunComparison:
         runs = said["runs"]
         matching, losses, design, split = (
             pd.read_csv(path / f"{name}.csv", keep_default_na=False, na_values=[""])
-            if (path / f"{name}.csv").is_file() else None
+            if (path / f"{name}.csv").is_file()
+            else None
             for name in ("matching", "losses", "design", "split")
-        )  # fmt: skip
+        )
         per_run = pd.read_csv(path / "per_run.csv", keep_default_na=False, na_values=[""])
         table = pd.read_csv(path / "across_runs.csv", keep_default_na=False, na_values=[""])
         layers = None
@@ -175,8 +180,17 @@ class RunComparison:
             layers = pd.read_csv(path / "across_runs_layers.csv")
         if design is not None:
             design = design.astype({"run": str, "init": object, "data": object})
-        return cls([str(r) for r in runs], per_run, table, layers, matching,
-                   said.get("warnings", []), losses, design, split)  # fmt: skip
+        return cls(
+            [str(r) for r in runs],
+            per_run,
+            table,
+            layers,
+            matching,
+            said.get("warnings", []),
+            losses,
+            design,
+            split,
+        )
 
     def __repr__(self) -> str:
         scans = self.table.get("scans_runs")
@@ -203,8 +217,10 @@ def compare_runs(
     runs = [str(r) for r in summaries]
     formed = columns("formed", entries)  # head types: their score and formation step
     across = [*ACROSS, *[c for f in formed for c in (f.removesuffix("_step"), f)]]
-    last = max((float(s["final_step"].max()) for s in summaries.values() if "final_step" in s),
-               default=math.inf)  # fmt: skip
+    last = max(
+        (float(s["final_step"].max()) for s in summaries.values() if "final_step" in s),
+        default=math.inf,
+    )
     ranges = {**RANGE, **{c: (0.0, 1.0) for c in across if c not in ACROSS and c not in formed}}
     ranges.update({c: (0.0, last) for c in ("snap_step", *formed)})
     frames = []
@@ -232,8 +248,9 @@ def compare_runs(
             steps = name in LOG_SCALE or name in formed
             bounds = own_bounds(group, name) if steps else None  # a run knows no better
             init, data = (labels.reindex(group["run"])[k].tolist() for k in ("init", "data"))
-            mean, sd, lo, hi = interval_over_runs(values, steps, bounds=bounds, init=init,
-                                                  data=data)  # fmt: skip
+            mean, sd, lo, hi = interval_over_runs(
+                values, steps, bounds=bounds, init=init, data=data
+            )
             if name in ranges and not math.isnan(lo):
                 lo, hi = max(lo, ranges[name][0]), min(hi, ranges[name][1])
             row[f"{name}_mean"], row[f"{name}_sd"] = mean, sd
@@ -261,8 +278,9 @@ def compare_runs(
     warnings += _design_warnings(design)
     layers = _by_layer(per_run, runs, entries, last, labels)
     split = _split(per_run, layers, runs, labels)
-    return RunComparison(runs, per_run, pd.DataFrame(rows), layers, warnings=warnings,
-                         design=design, split=split)  # fmt: skip
+    return RunComparison(
+        runs, per_run, pd.DataFrame(rows), layers, warnings=warnings, design=design, split=split
+    )
 
 
 def _groups_said(values: pd.Series) -> str | float:
@@ -317,12 +335,14 @@ def _split(per_run, layers, runs: list[str], labels) -> pd.DataFrame | None:
             if name not in by_run:
                 continue
             values = by_run[name].reindex(runs).astype(float).to_numpy()
-            frames.append(split(values, name in LOG_SCALE, layer=int(layer), head=int(head),
-                                figure=name))  # fmt: skip
+            frames.append(
+                split(values, name in LOG_SCALE, layer=int(layer), head=int(head), figure=name)
+            )
     for row in layers.to_dict("records"):
         values = np.array([row.get(f"snap_step_median_{r}", math.nan) for r in runs], float)
-        frames.append(split(values, True, layer=int(row["layer"]), head=math.nan,
-                            figure="snap_step_median"))  # fmt: skip
+        frames.append(
+            split(values, True, layer=int(row["layer"]), head=math.nan, figure="snap_step_median")
+        )
     frames = [f for f in frames if len(f)]
     if not frames:
         return None
@@ -338,8 +358,10 @@ def _by_layer(
     """Per layer: each run's layer figures (`LAYER`, and the heads that formed each head type
     of `entries`) and their interval over runs; a step figure's holds the runs' own bounds
     (the median of the heads' bounds bounds their median step), within [0, `last`]."""
-    formed = {c.removesuffix("_step") + "_heads": (c, lambda v: float(v.notna().sum()))
-              for c in columns("formed", entries)}  # fmt: skip
+    formed = {
+        c.removesuffix("_step") + "_heads": (c, lambda v: float(v.notna().sum()))
+        for c in columns("formed", entries)
+    }
     counts = {"scanning_heads", *formed}
     rows = []
     for layer, group in per_run.groupby("layer", sort=True):
@@ -356,10 +378,14 @@ def _by_layer(
             if figure in LOG_SCALE:
                 bounds = np.array([median_bounds(g, column) for g in by_run])
             order = [runs[int(g["run_index"].iloc[0])] for g in by_run]
-            init, data = (None, None) if labels is None else (
-                labels.reindex(order)[k].tolist() for k in ("init", "data"))  # fmt: skip
-            mean, _, lo, hi = interval_over_runs(values, figure in LOG_SCALE, bounds=bounds,
-                                                 init=init, data=data)  # fmt: skip
+            init, data = (
+                (None, None)
+                if labels is None
+                else (labels.reindex(order)[k].tolist() for k in ("init", "data"))
+            )
+            mean, _, lo, hi = interval_over_runs(
+                values, figure in LOG_SCALE, bounds=bounds, init=init, data=data
+            )
             if figure in counts and not math.isnan(lo):  # a count of the layer's heads
                 lo, hi = max(lo, 0.0), min(hi, float(heads))
             if figure in LOG_SCALE and not math.isnan(lo):
@@ -570,13 +596,17 @@ def measure_runs(
     comparison = compare_runs(summaries, entries, run_design(runs, design))
     comparison.matching = matching
     comparison.losses = pd.DataFrame(
-        [(name, step, loss) for name, traj in trajs.items()
-         for step, loss in zip(traj.steps.tolist(), traj.loss.tolist())],
+        [
+            (name, step, loss)
+            for name, traj in trajs.items()
+            for step, loss in zip(traj.steps.tolist(), traj.loss.tolist())
+        ],
         columns=["run", "step", "loss"],
-    )  # fmt: skip
+    )
     if why:
         comparison.warnings.append(f"heads matched by index: {why}")
     for name, traj in trajs.items():  # a run's steps are read between the checkpoints it has
-        comparison.warnings += [f"{name}: step {s['step']} not recorded ({s['error']})"
-                                for s in traj.skipped]  # fmt: skip
+        comparison.warnings += [
+            f"{name}: step {s['step']} not recorded ({s['error']})" for s in traj.skipped
+        ]
     return comparison

@@ -70,13 +70,40 @@ __all__ = [
 # the plan's size of each plan axis
 # Names a trajectory or a checkpoint record uses itself: an aggregate of one of these names
 # would shadow it (tests/recording/test_trajectory.py keeps the set complete).
-RESERVED = frozenset({
-    "plan", "steps", "layers", "heads", "step_unit", "skipped", "meta", "prompt",
-    "prompt_pattern", "aggregates", "rows", "values", "step", "num_steps", "replace", "holds",
-    "from_records", "class_slot", "class_attention", "attention", "logits", "select",
-    "to_dataframe", "entropy_dataframe", "save", "load", "entries", "loss", "loss_on",
-    "recording",
-})  # fmt: skip
+RESERVED = frozenset(
+    {
+        "plan",
+        "steps",
+        "layers",
+        "heads",
+        "step_unit",
+        "skipped",
+        "meta",
+        "prompt",
+        "prompt_pattern",
+        "aggregates",
+        "rows",
+        "values",
+        "step",
+        "num_steps",
+        "replace",
+        "holds",
+        "from_records",
+        "class_slot",
+        "class_attention",
+        "attention",
+        "logits",
+        "select",
+        "to_dataframe",
+        "entropy_dataframe",
+        "save",
+        "load",
+        "entries",
+        "loss",
+        "loss_on",
+        "recording",
+    }
+)
 
 AXES = {
     "pairs": "num_pairs",
@@ -158,8 +185,9 @@ class Aggregate:
                 f" field of that name (reserved: {', '.join(sorted(RESERVED))}); choose another"
             )
         if self.axis not in AXES:
-            raise ValueError(f"aggregate {self.name}: axis must be one of {list(AXES)}, got"
-                             f" {self.axis!r}")  # fmt: skip
+            raise ValueError(
+                f"aggregate {self.name}: axis must be one of {list(AXES)}, got {self.axis!r}"
+            )
         if self.reads not in ("scores", "weights"):
             raise ValueError(f"aggregate {self.name}: reads must be 'scores' or 'weights'")
         if self.axis == "rows":
@@ -213,8 +241,9 @@ class Aggregate:
             raise ValueError(f"aggregate {name}: unreadable entry {entry!r}")
         if axis == "rows":
             return cls(name, axis, str(entry.get("doc", "")), key=key, positions=_unavailable)
-        return cls(name, axis, str(entry.get("doc", "")), key=key, gather=_unavailable,
-                   count=_unavailable)  # fmt: skip
+        return cls(
+            name, axis, str(entry.get("doc", "")), key=key, gather=_unavailable, count=_unavailable
+        )
 
 
 def _unavailable(*args):
@@ -302,8 +331,9 @@ def earlier_copies(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Every position q and each earlier position holding the same token (a duplicate-token
     head's targets); quadratic in a row's copies of one token, for a notebook's use."""
     T = x.shape[1]
-    same = (x[:, :, None] == x[:, None, :]) & torch.ones(T, T, dtype=torch.bool,
-                                                          device=x.device).tril(-1)  # fmt: skip
+    same = (x[:, :, None] == x[:, None, :]) & torch.ones(
+        T, T, dtype=torch.bool, device=x.device
+    ).tril(-1)
     return torch.nonzero(same, as_tuple=True)
 
 
@@ -314,9 +344,12 @@ RANDOM_HALF = 64  # tokens repeated in each (at most half the evaluation rows' l
 
 
 def repeated_random_rows(
-    tokens: Tensor, vocab_size: int, rows: int = RANDOM_ROWS, half: int = RANDOM_HALF,
+    tokens: Tensor,
+    vocab_size: int,
+    rows: int = RANDOM_ROWS,
+    half: int = RANDOM_HALF,
     seed: int = 0,
-) -> tuple[Tensor, str] | None:  # fmt: skip
+) -> tuple[Tensor, str] | None:
     """Repeated random tokens for the induction score, where the evaluation rows have fewer
     than `ROWS_NEEDED` rows with `REPEATS_PER_ROW` induction positions; else None.
 

@@ -101,8 +101,7 @@ def _kind(attn, known: dict) -> str | None:
     return None
 
 
-def fusable_layers(model, last_layer: int, device, positions: int | None = None
-                   ) -> dict[int, str]:  # fmt: skip
+def fusable_layers(model, last_layer: int, device, positions: int | None = None) -> dict[int, str]:
     """{layer <= `last_layer`: its kind ("joint", "joint_rotary", "native")} for the layers
     whose attention `fused_attention` can run (none where the switch, the device, the rows'
     `positions` or the model says no)."""
@@ -254,8 +253,10 @@ def _native(mod, eager: Callable, on_qk: Callable | None):
         if mod.training or attention_mask is not None:
             return eager(hidden_states, attention_mask, position_ids, **kwargs)
         B, T, _ = hidden_states.shape
-        q, k, v = (proj(hidden_states).view(B, T, mod.n_heads, mod.d_head).transpose(1, 2)
-                   for proj in (mod.q, mod.k, mod.v))  # fmt: skip
+        q, k, v = (
+            proj(hidden_states).view(B, T, mod.n_heads, mod.d_head).transpose(1, 2)
+            for proj in (mod.q, mod.k, mod.v)
+        )
         if mod.rotary is not None:
             q, k = mod.rotary.apply_rope(q, k, position_ids=position_ids)
         out = _flash(q, k, v, 1.0 / mod.scale, on_qk)
@@ -265,8 +266,12 @@ def _native(mod, eager: Callable, on_qk: Callable | None):
 
 
 @contextlib.contextmanager
-def fused_attention(model, layers: dict[int, str], on_qk: Callable[[int], Callable | None],
-                    masks: MaskCheck | None = None):  # fmt: skip
+def fused_attention(
+    model,
+    layers: dict[int, str],
+    on_qk: Callable[[int], Callable | None],
+    masks: MaskCheck | None = None,
+):
     """Inside, each layer of `layers` ({layer: kind}, `fusable_layers`) runs fused attention
     and calls ``on_qk(layer)``'s reader (None: reads nothing); after, the eager methods are
     back.  `masks` checks the passes' attention masks (its `verify` is the caller's)."""
@@ -324,8 +329,16 @@ class FusedReads:
     LINE_SHARE = 0.25
 
     @classmethod
-    def of(cls, flat: Tensor, n: int, zbar_pairs: Tensor | None, B: int, H: int, T: int,
-           window: int | None = None) -> FusedReads:  # fmt: skip
+    def of(
+        cls,
+        flat: Tensor,
+        n: int,
+        zbar_pairs: Tensor | None,
+        B: int,
+        H: int,
+        T: int,
+        window: int | None = None,
+    ) -> FusedReads:
         """From the batch's reads `flat` [n + J] (head 0 into [B, H, T, T]; the first n the
         position aggregates'; the plan's within `window` keys before their query), on the
         host."""
@@ -395,8 +408,9 @@ class FusedReads:
         B, nb, N = self.rows.shape
         return lse.gather(2, self.rows.view(B, 1, nb * N).expand(-1, lse.shape[1], -1))
 
-    def position_weights(self, q: Tensor, k: Tensor, lse: Tensor, scale: float,
-                         heads: Tensor | None) -> Tensor:  # fmt: skip
+    def position_weights(
+        self, q: Tensor, k: Tensor, lse: Tensor, scale: float, heads: Tensor | None
+    ) -> Tensor:
         """[n, H'] the weights at the position reads, of `heads` (None: all)."""
         if not self.lines or q.device.type != "cpu":  # a GPU: each line's calls cost more
             return self._read_weights(self.at, q, k, lse, scale, heads)
@@ -418,8 +432,9 @@ class FusedReads:
         return out
 
     @staticmethod
-    def _read_weights(at: Tensor, q: Tensor, k: Tensor, lse: Tensor, scale: float,
-                      heads: Tensor | None) -> Tensor:  # fmt: skip
+    def _read_weights(
+        at: Tensor, q: Tensor, k: Tensor, lse: Tensor, scale: float, heads: Tensor | None
+    ) -> Tensor:
         """[n, H'] the weights at reads `at` [n, 3], a dot product each."""
         heads = torch.arange(q.shape[1], device=q.device) if heads is None else heads
         (q_rows, qs), (k_rows, ks), (lse_at, ls) = _rows(q), _rows(k), _rows(lse[..., None])

@@ -122,12 +122,20 @@ def _cat(tensors: list[Tensor]) -> Tensor:
 def _index_bytes(kept) -> int:
     """The bytes of a batch's kept index tensors (views of one storage counted once)."""
     batch, positions, counts, fused = kept
-    tensors = [*(vars(batch).values() if batch is not None else ()), *counts.values(),
-               *(vars(fused).values() if fused is not None else ()), positions.reads,
-               positions.slot, positions.tokens]  # fmt: skip
+    tensors = [
+        *(vars(batch).values() if batch is not None else ()),
+        *counts.values(),
+        *(vars(fused).values() if fused is not None else ()),
+        positions.reads,
+        positions.slot,
+        positions.tokens,
+    ]
     tensors += [t for line in (fused.lines if fused is not None else ()) for t in line]
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                for t in tensors if isinstance(t, Tensor)}  # fmt: skip
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for t in tensors
+        if isinstance(t, Tensor)
+    }
     return sum(storages.values())
 
 
@@ -153,11 +161,13 @@ class _Batch:
     def to(self, device, flat: Tensor) -> _Batch:
         """This batch (as `index` makes it) on `device`, copied without the host waiting,
         with `flat` [J] its indices there."""
-        moved = {k: _to_device(v, device) if isinstance(v, Tensor) else v
-                 for k, v in vars(self).items()}  # fmt: skip
+        moved = {
+            k: _to_device(v, device) if isinstance(v, Tensor) else v for k, v in vars(self).items()
+        }
         pairs = moved["zbar_pairs"]
-        return _Batch(**{**moved, "flat": flat,
-                         "zbar_flat": flat if pairs is None else flat[pairs]})  # fmt: skip
+        return _Batch(
+            **{**moved, "flat": flat, "zbar_flat": flat if pairs is None else flat[pairs]}
+        )
 
 
 @dataclass
@@ -191,8 +201,15 @@ class _Sums:
     times) their means moved by at most 7e-6, for no buffer of their (most) slots.
     """
 
-    def __init__(self, sizes: dict[str, int], n_layers: int, n_heads: int, device,
-                 buffered: Sequence[str] = (), every_layer: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        sizes: dict[str, int],
+        n_layers: int,
+        n_heads: int,
+        device,
+        buffered: Sequence[str] = (),
+        every_layer: bool = False,
+    ):
         starts = np.cumsum([0, *sizes.values()])
         self.region = {k: (int(a), int(b)) for k, a, b in zip(sizes, starts[:-1], starts[1:])}
 
@@ -208,9 +225,12 @@ class _Sums:
         # GPU's hooks are bound by their operations): per aggregate and for the whole layout,
         # each layer's [slots, H] (index i), and where `every_layer` every layer's
         # [slots, L * H] (index -1)
-        self.slots = {name: self._views(self.buffer[name] if name in self.buffer
-                                        else self.total[a:b], every_layer)
-                      for name, (a, b) in self.region.items()}  # fmt: skip
+        self.slots = {
+            name: self._views(
+                self.buffer[name] if name in self.buffer else self.total[a:b], every_layer
+            )
+            for name, (a, b) in self.region.items()
+        }
         self.layout = self._views(self.total, every_layer)
 
     @staticmethod
@@ -250,9 +270,18 @@ class _HookAggregator:
     length (on a GPU, short rows keep the eager attention: `fused.GPU_MIN_POSITIONS`).
     """
 
-    def __init__(self, model, plan: RecordPlan, layers, heads, device,
-                 aggregates: Sequence[Aggregate], rows: int, state=None,
-                 positions: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        plan: RecordPlan,
+        layers,
+        heads,
+        device,
+        aggregates: Sequence[Aggregate],
+        rows: int,
+        state=None,
+        positions: int | None = None,
+    ):
         self.model, self.plan = model, plan
         self.layers, self.heads = list(layers), torch.as_tensor(list(heads))
         self.heads_on_device = self.heads.to(device)
@@ -271,9 +300,14 @@ class _HookAggregator:
         self.can_defer = torch.device(device).type in self.DEFER_ON and all(
             a in AGGREGATES for a in self.on_plan
         )
-        self.sums = _Sums({a.name: sizes[a.name] for a in order}, len(self.layers),
-                          len(self.heads), device, [a.name for a in self.read_scores],
-                          every_layer=self.can_defer)  # fmt: skip
+        self.sums = _Sums(
+            {a.name: sizes[a.name] for a in order},
+            len(self.layers),
+            len(self.heads),
+            device,
+            [a.name for a in self.read_scores],
+            every_layer=self.can_defer,
+        )
         self.row_counts = {a.name: torch.zeros(rows, dtype=torch.long) for a in self.on_rows}
         self.rows_done = 0
         self.loss_sum, self.loss_tokens = torch.zeros((), dtype=torch.float64, device=device), 0
@@ -310,9 +344,11 @@ class _HookAggregator:
         """The slots of (query slot, token) pairs, (query slot, next token) classes and
         (class, token) triples."""
         plan, qs, V = self.plan, self.query_slot, self.plan.vocab_size
-        return (_Lookup(qs[plan.pair_query], plan.pair_token, plan.num_queries, V),
-                _Lookup(qs[plan.class_query], plan.class_next, plan.num_queries, V),
-                _Lookup(plan.triple_class, plan.triple_token, plan.num_classes, V))  # fmt: skip
+        return (
+            _Lookup(qs[plan.pair_query], plan.pair_token, plan.num_queries, V),
+            _Lookup(qs[plan.class_query], plan.class_next, plan.num_queries, V),
+            _Lookup(plan.triple_class, plan.triple_token, plan.num_classes, V),
+        )
 
     # -- indices ---------------------------------------------------------------------
     def index(self, x: Tensor) -> _Batch:
@@ -381,10 +417,16 @@ class _HookAggregator:
         flats, slots, counts = [torch.zeros(0, dtype=torch.long)], [], {}
         for agg in self.on_rows:
             row, q, k = (torch.as_tensor(t).cpu().long() for t in agg.positions(x))
-            if agg not in AGGREGATES and row.numel() and (  # a user's: checked (one sync)
-                int(row.min()) < 0 or int(row.max()) >= B
-                or int(torch.minimum(q, k).min()) < 0 or int(torch.maximum(q, k).max()) >= T
-            ):  # fmt: skip
+            if (
+                agg not in AGGREGATES
+                and row.numel()
+                and (  # a user's: checked (one sync)
+                    int(row.min()) < 0
+                    or int(row.max()) >= B
+                    or int(torch.minimum(q, k).min()) < 0
+                    or int(torch.maximum(q, k).max()) >= T
+                )
+            ):
                 raise ValueError(
                     f"aggregate {agg.name}: positions(x) lists positions outside the batch"
                     f" [{B}, {T}]"
@@ -438,8 +480,11 @@ class _HookAggregator:
             # one gather for every read of the layer (a GPU's hooks cost what they launch)
             read = pos.reads if weights else pos.reads[: pos.n]
             gathered = self.at_heads(pattern, read)
-            self._read(i, at_positions=gathered[: pos.n] if pos.n else None,
-                       at_plan=gathered[pos.n :] if weights else None)  # fmt: skip
+            self._read(
+                i,
+                at_positions=gathered[: pos.n] if pos.n else None,
+                at_plan=gathered[pos.n :] if weights else None,
+            )
             return None
 
         return hook
@@ -471,8 +516,13 @@ class _HookAggregator:
 
         return read
 
-    def _read(self, i: int, zbar: Tensor | None = None, at_positions: Tensor | None = None,
-              at_plan: Tensor | None = None) -> None:  # fmt: skip
+    def _read(
+        self,
+        i: int,
+        zbar: Tensor | None = None,
+        at_positions: Tensor | None = None,
+        at_plan: Tensor | None = None,
+    ) -> None:
         """What layer `i` read: the scores at the plan's pairs [J'', H], the weights at the
         position reads [n, H] and at the plan's pairs [J, H] (None: not read).  Summed at
         once, or, where the pass defers (`defer`), kept until its end and summed for every
@@ -501,16 +551,16 @@ class _HookAggregator:
             for i, r in reads.items():
                 self._sum(i, *r)
 
-    def _sum(self, i: int, zbar: Tensor | None, at_positions: Tensor | None,
-             at_plan: Tensor | None) -> None:  # fmt: skip
+    def _sum(
+        self, i: int, zbar: Tensor | None, at_positions: Tensor | None, at_plan: Tensor | None
+    ) -> None:
         """Add layer `i`'s reads ([n, H] each; layer -1: every layer's, [n, L * H]) into the
         sums."""
         if zbar is not None:
             self._add(i, self.read_scores, Gathered(self.batch, scores=zbar))
         self._add_weights(i, at_positions, at_plan)
 
-    def _add_weights(self, i: int, at_positions: Tensor | None, at_plan: Tensor | None
-                     ) -> None:  # fmt: skip
+    def _add_weights(self, i: int, at_positions: Tensor | None, at_plan: Tensor | None) -> None:
         """Add the weights read at the batch's position reads [n, H] and at the plan's reads
         [J, H] (`_Positions`; None: not read) into the sums of layer `i` (-1: every layer,
         [n, L * H]): every weight aggregate's values by one scatter into the whole layout."""
@@ -676,8 +726,9 @@ class _HookAggregator:
             self.stop_after = None if with_loss > 0 else max(self.layers)
             on_device = self.positions.tokens
             if with_loss > 0:  # the whole forward, to the unembedding: its loss per next token
-                logits = self.model.run_with_hooks(on_device, return_type="logits",
-                                                   fwd_hooks=self.hooks())  # fmt: skip
+                logits = self.model.run_with_hooks(
+                    on_device, return_type="logits", fwd_hooks=self.hooks()
+                )
                 per_token = next_token_loss(logits[:with_loss], on_device[:with_loss])
                 if self.loss_last:  # the training's loss is on each row's final prediction
                     per_token = per_token[:, -1:]
@@ -700,9 +751,14 @@ class _HookAggregator:
         """`part`'s index tensors on the device: made on the host, or kept from an earlier
         checkpoint of the run (`RunState.indices`)."""
         fused = any(layer in self.fused for layer in self.layers)
-        key = (bool(self.on_plan), fused, tuple(a.name for a in self.on_rows), self.rows_done,
-               tuple(self.sums.region[a.name] for a in self.on_rows),
-               _digest(part))  # fmt: skip
+        key = (
+            bool(self.on_plan),
+            fused,
+            tuple(a.name for a in self.on_rows),
+            self.rows_done,
+            tuple(self.sums.region[a.name] for a in self.on_rows),
+            _digest(part),
+        )
         kept = self.state.indices.get(key)
         if kept is None:
             batch = self.index(part) if self.on_plan else None
@@ -712,15 +768,22 @@ class _HookAggregator:
                 flat = torch.cat([flat, batch.flat])
             where = None
             if fused:
-                where = FusedReads.of(flat, n, None if batch is None else batch.zbar_pairs,
-                                      part.shape[0], self.n_heads, part.shape[1],
-                                      self.plan.window)  # fmt: skip
+                where = FusedReads.of(
+                    flat,
+                    n,
+                    None if batch is None else batch.zbar_pairs,
+                    part.shape[0],
+                    self.n_heads,
+                    part.shape[1],
+                    self.plan.window,
+                )
                 where = where.to(self.device, _to_device)
             reads = _to_device(flat, self.device)  # head 0's: each hook reads every head's
             if batch is not None:
                 batch = batch.to(self.device, reads[n:])
-            positions = _Positions(reads, _to_device(slot, self.device), n,
-                                   _to_device(part, self.device))  # fmt: skip
+            positions = _Positions(
+                reads, _to_device(slot, self.device), n, _to_device(part, self.device)
+            )
             kept = (batch, positions, counts, where)
             size = _index_bytes(kept)
             if self.state.keep_indices and self.state.index_bytes + size <= self.KEEP_INDEX_BYTES:
@@ -793,8 +856,13 @@ def next_token_loss(logits: Tensor, tokens: Tensor) -> Tensor:
     if logits.device.type != "cpu":
         return torch.logsumexp(logits.float(), -1).sub_(picked)
     per = max(1, LOSS_CHUNK_BYTES // (4 * V))  # positions at a time
-    lse = torch.cat([torch.logsumexp(row[start : start + per].float(), -1)
-                     for row in logits for start in range(0, T, per)])  # fmt: skip
+    lse = torch.cat(
+        [
+            torch.logsumexp(row[start : start + per].float(), -1)
+            for row in logits
+            for start in range(0, T, per)
+        ]
+    )
     return lse.view(B, T).sub_(picked)
 
 
@@ -821,8 +889,9 @@ def evaluating(model: HookedModel):
     switched: a bridge's ``eval()`` walks its whole module tree, which takes longer than a
     small model's forward pass on a GPU, and a checkpoint is recorded with several."""
     roots = [model, getattr(model, "original_model", None)]
-    training = [m for r in roots if isinstance(r, torch.nn.Module) for m in r.modules()
-                if m.training]  # fmt: skip
+    training = [
+        m for r in roots if isinstance(r, torch.nn.Module) for m in r.modules() if m.training
+    ]
     if training:
         model.eval()
     try:
@@ -979,8 +1048,9 @@ def count_rows(tokens) -> int:
     """N, the evaluation rows of `tokens` ([N, T] or [B, T] batches)."""
     if isinstance(tokens, Tensor):
         return int(tokens.shape[0])
-    return sum(int(torch.as_tensor(b).reshape(-1, torch.as_tensor(b).shape[-1]).shape[0])
-               for b in tokens)  # fmt: skip
+    return sum(
+        int(torch.as_tensor(b).reshape(-1, torch.as_tensor(b).shape[-1]).shape[0]) for b in tokens
+    )
 
 
 def _warn_broken(model, step: int) -> None:
@@ -1056,18 +1126,18 @@ def record_checkpoint(
     main = [a for a in aggregates if a not in own]
     rows = sum(x.shape[0] for x in batches)
     positions = max((x.shape[1] for x in batches), default=None)
-    aggregator = _HookAggregator(model, plan, layers, heads, device, main, rows, state,
-                                 positions)  # fmt: skip
+    aggregator = _HookAggregator(model, plan, layers, heads, device, main, rows, state, positions)
     aggregator.loss_last = loss_on == "last"
     fingerprint = 0
     start = time.perf_counter()
     values = {}
     with evaluating(model):
         for done, x in enumerate(
-            tqdm(batches, desc=f"record step {step}", unit="batch", disable=not progress,
-                 leave=False),
+            tqdm(
+                batches, desc=f"record step {step}", unit="batch", disable=not progress, leave=False
+            ),
             1,
-        ):  # fmt: skip
+        ):
             check_tokens(x, vocab)
             fingerprint = (
                 fingerprint + rows_fingerprint(list(x.cpu().numpy().astype(np.int64)))
@@ -1082,8 +1152,11 @@ def record_checkpoint(
             )
         values.update(aggregator.means())
         for agg in own:  # an aggregate that reads rows of its own: one pass over them
-            values.update(_own_rows_means(model, plan, layers, heads, device, agg,
-                                          sources[agg.name][0], batch_size, state))  # fmt: skip
+            values.update(
+                _own_rows_means(
+                    model, plan, layers, heads, device, agg, sources[agg.name][0], batch_size, state
+                )
+            )
     return CheckpointRecord(
         step=int(step),
         values={a.name: values[a.name] for a in aggregates},
@@ -1096,8 +1169,9 @@ def record_checkpoint(
 def _own_rows_means(model, plan, layers, heads, device, agg, rows, batch_size, state):
     """{name: [L, H, R]} of a position aggregate over rows of its own [R, T']."""
     check_tokens(rows, model_vocab_size(model))
-    extra = _HookAggregator(model, plan, layers, heads, device, [agg], rows.shape[0], state,
-                            rows.shape[1])  # fmt: skip
+    extra = _HookAggregator(
+        model, plan, layers, heads, device, [agg], rows.shape[0], state, rows.shape[1]
+    )
     for x in rows.split(batch_size):
         extra.run(x)
     return extra.means()

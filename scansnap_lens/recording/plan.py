@@ -120,8 +120,9 @@ class RecordPlan:
         queries, inverse = torch.unique(class_query, return_inverse=True)
         query_events = torch.zeros(queries.numel(), dtype=torch.long)
         query_events.index_add_(0, inverse, class_events.long())
-        pair_keys, inverse = torch.unique(class_query[triple_class] * V + triple_token,
-                                          return_inverse=True)  # fmt: skip
+        pair_keys, inverse = torch.unique(
+            class_query[triple_class] * V + triple_token, return_inverse=True
+        )
         pair_count = torch.zeros(pair_keys.numel(), dtype=torch.long)
         pair_count.index_add_(0, inverse, triple_count.long())
         new_index = torch.cumsum(keep.long(), 0) - 1
@@ -286,16 +287,25 @@ class RecordPlan:
         if out:
             return out
         V = self.vocab_size
-        for name in ("queries", "class_query", "class_next", "pair_query", "pair_token",
-                     "triple_token"):  # fmt: skip
+        for name in (
+            "queries",
+            "class_query",
+            "class_next",
+            "pair_query",
+            "pair_token",
+            "triple_token",
+        ):
             t = getattr(self, name)
             if t.numel() and (int(t.min()) < 0 or int(t.max()) >= V):
                 out.append(f"{name} ids lie outside [0, vocab_size={V})")
         c = self.triple_class
         if c.numel() and (int(c.min()) < 0 or int(c.max()) >= self.num_classes):
             out.append("triple_class points outside the classes")
-        for name, keys in (("pairs", self.pair_keys), ("classes", self.class_keys),
-                           ("triples", self.triple_keys)):  # fmt: skip
+        for name, keys in (
+            ("pairs", self.pair_keys),
+            ("classes", self.class_keys),
+            ("triples", self.triple_keys),
+        ):
             if keys.numel() > 1 and not bool((torch.diff(keys) > 0).all()):
                 out.append(f"the {name} are not sorted and unique")
         return out
@@ -394,8 +404,15 @@ def _hash_uniform(keys: Tensor, seed: int) -> Tensor:
     return ((x >> 11) & ((1 << 53) - 1)).double() / float(1 << 53)
 
 
-def _power_plan(stats: CooccurrenceStats, groups, max_slots: int | None, common_per_query: int,
-                classes_per_query: int, include_self: bool, seed: int):  # fmt: skip
+def _power_plan(
+    stats: CooccurrenceStats,
+    groups,
+    max_slots: int | None,
+    common_per_query: int,
+    classes_per_query: int,
+    include_self: bool,
+    seed: int,
+):
     """The triples and kept classes of a plan made for power: the queries whose distinct and
     common tokens (by `groups`) both occur in the evaluation contexts, most events first, while
     they fit `max_slots` values per head; each keeps its distinct tokens and a uniform sample
@@ -415,8 +432,9 @@ def _power_plan(stats: CooccurrenceStats, groups, max_slots: int | None, common_
         torch.repeat_interleave(groups.query, sizes) * V
         + torch.cat([*groups.distinct, torch.empty(0, dtype=torch.long)]).long()
     )
-    c_keys = torch.cat([m * V + t.long() for m, t in groups.common.items()]
-                       or [torch.empty(0, dtype=torch.long)])  # fmt: skip
+    c_keys = torch.cat(
+        [m * V + t.long() for m, t in groups.common.items()] or [torch.empty(0, dtype=torch.long)]
+    )
     is_d = torch.isin(keys, d_keys)
     is_c = torch.isin(keys, c_keys) & ~is_d
     ids = torch.unique(stats.query)
@@ -539,8 +557,15 @@ def plan_recording(
     seed = int(stats_all.fingerprint[:8], 16)
     power = None
     if groups is not None and queries is None:
-        power = _power_plan(stats_all.canonical(), groups, max_slots, common_per_query,
-                            classes_per_query, include_self, seed)  # fmt: skip
+        power = _power_plan(
+            stats_all.canonical(),
+            groups,
+            max_slots,
+            common_per_query,
+            classes_per_query,
+            include_self,
+            seed,
+        )
     queries = _chosen_queries(stats_all, queries, power, max_slots, priority, include_self)
     stats = (
         stats_all
@@ -551,12 +576,14 @@ def plan_recording(
     triple_cls, triple_l, triple_c = stats.triple_class, stats.token, stats.count
     power_classes = None
     if power is not None:  # the chosen queries' kept tokens and classes (no budget left to fit)
-        _, kept, power_classes, _ = _power_plan(stats, groups, None, common_per_query,
-                                                classes_per_query, include_self, seed)  # fmt: skip
+        _, kept, power_classes, _ = _power_plan(
+            stats, groups, None, common_per_query, classes_per_query, include_self, seed
+        )
         triple_cls, triple_l, triple_c = triple_cls[kept], triple_l[kept], triple_c[kept]
     if include_self:  # the query's own position adds one occurrence of m per event of (m, n)
-        triple_cls, triple_l, triple_c = _with_self(stats, vocab_size, triple_cls, triple_l,
-                                                    triple_c)  # fmt: skip
+        triple_cls, triple_l, triple_c = _with_self(
+            stats, vocab_size, triple_cls, triple_l, triple_c
+        )
     keep = stats.events >= min_class_events
     if power_classes is not None:
         keep &= power_classes
@@ -564,11 +591,20 @@ def plan_recording(
         wanted = torch.tensor([m * vocab_size + n for m, n in classes], dtype=torch.long)
         keep &= torch.isin(stats.query * vocab_size + stats.next_token, wanted)
     plan = RecordPlan.from_counts(
-        vocab_size, stats.query, stats.next_token, stats.events, triple_cls, triple_l, triple_c,
-        keep=keep, exclude_bos=exclude_bos, include_self=include_self,
-        fingerprint=int(stats.fingerprint, 16), window=window,
+        vocab_size,
+        stats.query,
+        stats.next_token,
+        stats.events,
+        triple_cls,
+        triple_l,
+        triple_c,
+        keep=keep,
+        exclude_bos=exclude_bos,
+        include_self=include_self,
+        fingerprint=int(stats.fingerprint, 16),
+        window=window,
         common_per_query=None if power is None else common_per_query,
-    )  # fmt: skip
+    )
     if tokenizer is not None:  # the tokens the groups leave out too: the report names them
         shared = getattr(groups, "shared", None)
         plan.token_strings = _token_strings(plan, tokenizer, shared)

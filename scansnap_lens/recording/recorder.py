@@ -63,8 +63,16 @@ if TYPE_CHECKING:
 __all__ = ["Recorder", "RecordingRun", "record_trajectory", "trainer_callback"]
 
 # the meta a Trainer's trainer_state.json gives (`formats.trainer_training`)
-TRAINER_KEYS = {"lr_y", "lr_z", "optimizer", "momentum", "lr_schedule", "training_from",
-                "train_loss", "eval_loss"}  # fmt: skip
+TRAINER_KEYS = {
+    "lr_y",
+    "lr_z",
+    "optimizer",
+    "momentum",
+    "lr_schedule",
+    "training_from",
+    "train_loss",
+    "eval_loss",
+}
 _PLANNING = ("queries", "exclude_bos", "tokenizer", "window")  # what a plan is made from
 
 
@@ -91,9 +99,16 @@ class RecordingRun:
 
     def writer(self, meta: dict | None = None) -> TrajectoryWriter:
         return TrajectoryWriter(
-            self.folder, self.plan, self.layers, self.heads, self.settings.step_unit, meta,
-            prompt=self.prompt, aggregates=self.entries, settings=self.settings.to_dict(),
-        )  # fmt: skip
+            self.folder,
+            self.plan,
+            self.layers,
+            self.heads,
+            self.settings.step_unit,
+            meta,
+            prompt=self.prompt,
+            aggregates=self.entries,
+            settings=self.settings.to_dict(),
+        )
 
     def record(self, checkpoint, writer: TrajectoryWriter, on_batch=None) -> CheckpointRecord:
         """Load `checkpoint` (onto the settings' device), then `record_model`.
@@ -105,11 +120,11 @@ class RecordingRun:
         model = checkpoint.load()
         if self.settings.device is not None:
             model.to(self.settings.device)
-        return self.record_model(checkpoint.step, model, writer, on_batch,
-                                 where=checkpoint.source)  # fmt: skip
+        return self.record_model(checkpoint.step, model, writer, on_batch, where=checkpoint.source)
 
-    def record_model(self, step: int, model, writer: TrajectoryWriter, on_batch=None,
-                     where: str = "") -> CheckpointRecord | None:  # fmt: skip
+    def record_model(
+        self, step: int, model, writer: TrajectoryWriter, on_batch=None, where: str = ""
+    ) -> CheckpointRecord | None:
         """Make `model` recordable, check its architecture, record it and write it as
         checkpoint `step` (None where the folder has it already)."""
         if int(step) in writer.done:
@@ -118,11 +133,21 @@ class RecordingRun:
         self.check(model, step, where)
         s = self.settings
         record = record_checkpoint(
-            model, self.tokens, self.plan, step=int(step), layers=self.layers, heads=self.heads,
-            batch_size=s.batch_size, device=s.device, progress=s.progress, prompt=self.prompt,
-            on_batch=on_batch, aggregates=self.aggregates, state=self.state,
+            model,
+            self.tokens,
+            self.plan,
+            step=int(step),
+            layers=self.layers,
+            heads=self.heads,
+            batch_size=s.batch_size,
+            device=s.device,
+            progress=s.progress,
+            prompt=self.prompt,
+            on_batch=on_batch,
+            aggregates=self.aggregates,
+            state=self.state,
             loss_on=s.loss_on or "all",
-        )  # fmt: skip
+        )
         writer.write(record)
         return record
 
@@ -206,9 +231,11 @@ class Recorder:
     # ---------------------------------------------------------------- the folder
     def _open(self, plan: RecordPlan | None) -> None:
         s = self.settings
-        planning = self.stats is not None or self.window is not None or any(
-            getattr(s, name) not in (None, False) for name in _PLANNING
-        )  # fmt: skip
+        planning = (
+            self.stats is not None
+            or self.window is not None
+            or any(getattr(s, name) not in (None, False) for name in _PLANNING)
+        )
         if plan is not None and planning:
             raise ValueError(
                 "give a plan, or the settings to plan for (queries, window, exclude_bos,"
@@ -249,12 +276,15 @@ class Recorder:
         same text and convention), else these queries planned with its vocabulary."""
         s, saved = self.settings, self.folder.plan(manifest)
         queries = saved.queries if s.queries is None else s.queries
-        plan = plan_recording(self.tokens, saved.vocab_size,
-                              queries=None if isinstance(queries, str) else queries,
-                              exclude_bos=s.exclude_bos,
-                              window=saved.window if self.window is None else self.window,
-                              include_self=saved.include_self,
-                              tokenizer=_tokenizer(s.tokenizer))  # fmt: skip
+        plan = plan_recording(
+            self.tokens,
+            saved.vocab_size,
+            queries=None if isinstance(queries, str) else queries,
+            exclude_bos=s.exclude_bos,
+            window=saved.window if self.window is None else self.window,
+            include_self=saved.include_self,
+            tokenizer=_tokenizer(s.tokenizer),
+        )
         if s.queries is None:  # planned by the budget: the folder's plan holds
             _check_same_text(self.out, saved, plan)
             return saved
@@ -275,9 +305,11 @@ class Recorder:
         saved = self.folder.manifest()["meta"] if self.folder.holds_recording else {}
         # a Trainer's trainer_state.json grows while it trains: what it said when the
         # recording began stays (the checkpoint folder, `source`, still tells runs apart)
-        growing = TRAINER_KEYS if str(meta.get("training_from", "")).startswith(
-            "trainer_state.json"
-        ) else set()  # fmt: skip
+        growing = (
+            TRAINER_KEYS
+            if str(meta.get("training_from", "")).startswith("trainer_state.json")
+            else set()
+        )
         differ = {
             k: (saved[k], v)
             for k, v in meta.items()
@@ -286,8 +318,11 @@ class Recorder:
             and json.loads(json.dumps(saved[k])) != json.loads(json.dumps(v))
         }
         if differ:
-            scales = {o["name"]: (o["scale"], o["flag"][-2:].upper())
-                      for o in RecordingSettings.options() if o["scale"] != 1}  # fmt: skip
+            scales = {
+                o["name"]: (o["scale"], o["flag"][-2:].upper())
+                for o in RecordingSettings.options()
+                if o["scale"] != 1
+            }
 
             def told(key: str, value) -> str:  # in the units the flag is given in
                 if key in scales and isinstance(value, (int, float)):
@@ -295,11 +330,15 @@ class Recorder:
                     return f"{value / scale:g} {unit}"
                 return repr(value)
 
-            labels = {"plan_stats": "the statistics (stats=)",
-                      "max_checkpoint_bytes": "max_checkpoint_bytes=",
-                      "max_run_bytes": "max_run_bytes="}  # fmt: skip
-            what = "; ".join(f"{labels.get(k, k)} {told(k, old)} there, {told(k, new)} here"
-                             for k, (old, new) in differ.items())  # fmt: skip
+            labels = {
+                "plan_stats": "the statistics (stats=)",
+                "max_checkpoint_bytes": "max_checkpoint_bytes=",
+                "max_run_bytes": "max_run_bytes=",
+            }
+            what = "; ".join(
+                f"{labels.get(k, k)} {told(k, old)} there, {told(k, new)} here"
+                for k, (old, new) in differ.items()
+            )
             raise ValueError(
                 f"{self.out} holds another run ({what}): give the values it was recorded with"
                 " to resume it, record into another folder, or replace it (overwrite=True)"
@@ -324,8 +363,18 @@ class Recorder:
             if self.on_plan is not None:
                 self.on_plan(self.plan, len(layers) * len(heads))
             settings = self.settings.replace(loss_on=self._loss_on())
-            run = RecordingRun(self.out, self.tokens, self.plan, layers, heads, self.prompt,
-                               self.aggregates, entries, settings, self.state)  # fmt: skip
+            run = RecordingRun(
+                self.out,
+                self.tokens,
+                self.plan,
+                layers,
+                heads,
+                self.prompt,
+                self.aggregates,
+                entries,
+                settings,
+                self.state,
+            )
             self._check_budget(run)
             self.lock.acquire()
             self._writer, self.run = run.writer(self.meta), run
@@ -391,10 +440,16 @@ class Recorder:
         elif isinstance(queries, str):  # "all"
             queries = None
         tokenizer = _tokenizer(s.tokenizer)
-        return plan_recording(self.tokens, int(model.cfg.d_vocab), queries=queries,
-                              exclude_bos=s.exclude_bos, window=self.window,
-                              tokenizer=tokenizer or getattr(model, "tokenizer", None),
-                              max_slots=max_slots, groups=groups)  # fmt: skip
+        return plan_recording(
+            self.tokens,
+            int(model.cfg.d_vocab),
+            queries=queries,
+            exclude_bos=s.exclude_bos,
+            window=self.window,
+            tokenizer=tokenizer or getattr(model, "tokenizer", None),
+            max_slots=max_slots,
+            groups=groups,
+        )
 
     def _check_budget(self, run: RecordingRun) -> None:
         """Say the plan's size; refuse a run that would write more than `max_run_bytes`."""
@@ -427,8 +482,9 @@ class Recorder:
         rest = (
             f", {duration(per_checkpoint * left)} and {size_text(disk * left)} for the {left}"
             " checkpoints to record"
-            if left > 0 else ""
-        )  # fmt: skip
+            if left > 0
+            else ""
+        )
         tqdm.write(
             f"estimate: {rows} rows of {length} tokens, {total} batches per checkpoint; the"
             f" first took {duration(seconds)}: about {duration(per_checkpoint)} per checkpoint"
@@ -550,8 +606,9 @@ class Recorder:
             if self.settings.device is not None:
                 model.to(self.settings.device)
             model = _recordable(model)
-            self._run_for(model).record_model(checkpoint.step, model, self._writer,
-                                              self._on_batch, checkpoint.source)  # fmt: skip
+            self._run_for(model).record_model(
+                checkpoint.step, model, self._writer, self._on_batch, checkpoint.source
+            )
 
         with _collected_after():
             record()
@@ -745,8 +802,9 @@ def trainer_callback(recorder: Recorder, steps=None, observe=None):
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
             step = state.global_step
-            if model is not None and (step in wanted if wanted is not None else
-                                      chooses and steps.wants(step)):  # fmt: skip
+            if model is not None and (
+                step in wanted if wanted is not None else chooses and steps.wants(step)
+            ):
                 record(step, model, control)
 
         def on_save(self, args, state, control, model=None, **kwargs):

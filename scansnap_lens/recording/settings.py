@@ -65,8 +65,11 @@ def read_device(text: str) -> str:
 
 
 TRACKED, WATCHED, BUDGET, RUNNING = (
-    "what is tracked", "what is watched", "the budget", "how to run",
-)  # fmt: skip
+    "what is tracked",
+    "what is watched",
+    "the budget",
+    "how to run",
+)
 
 
 @dataclass(frozen=True)
@@ -74,40 +77,60 @@ class RecordingSettings(Settings):
     """How a run is recorded (every field optional; the defaults are the command line's)."""
 
     queries: Any = setting(
-        None, TRACKED,
+        None,
+        TRACKED,
         "all, a share of events covered by the most frequent queries (0.5), or ids (a,b,c);"
         " default: the queries that fit max_checkpoint_bytes= (with statistics, those whose"
-        " classes have distinct tokens first, else the most frequent)", reads=read_queries,
-    )  # fmt: skip
+        " classes have distinct tokens first, else the most frequent)",
+        reads=read_queries,
+    )
     window: int | None = setting(
-        None, TRACKED,
+        None,
+        TRACKED,
         "most context positions before a query (default: the statistics' window, else the"
-        " whole row)", reads=count(1),
-    )  # fmt: skip
+        " whole row)",
+        reads=count(1),
+    )
     exclude_bos: bool = setting(
-        False, TRACKED, "keep position 0 out of context (as the statistics must have been counted)",
-    )  # fmt: skip
+        False,
+        TRACKED,
+        "keep position 0 out of context (as the statistics must have been counted)",
+    )
     tokenizer: Any = setting(
-        None, TRACKED, "tokenizer.json, a hub name or a tokenizer: the plan's token strings"
+        None,
+        TRACKED,
+        "tokenizer.json, a hub name or a tokenizer: the plan's token strings"
         " (default: the model's)",
-    )  # fmt: skip
+    )
     aggregates: tuple | None = setting(
-        None, TRACKED, "what each checkpoint records (names in aggregates.AGGREGATES, or your"
-        " own Aggregate); default aggregates.DEFAULT, or what a resumed folder records", "",
-    )  # fmt: skip
+        None,
+        TRACKED,
+        "what each checkpoint records (names in aggregates.AGGREGATES, or your"
+        " own Aggregate); default aggregates.DEFAULT, or what a resumed folder records",
+        "",
+    )
     prompt: tuple[int, ...] | None = setting(
-        None, TRACKED, "token ids whose whole attention is kept at every checkpoint (default:"
-        " the first prompt_length evaluation tokens)", "",
-    )  # fmt: skip
+        None,
+        TRACKED,
+        "token ids whose whole attention is kept at every checkpoint (default:"
+        " the first prompt_length evaluation tokens)",
+        "",
+    )
     prompt_length: int | None = setting(
-        None, TRACKED, "tokens of the example prompt whose whole attention is kept (0: none;"
-        f" default {PROMPT_LENGTH}, or what a resumed folder keeps)", reads=count(0, 1 << 16),
-    )  # fmt: skip
+        None,
+        TRACKED,
+        "tokens of the example prompt whose whole attention is kept (0: none;"
+        f" default {PROMPT_LENGTH}, or what a resumed folder keeps)",
+        reads=count(0, 1 << 16),
+    )
     loss_on: str | None = setting(
-        None, TRACKED, "the positions the recorded evaluation loss averages over, as the training"
+        None,
+        TRACKED,
+        "the positions the recorded evaluation loss averages over, as the training"
         " optimizes them: all (as language models train) or last (each row's final prediction;"
-        " default: the training's own, as train passes it, else all)", choices=LOSS_ON,
-    )  # fmt: skip
+        " default: the training's own, as train passes it, else all)",
+        choices=LOSS_ON,
+    )
     layers: tuple[int, ...] | None = setting(
         None, WATCHED, "layers to watch (a,b); default all", reads=ints
     )
@@ -115,13 +138,21 @@ class RecordingSettings(Settings):
         None, WATCHED, "heads to watch (a,b); default all", reads=ints
     )
     max_checkpoint_bytes: int = setting(
-        CHECKPOINT_BUDGET, BUDGET, "default queries: at most this many MB per checkpoint",
-        "--max-checkpoint-mb", 1e6, reads=positive,
-    )  # fmt: skip
+        CHECKPOINT_BUDGET,
+        BUDGET,
+        "default queries: at most this many MB per checkpoint",
+        "--max-checkpoint-mb",
+        1e6,
+        reads=positive,
+    )
     max_run_bytes: int = setting(
-        RUN_BUDGET, BUDGET, "refuse a recording that would write more than this many GB",
-        "--max-run-gb", 1e9, reads=positive,
-    )  # fmt: skip
+        RUN_BUDGET,
+        BUDGET,
+        "refuse a recording that would write more than this many GB",
+        "--max-run-gb",
+        1e9,
+        reads=positive,
+    )
     batch_size: int = setting(8, RUNNING, "rows per forward pass", reads=count(1, 1 << 20))
     device: str | None = setting(
         None, RUNNING, "cpu, cuda, ... (default: the model's)", reads=read_device
@@ -132,30 +163,37 @@ class RecordingSettings(Settings):
     progress: bool = setting(True, RUNNING, "progress bars and estimates", "")
     overwrite: bool = setting(False, RUNNING, "replace a trajectory of another run in the folder")
     on_error: str = setting(
-        "raise", RUNNING, "at an unreadable checkpoint: stop, or note it and go on",
+        "raise",
+        RUNNING,
+        "at an unreadable checkpoint: stop, or note it and go on",
         choices=("raise", "skip"),
-    )  # fmt: skip
+    )
     on_disk: int = setting(
-        ON_DISK, RUNNING,
+        ON_DISK,
+        RUNNING,
         "hub revisions of the sweep on disk at once, the one recording included (on Ray: the"
         " checkpoints recording at once); each is deleted from the sweep's own cache once"
         " recorded, and revisions your hub cache holds are read from it, never changed",
         reads=count(1, 1 << 16),
-    )  # fmt: skip
+    )
     keep_checkpoints: bool = setting(
         False, RUNNING, "download hub revisions into your hub cache (HF_HUB_CACHE) and keep them"
     )
     download_dir: str | None = setting(
-        None, RUNNING, "the sweep's own cache: an empty or new folder apart from the"
+        None,
+        RUNNING,
+        "the sweep's own cache: an empty or new folder apart from the"
         " recording's; it deletes there only what it downloaded (default: OUT/hub-cache)",
         reads=Path,
-    )  # fmt: skip
+    )
     duplicates: str = setting(
-        "refuse", RUNNING,
+        "refuse",
+        RUNNING,
         "checkpoints whose weights files are identical under different steps (from the hashes"
         " the hub lists, or of local files): stop and say which, skip all but the last step"
-        " of each group, or record them all", choices=DUPLICATES,
-    )  # fmt: skip
+        " of each group, or record them all",
+        choices=DUPLICATES,
+    )
 
     def __post_init__(self) -> None:
         fix = object.__setattr__

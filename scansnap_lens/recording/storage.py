@@ -153,14 +153,24 @@ class TrajectoryWriter:
             self._suffix = "-" + secrets.token_hex(4)
             plan_file = f"plan{self._suffix}.safetensors"
         make_folder(self.path / "checkpoints")
-        write_tensors(self.path / plan_file, plan.tensors(),
-                      {"format": FORMAT, "plan": json.dumps(plan.metadata())})  # fmt: skip
+        write_tensors(
+            self.path / plan_file,
+            plan.tensors(),
+            {"format": FORMAT, "plan": json.dumps(plan.metadata())},
+        )
         self.manifest = {
-            "format": FORMAT, "step_unit": step_unit, "layers": list(layers),
-            "heads": list(heads), "meta": meta or {}, "prompt": prompt_ids, "plan": plan_file,
-            "aggregates": entries, "checkpoints": [], "skipped": [],
+            "format": FORMAT,
+            "step_unit": step_unit,
+            "layers": list(layers),
+            "heads": list(heads),
+            "meta": meta or {},
+            "prompt": prompt_ids,
+            "plan": plan_file,
+            "aggregates": entries,
+            "checkpoints": [],
+            "skipped": [],
             **({"settings": settings} if settings is not None else {}),
-        }  # fmt: skip
+        }
         self._flush()
 
     def _resumed(self, plan, layers, heads, prompt_ids, entries) -> dict:
@@ -386,8 +396,14 @@ def _read_manifest(path: Path) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise ValueError(f"{file}: not a scansnap_lens trajectory (format {found!r})")
-    needed = {"checkpoints": list, "layers": list, "heads": list, "step_unit": str,
-              "skipped": list, "meta": dict}  # fmt: skip
+    needed = {
+        "checkpoints": list,
+        "layers": list,
+        "heads": list,
+        "step_unit": str,
+        "skipped": list,
+        "meta": dict,
+    }
     for key, kind in needed.items():
         if not isinstance(manifest.get(key), kind):
             what = "lacks" if key not in manifest else f"has no {kind.__name__} as"
@@ -600,8 +616,23 @@ def _binary(name: str):
     return op
 
 
-for _name in ("add", "sub", "mul", "truediv", "pow", "eq", "ne", "lt", "le", "gt", "ge",
-              "radd", "rsub", "rmul", "rtruediv"):  # fmt: skip
+for _name in (
+    "add",
+    "sub",
+    "mul",
+    "truediv",
+    "pow",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "radd",
+    "rsub",
+    "rmul",
+    "rtruediv",
+):
     setattr(StepStack, f"__{_name}__", _binary(f"__{_name}__"))
 StepStack.__neg__ = lambda self: -self.full()
 StepStack.__abs__ = lambda self: self.full().abs()
@@ -611,8 +642,11 @@ StepStack.__hash__ = object.__hash__
 def _short(file: Path, header: dict, start: int) -> str:
     """ "truncated (N of M bytes; a partial copy?)" where `file` ends before its header's last
     tensor does, else ""."""
-    ends = [info["data_offsets"][1] for info in header.values() if isinstance(info, dict)
-            and isinstance(info.get("data_offsets"), list)]  # fmt: skip
+    ends = [
+        info["data_offsets"][1]
+        for info in header.values()
+        if isinstance(info, dict) and isinstance(info.get("data_offsets"), list)
+    ]
     need, have = start + max(ends, default=0), file.stat().st_size
     return f"truncated ({have:,} of {need:,} bytes; a partial copy?)" if have < need else ""
 

@@ -36,8 +36,11 @@ def expand(patterns: Sequence[str]) -> list[str]:
     while todo:
         name = todo.pop(0)
         # the leftmost brace first, as a shell expands them
-        found = min((m for m in (_RANGE.search(name), _LIST.search(name)) if m),
-                    key=lambda m: m.start(), default=None)  # fmt: skip
+        found = min(
+            (m for m in (_RANGE.search(name), _LIST.search(name)) if m),
+            key=lambda m: m.start(),
+            default=None,
+        )
         if found is None:
             if name in out:
                 raise ValueError(f"{name} is given twice: give each run once")
@@ -94,14 +97,16 @@ class Suite:
         tails = [self.folder_of(n).name for n in names]
         clash = sorted({t for t in tails if tails.count(t) > 1})
         if clash:
-            raise ValueError(f"runs {clash} would share a folder: name repositories whose last"
-                             " parts differ")  # fmt: skip
+            raise ValueError(
+                f"runs {clash} would share a folder: name repositories whose last parts differ"
+            )
         if self.folder.exists() and not self.folder.is_dir():
             raise ValueError(f"{self.folder} is a file: a suite needs a folder")
         if not self.holds(self.folder) and self.folder.is_dir() and any(self.folder.iterdir()):
             if (self.folder / "manifest.json").is_file():
-                raise ValueError(f"{self.folder} holds one recording: give a new folder for the"
-                                 " suite")  # fmt: skip
+                raise ValueError(
+                    f"{self.folder} holds one recording: give a new folder for the suite"
+                )
         known = self.runs() if self.holds(self.folder) else []
         runs = known + [n for n in names if n not in known]
         make_folder(self.folder)

@@ -48,8 +48,15 @@ try:
 except ImportError:  # not POSIX: one sweep per cache is then the user's to keep
     fcntl = None
 
-__all__ = ["Ahead", "DiskError", "DuplicateWeightsError", "HubRevisions", "ReadAhead",
-           "SweepCache", "same_weights"]  # fmt: skip
+__all__ = [
+    "Ahead",
+    "DiskError",
+    "DuplicateWeightsError",
+    "HubRevisions",
+    "ReadAhead",
+    "SweepCache",
+    "same_weights",
+]
 
 CACHE = "hub-cache"  # the sweep's own cache, in the recording folder unless named
 _READ_CHUNK = 1 << 23
@@ -119,8 +126,10 @@ class SweepCache:
             return self._held(mark, own)
         if folder.exists() and any(folder.iterdir()):
             if all(p.name.startswith(f".{self.MARK}.") for p in folder.iterdir()):
-                raise ValueError(f"{folder} is being opened by another sweep now: give this one"
-                                 " another download folder (download_dir=), or wait")  # fmt: skip
+                raise ValueError(
+                    f"{folder} is being opened by another sweep now: give this one"
+                    " another download folder (download_dir=), or wait"
+                )
             raise ValueError(
                 f"{folder} holds files the sweep did not put there: name an empty or new folder"
                 " for its downloads (download_dir=); it deletes what it downloads"
@@ -131,11 +140,18 @@ class SweepCache:
         if self.recording is not None:
             write_text(self.recording / self.ID, own + "\n")
         try:  # visible only once locked: of two sweeps opening it at once, one holds it
-            self._handle = create_locked(mark, json.dumps({
-                "made_by": "scansnap_lens sweep", "id": own, "made_folder": made,
-                "recording": str(self.recording.resolve()) if self.recording else None,
-                "deletes": "only the revisions it noted in .scansnap-made",
-            }))  # fmt: skip
+            self._handle = create_locked(
+                mark,
+                json.dumps(
+                    {
+                        "made_by": "scansnap_lens sweep",
+                        "id": own,
+                        "made_folder": made,
+                        "recording": str(self.recording.resolve()) if self.recording else None,
+                        "deletes": "only the revisions it noted in .scansnap-made",
+                    }
+                ),
+            )
         except FileExistsError:  # another sweep marked it first: it is theirs, or ours resumed
             return self._held(mark, own)
         return self
@@ -190,8 +206,10 @@ class SweepCache:
     def note(self, name: str, revision: str, commit: str) -> None:
         """`revision` of `name` (at `commit`) is about to download here: the sweep's own."""
         make_folder(self.folder / self.MADE)
-        write_text(self._note_file(name, revision),
-                   json.dumps({"repo": name, "revision": revision, "commit": commit}))  # fmt: skip
+        write_text(
+            self._note_file(name, revision),
+            json.dumps({"repo": name, "revision": revision, "commit": commit}),
+        )
 
     def noted(self) -> list[dict]:
         """The revisions the sweep noted here, as noted: each note checked as the sweep
@@ -224,8 +242,9 @@ class SweepCache:
 
     def _clear(self, repos: set[str]) -> None:
         notes = self.noted()
-        if any(hub.snapshot_in(self.folder, n["repo"], n["revision"], n.get("commit"))
-               for n in notes):  # fmt: skip
+        if any(
+            hub.snapshot_in(self.folder, n["repo"], n["revision"], n.get("commit")) for n in notes
+        ):
             return  # still to record: the resume reads them
         made = [self.folder / ".locks"]
         for name in repos | {n["repo"] for n in notes}:
@@ -265,8 +284,11 @@ def _note_of(path: Path) -> dict:
         problem = f"its commit {commit!r} is not a commit id (40 hex digits)"
     if problem is None:
         return {"repo": repo, "revision": revision, "commit": commit}
-    warnings.warn(f"{path} is not a note the sweep wrote ({problem}): left as it is, and "
-                  "nothing it names is deleted", stacklevel=2)  # fmt: skip
+    warnings.warn(
+        f"{path} is not a note the sweep wrote ({problem}): left as it is, and "
+        "nothing it names is deleted",
+        stacklevel=2,
+    )
     return {}
 
 
@@ -356,15 +378,20 @@ class HubRevisions:
         bad = hub.mismatched(folder, None if info is None else info.ids)
         if not bad:
             return folder
-        said = (f"{self.name}@{revision}: {', '.join(bad)} in your hub cache ({folder}) is not"
-                " the file the hub lists (its content's hash differs)")  # fmt: skip
+        said = (
+            f"{self.name}@{revision}: {', '.join(bad)} in your hub cache ({folder}) is not"
+            " the file the hub lists (its content's hash differs)"
+        )
         if hub.offline():
-            raise CheckpointError(f"{said}: remove that revision from your cache"
-                                  " (huggingface-cli delete-cache) and record again")  # fmt: skip
+            raise CheckpointError(
+                f"{said}: remove that revision from your cache"
+                " (huggingface-cli delete-cache) and record again"
+            )
         if revision not in self._said_unlike:
             self._said_unlike.add(revision)
-            warnings.warn(f"{said}: not read; downloading it into the sweep's own cache",
-                          stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"{said}: not read; downloading it into the sweep's own cache", stacklevel=2
+            )
         return None
 
     def _ours(self, revision: str) -> Path | None:
@@ -399,8 +426,9 @@ class HubRevisions:
             users = self._users(c.revision, verify=False)  # read when it is fetched
             if users is not None:
                 self.held[c.revision] = users
-        missing = [c for c in todo
-                   if c.revision not in self.held and self._ours(c.revision) is None]  # fmt: skip
+        missing = [
+            c for c in todo if c.revision not in self.held and self._ours(c.revision) is None
+        ]
         listed = [c for c in missing if c.revision in self.infos]  # the others fail to fetch
         if not listed or hub.offline():
             return
@@ -549,10 +577,12 @@ def _weights_files(path: Path) -> list[Path]:
     if not path.is_dir():
         return []
     return sorted(
-        p for p in path.iterdir()
-        if p.is_file() and p.name.startswith(("model", "pytorch_model"))
+        p
+        for p in path.iterdir()
+        if p.is_file()
+        and p.name.startswith(("model", "pytorch_model"))
         and p.name.endswith(WEIGHT_SUFFIXES)
-    )  # fmt: skip
+    )
 
 
 def local_weights_ids(files: dict[int, list[Path]]) -> dict[int, tuple]:
@@ -572,9 +602,11 @@ def local_weights_ids(files: dict[int, list[Path]]) -> dict[int, tuple]:
     return {
         step: tuple(
             hub.content_id(f) if k.startswith("sample:") else k for f, k in zip(files[step], key)
-        ) if counts[key] > 1 else key
+        )
+        if counts[key] > 1
+        else key
         for step, key in sampled.items()
-    }  # fmt: skip
+    }
 
 
 def _hub_blob(file: Path) -> Path | None:

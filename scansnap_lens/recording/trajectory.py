@@ -91,8 +91,11 @@ class Trajectory:
         self.meta = {} if meta is None else meta
         self.prompt, self.prompt_pattern = prompt, prompt_pattern
         # [S] the evaluation loss at each checkpoint (NaN where not recorded)
-        self.loss = (torch.full((len(steps),), math.nan, dtype=torch.float64) if loss is None
-                     else torch.as_tensor(loss, dtype=torch.float64))  # fmt: skip
+        self.loss = (
+            torch.full((len(steps),), math.nan, dtype=torch.float64)
+            if loss is None
+            else torch.as_tensor(loss, dtype=torch.float64)
+        )
         self.loss_on = loss_on
         self.recording = recording
         aggregates = dict(aggregates or {})
@@ -101,8 +104,11 @@ class Trajectory:
                 aggregates[name] = aggregate_named(name)  # KeyError for an unknown name
         self.values = dict(values)
         self.aggregates = {name: aggregates[name] for name in values}
-        self.rows = {n: (rows or {}).get(n, "evaluation rows") for n, a in
-                     self.aggregates.items() if a.axis == "rows"}  # fmt: skip
+        self.rows = {
+            n: (rows or {}).get(n, "evaluation rows")
+            for n, a in self.aggregates.items()
+            if a.axis == "rows"
+        }
 
     def __getattr__(self, name: str):
         values = self.__dict__.get("values")
@@ -124,12 +130,21 @@ class Trajectory:
     def replace(self, **changes) -> Trajectory:
         """A copy with some fields or aggregates changed (``traj.replace(zbar=...)``)."""
         fields = {
-            "plan": self.plan, "steps": self.steps, "layers": self.layers, "heads": self.heads,
-            "step_unit": self.step_unit, "skipped": self.skipped, "meta": self.meta,
-            "prompt": self.prompt, "prompt_pattern": self.prompt_pattern,
-            "aggregates": self.aggregates, "rows": self.rows, "loss": self.loss,
-            "loss_on": self.loss_on, "recording": self.recording,
-        }  # fmt: skip
+            "plan": self.plan,
+            "steps": self.steps,
+            "layers": self.layers,
+            "heads": self.heads,
+            "step_unit": self.step_unit,
+            "skipped": self.skipped,
+            "meta": self.meta,
+            "prompt": self.prompt,
+            "prompt_pattern": self.prompt_pattern,
+            "aggregates": self.aggregates,
+            "rows": self.rows,
+            "loss": self.loss,
+            "loss_on": self.loss_on,
+            "recording": self.recording,
+        }
         values = dict(self.values)
         for key, value in changes.items():
             (fields if key in fields else values)[key] = value
@@ -220,8 +235,12 @@ class Trajectory:
         plan = self.plan
         if queries is not None:
             plan, keep = plan.for_queries(torch.as_tensor(list(queries)))
-            out = {k: v if self.aggregates[k].axis not in keep else
-                   v[..., keep[self.aggregates[k].axis]] for k, v in out.items()}  # fmt: skip
+            out = {
+                k: v
+                if self.aggregates[k].axis not in keep
+                else v[..., keep[self.aggregates[k].axis]]
+                for k, v in out.items()
+            }
         return self.replace(
             plan=plan,
             steps=self.steps[s],
@@ -330,12 +349,14 @@ class Trajectory:
             prompt_pattern=pattern,
             aggregates={e["name"]: Aggregate.from_entry(e) for e in entries},
             rows={e["name"]: e["rows"] for e in entries if "rows" in e},
-            loss=torch.tensor([c.get("loss", math.nan) for c in manifest["checkpoints"]],
-                              dtype=torch.float64),
-            loss_on=_loss_on([c.get("loss_on", "all") for c in manifest["checkpoints"]
-                              if "loss" in c]),
+            loss=torch.tensor(
+                [c.get("loss", math.nan) for c in manifest["checkpoints"]], dtype=torch.float64
+            ),
+            loss_on=_loss_on(
+                [c.get("loss_on", "all") for c in manifest["checkpoints"] if "loss" in c]
+            ),
             recording=recording,
-        )  # fmt: skip
+        )
 
     def entries(self) -> list[dict]:
         """The manifest entries of the aggregates held (`Aggregate.entry`)."""

@@ -90,8 +90,9 @@ def fill_triples(tokens, positions, starts, class_bounds, vocab_size, num_blocks
 
 
 @numba.njit(cache=True)
-def _query_pairs(lo, hi, class_offsets, token, count, stamp, mark, support, top, top_class,
-                 num_next, touched):  # fmt: skip
+def _query_pairs(
+    lo, hi, class_offsets, token, count, stamp, mark, support, top, top_class, num_next, touched
+):
     """Accumulate the triples of classes lo..hi-1 (one query) per context token; returns how
     many tokens were touched (listed in ``touched``)."""
     n_touched = 0
@@ -134,8 +135,20 @@ def pair_counts(query_bounds, class_offsets, token, vocab_size, block_bounds):
 
 
 @numba.njit(parallel=True, cache=True)
-def pair_summary(query_bounds, class_offsets, token, count, vocab_size, block_bounds,
-                 query_ids, class_next, class_total, starts, out, base):  # fmt: skip
+def pair_summary(
+    query_bounds,
+    class_offsets,
+    token,
+    count,
+    vocab_size,
+    block_bounds,
+    query_ids,
+    class_next,
+    class_total,
+    starts,
+    out,
+    base,
+):
     """Per (query, context token) pair, sorted by query then token, written into ``out``
     (seven int64 arrays [Pz]): the query id, the token, its support (occurrences over the
     query's classes), its top count, the next token of the top count (ties: the smallest),
@@ -188,8 +201,9 @@ def whole_share_p_values(support, base, rivals):
 
 
 @numba.njit(parallel=True, cache=True)
-def merge_triples(in_a, in_b, a_offsets, a_token, a_count, b_offsets, b_token, b_count,
-                  vocab_size, num_blocks):  # fmt: skip
+def merge_triples(
+    in_a, in_b, a_offsets, a_token, a_count, b_offsets, b_token, b_count, vocab_size, num_blocks
+):
     """The triples of two statistics added, class by class, in one linear pass (no sort).
 
     in_a, in_b: [K] the index of each class of the union in a and in b (-1: absent there);

@@ -39,8 +39,11 @@ class Context:
         loose = cls(window, exclude_bos, include_self)
         if context is None:
             return loose
-        differ = [f"{k} {getattr(loose, k)!r}" for k in ("window", "exclude_bos", "include_self")
-                  if getattr(loose, k) not in (None, False, getattr(context, k))]  # fmt: skip
+        differ = [
+            f"{k} {getattr(loose, k)!r}"
+            for k in ("window", "exclude_bos", "include_self")
+            if getattr(loose, k) not in (None, False, getattr(context, k))
+        ]
         if differ:
             raise ValueError(f"{', '.join(differ)} given beside context={context}: give one")
         return context

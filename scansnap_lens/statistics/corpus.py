@@ -96,14 +96,18 @@ class CooccurrenceStats:
     # {Classification: TokenGroups} of these statistics, each made once (`from_statistics`),
     # and the lock a caller takes to make or read one (one may be made in the background)
     _groups: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-    _groups_lock: threading.Lock = field(default_factory=threading.Lock, init=False,
-                                         repr=False, compare=False)  # fmt: skip
+    _groups_lock: threading.Lock = field(
+        default_factory=threading.Lock, init=False, repr=False, compare=False
+    )
 
     def __reduce__(self):
         """Pickled as numpy arrays: Ray's object store then hands them to the next task
         without a copy (pickle protocol 5 buffers), where torch tensors would be copied."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)
-                  if f.name not in ("_index", "_groups", "_groups_lock")}  # fmt: skip
+        values = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("_index", "_groups", "_groups_lock")
+        }
         arrays = {k: v.numpy() for k, v in values.items() if isinstance(v, Tensor)}
         return _from_arrays, ({k: v for k, v in values.items() if k not in arrays}, arrays)
 
@@ -251,10 +255,17 @@ class CooccurrenceStats:
         events[in_a >= 0] += self.events.numpy()[in_a[in_a >= 0]]
         events[in_b >= 0] += other.events.numpy()[in_b[in_b >= 0]]
         offsets, token, count = merge_triples(
-            in_a, in_b, self.offsets.numpy(), self.token.numpy(), self.count.numpy(),
-            other.offsets.numpy(), other.token.numpy(), other.count.numpy(), V,
+            in_a,
+            in_b,
+            self.offsets.numpy(),
+            self.token.numpy(),
+            self.count.numpy(),
+            other.offsets.numpy(),
+            other.token.numpy(),
+            other.count.numpy(),
+            V,
             4 * numba.get_num_threads(),
-        )  # fmt: skip
+        )
         fingerprint = (int(self.fingerprint, 16) + int(other.fingerprint, 16)) & _MASK64
         return replace(
             self,
@@ -334,8 +345,15 @@ class CooccurrenceStats:
         )
 
 
-_META_TYPES = {"vocab_size": int, "window": int, "exclude_bos": bool, "num_tokens": int,
-               "num_rows": int, "fingerprint": str, "min_count": int}  # fmt: skip
+_META_TYPES = {
+    "vocab_size": int,
+    "window": int,
+    "exclude_bos": bool,
+    "num_tokens": int,
+    "num_rows": int,
+    "fingerprint": str,
+    "min_count": int,
+}
 
 
 def _checked(path, header: dict, tensors: dict) -> dict:
@@ -625,8 +643,13 @@ def count_corpus(
         raise ValueError("statistics never count the query's own position as its context")
     if not isinstance(corpus, Corpus):
         corpus = Corpus.of(rows=list(corpus))
-    options = {"window": context.window, "exclude_bos": context.exclude_bos,
-               "queries": queries, "next_tokens": next_tokens, "progress": progress}  # fmt: skip
+    options = {
+        "window": context.window,
+        "exclude_bos": context.exclude_bos,
+        "queries": queries,
+        "next_tokens": next_tokens,
+        "progress": progress,
+    }
     if execute is None:
         rows, vocab_size = corpus.batches()
         stats = cooccurrence(rows, vocab_size, **options)

@@ -65,29 +65,40 @@ class Classification(Settings):
     """
 
     scope: str = setting(
-        "local", KINDS, "distinct for the next token of its own query (local, Sec. 7) or of all"
-        " queries (global, Sec. 3.2)", choices=("local", "global"),
-    )  # fmt: skip
+        "local",
+        KINDS,
+        "distinct for the next token of its own query (local, Sec. 7) or of all"
+        " queries (global, Sec. 3.2)",
+        choices=("local", "global"),
+    )
     min_support: int = setting(
         1, KINDS, "occurrences a context token needs before it is judged", reads=count(1)
     )
     purity: float = setting(
-        1.0, KINDS, "a token is distinct when its top next token takes at least this share of"
-        " its occurrences (1: the paper's definition)", reads=share,
-    )  # fmt: skip
+        1.0,
+        KINDS,
+        "a token is distinct when its top next token takes at least this share of"
+        " its occurrences (1: the paper's definition)",
+        reads=share,
+    )
     guard: bool = setting(
-        True, KINDS, "no binomial guard (by default a distinct-looking token must be"
+        True,
+        KINDS,
+        "no binomial guard (by default a distinct-looking token must be"
         " significantly more often before its next token than the query's base rate, at alpha)",
-    )  # fmt: skip
+    )
     alpha: float = 0.05
     min_events: int = 1
     min_distinct: int = setting(1, KINDS, "classes need this many distinct tokens", reads=count(0))
     max_shared: int = setting(
-        MAX_SHARED, KINDS, "a token distinct for more than this many times as many queries as"
+        MAX_SHARED,
+        KINDS,
+        "a token distinct for more than this many times as many queries as"
         " the median distinct token is left out of the scan's units, as distinct and as common"
         " (on WikiText the heading marker '=' is distinct for a third of the queries and would"
-        " carry the verdict alone); 0 keeps every token", reads=count(0),
-    )  # fmt: skip
+        " carry the verdict alone); 0 keeps every token",
+        reads=count(0),
+    )
 
     def __post_init__(self):
         if self.scope not in ("local", "global"):
@@ -209,9 +220,12 @@ class TokenGroups:
             )
         shared = self.shared
         if shared is not None and (
-            not isinstance(shared, Tensor) or shared.dim() != 1 or shared.is_floating_point()
-            or shared.dtype == torch.bool or (shared.numel() and int(shared.min()) < 0)
-        ):  # fmt: skip
+            not isinstance(shared, Tensor)
+            or shared.dim() != 1
+            or shared.is_floating_point()
+            or shared.dtype == torch.bool
+            or (shared.numel() and int(shared.min()) < 0)
+        ):
             raise ValueError(
                 "TokenGroups: shared must be a 1-D tensor of token ids (the tokens left out"
                 f" of the scan's units), got {getattr(shared, 'shape', type(shared).__name__)}"
@@ -236,12 +250,16 @@ class TokenGroups:
         metadata, the source, context and classification."""
         common = sorted(self.common)
         tensors = {
-            "query": self.query, "next_token": self.next_token, "events": self.events,
-            "distinct": _flat(self.distinct), "distinct_p": _flat(self.distinct_p, torch.float64),
-            "distinct_sizes": _sizes(self.distinct), "common_query": torch.tensor(common),
+            "query": self.query,
+            "next_token": self.next_token,
+            "events": self.events,
+            "distinct": _flat(self.distinct),
+            "distinct_p": _flat(self.distinct_p, torch.float64),
+            "distinct_sizes": _sizes(self.distinct),
+            "common_query": torch.tensor(common),
             "common": _flat([self.common[m] for m in common]),
             "common_sizes": _sizes([self.common[m] for m in common]),
-        }  # fmt: skip
+        }
         for name in ("token_count", "pair_key", "pair_count", "shared"):
             if getattr(self, name) is not None:
                 tensors[name] = getattr(self, name)
@@ -258,15 +276,24 @@ class TokenGroups:
         meta, t = read_tensors(path, GROUPS_FORMAT, "token groups file (TokenGroups.save)")
         said = json.loads(meta["groups"])
         sizes = t["distinct_sizes"].tolist()
-        common = dict(zip(t["common_query"].tolist(),
-                          t["common"].split(t["common_sizes"].tolist())))  # fmt: skip
+        common = dict(
+            zip(t["common_query"].tolist(), t["common"].split(t["common_sizes"].tolist()))
+        )
         return cls(
-            t["query"], t["next_token"], t["events"], list(t["distinct"].split(sizes)),
-            list(t["distinct_p"].split(sizes)), common, said["source"],
+            t["query"],
+            t["next_token"],
+            t["events"],
+            list(t["distinct"].split(sizes)),
+            list(t["distinct_p"].split(sizes)),
+            common,
+            said["source"],
             None if said["context"] is None else Context(**said["context"]),
             None if said["settings"] is None else Classification.from_dict(said["settings"]),
-            t.get("token_count"), t.get("pair_key"), t.get("pair_count"), t.get("shared"),
-        )  # fmt: skip
+            t.get("token_count"),
+            t.get("pair_key"),
+            t.get("pair_count"),
+            t.get("shared"),
+        )
 
     def check_context(self, plan) -> None:
         """Refuse a recording whose context convention differs from the statistics'."""
@@ -366,13 +393,21 @@ class TokenGroups:
         if estimate > 10:  # a real corpus's statistics: said before it starts
             from tqdm.auto import tqdm
 
-            tqdm.write(f"classifying the context tokens of {stats.num_triples:,} co-occurrences:"
-                       f" about {estimate:.0f} s")  # fmt: skip
-        kinds = token_kinds(stats, scope=settings.scope, min_support=settings.min_support,
-                            purity=settings.purity, guard=settings.guard,
-                            alpha=settings.alpha)  # fmt: skip
-        groups = cls.from_kinds(kinds, stats, queries, settings.min_events, settings.min_distinct,
-                                settings.max_shared)  # fmt: skip
+            tqdm.write(
+                f"classifying the context tokens of {stats.num_triples:,} co-occurrences:"
+                f" about {estimate:.0f} s"
+            )
+        kinds = token_kinds(
+            stats,
+            scope=settings.scope,
+            min_support=settings.min_support,
+            purity=settings.purity,
+            guard=settings.guard,
+            alpha=settings.alpha,
+        )
+        groups = cls.from_kinds(
+            kinds, stats, queries, settings.min_events, settings.min_distinct, settings.max_shared
+        )
         groups.settings = settings
         return groups
 
@@ -394,9 +429,15 @@ class TokenGroups:
         return thread
 
     @classmethod
-    def from_kinds(cls, kinds, stats, queries=None, min_events: int = Classification.min_events,
-                   min_distinct: int = Classification.min_distinct,
-                   max_shared: int = 0):  # fmt: skip
+    def from_kinds(
+        cls,
+        kinds,
+        stats,
+        queries=None,
+        min_events: int = Classification.min_events,
+        min_distinct: int = Classification.min_distinct,
+        max_shared: int = 0,
+    ):
         """Groups from `token_kinds(stats)`: every class (m, n) of the statistics with a tracked
         query, its tokens labelled distinct for n, and P(l|m, n) from the statistics.
 
@@ -452,8 +493,9 @@ class TokenGroups:
         wanted = [m for m in all_queries if tracked is None or m in tracked]
         common = _common_of_queries(kinds, wanted)
         if max_shared:
-            frame, distinct, distinct_p, common = _without(shared, frame, distinct, distinct_p,
-                                                           common, min_distinct)  # fmt: skip
+            frame, distinct, distinct_p, common = _without(
+                shared, frame, distinct, distinct_p, common, min_distinct
+            )
             if frame.empty:
                 raise ValueError(
                     f"every class's distinct tokens are distinct for more than max_shared ="

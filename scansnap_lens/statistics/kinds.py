@@ -197,15 +197,27 @@ def _local_pairs(stats: CooccurrenceStats):
     queries, per_query = np.unique(stats.query.numpy(), return_counts=True)
     bounds = np.concatenate([[0], np.cumsum(per_query)])
     token, blocks = stats.token.numpy(), _blocks(offsets, bounds)
-    starts = np.concatenate([[0], np.cumsum(pair_counts(bounds, offsets, token, stats.vocab_size,
-                                                        blocks))])  # fmt: skip
+    starts = np.concatenate(
+        [[0], np.cumsum(pair_counts(bounds, offsets, token, stats.vocab_size, blocks))]
+    )
     # numpy allocates the output (numba would not ask for huge pages: page faults cost more
     # than the pass itself here)
     out = tuple(np.empty(starts[-1], np.int64) for _ in range(7))
     base = np.empty(starts[-1], np.float64)
-    pair_summary(bounds, offsets, token, count, stats.vocab_size, blocks,
-                 queries.astype(np.int64), stats.next_token.numpy().astype(np.int64),
-                 class_total, starts, out, base)  # fmt: skip
+    pair_summary(
+        bounds,
+        offsets,
+        token,
+        count,
+        stats.vocab_size,
+        blocks,
+        queries.astype(np.int64),
+        stats.next_token.numpy().astype(np.int64),
+        class_total,
+        starts,
+        out,
+        base,
+    )
     query, token, support, top, top_next, num_next, rivals = out
     return query, token, support, top, top_next, num_next, base, rivals
 
@@ -214,8 +226,9 @@ def _global_pairs(stats: CooccurrenceStats):
     """As `_local_pairs` with the queries pooled (Omega(l) over all next tokens); query -1."""
     V = stats.vocab_size
     cls = stats.triple_class.numpy()
-    key, inv = np.unique(stats.next_token.numpy()[cls] * V + stats.token.numpy(),
-                         return_inverse=True)  # fmt: skip
+    key, inv = np.unique(
+        stats.next_token.numpy()[cls] * V + stats.token.numpy(), return_inverse=True
+    )
     count = np.bincount(inv, weights=stats.count.numpy()).astype(np.int64)
     nxt, tok = key // V, key % V
     next_ids, next_inv = np.unique(nxt, return_inverse=True)
@@ -228,8 +241,16 @@ def _global_pairs(stats: CooccurrenceStats):
     top_n = next_s[starts]
     num_next = np.diff(np.r_[starts, len(tok_s)])
     rivals = np.full(len(starts), len(next_ids), dtype=np.int64)
-    return (np.full(len(starts), -1), tok_s[starts], support, count_s[starts], next_ids[top_n],
-            num_next, base_of_next[top_n], rivals)  # fmt: skip
+    return (
+        np.full(len(starts), -1),
+        tok_s[starts],
+        support,
+        count_s[starts],
+        next_ids[top_n],
+        num_next,
+        base_of_next[top_n],
+        rivals,
+    )
 
 
 def token_kinds(

@@ -81,10 +81,15 @@ class Population:
             raise ValueError(f"probs must be [K={len(query)}, U={len(tokens)}]")
         k, col = (probs > 0).nonzero(as_tuple=True)
         return cls(
-            torch.as_tensor(query), torch.as_tensor(next_token),
-            torch.as_tensor(weight, dtype=torch.float64), k, col, probs[k, col],
-            torch.as_tensor(tokens), vocab_size,
-        )  # fmt: skip
+            torch.as_tensor(query),
+            torch.as_tensor(next_token),
+            torch.as_tensor(weight, dtype=torch.float64),
+            k,
+            col,
+            probs[k, col],
+            torch.as_tensor(tokens),
+            vocab_size,
+        )
 
     @property
     def probs(self) -> Tensor:
@@ -217,8 +222,9 @@ class PopulationRun:
     def attention(self) -> Tensor:
         """c[l|n] of Eq. 5 for every class, dense: [S, K, U]."""
         pop = self.population
-        out = torch.zeros(self.steps.numel(), pop.num_classes, pop.tokens.numel(),
-                          dtype=self.Z.dtype)  # fmt: skip
+        out = torch.zeros(
+            self.steps.numel(), pop.num_classes, pop.tokens.numel(), dtype=self.Z.dtype
+        )
         out[:, pop.triple_class, pop.triple_column] = self.attention_triples()
         return out
 
@@ -325,8 +331,9 @@ def predict(
 
     Cost per gradient: O(T x O) for T triples and O output rows (sparse), not K x C x O."""
     steps_t = _checked(steps, lr_y, lr_z, optimizer)
-    pop = replace(population, weight=population.weight.to(dtype),
-                  triple_p=population.triple_p.to(dtype))  # fmt: skip
+    pop = replace(
+        population, weight=population.weight.to(dtype), triple_p=population.triple_p.to(dtype)
+    )
     q = torch.searchsorted(pop.queries, pop.query)
     outputs, target, mult = _output_rows(pop, dtype)
     Y = torch.zeros(mult.numel(), pop.tokens.numel(), dtype=dtype, requires_grad=True)
@@ -371,19 +378,36 @@ def predict(
         bar.total = bar.n  # fewer than at most: the merged steps grew where the error allowed
         bar.close()
     training = {"lr_y": lr_y, "lr_z": lr_z, "optimizer": optimizer, "momentum": momentum}
-    return PopulationRun(population, steps_t, torch.stack(snaps).double(),
-                         torch.tensor(losses, dtype=torch.float64), training)  # fmt: skip
+    return PopulationRun(
+        population,
+        steps_t,
+        torch.stack(snaps).double(),
+        torch.tensor(losses, dtype=torch.float64),
+        training,
+    )
 
 
-def _gradient_bar(pop, outputs: int, wanted: list[int], exact: bool, gradients: int,
-                  progress: bool, seconds: float | None):  # fmt: skip
+def _gradient_bar(
+    pop,
+    outputs: int,
+    wanted: list[int],
+    exact: bool,
+    gradients: int,
+    progress: bool,
+    seconds: float | None,
+):
     """`predict`'s progress bar over gradients (shown with `progress`), the cost said first
     where a gradient's `seconds` are given."""
     if seconds is not None:
         _say_cost(pop, outputs, wanted, seconds, exact)
-    return tqdm(total=gradients_at_most(wanted[-1], len(wanted), exact), initial=gradients - 1,
-                desc="population dynamics", unit="gradient", disable=not progress,
-                delay=2)  # fmt: skip
+    return tqdm(
+        total=gradients_at_most(wanted[-1], len(wanted), exact),
+        initial=gradients - 1,
+        desc="population dynamics",
+        unit="gradient",
+        disable=not progress,
+        delay=2,
+    )
 
 
 def _checked(steps, lr_y: float, lr_z: float, optimizer: str) -> Tensor:
@@ -439,9 +463,16 @@ def _say_cost(pop: Population, outputs: int, wanted: list, seconds: float, exact
     )
 
 
-def held_steps(optimizer: str, moments: list[Tensor], g: Tensor, step: int, n: int,
-               momentum: float = 0.0, betas: tuple[float, float] = (0.9, 0.999),
-               eps: float = 1e-8) -> Tensor:  # fmt: skip
+def held_steps(
+    optimizer: str,
+    moments: list[Tensor],
+    g: Tensor,
+    step: int,
+    n: int,
+    momentum: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> Tensor:
     """The sum of the updates of `n` steps of PyTorch's "sgd" (with `momentum`) or "adam"
     from optimizer step `step` (0 first) with the gradient `g` held, the parameter's
     `moments` [m1, m2] updated in place; n = 1: one step exactly as ``torch.optim`` takes it."""

@@ -61,8 +61,9 @@ def _one_axes(size: tuple[float, float]):
     """A figure of `size` inches with one axes at the shared `MARGINS`: (fig, ax)."""
     (w, h), m = size, MARGINS
     fig = Figure(figsize=size)
-    fig.subplots_adjust(left=m["left"] / w, right=1 - m["right"] / w, bottom=m["bottom"] / h,
-                        top=1 - m["top"] / h)  # fmt: skip
+    fig.subplots_adjust(
+        left=m["left"] / w, right=1 - m["right"] / w, bottom=m["bottom"] / h, top=1 - m["top"] / h
+    )
     return fig, fig.subplots()
 
 
@@ -158,15 +159,27 @@ def plot_logit_change(bias: Measurement, title: str = "", path: str | Path | Non
     single = len(layers) * len(heads) == 1
     size = (6, 3.6) if single else (min(1.7 * len(heads) + 0.8, 22), min(1.3 * len(layers) + 1, 22))
     fig = Figure(figsize=size)
-    axes = np.atleast_2d(fig.subplots(len(layers), len(heads), sharex=True, sharey=True,
-                                      squeeze=False))  # fmt: skip
+    axes = np.atleast_2d(
+        fig.subplots(len(layers), len(heads), sharex=True, sharey=True, squeeze=False)
+    )
     for (layer, head), part in table.groupby(["layer", "head"]):
         ax = axes[layers.index(layer), heads.index(head)]
         width = 1.5 if single else 0.9
-        ax.plot(part["step"] + 1, part["dz_distinct"], color=palette.DISTINCT, lw=width,
-                label="distinct")  # fmt: skip
-        ax.plot(part["step"] + 1, part["dz_common"], color=palette.COMMON, ls="--", lw=width,
-                label="common")  # fmt: skip
+        ax.plot(
+            part["step"] + 1,
+            part["dz_distinct"],
+            color=palette.DISTINCT,
+            lw=width,
+            label="distinct",
+        )
+        ax.plot(
+            part["step"] + 1,
+            part["dz_common"],
+            color=palette.COMMON,
+            ls="--",
+            lw=width,
+            label="common",
+        )
         ax.axhline(0, color="grey", lw=0.5)
         ax.set_xscale("log")
         if not single:
@@ -212,13 +225,25 @@ def plot_loss_with_steps(
     for i, (label, (x, y)) in enumerate(curves.items()):
         y = np.asarray(y, dtype=float)
         dots = "o-" if len(y) <= 200 else "-"
-        ax.plot(np.asarray(x, dtype=float), y, dots, label=label, color=f"C{i % 10}",
-                markersize=3, linewidth=1.2)  # fmt: skip
+        ax.plot(
+            np.asarray(x, dtype=float),
+            y,
+            dots,
+            label=label,
+            color=f"C{i % 10}",
+            markersize=3,
+            linewidth=1.2,
+        )
     for j, (label, mark) in enumerate(marks.items()):
         step, *interval = np.atleast_1d(np.asarray(mark, dtype=float))
         color = f"C{(j + len(curves)) % 10}"
-        ax.axvline(step, color=color, linestyle="--" if "snap" in label else ":",
-                   linewidth=1.2, label=label)  # fmt: skip
+        ax.axvline(
+            step,
+            color=color,
+            linestyle="--" if "snap" in label else ":",
+            linewidth=1.2,
+            label=label,
+        )
         if interval and np.isfinite(interval).all():  # where the checkpoints place it
             ax.axvspan(*interval, color=color, alpha=0.08, linewidth=0)
     ax.set_xlabel(step_unit)
@@ -264,8 +289,9 @@ def plot_growth_bounds(
             break
         x = part["step"] + 1
         (line,) = ax.plot(x, part["chi"], marker=".", label=f"layer {key[0]}, head {key[1]}")
-        ax.fill_between(x, part["chi_lower"], part["chi_upper"], color=line.get_color(),
-                        alpha=0.15, lw=0)  # fmt: skip
+        ax.fill_between(
+            x, part["chi_lower"], part["chi_upper"], color=line.get_color(), alpha=0.15, lw=0
+        )
         ax.plot(x, part["chi_upper"], color=line.get_color(), ls=":", lw=1)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -458,10 +484,22 @@ def plot_runs(comparison, column: str = "auroc", path: str | Path | None = None)
             ax.vlines(offset, lo, hi, color=colours[i], alpha=0.6, linewidth=1.5)
         ax.plot(offset, values, "o", color=colours[i], markersize=4, label=run)
     if f"{column}_mean" in table:
-        ax.hlines(table[f"{column}_mean"], x - 0.4, x + 0.4, color="black", linewidth=1.5,
-                  label="mean over runs")  # fmt: skip
-        ax.vlines(x + 0.42, table[f"{column}_lo"], table[f"{column}_hi"], color="black",
-                  linewidth=2.5, label="interval over runs")  # fmt: skip
+        ax.hlines(
+            table[f"{column}_mean"],
+            x - 0.4,
+            x + 0.4,
+            color="black",
+            linewidth=1.5,
+            label="mean over runs",
+        )
+        ax.vlines(
+            x + 0.42,
+            table[f"{column}_lo"],
+            table[f"{column}_hi"],
+            color="black",
+            linewidth=2.5,
+            label="interval over runs",
+        )
     if column in ("auroc", "matched_auroc"):
         ax.axhline(0.5, color="#888888", linewidth=0.8, linestyle="--")
     elif column == "bias":
@@ -496,13 +534,18 @@ def plot_runs_maps(comparison, column: str = "bias", path: str | Path | None = N
     axes = np.atleast_1d(fig.subplots(1, len(grids)))
     image = None
     for ax, run, grid in zip(axes, comparison.runs, grids):
-        image = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis",
-                          vmin=vmin, vmax=vmax)  # fmt: skip
+        image = ax.imshow(
+            np.ma.masked_invalid(grid), aspect="auto", cmap="viridis", vmin=vmin, vmax=vmax
+        )
         ax.set_facecolor("#d0d0d0")
         rows = per_run[per_run["run"] == run]
         if "scans" in rows:
-            scans = head_grid(rows.assign(scans=rows["scans"].astype(float)), "scans", layers,
-                              heads).numpy() == 1  # fmt: skip
+            scans = (
+                head_grid(
+                    rows.assign(scans=rows["scans"].astype(float)), "scans", layers, heads
+                ).numpy()
+                == 1
+            )
             ys, xs = np.nonzero(scans)
             ax.scatter(xs, ys, s=60, facecolors="none", edgecolors="white", linewidths=1.5)
         ax.set_title(f"{run}: {column}")
@@ -520,8 +563,14 @@ def plot_runs_maps(comparison, column: str = "bias", path: str | Path | None = N
 # The painters of the catalog's plots (`measures.catalog.Plot.painter` names one): each draws
 # a measurement as its plot says, called as ``painter(result, plot, snaps, path)``.
 def paint_over_steps(result, plot, snaps, path) -> Figure:
-    return plot_over_steps(result.table, plot.column, snaps=snaps if plot.snaps else None,
-                           title=plot.title, path=path, limits=plot.limits)  # fmt: skip
+    return plot_over_steps(
+        result.table,
+        plot.column,
+        snaps=snaps if plot.snaps else None,
+        title=plot.title,
+        path=path,
+        limits=plot.limits,
+    )
 
 
 def paint_logit_change(result, plot, snaps, path) -> Figure:
