@@ -418,6 +418,20 @@ def read_small_bytes(path: str | Path, what: str, limit: int = SMALL_FILE) -> by
     return data
 
 
+def check_kinds(values: dict, kinds: dict[str, type], what: str) -> None:
+    """Each of `kinds`' keys in `values` (read from a file) of its kind; ValueError naming the
+    first that is missing or of another (``what`` lacks 'key', or has no list as 'key').
+
+    >>> check_kinds({"layers": "0"}, {"layers": list}, "the manifest")
+    Traceback (most recent call last):
+    ValueError: the manifest has no list as 'layers' (hand-edited?)
+    """
+    for key, kind in kinds.items():
+        if not isinstance(values.get(key), kind):
+            lacks = "lacks" if key not in values else f"has no {kind.__name__} as"
+            raise ValueError(f"{what} {lacks} '{key}' (hand-edited?)")
+
+
 def read_json(path: str | Path, what: str, limit: int = SMALL_FILE):
     """`read_small` parsed as JSON (`json.JSONDecodeError`, a ValueError, where it is not)."""
     import json

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from scansnap_lens._io import (
+    check_kinds,
     read_json,
     read_small_bytes,
     read_tensors,
@@ -443,9 +444,7 @@ def _checked_index(said) -> dict:
         "not_measured": dict,
         "settings": dict,
     }
-    for field, kind in kinds.items():
-        if not isinstance(said.get(field), kind):
-            raise ValueError(f"its index's {field} is not a {kind.__name__}")
+    check_kinds(said, kinds, "its index")
     for name, entry in said["measurements"].items():
         if not (
             FILE_NAME.fullmatch(name)

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from scansnap_lens._io import (
+    check_kinds,
     make_folder,
     open_lock,
     read_json,
@@ -404,10 +405,7 @@ def _read_manifest(path: Path) -> dict:
         "skipped": list,
         "meta": dict,
     }
-    for key, kind in needed.items():
-        if not isinstance(manifest.get(key), kind):
-            what = "lacks" if key not in manifest else f"has no {kind.__name__} as"
-            raise ValueError(f"{file}: the manifest {what} '{key}' (hand-edited?)")
+    check_kinds(manifest, needed, f"{file}: the manifest")
     _check_entries(file, manifest)
     _check_aggregates(file, manifest)
     _check_values(file, manifest)
