@@ -269,7 +269,7 @@ class Recorder:
                 self.prompt = None if saved is None else torch.tensor(saved, dtype=torch.long)
         self.plan, self.layers, self.heads = plan, layers, heads
         if self.folder.holds_recording:
-            self._run_for()
+            self._decide()  # the folder's plan, layers and heads: decided before any model
 
     def _replanned(self, manifest: dict) -> RecordPlan:
         """The plan of a resumed folder: its own where the budget chose the queries (for the
@@ -344,44 +344,53 @@ class Recorder:
                 " to resume it, record into another folder, or replace it (overwrite=True)"
             )
 
-    def _run_for(self, model=None) -> RecordingRun | None:
-        """The run (and the folder's writer); deciding it needs the layers, heads and plan,
-        so perhaps a model to count them.  Notes the skips found before it."""
-        if self.run is None:
-            self._check_same_run(self.meta)
-            if model is None and (self.plan is None or self.layers is None or self.heads is None):
-                return None
-            if model is not None:  # checked before anything is written into the folder
-                layers, heads = watched(model, self.layers, self.heads)
-            else:
-                layers, heads = list(self.layers), list(self.heads)
-            vocab = int(model.cfg.d_vocab) if model is not None else self.plan.vocab_size
-            entries = self._entries(vocab)
-            if self.plan is None:  # planned from the first model: its vocabulary, its tokenizer
-                self.plan = self._plan_for(model, len(layers) * len(heads), entries)
-            self.layers, self.heads = layers, heads
-            if self.on_plan is not None:
-                self.on_plan(self.plan, len(layers) * len(heads))
-            settings = self.settings.replace(loss_on=self._loss_on())
-            run = RecordingRun(
-                self.out,
-                self.tokens,
-                self.plan,
-                layers,
-                heads,
-                self.prompt,
-                self.aggregates,
-                entries,
-                settings,
-                self.state,
-            )
-            self._check_budget(run)
-            self.lock.acquire()
-            self._writer, self.run = run.writer(self.meta), run
+    def _decide(self, model=None) -> RecordingRun | None:
+        """The run, decided once: its plan, layers and heads (a resumed folder's, or those
+        given; else counted on `model`, the first checkpoint's), its budget checked and the
+        folder's writer opened; None while they cannot be decided without a model."""
+        if self.run is not None:
+            return self.run
+        self._check_same_run(self.meta)
+        if model is None and (self.plan is None or self.layers is None or self.heads is None):
+            return None
+        if model is not None:  # checked before anything is written into the folder
+            layers, heads = watched(model, self.layers, self.heads)
+        else:
+            layers, heads = list(self.layers), list(self.heads)
+        vocab = int(model.cfg.d_vocab) if model is not None else self.plan.vocab_size
+        entries = self._entries(vocab)
+        if self.plan is None:  # planned from the first model: its vocabulary, its tokenizer
+            self.plan = self._plan_for(model, len(layers) * len(heads), entries)
+        self.layers, self.heads = layers, heads
+        if self.on_plan is not None:
+            self.on_plan(self.plan, len(layers) * len(heads))
+        settings = self.settings.replace(loss_on=self._loss_on())
+        run = RecordingRun(
+            self.out,
+            self.tokens,
+            self.plan,
+            layers,
+            heads,
+            self.prompt,
+            self.aggregates,
+            entries,
+            settings,
+            self.state,
+        )
+        self._check_budget(run)
+        self.lock.acquire()
+        self._writer, self.run = run.writer(self.meta), run
+        self._note_skips()
+        return run
+
+    def _note_skips(self) -> None:
+        """Write the skipped checkpoints found so far into the manifest, once the run has its
+        writer (until then they wait for it)."""
+        if self._writer is None:
+            return
         for skip in self._skips:
             self._writer.skip(*skip)
         self._skips = []
-        return self.run
 
     def _loss_on(self) -> str:
         """The positions the recorded loss averages over: the settings', else the training's
@@ -534,7 +543,7 @@ class Recorder:
             if int(step) in self.done:
                 return None
             model = _recordable(model)
-            return self._run_for(model).record_model(step, model, self._writer, self._on_batch)
+            return self._decide(model).record_model(step, model, self._writer, self._on_batch)
 
     def record(self, source: CheckpointSource, execute=None) -> Trajectory:
         """Record every checkpoint of `source` not yet done, one model in memory at a time,
@@ -559,7 +568,9 @@ class Recorder:
                 if getattr(fetcher, "writes", False):  # one sweep in a folder at a time
                     self.lock.acquire()
                 fetcher.prepare(todo, self.done, self.out)
-            while todo and self._run_for() is None:  # the first checkpoint decides the run
+            if todo:
+                self._decide()  # where the folder or the settings already say the run
+            while todo and self.run is None:  # else the first checkpoint that loads decides it
                 self._sequentially(None, [todo.pop(0)], fetcher, self._note_skip)
             if todo:
                 (execute or self._sequentially)(self.run, todo, fetcher, self._note_skip)
@@ -578,7 +589,7 @@ class Recorder:
                 " again to go on, or note it and go on (on_error='skip')"
             )
         self._skips.append((step, source, error))
-        self._run_for()
+        self._note_skips()
 
     def _sequentially(self, run, todo: list, fetcher, note_skip) -> None:
         """Record `todo` one at a time, the next fetched meanwhile (`sweep.Ahead`)."""
@@ -606,7 +617,7 @@ class Recorder:
             if self.settings.device is not None:
                 model.to(self.settings.device)
             model = _recordable(model)
-            self._run_for(model).record_model(
+            self._decide(model).record_model(
                 checkpoint.step, model, self._writer, self._on_batch, checkpoint.source
             )
 
@@ -634,7 +645,7 @@ class Recorder:
             if checkpoint.step in drop:
                 why = f"serves the same weights as step {drop[checkpoint.step]} (duplicates='skip')"
                 self._skips.append((checkpoint.step, checkpoint.source, why))
-        self._run_for()  # a resumed folder notes them now; a new one at its first record
+        self._note_skips()  # a resumed folder notes them now; a new one once its run is decided
         return [c for c in todo if c.step not in drop]
 
     def _begin(self, source: CheckpointSource) -> list:
