@@ -39,8 +39,10 @@ class IndexedTokens:
         self.idx_path, self.bin_path = prefix.with_suffix(".idx"), prefix.with_suffix(".bin")
         for file in (self.idx_path, self.bin_path):
             if not file.is_file():
-                raise FileNotFoundError(f"no {file.suffix} file at {file} (an indexed dataset"
-                                        " is a .bin and an .idx with the same name)")  # fmt: skip
+                raise FileNotFoundError(
+                    f"no {file.suffix} file at {file} (an indexed dataset"
+                    " is a .bin and an .idx with the same name)"
+                )
         index = np.memmap(self.idx_path, dtype=np.uint8, mode="r")
         if index.size < _HEADER or bytes(index[:9]) != MAGIC:
             raise ValueError(f"{self.idx_path} is not an indexed-dataset index (no MMIDIDX header)")
