@@ -1,7 +1,7 @@
 """Test-session setup that must run before anything imports huggingface_hub.
 
 The hub cache points at a fresh folder and the hub is offline: tests that load "pretrained"
-checkpoints read a tiny cache built by `scansnap_lens.testing.fake_hub_model`.
+checkpoints read a tiny cache built by `fake_hub_model` (tests/_hub.py).
 """
 
 import atexit

@@ -30,7 +30,7 @@ The folders follow the pipeline, each stage importing only the ones before it:
     reading/      what the measurements say: the analysis value, findings, heads, runs
     viz/          figures (PNG) and circuitsvis views
     lab/          the paper's synthetic experiments (sequence classes, the Y/Z model)
-    report, cli, demo, distributed (Ray), testing: built on all of these
+    report, cli, demo, distributed (Ray): built on all of these
 """
 
 from __future__ import annotations
@@ -70,6 +70,6 @@ _CHOSEN = {  # what a notebook needs at the top, by the module that defines it
 # ``ss.<module>`` for each stage and tool, never dependent on import order
 _MODULES = (
     "inputs models statistics recording theory measures planning reading viz lab"
-    " report demo distributed testing"
+    " report demo distributed"
 )
 __all__, __getattr__, __dir__ = exports(__name__, _MODULES, _CHOSEN)

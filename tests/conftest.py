@@ -27,7 +27,7 @@ def shared_dir() -> Path:
 @pytest.fixture(scope="session")
 def fake_hub():
     """A hub cache holding EleutherAI/pythia-14m revisions step0, step1000, step2000."""
-    from scansnap_lens.testing import fake_hub_model
+    from _hub import fake_hub_model
 
     cache = os.environ["HF_HUB_CACHE"]
     fake_hub_model(cache, "EleutherAI/pythia-14m", revisions=["step0", "step1000", "step2000"])

@@ -96,7 +96,7 @@ def test_your_checkpoints_against_a_local_hub(fake_hub, tmp_path):
 def test_your_checkpoints_offline(tmp_path):
     """The offline route: CHECKPOINTS names a folder of checkpoints (a Trainer's output here),
     TOKENIZER its tokenizer; no hub."""
-    from scansnap_lens.testing import tiny_hf_model, word_tokenizer
+    from _hub import tiny_hf_model, word_tokenizer
 
     text = synthetic_text(tmp_path / "text")
     run = tmp_path / "run"

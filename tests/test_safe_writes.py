@@ -27,9 +27,8 @@ from scansnap_lens.lab.synthetic import sequence_sampler, syn_medium
 from scansnap_lens.models.training import attention_only_model, train
 
 PACKAGE = Path(__file__).resolve().parents[1] / "scansnap_lens"
-# the only module that opens files for writing; `testing` builds hub fixtures with the real
-# writers it emulates (save_pretrained, torch.save) into folders the tests make
-WRITERS = {"_io.py", "testing.py"}
+# the only module that opens files for writing
+WRITERS = {"_io.py"}
 PRIVATE = "# into its own mkdtemp folder"
 WRITING = re.compile(
     r"open\([^)]*[\"'][wax+][bt+]?[\"']|\.write_(text|bytes)\(|\.mkdir\(|(?<!`)torch\.save\(|"

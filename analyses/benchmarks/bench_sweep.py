@@ -3,8 +3,9 @@ with recording, and the disk the sweep holds.
 
     python analyses/benchmarks/bench_sweep.py [--revisions 20]     # about 5 minutes on 2 cores
 
-The hub (`testing.LoopbackHub`, in a process of its own) serves revisions written by
-``save_pretrained``; the real `huggingface_hub` client downloads them.  Timed in one run:
+The hub (the tests' `LoopbackHub`, tests/_hub.py, in a process of its own) serves revisions
+written by ``save_pretrained``; the real `huggingface_hub` client downloads them.  Timed in one
+run:
 
 - ``record_s``: the sweep with every revision already in the cache (loading and recording);
 - ``download_s``: downloading every revision, one after the other, nothing recorded;
@@ -29,6 +30,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -36,12 +38,15 @@ from pathlib import Path
 
 from scansnap_lens.recording.settings import RecordingSettings
 
+# the hub on the loopback is the tests' own (tests/_hub.py), read here as they read it
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+
 NAME = "EleutherAI/pythia-70m"  # TransformerLens's labels of Pythia name the revisions
 MODEL = {"d_model": 256, "n_layers": 4, "n_heads": 8, "vocab_size": 4096, "n_ctx": 128}
 
 
 def _serve(repos, bandwidth, pipe) -> None:
-    from scansnap_lens.testing import LoopbackHub
+    from _hub import LoopbackHub
 
     os.nice(19)  # the hub's CPU is another machine's: here it yields to the sweep
     with LoopbackHub(repos, bandwidth=bandwidth) as hub:
@@ -119,9 +124,10 @@ def _own_disk(folder: Path, size: int) -> bool:
 
 
 def _sweep(steps, tokens, out: Path, endpoint: str, on_disk=2, keep=False, download=None):
+    from _hub import pointed_at
+
     from scansnap_lens.models import checkpoints
     from scansnap_lens.recording.recorder import Recorder
-    from scansnap_lens.testing import pointed_at
 
     shutil.rmtree(out, ignore_errors=True)
     with pointed_at(endpoint):
@@ -135,8 +141,9 @@ def _sweep(steps, tokens, out: Path, endpoint: str, on_disk=2, keep=False, downl
 
 
 def _download(revisions, endpoint: str) -> float:
+    from _hub import pointed_at
+
     from scansnap_lens.models import hub
-    from scansnap_lens.testing import pointed_at
 
     with pointed_at(endpoint):
         start = time.perf_counter()
@@ -154,9 +161,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_sweep_"))
     os.environ["HF_HUB_CACHE"] = str(work / "cache")
     import torch
+    from _hub import saved_revisions
 
     from scansnap_lens.models.hub import checkpoint_labels
-    from scansnap_lens.testing import saved_revisions
 
     steps = checkpoint_labels(NAME)[0][: args.revisions]
     revisions = [f"step{s}" for s in steps]

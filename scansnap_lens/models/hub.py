@@ -553,7 +553,11 @@ def delete_snapshot(
     ids) does not name; the bytes freed.  commit: where given, only if the revision's ref
     names it (else nothing).  Only inside ``cache/models--{name}``: another
     repository's snapshot of the same commit (a mirror) is never touched.  Only for a cache
-    the caller owns (the sweep's)."""
+    the caller owns (the sweep's).
+
+    Not ``scan_cache_dir(cache).delete_revisions(commit)``: it deletes whatever a snapshot's
+    link points to, inside the cache or not, and takes the first repository of a set that
+    holds the commit, which may be the mirror's (huggingface_hub 2.4)."""
     import shutil
 
     refuse_linked(cache, name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _backends import BACKENDS, requires_tl4
+from _hub import tiny_hf_model
 from _tiny import V, tiny_model
 from torch import nn
 
@@ -18,7 +19,6 @@ from scansnap_lens.models.backend import (
     tl_to_native,
 )
 from scansnap_lens.models.training import attention_only_model, initial_weights, train
-from scansnap_lens.testing import tiny_hf_model
 
 pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
 

@@ -236,9 +236,9 @@ def test_tl_state_dicts_load_on_the_installed_major(tmp_path, config_text):
 @pytest.mark.parametrize("ignore", [-1e5, -math.inf], ids=["tl1.0", "tl1.19-2.x"])
 def test_tl_state_dicts_of_older_versions_with_their_buffers_load(tmp_path, ignore):
     """State dicts saved by TransformerLens 1.x-2.x carry each block's causal mask at
-    [n_ctx, n_ctx] and IGNORE (`testing.legacy_buffers`, after those versions' sources): they
+    [n_ctx, n_ctx] and IGNORE (`_hub.legacy_buffers`, after those versions' sources): they
     load on either major and compute what the same weights without the buffers compute."""
-    from scansnap_lens.testing import legacy_buffers
+    from _hub import legacy_buffers
 
     folder, fields = tl_weights_folder(tmp_path, json.dumps)
     for step in (0, 10):
@@ -343,9 +343,10 @@ def test_record_command_reads_every_format(make, tmp_path, capsys):
 
 
 def test_record_command_reads_legacy_labels_offline(tmp_path, capsys):
+    from _hub import fake_legacy_tl_model
+
     from scansnap_lens.cli import main
     from scansnap_lens.inputs.tokens import save_tokens
-    from scansnap_lens.testing import fake_legacy_tl_model
 
     fake_legacy_tl_model(os.environ["HF_HUB_CACHE"], "NeelNanda/attn-only-2l-demo", [0, 10, 110])
     save_tokens(tmp_path / "eval.safetensors", EVAL)

@@ -7,12 +7,12 @@ import os
 import pytest
 import torch
 from _backends import BACKENDS
+from _hub import fake_legacy_tl_model
 
 from scansnap_lens.models import checkpoints
 from scansnap_lens.models.backend import state_layout, tl_to_native
 from scansnap_lens.models.checkpoints import CheckpointError
 from scansnap_lens.models.training import initial_weights
-from scansnap_lens.testing import fake_legacy_tl_model
 
 pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
 
@@ -68,7 +68,7 @@ def test_polypythias_names_have_pythias_labels():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_stanford_crfm_labels_load_their_revision(backend):
-    from scansnap_lens.testing import fake_hub_model
+    from _hub import fake_hub_model
 
     name = "stanford-crfm/alias-gpt2-small-x21"
     revisions = ["checkpoint-0", "checkpoint-10", "checkpoint-20"]
@@ -105,11 +105,12 @@ def test_pythia_as_on_the_hub_from_labels_to_report(tmp_path, capsys):
     revision per label in a hub cache, the model's d_vocab padded to 50304 beyond its
     tokenizer's 50277, `--steps log:5` over the labels, statistics from the model's own
     tokenizer, and the recording and report through the labels, offline."""
+    from _hub import fake_hub_model
+
     from scansnap_lens.cli import main
     from scansnap_lens.models.hub import checkpoint_labels
     from scansnap_lens.models.steps import select_steps
     from scansnap_lens.recording.trajectory import Trajectory
-    from scansnap_lens.testing import fake_hub_model
 
     name = "EleutherAI/pythia-70m"
     labels, unit = checkpoint_labels(name)

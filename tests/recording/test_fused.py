@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _hub import bridge_from_hf, tiny_hf_model
 from _reference import assert_matches, brute_force
 from _tiny import V as TINY_V
 from _tiny import tiny_model
@@ -17,7 +18,6 @@ from scansnap_lens.recording.hooks import record_checkpoint
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.statistics.corpus import cooccurrence
 from scansnap_lens.statistics.groups import TokenGroups
-from scansnap_lens.testing import bridge_from_hf, tiny_hf_model
 
 pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
 

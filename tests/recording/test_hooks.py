@@ -9,6 +9,7 @@ import re
 import pytest
 import torch
 from _backends import BACKENDS, requires_hooked
+from _hub import bridge_from_hf, tiny_hf_model
 from _reference import assert_matches, brute_force
 from _tiny import QUIET, V, tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -20,7 +21,6 @@ from scansnap_lens.recording.hooks import (
     record_checkpoint,
 )
 from scansnap_lens.recording.plan import plan_recording
-from scansnap_lens.testing import bridge_from_hf, tiny_hf_model
 
 pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
 

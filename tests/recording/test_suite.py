@@ -13,6 +13,7 @@ import threading
 
 import pytest
 import torch
+from _hub import LoopbackHub, saved_revisions
 from safetensors.torch import save_file
 
 from scansnap_lens.cli import main
@@ -22,7 +23,6 @@ from scansnap_lens.recording.settings import RecordingSettings
 from scansnap_lens.recording.suite import SUITE_FILE, Suite, expand
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.corpus import cooccurrence
-from scansnap_lens.testing import LoopbackHub, saved_revisions
 
 pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
 

@@ -1,5 +1,5 @@
 """Sweeps over hub revisions with the real `huggingface_hub` client against a hub-shaped
-server on the loopback (`testing.LoopbackHub`): the disk bound at every moment, the user's
+server on the loopback (`_hub.LoopbackHub`): the disk bound at every moment, the user's
 hub cache byte-identical after every sweep (revisions cached by name or pinned by hash, a
 mirror's, a colleague's bookkeeping, an earlier kept run, two sweeps at once), downloads
 overlap recording, a SIGKILL resumes and leaves nothing behind."""
@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from _backends import requires_hooked
+from _hub import LoopbackHub, saved_revisions
 from _tiny import QUIET
 
 from scansnap_lens.cli import cli_message
@@ -26,7 +27,6 @@ from scansnap_lens.models import checkpoints, hub
 from scansnap_lens.recording import sweep
 from scansnap_lens.recording.recorder import Recorder
 from scansnap_lens.recording.trajectory import Trajectory
-from scansnap_lens.testing import LoopbackHub, saved_revisions
 
 pytestmark = pytest.mark.tl  # builds or runs TransformerLens models: both majors run it
 
@@ -347,9 +347,8 @@ def test_a_hooked_sweep_loads_through_transformer_lens(tmp_path, cache):
     from_pretrained loads it from the cache (with Pythia-14m's own config, so the model has
     its shapes), and the revision is deleted after; the one ``main`` shares stays."""
     import transformers
+    from _hub import word_tokenizer
     from safetensors.torch import save_file
-
-    from scansnap_lens.testing import word_tokenizer
 
     config = transformers.GPTNeoXConfig(
         vocab_size=50304, hidden_size=128, num_hidden_layers=6, num_attention_heads=4,
