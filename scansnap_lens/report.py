@@ -27,11 +27,14 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from scansnap_lens import measures, reading
 from scansnap_lens._io import check_writable, make_folder, staged_folder, write_bytes, write_text
-from scansnap_lens.measures.catalog import Plot, columns
+from scansnap_lens.measures.catalog import columns
+from scansnap_lens.measures.rates import theory_of
 from scansnap_lens.reading.analysis import Analysis
+from scansnap_lens.reading.findings import findings_of, in_progress, runs_findings_of
+from scansnap_lens.reading.heads import atlas, rank_heads
 from scansnap_lens.reading.runs import median_bounds
+from scansnap_lens.recording.budget import duration
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.context import require_same
 from scansnap_lens.statistics.groups import TokenGroups
@@ -44,15 +47,6 @@ HOW_TO_READ_HEADS = (
     " induction, previous-token and first-token scores, attention_entropy and dz_corr over"
     " [layer, head]."
 )
-
-
-def how_to_read(entries=None) -> str:
-    """The report's "How to read it": one paragraph per measurement (`catalog.measures_of`
-    the trajectory; default `catalog.MEASURES`)."""
-    from scansnap_lens.measures.catalog import MEASURES
-
-    items = [m.explains for m in entries or MEASURES if m.explains] + [HOW_TO_READ_HEADS]
-    return "<ul>" + "".join(f"<li>{item}</li>" for item in items) + "</ul>"
 
 
 def number(value: float) -> str:
@@ -130,23 +124,6 @@ def default_title(traj: Trajectory) -> str:
     return f"scansnap_lens: {what}" if what else "scansnap_lens report"
 
 
-def _figure_tag(path: Path, caption: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return (
-        f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(caption)}'>"
-        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-    )
-
-
-def _best_head(summary: pd.DataFrame) -> tuple[int, int]:
-    """The layer and head that scan most (largest final bias), else the first."""
-    if "bias" in summary and summary["bias"].notna().any():
-        row = summary.loc[summary["bias"].idxmax()]
-    else:
-        row = summary.iloc[0]
-    return int(row["layer"]), int(row["head"])
-
-
 class _Folder:
     """The report folder as it fills: files written, figures made, what could not be made."""
 
@@ -165,7 +142,9 @@ class _Folder:
         write_text(self.files[name], frame.to_csv(index=False))
 
     def figure(self, name: str, caption: str, make) -> None:
-        """Draw `make(path)` into figures/NAME.png, or say why it could not be drawn."""
+        """Draw `make(path)` into figures/NAME.png (an earlier page's where it drew it), or
+        say why it could not be drawn.  After the second figure drawn (the first pays
+        matplotlib's warm-up), the others' cost is said where it may pass 10 s."""
         path = self.out / "figures" / f"{name}.png"
         earlier = self.drawn.get(name)
         try:
@@ -176,22 +155,20 @@ class _Folder:
             else:
                 start = time.perf_counter()
                 make(path)
-                self._say_cost(time.perf_counter() - start)
+                self.timed.append(seconds := time.perf_counter() - start)
+                left = self.expected - len(self.timed)
+                if len(self.timed) == 2 and seconds * left > 10:
+                    cost = duration(seconds * left)
+                    tqdm.write(f"report: {left} more figures to draw, about {cost}")
         except (ValueError, KeyError) as err:  # a missing column: the figure is left out
             self.not_measured[f"figure {name}"] = self.failed[name] = str(err).strip("'")
             return
         self.files[f"figure_{name}"] = path
-        self.figures[name] = _figure_tag(path, caption)
-
-    def _say_cost(self, seconds: float) -> None:
-        """After the second figure drawn (the first pays matplotlib's warm-up), the others'
-        cost where it may pass 10 s."""
-        self.timed.append(seconds)
-        left = self.expected - len(self.timed)
-        if len(self.timed) == 2 and seconds * left > 10:
-            from scansnap_lens.recording.budget import duration
-
-            tqdm.write(f"report: {left} more figures to draw, about {duration(seconds * left)}")
+        data, said = base64.b64encode(path.read_bytes()).decode("ascii"), html.escape(caption)
+        self.figures[name] = (
+            f"<figure><img src='data:image/png;base64,{data}' alt='{said}'>"
+            f"<figcaption>{said}</figcaption></figure>"
+        )
 
     def missing(self, heading: str) -> str:
         """The page's list of what was left out and why (nothing where nothing was)."""
@@ -199,13 +176,6 @@ class _Folder:
             f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in self.not_measured.items()
         )
         return f"<h2>{heading}</h2><ul>{items}</ul>" if items else ""
-
-
-def _draw(plot: Plot, result, snaps, path: Path) -> None:
-    """A `catalog.Plot` of a measurement, by its painter."""
-    from scansnap_lens.viz import figures
-
-    getattr(figures, plot.painter)(result, plot, snaps, path)
 
 
 def write_report(
@@ -248,6 +218,8 @@ def write_report(
 
 
 def _write_report(analysis: Analysis, out: Path, title, views, token_strings, drawn):
+    from scansnap_lens.viz import figures
+
     traj, groups, results = analysis.traj, analysis.groups, analysis.results
     summary, entries = analysis.summary, analysis.entries
     make_folder(out / "figures")
@@ -263,10 +235,14 @@ def _write_report(analysis: Analysis, out: Path, title, views, token_strings, dr
         folder.csv(entry.name, result.table)
         if result.detail is not None:
             folder.csv(f"{entry.name}_detail", result.detail)
-        for plot in entry.plots:
-            folder.figure(plot.name, plot.caption, partial(_draw, plot, result, snaps))
+        for plot in entry.plots:  # a `catalog.Plot`, drawn by its painter
+            paint = getattr(figures, plot.painter)
+            folder.figure(plot.name, plot.caption, partial(paint, result, plot, snaps))
     ranking = _ranking(summary, folder)
-    layer, head = _best_head(summary)
+    # the head the page's one-head figures show: the one that scans most, else the first
+    scans = "bias" in summary and summary["bias"].notna().any()
+    best = summary.loc[summary["bias"].idxmax()] if scans else summary.iloc[0]
+    layer, head = int(best["layer"]), int(best["head"])
     _model_figures(analysis, folder, layer, head)
     view_html = _views(traj, groups, folder, layer, head, token_strings) if views else ""
 
@@ -319,7 +295,7 @@ def _ranking(summary: pd.DataFrame, folder: _Folder) -> pd.DataFrame | None:
     if not {"auroc", "bias"} & set(summary):
         folder.not_measured["head ranking"] = "needs auroc or bias (discriminative_bias)"
         return None
-    ranking = reading.rank_heads(summary)
+    ranking = rank_heads(summary)
     folder.csv("head_ranking", ranking)
     return ranking
 
@@ -488,8 +464,8 @@ def _page(
 
     traj, groups, summary = analysis.traj, analysis.groups, analysis.summary
     results, entries = analysis.results, analysis.entries
-    found = reading.findings_of(summary, entries, traj.step_unit, traj.steps.tolist())
-    found = [*reading.in_progress(traj), *found]
+    found = findings_of(summary, entries, traj.step_unit, traj.steps.tolist())
+    found = [*in_progress(traj), *found]
     body = [
         _first_screen(title, "", "Findings", found, folder, "heads", "loss", SETTINGS_AT_THE_END),
         "<h2>Summary (one row per layer and head, at the last checkpoint)</h2>",
@@ -506,7 +482,7 @@ def _page(
             table_html(with_intervals(ranking, ["rank", *columns("heads", entries)]).head(20)),
         ]
     if len(summary) > 1:
-        table = reading.atlas(summary, entries)
+        table = atlas(summary, entries)
         shown = [c for c in table.columns if not c.endswith(("_lo", "_hi")) and c != "snap_step"]
         body += [
             "<h2>Head atlas</h2>",
@@ -522,7 +498,10 @@ def _page(
         body.append(_theory_section(summary, results, limits))
     body += [
         f"<h2 id='{HOW_TO_READ_ID}'>How to read it</h2>",
-        how_to_read(entries),
+        # one paragraph per measurement the analysis made, then the heads' figures
+        "<ul>"
+        + "".join(f"<li>{m.explains}</li>" for m in entries if m.explains)
+        + f"<li>{HOW_TO_READ_HEADS}</li></ul>",
         "<h2>Figures</h2>",
         *folder.figures.values(),
     ]
@@ -579,25 +558,21 @@ THEORY_COLUMNS = [
 ]
 
 
-def _spread(values: pd.Series) -> str:
-    return (
-        f"median {number(values.median())} (range {number(values.min())} to {number(values.max())})"
-    )
-
-
 def _theory_section(summary: pd.DataFrame, checks: dict, limits: list[str]) -> str:
     """The theory against the measurement, per head, with the numbers said in words, and
     what the theory can and cannot say of this training (`rates.theory_limits`)."""
     table = summary[[c for c in THEORY_COLUMNS if c in summary]]
     said = []
+    spread = "median {} (range {} to {})".format
     if "growth_bounds" in checks:
         detail = checks["growth_bounds"].detail
         ratio = detail["bound_ratio"].dropna()
         if len(ratio):
+            within = spread(*map(number, (ratio.median(), ratio.min(), ratio.max())))
             said.append(
                 f"Theorem 3 with rho0 = {number(detail['rho0'].iloc[0])} from the data (K ="
                 f" {int(detail['K'].iloc[0])}): at the last checkpoint the measured"
-                f" ln(chi) / 2 is {_spread(ratio)} times the bound B (over {len(ratio)}"
+                f" ln(chi) / 2 is {within} times the bound B (over {len(ratio)}"
                 " class-heads);"
                 f" the theorem puts it between f0^2 and 1, and"
                 f" {100 * detail['inside'].mean():.0f} % of class-heads lie there."
@@ -605,8 +580,9 @@ def _theory_section(summary: pd.DataFrame, checks: dict, limits: list[str]) -> s
     if "theory_fit" in checks and "snap_ratio" in summary:
         r = summary["snap_ratio"].dropna()
         if len(r):
+            within = spread(*map(number, (r.median(), r.min(), r.max())))
             said.append(
-                f"Measured snap / snap of the population dynamics: {_spread(r)}; rank agreement"
+                f"Measured snap / snap of the population dynamics: {within}; rank agreement"
                 f" {number(summary['rank_agreement'].median())}, logit-change correlation"
                 f" {number(summary['dz_corr'].median())} (medians over heads)."
             )
@@ -677,7 +653,22 @@ def _overview(traj: Trajectory, groups: TokenGroups | None, settings: dict) -> s
             f"{100 * u['level']:.0f} % intervals, verdicts at {u['alpha']:g} ({u['correction']}"
             f" over the heads), at least {u['min_units']:g} effective units"
         )
-        items["scan's units"] = _scan_units(traj, settings, u)
+        items["scan's units"] = "the recorded queries with both kinds"
+        if u.get("queries") is not None:
+            items["scan's units"] = (
+                f"{u['queries']} recorded queries hold both distinct and common tokens"
+            )
+        if shared := u.get("shared") or []:  # the tokens the verdict leaves out, and why
+            limit = (settings["classification"] or {}).get("max_shared", "max_shared")
+            shown = ", ".join(repr(traj.plan.decode(t)) for t in shared[:12])
+            more = f" and {len(shared) - 12} more" if len(shared) > 12 else ""
+            items["scan's units"] += (
+                f"; left out, as distinct and as common: {len(shared)} tokens that the corpus"
+                f" makes distinct for more than {limit} times as many queries as the median"
+                f" distinct token ({shown}{more}), decided from the statistics before any"
+                " attention is read: one token distinct for a third of the queries would make"
+                " the verdict rest on it alone (max_shared, 0 keeps them)"
+            )
     items.update({k: str(v) for k, v in traj.meta.items() if not isinstance(v, dict | list)})
     rows = "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in items.items()
@@ -685,30 +676,10 @@ def _overview(traj: Trajectory, groups: TokenGroups | None, settings: dict) -> s
     return f"<table class='overview'>{rows}</table>"
 
 
-def _scan_units(traj: Trajectory, settings: dict, u: dict) -> str:
-    """Which queries and tokens the scan verdict covers, and why the rest are out."""
-    said = "the recorded queries with both kinds"
-    if u.get("queries") is not None:
-        said = f"{u['queries']} recorded queries hold both distinct and common tokens"
-    shared = u.get("shared") or []
-    if not shared:
-        return said
-    limit = (settings["classification"] or {}).get("max_shared", "max_shared")
-    shown = ", ".join(repr(traj.plan.decode(t)) for t in shared[:12])
-    more = f" and {len(shared) - 12} more" if len(shared) > 12 else ""
-    return (
-        f"{said}; left out, as distinct and as common: {len(shared)} tokens that the corpus"
-        f" makes distinct for more than {limit} times as many queries as the median distinct"
-        f" token ({shown}{more}), decided from the statistics before any attention is read: one"
-        " token distinct for a third of the queries would make the verdict rest on it alone"
-        " (max_shared, 0 keeps them)"
-    )
-
-
 def _theory_figure(traj: Trajectory, summary: pd.DataFrame, path: Path, training=None):
     from scansnap_lens.viz import figures
 
-    theories = {(t.lr_y, t.lr_z): t for t in measures.theory_of(traj, training) if t is not None}
+    theories = {(t.lr_y, t.lr_z): t for t in theory_of(traj, training) if t is not None}
     theories = list(theories.values())  # one curve per distinct pair of rates
     snap = float(summary["snap_step"].iloc[0]) if "snap_step" in summary else math.nan
     measured = [snap] if len(theories) == 1 and math.isfinite(snap) else []
@@ -929,7 +900,7 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
             " near chance says the heads do nothing this prompt tells apart.</p>"
             + table_html(comparison.matching[comparison.matching["run"] != comparison.runs[0]])
         )
-    found = reading.runs_findings_of(comparison)
+    found = runs_findings_of(comparison)
     mapped = next((k for k in folder.figures if k.startswith("runs_map")), "")
     runs = "<p>Runs: " + ", ".join(html.escape(r) for r in comparison.runs) + "</p>"
     heading = "What holds across the runs"
