@@ -1,15 +1,5 @@
-"""The main job end to end on an embedded default: scan and snap in a real TransformerLens model.
-
-`run_demo` trains a 1-layer attention-only HookedTransformer with no positional information on
-synthetic sequence classes (separate rates for W_Q, W_K and the rest), records its attention
-at log-spaced checkpoints while it trains, classifies context tokens from the training
-corpus's co-occurrence statistics (not from the synthetic truth), measures scan and snap and
-writes the report.
-
-Data: Syn-Medium with one query and two next tokens by default.  On Syn-Small each query has
-its own next token, so a transformer predicts it from the query's embedding through the
-residual stream and its attention barely moves; ``data="syn-small"`` shows that.
-"""
+"""The main job end to end on an embedded default: `run_demo` (the README's `scansnap demo`
+says what it trains, records and measures, and what ``data="syn-small"`` shows)."""
 
 from __future__ import annotations
 

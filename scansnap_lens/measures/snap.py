@@ -5,11 +5,9 @@ fallen to half its peak, which nothing after it can move (horizon-independent);
 `secondary_snap_steps` gives the secondary, horizon-dependent path-fraction and
 rate-threshold steps; `snapping` measures every head and class of a trajectory.
 
-In a stochastic run the attention moves by a drift (the expected trajectory's) and by
-step-to-step noise, which moves it as the square root of the steps or, around a stationary
-spread, not at all with them: over a short interval the noise dominates and the rate of the
-interval says nothing of the drift.  `drift_knots` keeps, per head, the checkpoints between
-which the movements add up as a drift, and every step quantity here is read over those.
+In a stochastic run every step quantity here is read between the checkpoints where the
+attention drifts (`drift_knots`; why, in docs/glossary.md under ``drift_checkpoints`` and
+``straightness``).
 """
 
 from __future__ import annotations
@@ -315,16 +313,12 @@ NOISY_BELOW = 0.85  # straightness under which the movement is mostly step-to-st
 
 
 def straightness(traj: Trajectory, slots: Tensor | None = None, moves=None) -> Tensor:
-    """[L, H] how straight the attention moves between checkpoints: over every two
-    consecutive intervals (a, b), (b, c), the movement from a to c over the movement a to b
-    plus b to c, each the events-weighted total variation of the classes' c_hat (the
-    classes `slots`, default all), summed over the pairs.  1 where every class drifts one
-    way; about 0.71 (1 / sqrt 2) where it moves by step-to-step noise between equally spaced
-    checkpoints (a random walk).  Under `NOISY_BELOW` the rate of movement between
-    checkpoints is mostly noise; a sum over the whole run, it can stay above that where the
-    noise dominates only the small movements after the snap (`drift_knots` looks at every
-    spacing).  NaN below three checkpoints.  `moves`: what `_movements` returns for these
-    weights, where already computed."""
+    """[L, H] how straight the attention moves between checkpoints (docs/glossary.md,
+    ``straightness``): over every two consecutive intervals (a, b), (b, c), the movement a to
+    c over a to b plus b to c, summed over the pairs; the movement is the events-weighted
+    total variation of the classes' c_hat (the classes `slots`, default all).  NaN below
+    three checkpoints.  `moves`: what `_movements` returns for these weights, where already
+    computed."""
     L, H, S = len(traj.layers), len(traj.heads), traj.num_steps
     if S < 3:
         return torch.full((L, H), math.nan, dtype=torch.float64)
@@ -390,17 +384,11 @@ def _pair_distances(traj: Trajectory, pairs, w: Tensor) -> dict:
 
 
 def drift_knots(traj: Trajectory, slots: Tensor | None = None) -> Tensor:
-    """[L, H, S] bool: per head, the checkpoints between which the attention moves as a drift.
-
-    The checkpoints are split in halves on the log-step axis (`split_tree`); a split is kept
-    where its halves' movements add up (their straightness, pooled over `POOL` splits of the
-    same depth on each side, at least `DRIFT_ABOVE`: step-to-step noise gives about 0.71), and
-    its halves are split in turn.  Where a coarser, even split was clean (`CLEAN_ABOVE`), a
-    finer one must be clean too: there the noise grows as the intervals shrink, and the
-    largest of many noisy rates would take the snap's peak.  A head whose attention drifts
-    keeps every checkpoint (the same snap steps as without this); one moving by noise at the
-    checkpoints' spacing keeps as few as its drift resolves.  Movement is the events-weighted
-    total variation of the classes `slots` (default all)."""
+    """[L, H, S] bool: per head, the checkpoints between which the attention moves as a drift
+    (docs/glossary.md, ``drift_checkpoints``): the halves of each split (`split_tree`) kept
+    where their straightness, pooled over `POOL` splits of the same depth on each side, is at
+    least `DRIFT_ABOVE` (at least `CLEAN_ABOVE` below a clean, even split).  Every checkpoint
+    where the attention drifts.  Movement is that of `straightness` (classes `slots`)."""
     L, H, S = len(traj.layers), len(traj.heads), traj.num_steps
     keep = torch.ones(L, H, S, dtype=torch.bool)
     if S < 3:

@@ -90,32 +90,19 @@ TWO_RUNS = (
 
 @dataclass
 class RunComparison:
-    """Runs of one recipe compared head by head.
+    """Runs of one recipe compared head by head; every column is defined in docs/glossary.md
+    ("Across runs").
 
-    runs: the runs' names, in order.  per_run: one row per run, layer and head (its verdict,
-    bias, AUROC and snap step with their within-run intervals, and the head-type scores).
-    table: one row per layer and head: ``runs``, ``scans_runs`` and ``scans_share`` with its
-    interval (``scans_share_lo``/``_hi``), and for bias, AUROC and snap_step the across-run
-    ``_mean``, ``_sd``, interval ``_lo``/``_hi``, ``_n`` (runs with a value) and ``_within``
-    (the median half-width of the runs' own intervals, for the snap step in steps), and
-    ``reason`` where the runs are too few; one ``verdict_<run>`` column per run.
-    layers: one row per layer: per run (``<figure>_<run>``) and over runs (``_mean``, ``_lo``,
-    ``_hi``) the figures that hold whichever head it is: heads that scan, the best AUROC, the
-    median snap step, and the heads that became previous-token, induction and first-token
-    heads (a formation step).  Every interval over runs is kept within what the figure can
-    be (AUROC and head-type scores in [0, 1], steps within the runs, counts within the
-    layer's heads).  matching: which head of each run is compared with which head of the first
-    (`matching.match_heads`), or None where heads are compared by index (the same heads where
-    runs share their initialisation: Pythia and its deduped twin); warnings: what the reader
-    must know first (two runs say little; heads matched by index, and why).
-    design: which runs share initial weights (``init``) and data order (``data``), and how
-    that was known (``said``: given, the run's saved seeds, its hub name; `run_design`):
-    runs that share initial weights are one unit of the interval over runs.  split: how the
-    spread between runs splits between the initial weights, the data order and the rest
-    (`resampling.spread_split`), per head (``figure`` bias, auroc, snap_step) and per layer
-    (``head`` NaN, ``figure`` snap_step_median), where the design tells them apart; runs far
-    from what their initial weights and data order predict (`resampling.far_runs`) are left
-    out of it and named (``far_runs``).
+    runs: the runs' names, in order.  per_run: one row per run, layer and head (verdict,
+    bias, AUROC and snap step with their within-run intervals, head-type scores).  table: one
+    row per layer and head: the verdicts' share, and for bias, AUROC and snap_step the
+    across-run ``_mean``, ``_sd``, ``_lo``/``_hi``, ``_n`` and ``_within``; ``reason`` where
+    the runs are too few; ``verdict_<run>`` per run.  layers: one row per layer, the figures
+    that hold whichever head it is (per run and over runs).  matching: which head of each run
+    is compared with which head of the first (`matching.match_heads`), or None (by index).
+    warnings: what the reader must know first.  design: which runs share initial weights and
+    data order, and how that was known (`run_design`).  split: the spread between runs split
+    between them (`resampling.spread_split`), runs far from the fit named (``far_runs``).
     """
 
     runs: list[str]
