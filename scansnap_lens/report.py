@@ -238,7 +238,11 @@ def _write_report(analysis: Analysis, out: Path, title, views, token_strings, dr
         for plot in entry.plots:  # a `catalog.Plot`, drawn by its painter
             paint = getattr(figures, plot.painter)
             folder.figure(plot.name, plot.caption, partial(paint, result, plot, snaps))
-    ranking = _ranking(summary, folder)
+    ranking = None
+    if {"auroc", "bias"} & set(summary):
+        folder.csv("head_ranking", ranking := rank_heads(summary))
+    else:
+        folder.not_measured["head ranking"] = "needs auroc or bias (discriminative_bias)"
     # the head the page's one-head figures show: the one that scans most, else the first
     scans = "bias" in summary and summary["bias"].notna().any()
     best = summary.loc[summary["bias"].idxmax()] if scans else summary.iloc[0]
@@ -270,34 +274,6 @@ def _write_report(analysis: Analysis, out: Path, title, views, token_strings, dr
     write_text(folder.files["report"], body)
     report = Report(folder.files["report"], summary, folder.files, folder.not_measured)
     return report, folder.failed
-
-
-def _legend(results: dict) -> str:
-    """What the intervals and the verdict mean, with their levels."""
-    if "uncertainty" not in results:
-        return ""
-    a = results["uncertainty"].table.attrs
-    correction = "Holm" if a["correction"] == "holm" else "Benjamini-Hochberg"
-    return (
-        f"<p class='legend'>[lo, hi]: {100 * a['level']:.0f} % interval (Student t with"
-        " n_eff - 1 degrees of freedom; for bias and AUROC queries and context tokens are"
-        " crossed units, for spearman, entropy and snap_step classes are the units; none"
-        f" below n_eff {a['min_units']:g}: <i>too few units</i>).  <b>scans</b>: bias &gt; 0"
-        " and AUROC &gt; 0.5, each significant, and not explained by token frequency (see"
-        f" <b>verdict</b>), at {a['alpha']:g} over the {a['heads']} heads tested ({correction}"
-        ").  <b>auroc_mde</b>: the AUROC the recording could have detected with 80 % power."
-        "  The intervals cover other queries and tokens of this text for this trained"
-        " model, not another training run.</p>"
-    )
-
-
-def _ranking(summary: pd.DataFrame, folder: _Folder) -> pd.DataFrame | None:
-    if not {"auroc", "bias"} & set(summary):
-        folder.not_measured["head ranking"] = "needs auroc or bias (discriminative_bias)"
-        return None
-    ranking = rank_heads(summary)
-    folder.csv("head_ranking", ranking)
-    return ranking
 
 
 MODEL_FIGURES = 6  # most figures `_model_figures` draws
@@ -385,10 +361,11 @@ LOSS_POSITIONS = {
 }
 
 
-def _loss_curves(traj: Trajectory) -> dict[str, tuple[list, list]]:
-    """{label: (steps, losses)}: the recorded evaluation loss, and the training log's losses
-    a Trainer run's meta holds (``train_loss``, ``eval_loss``: [[step, loss], ...])."""
+def _loss_figure(traj: Trajectory, summary: pd.DataFrame, entries, path: Path):
+    """The recorded evaluation loss, and the training log's losses a Trainer run's meta holds
+    (``train_loss``, ``eval_loss``: [[step, loss], ...]), with the snap and formation steps."""
     from scansnap_lens.recording.hooks import LOSS_TOKENS
+    from scansnap_lens.viz.figures import plot_loss_with_steps
 
     curves = {}
     if torch.isfinite(traj.loss).any():
@@ -400,12 +377,6 @@ def _loss_curves(traj: Trajectory) -> dict[str, tuple[list, list]]:
         logged = traj.meta.get(key)
         if isinstance(logged, list) and logged:
             curves[label] = ([float(a) for a, _ in logged], [float(b) for _, b in logged])
-    return curves
-
-
-def _loss_figure(traj: Trajectory, summary: pd.DataFrame, entries, path: Path):
-    from scansnap_lens.viz.figures import plot_loss_with_steps
-
     marks = {}
     if "snap_step" in summary:
         for layer, rows in summary.groupby("layer"):
@@ -419,7 +390,7 @@ def _loss_figure(traj: Trajectory, summary: pd.DataFrame, entries, path: Path):
             first = summary.loc[summary[step].idxmin()]
             kind = step.removesuffix("_step").replace("_", "-")
             marks[f"{int(first['layer'])}.{int(first['head'])} {kind}"] = float(first[step])
-    return plot_loss_with_steps(_loss_curves(traj), marks, traj.step_unit, path=path)
+    return plot_loss_with_steps(curves, marks, traj.step_unit, path=path)
 
 
 def _shown_classes(traj: Trajectory, groups: TokenGroups | None, most: int | None = 4) -> list:
@@ -466,11 +437,26 @@ def _page(
     results, entries = analysis.results, analysis.entries
     found = findings_of(summary, entries, traj.step_unit, traj.steps.tolist())
     found = [*in_progress(traj), *found]
+    legend = ""
+    if "uncertainty" in results:  # what the intervals and the verdict mean, at their levels
+        a = results["uncertainty"].table.attrs
+        correction = "Holm" if a["correction"] == "holm" else "Benjamini-Hochberg"
+        legend = (
+            f"<p class='legend'>[lo, hi]: {100 * a['level']:.0f} % interval (Student t with"
+            " n_eff - 1 degrees of freedom; for bias and AUROC queries and context tokens are"
+            " crossed units, for spearman, entropy and snap_step classes are the units; none"
+            f" below n_eff {a['min_units']:g}: <i>too few units</i>).  <b>scans</b>: bias &gt;"
+            " 0 and AUROC &gt; 0.5, each significant, and not explained by token frequency"
+            f" (see <b>verdict</b>), at {a['alpha']:g} over the {a['heads']} heads tested"
+            f" ({correction}).  <b>auroc_mde</b>: the AUROC the recording could have detected"
+            " with 80 % power.  The intervals cover other queries and tokens of this text for"
+            " this trained model, not another training run.</p>"
+        )
     body = [
         _first_screen(title, "", "Findings", found, folder, "heads", "loss", SETTINGS_AT_THE_END),
         "<h2>Summary (one row per layer and head, at the last checkpoint)</h2>",
         table_html(with_intervals(summary, columns("key", entries)).head(50)),
-        _legend(results),
+        legend,
         f"<p>The first 50 heads and the main columns; all {len(summary.columns)} columns of"
         f" every head are in <code>summary.csv</code>.  Each is explained under"
         " <i>How to read it</i>; a dash is a value that could not be measured (see"

@@ -492,18 +492,19 @@ def test_findings_are_short_lead_with_what_the_run_tells_and_never_repeat(demo_o
 def test_the_loss_figure_marks_the_snap_and_formation_steps(trainer_runs):
     """The loss of a Trainer run: the recorded evaluation loss at each checkpoint and the
     Trainer's logged loss (log_history), with each layer's snap step as a line."""
-    from scansnap_lens.report import _loss_curves, _loss_figure
+    from scansnap_lens.measures.catalog import measures_of
+    from scansnap_lens.report import _loss_figure
 
     traj = Trajectory.load(trainer_runs["trainer"].parent.parent / "traj_s0")
     summary = pd.read_csv(trainer_runs["trainer"].parent / "summary.csv")
-    curves = _loss_curves(traj)
     assert traj.steps.tolist() == [4, 8, 12] and torch.isfinite(traj.loss).all()
-    logged = dict(zip(*curves["training loss (log)"]))
-    assert sorted(logged) == list(range(1, 13))  # the Trainer logged every step
-    from scansnap_lens.measures.catalog import measures_of
-
     figure = _loss_figure(traj, summary, measures_of(traj), None)
-    labels = [line.get_label() for line in figure.axes[0].get_lines()]
+    lines = {line.get_label(): line for line in figure.axes[0].get_lines()}
+    logged = lines["training loss (log)"].get_xdata()
+    assert sorted(logged) == list(range(1, 13))  # the Trainer logged every step
+    evaluated = next(line for label, line in lines.items() if label.startswith("evaluation"))
+    assert list(evaluated.get_xdata()) == [4, 8, 12]
+    labels = list(lines)
     snapped = sorted(summary.dropna(subset=["snap_step"])["layer"].unique())
     assert [f"layer {layer} snap" for layer in snapped] == [x for x in labels if "snap" in x]
     # each layer's snap shaded where the checkpoints place it: the median of its heads' own
