@@ -33,17 +33,14 @@ __all__ = ["build_parser", "cli_message", "main"]
 # then caught like any other (exit 130), and --help answers at once.
 
 
-def _print_summary(summary, traj) -> None:
+def _print_summary(analysis) -> None:
     from scansnap_lens.measures.catalog import columns as shown
-    from scansnap_lens.measures.catalog import measures_of
-    from scansnap_lens.reading.findings import findings_of, in_progress
     from scansnap_lens.report import number, with_intervals
 
-    table = with_intervals(summary, shown("key", measures_of(traj)))
+    table = with_intervals(analysis.summary, shown("key", analysis.entries))
     print(table.to_string(index=False, float_format=number))
     print("findings:")  # below the table: the last lines a terminal shows
-    found = findings_of(summary, measures_of(traj), traj.step_unit, traj.steps.tolist())
-    for line in [*in_progress(traj), *found]:
+    for line in analysis.findings:
         print(f"  {line}")
 
 
@@ -61,7 +58,7 @@ def _demo(args: argparse.Namespace) -> int:
         f" {result.training.loss[-1]:.4f}"
     )
     print(f"recorded {result.trajectory.num_steps} checkpoints; classes from the training corpus")
-    _print_summary(result.summary, result.trajectory)
+    _print_summary(result.analysis)
     print(
         "bias > 0: distinct tokens gained on common ones (scan); spearman > 0: frequency bias;"
         " snap_step: when the attention's rate of movement fell to half its peak"
@@ -457,7 +454,7 @@ def _report(args: argparse.Namespace) -> int:
         return _report_runs(args, analyses, out)
     analysis = next(iter(analyses.values()))
     report = write_report(analysis, out, title=args.title)
-    _print_summary(report.summary, analysis.traj)
+    _print_summary(analysis)
     for what, reason in report.not_measured.items():
         print(f"not measured: {what}: {cli_text(reason)}")
     print(f"report: {report.path.resolve()}")

@@ -28,12 +28,14 @@ DEMO_DATA = {"syn-medium": lambda: syn_medium(1), "syn-small": syn_small}
 
 @dataclass
 class DemoResult:
-    """What the demo made: the training run, statistics, token groups, trajectory, report."""
+    """What the demo made: the training run, statistics, token groups, trajectory, its
+    analysis and report."""
 
     training: TrainResult
     stats: CooccurrenceStats
     groups: TokenGroups
     trajectory: Trajectory
+    analysis: Analysis
     report: Report
 
     @property
@@ -116,4 +118,4 @@ def run_demo(
         analysis, out / "report", title=f"scansnap_lens demo: {data}, {num_steps} steps"
     )
     write_text(out / "report" / "loss.csv", training.to_dataframe().to_csv(index=False))
-    return DemoResult(training, stats, groups, trajectory, report)
+    return DemoResult(training, stats, groups, trajectory, analysis, report)

@@ -31,12 +31,11 @@ from scansnap_lens._io import check_writable, make_folder, staged_folder, write_
 from scansnap_lens.measures.catalog import columns
 from scansnap_lens.measures.rates import theory_of
 from scansnap_lens.reading.analysis import Analysis
-from scansnap_lens.reading.findings import findings_of, in_progress, runs_findings_of
+from scansnap_lens.reading.findings import runs_findings_of
 from scansnap_lens.reading.heads import atlas, rank_heads
 from scansnap_lens.reading.runs import median_bounds
 from scansnap_lens.recording.budget import duration
 from scansnap_lens.recording.trajectory import Trajectory
-from scansnap_lens.statistics.context import require_same
 from scansnap_lens.statistics.groups import TokenGroups
 
 __all__ = ["Report", "write_report", "write_runs_report"]
@@ -202,9 +201,6 @@ def write_report(
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} is a file: the report needs a folder; name another (out=)")
     check_writable(out)
-    for statistics in (analysis.groups, analysis.source):  # before anything is written
-        if statistics is not None:
-            require_same(statistics, analysis.traj.plan)
     drawn = analysis.drawn_figures()  # by an earlier page of this analysis
     with staged_folder(out) as stage:
         report, failed = _write_report(analysis, stage, title, views, token_strings, drawn)
@@ -435,8 +431,6 @@ def _page(
 
     traj, groups, summary = analysis.traj, analysis.groups, analysis.summary
     results, entries = analysis.results, analysis.entries
-    found = findings_of(summary, entries, traj.step_unit, traj.steps.tolist())
-    found = [*in_progress(traj), *found]
     legend = ""
     if "uncertainty" in results:  # what the intervals and the verdict mean, at their levels
         a = results["uncertainty"].table.attrs
@@ -453,7 +447,9 @@ def _page(
             " this trained model, not another training run.</p>"
         )
     body = [
-        _first_screen(title, "", "Findings", found, folder, "heads", "loss", SETTINGS_AT_THE_END),
+        _first_screen(
+            title, "", "Findings", analysis.findings, folder, "heads", "loss", SETTINGS_AT_THE_END
+        ),
         "<h2>Summary (one row per layer and head, at the last checkpoint)</h2>",
         table_html(with_intervals(summary, columns("key", entries)).head(50)),
         legend,

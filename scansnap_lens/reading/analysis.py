@@ -45,6 +45,7 @@ from scansnap_lens.measures.settings import AnalysisSettings
 from scansnap_lens.measures.summary import measure_all, summarize
 from scansnap_lens.recording.storage import StepStack
 from scansnap_lens.recording.trajectory import Trajectory
+from scansnap_lens.statistics.context import require_same
 from scansnap_lens.statistics.groups import TokenGroups
 
 __all__ = ["Analysis", "fingerprint"]
@@ -167,6 +168,8 @@ class Analysis:
         settings = settings or AnalysisSettings()
         if not isinstance(settings, AnalysisSettings):
             raise TypeError(f"settings must be AnalysisSettings, got {type(settings).__name__}")
+        for statistics in (groups, source):  # counted as the recording counts, before anything
+            require_same(statistics, traj.plan)
         # groups formed here are a function of the statistics and the classification: the key
         # names those, so a saved analysis is reloaded (with its groups) before they are formed
         formed = groups is None and groups_reason is None and _is_statistics(source)
@@ -232,6 +235,16 @@ class Analysis:
         """The catalog's entries of what this trajectory holds (`catalog.measures_of`), in
         their order: the columns, figures and explanations a page shows."""
         return measures_of(self.traj)
+
+    @property
+    def findings(self) -> list[str]:
+        """What the summary found, in sentences (`findings.findings_of`), a run still being
+        recorded said first (`findings.in_progress`)."""
+        from scansnap_lens.reading.findings import findings_of, in_progress
+
+        steps = self.traj.steps.tolist()
+        found = findings_of(self.summary, self.entries, self.traj.step_unit, steps)
+        return [*in_progress(self.traj), *found]
 
     @property
     def theory_limits(self) -> list[str]:

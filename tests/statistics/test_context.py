@@ -9,6 +9,7 @@ from _tiny import QUIET
 from scansnap_lens import measures
 from scansnap_lens.lab.synthetic import sequence_sampler, syn_medium
 from scansnap_lens.models.training import attention_only_model
+from scansnap_lens.reading.analysis import Analysis
 from scansnap_lens.recording.plan import plan_recording
 from scansnap_lens.recording.recorder import Recorder
 from scansnap_lens.statistics.context import Context
@@ -45,6 +46,9 @@ def test_defaults_agree_and_a_mismatch_is_refused_where_the_two_meet(tmp_path):
             measurement(traj, groups)
     with pytest.raises(ValueError, match=message):
         measures.theory_fit(traj, other)
+    for given in ({"groups": groups}, {"source": other}):  # the analysis, before measuring
+        with pytest.raises(ValueError, match=message):
+            Analysis.of(traj, **given)
     # a window is the statistics' own choice, not a mismatch
     assert Context(window=8).mismatch(plan.context) is None
     assert TokenGroups.from_synthetic(classes).context is None  # the lab: nothing to check
