@@ -47,10 +47,15 @@ def _groups(**counts):
          "shared must be a 1-D tensor of token ids"),
         (lambda t: _groups(shared=torch.tensor([-3])), ValueError,
          "shared must be a 1-D tensor of token ids"),
+        (lambda t: ss.Recorder("never_made", ROWS, settings={"window": 3}), TypeError,
+         "settings must be RecordingSettings, got dict"),
+        (lambda t: ss.Analysis.of(t, settings={"theory": False}), TypeError,
+         "settings must be AnalysisSettings, got dict"),
     ],
     ids=["negative-vocab", "float-tokens", "snap-mismatch", "snap-empty", "groups-none",
          "groups-str", "traj-str", "save-swapped", "plan-floats", "groups-word-count-only",
-         "groups-pairs-unequal", "groups-shared-floats", "groups-shared-negative"],
+         "groups-pairs-unequal", "groups-shared-floats", "groups-shared-negative",
+         "recorder-settings-dict", "analysis-settings-dict"],
 )  # fmt: skip
 def test_bad_arguments_are_refused_at_the_door(traj, call, error, match):
     with pytest.raises(error, match=match):

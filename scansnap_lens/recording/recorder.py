@@ -199,7 +199,11 @@ class Recorder:
         meta: dict | None = None,
         on_plan: Callable[[RecordPlan, int], None] | None = None,
     ):
-        self.settings = settings = RecordingSettings() if settings is None else settings
+        settings = RecordingSettings() if settings is None else settings
+        if not isinstance(settings, RecordingSettings):
+            raise TypeError(f"settings must be RecordingSettings, got {type(settings).__name__}")
+        # the window the recording aggregates: the settings', or the statistics' (one setting)
+        self.settings = settings = settings.replace(window=_window(settings, stats))
         self.on_plan = on_plan  # told the plan and the watched heads' number once both are known
         self.folder = TrajectoryFolder(out)
         self.out, self.lock = self.folder.path, self.folder.lock
@@ -214,7 +218,6 @@ class Recorder:
         self._expected: int | None = None  # checkpoints of the run, where `record` knows them
         self._said: tuple[int | None] | None = None  # (run size) the plan's line was said for
         self._estimated = False  # the run's cost said, after its first batch
-        self.window = _window(settings, stats)
         if self.out.exists() and not self.out.is_dir():
             raise ValueError(f"{self.out} is a file, not a folder for the trajectory")
         check_writable(self.out)  # before any checkpoint is loaded
@@ -231,10 +234,8 @@ class Recorder:
     # ---------------------------------------------------------------- the folder
     def _open(self, plan: RecordPlan | None) -> None:
         s = self.settings
-        planning = (
-            self.stats is not None
-            or self.window is not None
-            or any(getattr(s, name) not in (None, False) for name in _PLANNING)
+        planning = self.stats is not None or any(
+            getattr(s, name) not in (None, False) for name in _PLANNING
         )
         if plan is not None and planning:
             raise ValueError(
@@ -281,7 +282,7 @@ class Recorder:
             saved.vocab_size,
             queries=None if isinstance(queries, str) else queries,
             exclude_bos=s.exclude_bos,
-            window=saved.window if self.window is None else self.window,
+            window=saved.window if s.window is None else s.window,
             include_self=saved.include_self,
             tokenizer=_tokenizer(s.tokenizer),
         )
@@ -454,7 +455,7 @@ class Recorder:
             int(model.cfg.d_vocab),
             queries=queries,
             exclude_bos=s.exclude_bos,
-            window=self.window,
+            window=s.window,
             tokenizer=tokenizer or getattr(model, "tokenizer", None),
             max_slots=max_slots,
             groups=groups,
