@@ -220,6 +220,7 @@ def test_settings_name_what_they_do_not_know():
     `from_dict` round trip through JSON, and a name it does not know is refused the same way
     by each, naming it and the known ones (it was dropped, refused or ignored)."""
     from scansnap_lens.models.training import Rates
+    from scansnap_lens.reading.live import LiveSettings
     from scansnap_lens.recording.settings import RecordingSettings
     from scansnap_lens.statistics.groups import Classification
 
@@ -231,7 +232,8 @@ def test_settings_name_what_they_do_not_know():
     assert AnalysisSettings.from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
     values = {AnalysisSettings: AnalysisSettings(), Classification: Classification(purity=0.9),
               RecordingSettings: RecordingSettings(layers=(1, 0), batch_size=4),
-              Rates: Rates(0.1, 3.0, "adam")}  # fmt: skip
+              Rates: Rates(0.1, 3.0, "adam"),
+              LiveSettings: LiveSettings(per_head=True, stop_when=("snap",))}  # fmt: skip
     for kind, value in values.items():
         assert kind.from_dict(json.loads(json.dumps(value.to_dict()))) == value
         refused = f"unknown {kind.__name__} field 'colour'"
