@@ -51,11 +51,14 @@ def _groups(**counts):
          "settings must be RecordingSettings, got dict"),
         (lambda t: ss.Analysis.of(t, settings={"theory": False}), TypeError,
          "settings must be AnalysisSettings, got dict"),
+        (lambda t: ss.Analysis.of("traj"), TypeError, "traj must be a Trajectory"),
+        (lambda t: ss.Analysis.of(t, "groups"), TypeError, "groups must be TokenGroups"),
     ],
     ids=["negative-vocab", "float-tokens", "snap-mismatch", "snap-empty", "groups-none",
          "groups-str", "traj-str", "save-swapped", "plan-floats", "groups-word-count-only",
          "groups-pairs-unequal", "groups-shared-floats", "groups-shared-negative",
-         "recorder-settings-dict", "analysis-settings-dict"],
+         "recorder-settings-dict", "analysis-settings-dict", "analysis-traj-str",
+         "analysis-groups-str"],
 )  # fmt: skip
 def test_bad_arguments_are_refused_at_the_door(traj, call, error, match):
     with pytest.raises(error, match=match):

@@ -14,10 +14,10 @@ from scansnap_lens.measures.settings import AnalysisSettings
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 
-__all__ = ["measure_all", "summarize"]
+__all__ = ["check_inputs", "measure_all", "summarize"]
 
 
-def _check_inputs(traj, groups) -> None:
+def check_inputs(traj, groups) -> None:
     """TypeError naming the argument where it is not what the measurements take."""
     if not isinstance(traj, Trajectory):
         raise TypeError(f"traj must be a Trajectory (Trajectory.load), got {type(traj).__name__}")
@@ -49,7 +49,7 @@ def measure_all(
     made (its ValueError is its reason); any other error is a defect and raises: `summarize`
     and `report.write_report` share these results.
     """
-    _check_inputs(traj, groups)
+    check_inputs(traj, groups)
     inputs = MeasureInputs(traj, groups, source, settings or AnalysisSettings())
     if groups_reason:
         inputs.groups_reason = groups_reason
@@ -82,7 +82,7 @@ def summarize(
     measured here with `settings` (without `source`, the training corpus's statistics,
     there is no `theory_fit`).  `reading.analysis.Analysis.of` is the same, kept.
     """
-    _check_inputs(traj, groups)
+    check_inputs(traj, groups)
     settings = settings or AnalysisSettings()
     if results is None:
         results, _ = measure_all(traj, groups, source=source, settings=settings)

@@ -42,7 +42,7 @@ from scansnap_lens.measures.catalog import measures_of
 from scansnap_lens.measures.entropy import SINGLE_DISTINCT
 from scansnap_lens.measures.measurement import Measurement
 from scansnap_lens.measures.settings import AnalysisSettings
-from scansnap_lens.measures.summary import measure_all, summarize
+from scansnap_lens.measures.summary import check_inputs, measure_all, summarize
 from scansnap_lens.recording.storage import StepStack
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.context import require_same
@@ -168,6 +168,7 @@ class Analysis:
         settings = settings or AnalysisSettings()
         if not isinstance(settings, AnalysisSettings):
             raise TypeError(f"settings must be AnalysisSettings, got {type(settings).__name__}")
+        check_inputs(traj, groups)
         for statistics in (groups, source):  # counted as the recording counts, before anything
             require_same(statistics, traj.plan)
         # groups formed here are a function of the statistics and the classification: the key
