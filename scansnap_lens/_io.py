@@ -83,6 +83,9 @@ def staged_folder(out: str | Path) -> Iterator[Path]:
     left half done is rolled back from its journal first (the old files return).  A folder
     of a user's named like a stage is never touched; two move-ins into one `out` take turns."""
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file, not a folder: name another")
+    check_writable(out)
     make_folder(out.parent)
     _remove_stale_stages(out)
     # made under another name and renamed once locked: a stage seen by its name always

@@ -22,21 +22,23 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-import torch
 from tqdm.auto import tqdm
 
-from scansnap_lens._io import check_writable, make_folder, staged_folder, write_bytes, write_text
+from scansnap_lens._io import make_folder, staged_folder, write_bytes, write_text
 from scansnap_lens.measures.catalog import columns
-from scansnap_lens.measures.rates import theory_of
 from scansnap_lens.reading.analysis import Analysis
 from scansnap_lens.reading.findings import runs_findings_of
 from scansnap_lens.reading.heads import atlas, rank_heads
-from scansnap_lens.reading.runs import median_bounds
 from scansnap_lens.recording.budget import duration
-from scansnap_lens.recording.trajectory import Trajectory
-from scansnap_lens.statistics.groups import TokenGroups
+from scansnap_lens.viz.figures import (
+    plot_loss_with_steps,
+    plot_runs,
+    plot_runs_maps,
+    run_figures,
+    shown_classes,
+)
+from scansnap_lens.viz.views import page, run_views
 
 __all__ = ["Report", "write_report", "write_runs_report"]
 
@@ -59,27 +61,22 @@ def table_html(frame: pd.DataFrame) -> str:
     return f"<div class='table'>{table}</div>"
 
 
-def verdict_kind(verdicts: pd.Series) -> pd.Series:
-    """Each verdict without its reason ("no scan (could have seen ...)" -> "no scan"): a table's
-    cell holds the verdict, the reasons' numbers have columns of their own (``auroc_mde``,
-    ``rows_for_target``) and their words are in the findings and uncertainty.csv."""
-    return verdicts.astype(str).str.split(" \\(").str[0].where(verdicts.notna())
-
-
 BESIDE_VERDICT = ("auroc_mde", "rows_for_target")  # what a verdict's reason says, in numbers
 
 
 def with_intervals(summary: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     """`columns` of the summary for reading: a value with an interval (``VALUE_lo``,
-    ``VALUE_hi``) shows as "value [lo, hi]"; the verdict as its kind (`verdict_kind`), with
-    the numbers of its reason (`BESIDE_VERDICT`) beside it."""
+    ``VALUE_hi``) shows as "value [lo, hi]"; a verdict (``verdict``, a run's ``verdict_RUN``)
+    as its kind without its reason ("no scan (could have seen ...)" -> "no scan"), with the
+    numbers of the reason (`BESIDE_VERDICT`) beside it: their words are in the findings and
+    uncertainty.csv."""
     if "verdict" in columns:
         at = columns.index("verdict") + 1
         rest = [c for c in columns if c not in BESIDE_VERDICT]
         columns = [*rest[:at], *[c for c in BESIDE_VERDICT if c in columns], *rest[at:]]
     shown = summary[[c for c in columns if c in summary]].copy()
-    if "verdict" in shown:
-        shown["verdict"] = verdict_kind(shown["verdict"])
+    for c in [c for c in shown if c == "verdict" or c.startswith("verdict_")]:
+        shown[c] = shown[c].astype(str).str.split(" \\(").str[0].where(shown[c].notna())
     for c in shown.columns:
         lo, hi = f"{c}_lo", f"{c}_hi"
         if lo not in summary or not pd.api.types.is_float_dtype(shown[c]):
@@ -114,15 +111,6 @@ class Report:
         )
 
 
-def default_title(traj: Trajectory) -> str:
-    """ "scansnap_lens: " and what the trajectory recorded (its meta's source or model; a
-    folder by its name, as a reader calls the run)."""
-    what = traj.meta.get("source") or traj.meta.get("model")
-    if what and Path(str(what)).is_absolute():
-        what = Path(str(what)).name or what
-    return f"scansnap_lens: {what}" if what else "scansnap_lens report"
-
-
 class _Folder:
     """The report folder as it fills: files written, figures made, what could not be made."""
 
@@ -135,10 +123,6 @@ class _Folder:
         self.not_measured: dict[str, str] = {}
         self.drawn = drawn or {}  # an earlier report's figures of the same analysis
         self.failed: dict[str, str] = {}  # figure name: why it could not be drawn
-
-    def csv(self, name: str, frame: pd.DataFrame) -> None:
-        self.files[name] = self.out / f"{name}.csv"
-        write_text(self.files[name], frame.to_csv(index=False))
 
     def figure(self, name: str, caption: str, make) -> None:
         """Draw `make(path)` into figures/NAME.png (an earlier page's where it drew it), or
@@ -153,7 +137,7 @@ class _Folder:
                 write_bytes(path, earlier)
             else:
                 start = time.perf_counter()
-                make(path)
+                make(path=path)
                 self.timed.append(seconds := time.perf_counter() - start)
                 left = self.expected - len(self.timed)
                 if len(self.timed) == 2 and seconds * left > 10:
@@ -186,250 +170,86 @@ def write_report(
 ) -> Report:
     """Write the report folder `out` of an `Analysis` (`Analysis.of(traj, groups, ...)`).
 
-    title: default `default_title`; views: include the circuitsvis views (they need the
-    trajectory's example prompt); token_strings: strings of the prompt's tokens for the views
-    (default: the plan's).  The report is written whatever could not be measured
-    (``Report.not_measured`` and the page say what was left out and why).  It is made in a
-    folder beside `out` and moved in at the end: an interrupted report leaves `out` as it was.
+    title: default "scansnap_lens: " and what the trajectory recorded (its meta's source or
+    model; a folder by its name, as a reader calls the run); views: include the circuitsvis
+    views (they need the trajectory's example prompt); token_strings: strings of the prompt's
+    tokens for the views (default: the plan's).  The report is written whatever could not be
+    measured (``Report.not_measured`` and the page say what was left out and why).  It is made
+    in a folder beside `out` and moved in at the end: an interrupted report leaves `out` as it
+    was.
     """
     if not isinstance(analysis, Analysis):
         raise TypeError(
             "write_report takes an Analysis (Analysis.of(traj, groups, source=...)), got"
             f" {type(analysis).__name__}"
         )
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} is a file: the report needs a folder; name another (out=)")
-    check_writable(out)
+    out, traj, summary, results = Path(out), analysis.traj, analysis.summary, analysis.results
+    if title is None:
+        what = traj.meta.get("source") or traj.meta.get("model")
+        if what and Path(str(what)).is_absolute():
+            what = Path(str(what)).name or what
+        title = f"scansnap_lens: {what}" if what else "scansnap_lens report"
+    # the head the one-head figures and views show: the one that scans most, else the first
+    scans = "bias" in summary and summary["bias"].notna().any()
+    best = summary.loc[summary["bias"].idxmax()] if scans else summary.iloc[0]
+    layer, head = int(best["layer"]), int(best["head"])
+    figures = run_figures(analysis, layer, head)
     drawn = analysis.drawn_figures()  # by an earlier page of this analysis
     with staged_folder(out) as stage:
-        report, failed = _write_report(analysis, stage, title, views, token_strings, drawn)
-    files = {k: out / v.relative_to(stage) for k, v in report.files.items()}
+        make_folder(stage / "figures")
+        folder = _Folder(stage, drawn, expected=len(figures))
+        folder.not_measured.update(analysis.not_measured)
+        tables = {"summary": summary}
+        for entry in analysis.entries:
+            if entry.name in results:
+                tables[entry.name] = results[entry.name].table
+                tables[f"{entry.name}_detail"] = results[entry.name].detail
+        ranking = None
+        if {"auroc", "bias"} & set(summary):
+            tables["head_ranking"] = ranking = rank_heads(summary)
+        else:
+            folder.not_measured["head ranking"] = "needs auroc or bias (discriminative_bias)"
+        for name, frame in tables.items():
+            if frame is not None:
+                folder.files[name] = write_text(stage / f"{name}.csv", frame.to_csv(index=False))
+        for name, caption, draw in figures:
+            folder.figure(name, caption, draw)
+        view_html, missing = ("", {})
+        if views:
+            view_html, missing = run_views(traj, analysis.groups, layer, head, token_strings)
+        folder.not_measured.update(missing)
+        folder.files["summary_json"] = stage / "summary.json"
+        folder.files["report"] = stage / "report.html"
+        settings = analysis.settings_used()
+        payload = {
+            "title": title,
+            "settings": settings,
+            "theory_limits": analysis.theory_limits,
+            "steps": traj.steps.tolist(),
+            "step_unit": traj.step_unit,
+            "layers": traj.layers,
+            "heads": traj.heads,
+            "meta": traj.meta,
+            "skipped": traj.skipped,
+            "recording": traj.recording,
+            "summary": json.loads(summary.to_json(orient="records")),
+            "not_measured": folder.not_measured,
+            "files": {k: str(v.relative_to(stage)) for k, v in folder.files.items()},
+        }
+        write_text(folder.files["summary_json"], json.dumps(payload, indent=1))
+        body = _page(analysis, title, ranking, folder, view_html, settings)
+        write_text(folder.files["report"], body)
+    files = {k: out / v.relative_to(stage) for k, v in folder.files.items()}
     if not drawn:  # kept for the next page of this analysis
         figures = {
             k.removeprefix("figure_"): v for k, v in files.items() if k.startswith("figure_")
         }
-        analysis.keep_figures(figures, failed)
-    return Report(files["report"], report.summary, files, report.not_measured)
+        analysis.keep_figures(figures, folder.failed)
+    return Report(files["report"], summary, files, folder.not_measured)
 
 
-def _write_report(analysis: Analysis, out: Path, title, views, token_strings, drawn):
-    from scansnap_lens.viz import figures
-
-    traj, groups, results = analysis.traj, analysis.groups, analysis.results
-    summary, entries = analysis.summary, analysis.entries
-    make_folder(out / "figures")
-    plots = sum(len(entry.plots) for entry in entries if entry.name in results)
-    folder = _Folder(out, drawn, expected=plots + MODEL_FIGURES)
-    folder.not_measured.update(analysis.not_measured)
-    folder.csv("summary", summary)
-    snaps = results["snapping"].table if "snapping" in results else None
-    for entry in entries:
-        if entry.name not in results:
-            continue
-        result = results[entry.name]
-        folder.csv(entry.name, result.table)
-        if result.detail is not None:
-            folder.csv(f"{entry.name}_detail", result.detail)
-        for plot in entry.plots:  # a `catalog.Plot`, drawn by its painter
-            paint = getattr(figures, plot.painter)
-            folder.figure(plot.name, plot.caption, partial(paint, result, plot, snaps))
-    ranking = None
-    if {"auroc", "bias"} & set(summary):
-        folder.csv("head_ranking", ranking := rank_heads(summary))
-    else:
-        folder.not_measured["head ranking"] = "needs auroc or bias (discriminative_bias)"
-    # the head the page's one-head figures show: the one that scans most, else the first
-    scans = "bias" in summary and summary["bias"].notna().any()
-    best = summary.loc[summary["bias"].idxmax()] if scans else summary.iloc[0]
-    layer, head = int(best["layer"]), int(best["head"])
-    _model_figures(analysis, folder, layer, head)
-    view_html = _views(traj, groups, folder, layer, head, token_strings) if views else ""
-
-    folder.files["summary_json"] = out / "summary.json"
-    folder.files["report"] = out / "report.html"
-    title = default_title(traj) if title is None else title
-    settings, limits = _settings(analysis), analysis.theory_limits
-    payload = {
-        "title": title,
-        "settings": settings,
-        "theory_limits": limits,
-        "steps": traj.steps.tolist(),
-        "step_unit": traj.step_unit,
-        "layers": traj.layers,
-        "heads": traj.heads,
-        "meta": traj.meta,
-        "skipped": traj.skipped,
-        "recording": traj.recording,
-        "summary": json.loads(summary.to_json(orient="records")),
-        "not_measured": folder.not_measured,
-        "files": {k: str(v.relative_to(out)) for k, v in folder.files.items()},
-    }
-    write_text(folder.files["summary_json"], json.dumps(payload, indent=1))
-    body = _page(analysis, title, ranking, folder, view_html, settings, limits)
-    write_text(folder.files["report"], body)
-    report = Report(folder.files["report"], summary, folder.files, folder.not_measured)
-    return report, folder.failed
-
-
-MODEL_FIGURES = 6  # most figures `_model_figures` draws
-
-
-def _model_figures(analysis: Analysis, folder: _Folder, layer: int, head: int) -> None:
-    """The figures of the whole model rather than of one measurement."""
-    from scansnap_lens.viz import figures
-    from scansnap_lens.viz import views as cv
-
-    traj, groups, summary = analysis.traj, analysis.groups, analysis.summary
-    results, training = analysis.results, analysis.settings.training
-    if len(summary) > 1:
-        folder.figure(
-            "heads",
-            "Head atlas: every head by layer, its scan (bias, AUROC), snap (snap_step; a dash:"
-            " not snapped), head types at the last checkpoint (induction, previous-token and"
-            " first-token scores), attention entropy and theory fit (dz_corr: logit changes"
-            " against the population dynamics); ringed in white: the heads that scan (see the"
-            " legend of the summary)",
-            lambda p: figures.plot_head_grid(
-                summary,
-                traj.layers,
-                traj.heads,
-                columns=columns("grid", analysis.entries),
-                path=p,
-            ),
-        )
-    folder.figure(
-        "loss",
-        f"Loss over training (the evaluation loss on {LOSS_POSITIONS.get(traj.loss_on, 'mixed')}"
-        " at each checkpoint, and a training log's) with each layer's snap step (dashed: the"
-        " median over its heads; shaded: where the checkpoints place it) and head types'"
-        " formation steps (dotted)",
-        lambda p: _loss_figure(traj, summary, analysis.entries, p),
-    )
-    order = _shown_classes(traj, groups)
-    if groups is not None:
-        folder.figure(
-            "class_attention",
-            f"Per-token attention over training, layer {layer} head {head}"
-            " (Fig. 4 layout: common tokens above the line, distinct below by increasing P)",
-            lambda p: figures.plot_class_attention(traj, groups, layer, head, order, path=p),
-        )
-    if traj.prompt_pattern is not None:
-        chosen = cv.spread_steps(traj, None, most=6)
-        folder.figure(
-            "attention_maps",
-            f"Attention of the example prompt at several checkpoints (layer {layer}, head {head})",
-            lambda p: figures.plot_attention_maps(
-                [cv.prompt_pattern(traj, s, layer, head).numpy() for s in chosen],
-                chosen,
-                title=f"layer {layer}, head {head}",
-                path=p,
-            ),
-        )
-    if np.isfinite(summary["predicted_snap"].to_numpy(dtype=float)).any():
-        folder.figure(
-            "theory",
-            "Theory: growth factor bound and t0 (dotted) against the measured snap (dashed)",
-            lambda p: _theory_figure(traj, summary, p, training),
-        )
-    if "theory_fit" in results and groups is not None:
-        folder.figure(
-            "predicted_attention",
-            "Per-token attention predicted from the corpus statistics alone (population"
-            " dynamics at the training's rates; same layout as the measured one above)",
-            lambda p: figures.plot_class_attention(
-                results["theory_fit"].predictions[0],
-                groups,
-                0,
-                0,
-                order,
-                title="predicted",
-                path=p,
-            ),
-        )
-
-
-# the positions a recorded loss averages over (`Trajectory.loss_on`), as the page says them
-LOSS_POSITIONS = {
-    "all": "every position of the first rows",
-    "last": "each row's last position, as the training's loss",
-    "mixed": "positions that differ between checkpoints",
-}
-
-
-def _loss_figure(traj: Trajectory, summary: pd.DataFrame, entries, path: Path):
-    """The recorded evaluation loss, and the training log's losses a Trainer run's meta holds
-    (``train_loss``, ``eval_loss``: [[step, loss], ...]), with the snap and formation steps."""
-    from scansnap_lens.recording.hooks import LOSS_TOKENS
-    from scansnap_lens.viz.figures import plot_loss_with_steps
-
-    curves = {}
-    if torch.isfinite(traj.loss).any():
-        where = LOSS_POSITIONS.get(traj.loss_on, LOSS_POSITIONS["mixed"])
-        if traj.loss_on == "all":
-            where += f", about {LOSS_TOKENS:,} tokens"
-        curves[f"evaluation loss ({where})"] = (traj.steps.tolist(), traj.loss.tolist())
-    for key, label in (("train_loss", "training loss (log)"), ("eval_loss", "eval loss (log)")):
-        logged = traj.meta.get(key)
-        if isinstance(logged, list) and logged:
-            curves[label] = ([float(a) for a, _ in logged], [float(b) for _, b in logged])
-    marks = {}
-    if "snap_step" in summary:
-        for layer, rows in summary.groupby("layer"):
-            if rows["snap_step"].notna().any():  # the median, within its heads' bounds
-                marks[f"layer {layer} snap"] = (
-                    float(rows["snap_step"].median()),
-                    *median_bounds(rows, "snap_step"),
-                )
-    for step in columns("formed", entries):
-        if step in summary and summary[step].notna().any():
-            first = summary.loc[summary[step].idxmin()]
-            kind = step.removesuffix("_step").replace("_", "-")
-            marks[f"{int(first['layer'])}.{int(first['head'])} {kind}"] = float(first[step])
-    return plot_loss_with_steps(curves, marks, traj.step_unit, path=path)
-
-
-def _shown_classes(traj: Trajectory, groups: TokenGroups | None, most: int | None = 4) -> list:
-    """The most frequent classes that the recording tracks (the statistics hold more): at most
-    `most` of them (None: all)."""
-    if groups is None:
-        return []
-    keys = groups.query * traj.plan.vocab_size + groups.next_token
-    tracked = torch.isin(keys, traj.plan.class_keys).numpy()
-    order = [int(k) for k in np.argsort(-groups.events.numpy(), kind="stable") if tracked[k]]
-    return order if most is None else order[:most]
-
-
-def _views(traj, groups, folder: _Folder, layer: int, head: int, strings) -> str:
-    """The circuitsvis views of the example prompt, as HTML."""
-    from scansnap_lens.viz import views as cv
-
-    if traj.prompt_pattern is None:
-        folder.not_measured["views"] = "the trajectory holds no example prompt"
-        return ""
-    made = [cv.attention_over_checkpoints(traj, layer, [head], token_strings=strings)]
-    if groups is None:
-        folder.not_measured["token views"] = "they colour token kinds, which need token groups"
-    else:
-        try:
-            made.append(cv.kinds_view(traj, groups, token_strings=strings))
-            made.append(
-                cv.query_attention(traj, groups, layer=layer, head=head, token_strings=strings)
-            )
-        except ValueError as err:
-            folder.not_measured["token views"] = str(err)
-    return "\n".join(
-        f"<h3>{html.escape(view.title)}</h3>\n{view.fragment(f'view-{i}')}"
-        for i, view in enumerate(made)
-    )
-
-
-def _page(
-    analysis: Analysis, title, ranking, folder: _Folder, view_html, settings, limits: list[str]
-) -> str:
-    from scansnap_lens.viz import views as cv
-
-    traj, groups, summary = analysis.traj, analysis.groups, analysis.summary
+def _page(analysis: Analysis, title, ranking, folder: _Folder, view_html, settings) -> str:
+    summary, limits = analysis.summary, analysis.theory_limits
     results, entries = analysis.results, analysis.entries
     legend = ""
     if "uncertainty" in results:  # what the intervals and the verdict mean, at their levels
@@ -489,9 +309,9 @@ def _page(
     ]
     if view_html:
         body += ["<h2>circuitsvis views</h2>", view_html]
-    body += ["<h2>Settings</h2>", _overview(traj, groups, settings)]
+    body += ["<h2>Settings</h2>", _overview(analysis, settings)]
     body.append(folder.missing("Not measured"))
-    return cv.page(title, "\n".join(body), head=_STYLE)
+    return page(title, "\n".join(body), head=_STYLE)
 
 
 SETTINGS_AT_THE_END = "<p>Each is measured below; the settings are at the end.</p>"
@@ -572,33 +392,8 @@ def _theory_section(summary: pd.DataFrame, checks: dict, limits: list[str]) -> s
     return "<h2>Theory against measurement</h2>" + text + table_html(table)
 
 
-def _settings(analysis: Analysis) -> dict:
-    """What decided the numbers, for summary.json and the page: the classification (None for
-    groups made by hand or from the synthetic truth), the statistics' window and the
-    uncertainty's level, alpha, correction and least number of units."""
-    groups, source, results = analysis.groups, analysis.source, analysis.results
-    chosen = groups.settings if groups is not None else None
-    if groups is None and hasattr(source, "window"):  # groups were to come from these stats
-        chosen = analysis.settings.classification
-    context = getattr(source, "context", None) or (groups.context if groups else None)
-    out = {
-        "classification": None if chosen is None else chosen.to_dict(),
-        "window": None if context is None else context.window,
-        "groups": "none" if groups is None else groups.source,
-        "analysis": {
-            k: v
-            for k, v in analysis.settings.to_dict().items()
-            if k not in ("classification", "training")
-        },
-    }
-    if "uncertainty" in results:
-        attrs = results["uncertainty"].table.attrs
-        out["uncertainty"] = {k: attrs[k] for k in ("level", "alpha", "correction", "min_units")}
-        out["uncertainty"].update(queries=attrs.get("queries"), shared=attrs.get("shared", []))
-    return out
-
-
-def _overview(traj: Trajectory, groups: TokenGroups | None, settings: dict) -> str:
+def _overview(analysis: Analysis, settings: dict) -> str:
+    traj, groups = analysis.traj, analysis.groups
     plan = traj.plan
     steps = traj.steps.tolist()
     items = {
@@ -613,7 +408,7 @@ def _overview(traj: Trajectory, groups: TokenGroups | None, settings: dict) -> s
         "token groups": "none (see Not measured)"
         if groups is None
         else f"{groups.num_classes} classes of the {groups.source} statistics have distinct"
-        f" tokens; {len(_shown_classes(traj, groups, most=None))} of them are recorded",
+        f" tokens; {len(shown_classes(traj, groups, most=None))} of them are recorded",
         "skipped checkpoints": str(len(traj.skipped)),
     }
     if steps[0] > 0:  # a Trainer run saved without step 0, say: dz starts from there
@@ -622,11 +417,9 @@ def _overview(traj: Trajectory, groups: TokenGroups | None, settings: dict) -> s
             " baselines are measured from it"
         )
     if settings["classification"] is not None:
-        from scansnap_lens.statistics.groups import Classification
-
         window = settings["window"]
         items["classification"] = (
-            Classification.from_dict(settings["classification"]).describe()
+            analysis.classification.describe()
             + f"; statistics window {'whole rows' if window is None else window}"
         )
     if "uncertainty" in settings:
@@ -656,18 +449,6 @@ def _overview(traj: Trajectory, groups: TokenGroups | None, settings: dict) -> s
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in items.items()
     )
     return f"<table class='overview'>{rows}</table>"
-
-
-def _theory_figure(traj: Trajectory, summary: pd.DataFrame, path: Path, training=None):
-    from scansnap_lens.viz import figures
-
-    theories = {(t.lr_y, t.lr_z): t for t in theory_of(traj, training) if t is not None}
-    theories = list(theories.values())  # one curve per distinct pair of rates
-    snap = float(summary["snap_step"].iloc[0]) if "snap_step" in summary else math.nan
-    measured = [snap] if len(theories) == 1 and math.isfinite(snap) else []
-    last = max(float(traj.steps[-1]), max(t.t0 for t in theories)) * 2
-    t = np.logspace(0, math.log10(max(last, 10.0)), 200)
-    return figures.plot_growth_factor(theories, t, path=path, measured=measured)
 
 
 _STYLE = """<style>
@@ -725,9 +506,6 @@ def write_runs_report(comparison, out: str | Path, title: str | None = None) -> 
     matched, each run's verdicts, the figures), the comparison's CSVs (`RunComparison.save`)
     and the figures as PNG files.  Made beside `out` and moved in, as `write_report`."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} is a file: the report needs a folder; name another (out=)")
-    check_writable(out)
     with staged_folder(out) as stage:
         report = _write_runs_report(comparison, stage, title)
     files = {k: out / v.relative_to(stage) for k, v in report.files.items()}
@@ -743,8 +521,6 @@ def _over_runs(frame: pd.DataFrame, figures: list[str]) -> pd.DataFrame:
 
 
 def _runs_loss_figure(comparison, path: Path):
-    from scansnap_lens.viz.figures import plot_loss_with_steps
-
     losses = comparison.losses
     curves = {
         run: (rows["step"].tolist(), rows["loss"].tolist())
@@ -763,8 +539,6 @@ def _runs_loss_figure(comparison, path: Path):
 
 def _runs_figures(comparison, folder: _Folder) -> None:
     """The runs page's figures: each figure over runs, the losses, the map of one figure."""
-    from scansnap_lens.viz.figures import plot_runs, plot_runs_maps
-
     for column in ("bias", "auroc", "snap_step"):
         folder.figure(
             f"runs_{column}",
@@ -829,8 +603,6 @@ def _shared_html(comparison) -> list[str]:
 
 
 def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
-    from scansnap_lens.viz import views as cv
-
     make_folder(out / "figures")
     folder = _Folder(out, expected=5)
     comparison.save(out)
@@ -848,9 +620,10 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
     _runs_figures(comparison, folder)
     title = title or f"scansnap_lens: {len(comparison.runs)} runs compared"
     table = comparison.table
-    verdicts = table[["layer", "head", *[c for c in table if c.startswith("verdict_")]]].copy()
-    for c in verdicts.columns[2:]:  # each run's reasons: per_run.csv
-        verdicts[c] = verdict_kind(verdicts[c])
+    # each run's verdict; their reasons are in per_run.csv
+    verdicts = with_intervals(
+        table, ["layer", "head", *[c for c in table if c.startswith("verdict_")]]
+    )
     figures = [c.removesuffix("_mean") for c in table.columns if c.endswith("_mean")]
     shown = _over_runs(table, figures)
     if "scans_share" in table:
@@ -901,5 +674,5 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
     ]
     body.append(folder.missing("Not drawn"))
     folder.files["report"] = out / "runs.html"
-    write_text(folder.files["report"], cv.page(title, "\n".join(body), _STYLE, script=False))
+    write_text(folder.files["report"], page(title, "\n".join(body), _STYLE, script=False))
     return Report(folder.files["report"], table, folder.files, folder.not_measured)

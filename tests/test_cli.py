@@ -848,7 +848,7 @@ def test_files_a_user_gets_wrong_are_named(demo_out, own_run, tmp_path, capsys):
         (["stats", str(binary), "--out", str(tmp_path / "x")], "latin1.txt is not UTF-8 text"),
         (["report", str(no_meta), "--stats", str(stats)], "manifest lacks 'meta'"),
         (["report", str(out / "trajectory"), "--stats", str(stats), "--out", str(a_file)],
-         "a_file is a file: the report needs a folder"),
+         "a_file is a file, not a folder"),
         (["stats", "--dataset", str(tmp_path), "--out", str(tmp_path / "y"), "--ray"],
          "needs its vocabulary size (vocab_size=, --vocab-size)"),
     ]  # fmt: skip

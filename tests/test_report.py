@@ -492,13 +492,13 @@ def test_findings_are_short_lead_with_what_the_run_tells_and_never_repeat(demo_o
 def test_the_loss_figure_marks_the_snap_and_formation_steps(trainer_runs):
     """The loss of a Trainer run: the recorded evaluation loss at each checkpoint and the
     Trainer's logged loss (log_history), with each layer's snap step as a line."""
-    from scansnap_lens.measures.catalog import measures_of
-    from scansnap_lens.report import _loss_figure
+    from scansnap_lens.measures.catalog import columns, measures_of
+    from scansnap_lens.viz.figures import plot_run_loss
 
     traj = Trajectory.load(trainer_runs["trainer"].parent.parent / "traj_s0")
     summary = pd.read_csv(trainer_runs["trainer"].parent / "summary.csv")
     assert traj.steps.tolist() == [4, 8, 12] and torch.isfinite(traj.loss).all()
-    figure = _loss_figure(traj, summary, measures_of(traj), None)
+    figure = plot_run_loss(traj, summary, columns("formed", measures_of(traj)))
     lines = {line.get_label(): line for line in figure.axes[0].get_lines()}
     logged = lines["training loss (log)"].get_xdata()
     assert sorted(logged) == list(range(1, 13))  # the Trainer logged every step

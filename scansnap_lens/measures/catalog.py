@@ -69,7 +69,7 @@ class MeasureInputs:
 @dataclass(frozen=True)
 class Plot:
     """One figure of a measurement in the report, drawn by its `painter`: the name of a
-    `viz.figures` function called as ``painter(result, plot, snaps, path)``
+    `viz.figures` function that `viz.figures.paint` calls as ``painter(result, plot, snaps, path)``
     (``paint_over_steps`` plots `column` per head over the checkpoints, with each head's snap
     step dotted where `snaps`; the others draw the whole measurement)."""
 

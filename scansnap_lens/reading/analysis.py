@@ -19,7 +19,7 @@ import json
 import math
 import re
 import warnings
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,12 +41,14 @@ from scansnap_lens._io import (
 from scansnap_lens.measures.catalog import measures_of
 from scansnap_lens.measures.entropy import SINGLE_DISTINCT
 from scansnap_lens.measures.measurement import Measurement
+from scansnap_lens.measures.rates import theory_limits
 from scansnap_lens.measures.settings import AnalysisSettings
 from scansnap_lens.measures.summary import check_inputs, measure_all, summarize
+from scansnap_lens.reading.findings import findings_of, in_progress
 from scansnap_lens.recording.storage import StepStack
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.context import require_same
-from scansnap_lens.statistics.groups import TokenGroups
+from scansnap_lens.statistics.groups import Classification, TokenGroups
 
 __all__ = ["Analysis", "fingerprint"]
 
@@ -143,6 +145,22 @@ class Analysis:
     formed: bool = False  # the groups were formed from the statistics (and are saved with it)
     groups_reason: str | None = None  # as given to `of` (part of the key)
     remeasured: str | None = None  # why a saved analysis of the same inputs was not reused
+    # read once from the above, for every page and table
+    entries: list = field(init=False, repr=False)  # the catalog's of what traj holds, in order
+    findings: list[str] = field(init=False, repr=False)  # in sentences, a live run's first
+    theory_limits: list[str] = field(init=False, repr=False)  # what the theory can say here
+    # how the groups were or were to be classified (None: made by hand or the synthetic truth)
+    classification: Classification | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.entries = measures_of(self.traj)
+        steps = self.traj.steps.tolist()
+        found = findings_of(self.summary, self.entries, self.traj.step_unit, steps)
+        self.findings = [*in_progress(self.traj), *found]
+        self.theory_limits = theory_limits(self.traj, self.settings.training)
+        self.classification = self.groups.settings if self.groups is not None else None
+        if self.groups is None and hasattr(self.source, "window"):  # to come from these stats
+            self.classification = self.settings.classification
 
     @classmethod
     def of(
@@ -231,28 +249,25 @@ class Analysis:
         """The one-row-per-head summary."""
         return self.summary
 
-    @property
-    def entries(self) -> list:
-        """The catalog's entries of what this trajectory holds (`catalog.measures_of`), in
-        their order: the columns, figures and explanations a page shows."""
-        return measures_of(self.traj)
-
-    @property
-    def findings(self) -> list[str]:
-        """What the summary found, in sentences (`findings.findings_of`), a run still being
-        recorded said first (`findings.in_progress`)."""
-        from scansnap_lens.reading.findings import findings_of, in_progress
-
-        steps = self.traj.steps.tolist()
-        found = findings_of(self.summary, self.entries, self.traj.step_unit, steps)
-        return [*in_progress(self.traj), *found]
-
-    @property
-    def theory_limits(self) -> list[str]:
-        """What the theory can and cannot say of this training (`rates.theory_limits`)."""
-        from scansnap_lens.measures.rates import theory_limits
-
-        return theory_limits(self.traj, self.settings.training)
+    def settings_used(self) -> dict:
+        """What decided the numbers, as a report's summary.json keeps them: the classification
+        (None for groups made by hand or from the synthetic truth), the statistics' window,
+        where the groups came from, the other analysis settings and the uncertainty's level,
+        alpha, correction, least number of units, queries and shared tokens left out."""
+        groups, source, chosen = self.groups, self.source, self.classification
+        context = getattr(source, "context", None) or (groups.context if groups else None)
+        own = self.settings.to_dict()
+        out = {
+            "classification": None if chosen is None else chosen.to_dict(),
+            "window": None if context is None else context.window,
+            "groups": "none" if groups is None else groups.source,
+            "analysis": {k: v for k, v in own.items() if k not in ("classification", "training")},
+        }
+        if "uncertainty" in self.results:
+            said = self.results["uncertainty"].table.attrs
+            out["uncertainty"] = {k: said[k] for k in ("level", "alpha", "correction", "min_units")}
+            out["uncertainty"].update(queries=said.get("queries"), shared=said.get("shared", []))
+        return out
 
     def __repr__(self) -> str:
         made = ", ".join(self.results)

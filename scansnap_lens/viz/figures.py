@@ -7,7 +7,9 @@ save it as a file as well.  In a notebook the returned figure renders inline.
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,13 +20,19 @@ from matplotlib.figure import Figure
 
 from scansnap_lens._io import make_folder, write_bytes
 from scansnap_lens.measures import Measurement
+from scansnap_lens.measures.catalog import columns
+from scansnap_lens.measures.rates import theory_of
+from scansnap_lens.reading.runs import median_bounds
+from scansnap_lens.recording.hooks import LOSS_TOKENS
 from scansnap_lens.recording.trajectory import Trajectory
 from scansnap_lens.statistics.groups import TokenGroups
 from scansnap_lens.theory.transition import PhaseTransition
 from scansnap_lens.viz import _palette as palette
+from scansnap_lens.viz.views import prompt_pattern, spread_steps
 
 if TYPE_CHECKING:  # the lab draws its runs with these figures, so viz comes before it
     from scansnap_lens.lab.yz import YZRun
+    from scansnap_lens.reading.analysis import Analysis
 
 __all__ = [
     "plot_attention_heatmap",
@@ -38,9 +46,14 @@ __all__ = [
     "plot_loss",
     "plot_loss_with_steps",
     "plot_over_steps",
+    "plot_prompt_maps",
+    "plot_run_loss",
+    "plot_run_theory",
     "plot_runs",
     "plot_runs_maps",
     "plot_theory_fit",
+    "run_figures",
+    "shown_classes",
 ]
 
 
@@ -561,7 +574,16 @@ def plot_runs_maps(comparison, column: str = "bias", path: str | Path | None = N
 
 
 # The painters of the catalog's plots (`measures.catalog.Plot.painter` names one): each draws
-# a measurement as its plot says, called as ``painter(result, plot, snaps, path)``.
+# a measurement as its plot says, called through `paint`.
+def paint(result: Measurement, plot, snaps: pd.DataFrame | None, path) -> Figure:
+    """Draw the catalog `Plot` `plot` of the measurement `result` with the painter it names
+    (`snaps`: the snapping table, for plots that mark each head's snap step)."""
+    painter = globals().get(plot.painter) if plot.painter.startswith("paint_") else None
+    if painter is None:
+        raise ValueError(f"no painter {plot.painter!r} in viz.figures (plot {plot.name!r})")
+    return painter(result, plot, snaps, path)
+
+
 def paint_over_steps(result, plot, snaps, path) -> Figure:
     return plot_over_steps(
         result.table,
@@ -583,3 +605,146 @@ def paint_growth_bounds(result, plot, snaps, path) -> Figure:
 
 def paint_theory_fit(result, plot, snaps, path) -> Figure:
     return plot_theory_fit(result.table, path=path)
+
+
+# ------------------------------------------------------------------ a run's figures
+# the positions a recorded loss averages over (`Trajectory.loss_on`), as a caption says them
+LOSS_POSITIONS = {
+    "all": "every position of the first rows",
+    "last": "each row's last position, as the training's loss",
+    "mixed": "positions that differ between checkpoints",
+}
+
+
+def run_figures(analysis: Analysis, layer: int, head: int) -> list[tuple[str, str, Callable]]:
+    """Every figure of a run's `analysis`, as its report draws them: (name, caption,
+    ``draw(path)``); the catalog's plots of each measurement made, then the figures of the
+    whole model, `layer` and `head` the head shown where a figure shows one."""
+    traj, groups, summary = analysis.traj, analysis.groups, analysis.summary
+    results, entries = analysis.results, analysis.entries
+    snaps = results["snapping"].table if "snapping" in results else None
+    made = [
+        (plot.name, plot.caption, partial(paint, results[entry.name], plot, snaps))
+        for entry in entries
+        if entry.name in results
+        for plot in entry.plots
+    ]
+
+    def add(name: str, caption: str, draw: Callable) -> None:
+        made.append((name, caption, draw))
+
+    if len(summary) > 1:
+        grid = columns("grid", entries)
+        add(
+            "heads",
+            "Head atlas: every head by layer, its scan (bias, AUROC), snap (snap_step; a dash:"
+            " not snapped), head types at the last checkpoint (induction, previous-token and"
+            " first-token scores), attention entropy and theory fit (dz_corr: logit changes"
+            " against the population dynamics); ringed in white: the heads that scan (see the"
+            " legend of the summary)",
+            partial(plot_head_grid, summary, traj.layers, traj.heads, columns=grid),
+        )
+    add(
+        "loss",
+        f"Loss over training (the evaluation loss on {LOSS_POSITIONS.get(traj.loss_on, 'mixed')}"
+        " at each checkpoint, and a training log's) with each layer's snap step (dashed: the"
+        " median over its heads; shaded: where the checkpoints place it) and head types'"
+        " formation steps (dotted)",
+        partial(plot_run_loss, traj, summary, columns("formed", entries)),
+    )
+    order = shown_classes(traj, groups)
+    if groups is not None:
+        add(
+            "class_attention",
+            f"Per-token attention over training, layer {layer} head {head}"
+            " (Fig. 4 layout: common tokens above the line, distinct below by increasing P)",
+            partial(plot_class_attention, traj, groups, layer, head, order),
+        )
+    if traj.prompt_pattern is not None:
+        add(
+            "attention_maps",
+            f"Attention of the example prompt at several checkpoints (layer {layer}, head {head})",
+            partial(plot_prompt_maps, traj, layer, head),
+        )
+    if np.isfinite(summary["predicted_snap"].to_numpy(dtype=float)).any():
+        add(
+            "theory",
+            "Theory: growth factor bound and t0 (dotted) against the measured snap (dashed)",
+            partial(plot_run_theory, traj, summary, analysis.settings.training),
+        )
+    if "theory_fit" in results and groups is not None:
+        predicted = results["theory_fit"].predictions[0]
+        add(
+            "predicted_attention",
+            "Per-token attention predicted from the corpus statistics alone (population"
+            " dynamics at the training's rates; same layout as the measured one above)",
+            partial(plot_class_attention, predicted, groups, 0, 0, order, title="predicted"),
+        )
+    return made
+
+
+def shown_classes(traj: Trajectory, groups: TokenGroups | None, most: int | None = 4) -> list:
+    """The most frequent classes that the recording tracks (the statistics hold more): at most
+    `most` of them (None: all)."""
+    if groups is None:
+        return []
+    keys = groups.query * traj.plan.vocab_size + groups.next_token
+    tracked = torch.isin(keys, traj.plan.class_keys).numpy()
+    order = [int(k) for k in np.argsort(-groups.events.numpy(), kind="stable") if tracked[k]]
+    return order if most is None else order[:most]
+
+
+def plot_run_loss(
+    traj: Trajectory, summary: pd.DataFrame, formed: list[str], path: str | Path | None = None
+) -> Figure:
+    """The recorded evaluation loss, and the training log's losses a Trainer run's meta holds
+    (``train_loss``, ``eval_loss``: [[step, loss], ...]), with each layer's snap step (the
+    median over its heads, within their bounds) and the first formation step of each head
+    type's column in `formed`."""
+    curves = {}
+    if torch.isfinite(traj.loss).any():
+        where = LOSS_POSITIONS.get(traj.loss_on, LOSS_POSITIONS["mixed"])
+        if traj.loss_on == "all":
+            where += f", about {LOSS_TOKENS:,} tokens"
+        curves[f"evaluation loss ({where})"] = (traj.steps.tolist(), traj.loss.tolist())
+    for key, label in (("train_loss", "training loss (log)"), ("eval_loss", "eval loss (log)")):
+        logged = traj.meta.get(key)
+        if isinstance(logged, list) and logged:
+            curves[label] = ([float(a) for a, _ in logged], [float(b) for _, b in logged])
+    marks = {}
+    if "snap_step" in summary:
+        for layer, rows in summary.groupby("layer"):
+            if rows["snap_step"].notna().any():
+                marks[f"layer {layer} snap"] = (
+                    float(rows["snap_step"].median()),
+                    *median_bounds(rows, "snap_step"),
+                )
+    for step in formed:
+        if step in summary and summary[step].notna().any():
+            first = summary.loc[summary[step].idxmin()]
+            kind = step.removesuffix("_step").replace("_", "-")
+            marks[f"{int(first['layer'])}.{int(first['head'])} {kind}"] = float(first[step])
+    return plot_loss_with_steps(curves, marks, traj.step_unit, path=path)
+
+
+def plot_prompt_maps(
+    traj: Trajectory, layer: int, head: int, path: str | Path | None = None
+) -> Figure:
+    """The example prompt's attention at up to six checkpoints spread over the run."""
+    chosen = spread_steps(traj, None, most=6)
+    patterns = [prompt_pattern(traj, s, layer, head).numpy() for s in chosen]
+    return plot_attention_maps(patterns, chosen, title=f"layer {layer}, head {head}", path=path)
+
+
+def plot_run_theory(
+    traj: Trajectory, summary: pd.DataFrame, training=None, path: str | Path | None = None
+) -> Figure:
+    """The growth factor bound and t0 of each distinct pair of the run's rates (`theory_of`)
+    against the measured snap of the first head, where one pair of rates is known."""
+    theories = {(t.lr_y, t.lr_z): t for t in theory_of(traj, training) if t is not None}
+    theories = list(theories.values())
+    snap = float(summary["snap_step"].iloc[0]) if "snap_step" in summary else math.nan
+    measured = [snap] if len(theories) == 1 and math.isfinite(snap) else []
+    last = max(float(traj.steps[-1]), max(t.t0 for t in theories)) * 2
+    t = np.logspace(0, math.log10(max(last, 10.0)), 200)
+    return plot_growth_factor(theories, t, path=path, measured=measured)

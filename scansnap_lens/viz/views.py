@@ -35,6 +35,7 @@ __all__ = [
     "page",
     "prompt_pattern",
     "query_attention",
+    "run_views",
     "spread_steps",
 ]
 
@@ -312,3 +313,34 @@ def query_attention(
         f"Attention of query {strings[position].replace(JOINER, '')!r} (position {position},"
         f" layer {layer}, head {head}) over training",
     )
+
+
+def run_views(
+    traj: Trajectory,
+    groups: TokenGroups | None,
+    layer: int,
+    head: int,
+    token_strings: Sequence[str] | None = None,
+) -> tuple[str, dict[str, str]]:
+    """A run's views of its example prompt as a report shows them, in one HTML fragment:
+    `layer`, `head`'s attention over checkpoints, then the token kinds and the query's
+    attention where there are `groups`; and {view: why it is not there}."""
+    if traj.prompt_pattern is None:
+        return "", {"views": "the trajectory holds no example prompt"}
+    made = [attention_over_checkpoints(traj, layer, [head], token_strings=token_strings)]
+    missing = {}
+    if groups is None:
+        missing["token views"] = "they colour token kinds, which need token groups"
+    else:
+        try:
+            made.append(kinds_view(traj, groups, token_strings=token_strings))
+            made.append(
+                query_attention(traj, groups, layer=layer, head=head, token_strings=token_strings)
+            )
+        except ValueError as err:
+            missing["token views"] = str(err)
+    fragments = [
+        f"<h3>{html.escape(view.title)}</h3>\n{view.fragment(f'view-{i}')}"
+        for i, view in enumerate(made)
+    ]
+    return "\n".join(fragments), missing
