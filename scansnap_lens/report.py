@@ -153,12 +153,42 @@ class _Folder:
             f"<figcaption>{said}</figcaption></figure>"
         )
 
-    def missing(self, heading: str) -> str:
-        """The page's list of what was left out and why (nothing where nothing was)."""
-        items = "".join(
+    def page(
+        self,
+        title: str,
+        findings: tuple[str, str, list[str], str],
+        aside: tuple[str, str],
+        sections: list[str],
+        after: list[str],
+        left_out: str,
+        script: bool = True,
+    ) -> str:
+        """A whole page of this folder, a run's or the runs': first the title, `findings` (a
+        lead line, the heading, the sentences, a note under them) and beside them the `aside`
+        figures (a map, and the loss under it; the loss alone where there is no map: one head,
+        or no figure to map), then the `sections`, the other figures, what comes `after` them,
+        and what was left out and why under the heading `left_out` (nothing where nothing
+        was).  "How to read it" in a finding links to that section."""
+        lead, heading, lines, note = findings
+        maps, curve = (self.figures.pop(name, "") for name in aside)
+        link = f"<a href='#{HOW_TO_READ_ID}'>How to read it</a>"
+        said = "".join(
+            f"<li>{html.escape(line).replace('How to read it', link)}</li>" for line in lines
+        )
+        missing = "".join(
             f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in self.not_measured.items()
         )
-        return f"<h2>{heading}</h2><ul>{items}</ul>" if items else ""
+        body = [
+            f"<h1>{html.escape(title)}</h1>{lead}<div class='findings'><div>"
+            f"<h2>{html.escape(heading)}</h2><ul>{said}</ul>{note}</div>"
+            f"<div class='aside'>{maps}{curve}</div></div>",
+            *sections,
+            "<h2>Figures</h2>",
+            *self.figures.values(),
+            *after,
+            f"<h2>{left_out}</h2><ul>{missing}</ul>" if missing else "",
+        ]
+        return page(title, "\n".join(body), _STYLE, script=script)
 
 
 def write_report(
@@ -266,10 +296,7 @@ def _page(analysis: Analysis, title, ranking, folder: _Folder, view_html, settin
             " with 80 % power.  The intervals cover other queries and tokens of this text for"
             " this trained model, not another training run.</p>"
         )
-    body = [
-        _first_screen(
-            title, "", "Findings", analysis.findings, folder, "heads", "loss", SETTINGS_AT_THE_END
-        ),
+    sections = [
         "<h2>Summary (one row per layer and head, at the last checkpoint)</h2>",
         table_html(with_intervals(summary, columns("key", entries)).head(50)),
         legend,
@@ -279,14 +306,14 @@ def _page(analysis: Analysis, title, ranking, folder: _Folder, view_html, settin
         " <i>Not measured</i> and the <code>snap_reason</code> column).</p>",
     ]
     if ranking is not None:
-        body += [
+        sections += [
             "<h2>Heads ranked by scan (AUROC, then bias)</h2>",
             table_html(with_intervals(ranking, ["rank", *columns("heads", entries)]).head(20)),
         ]
     if len(summary) > 1:
         table = atlas(summary, entries)
         shown = [c for c in table.columns if not c.endswith(("_lo", "_hi")) and c != "snap_step"]
-        body += [
+        sections += [
             "<h2>Head atlas</h2>",
             "<p>Every layer and head: the verdict (and why a head does not scan, or what it"
             " could have seen), bias and AUROC with their intervals, AUROC's p-value, effective"
@@ -297,53 +324,24 @@ def _page(analysis: Analysis, title, ranking, folder: _Folder, view_html, settin
             table_html(with_intervals(table, shown)),
         ]
     if {"growth_bounds", "theory_fit"} & set(results) or limits:
-        body.append(_theory_section(summary, results, limits))
-    body += [
+        sections.append(_theory_section(summary, results, limits))
+    sections += [
         f"<h2 id='{HOW_TO_READ_ID}'>How to read it</h2>",
         # one paragraph per measurement the analysis made, then the heads' figures
         "<ul>"
         + "".join(f"<li>{m.explains}</li>" for m in entries if m.explains)
         + f"<li>{HOW_TO_READ_HEADS}</li></ul>",
-        "<h2>Figures</h2>",
-        *folder.figures.values(),
     ]
-    if view_html:
-        body += ["<h2>circuitsvis views</h2>", view_html]
-    body += ["<h2>Settings</h2>", _overview(analysis, settings)]
-    body.append(folder.missing("Not measured"))
-    return page(title, "\n".join(body), head=_STYLE)
+    after = ["<h2>circuitsvis views</h2>", view_html] if view_html else []
+    after += ["<h2>Settings</h2>", _overview(analysis, settings)]
+    findings = ("", "Findings", analysis.findings, SETTINGS_AT_THE_END)
+    return folder.page(title, findings, ("heads", "loss"), sections, after, "Not measured")
 
 
 SETTINGS_AT_THE_END = "<p>Each is measured below; the settings are at the end.</p>"
 
 
 HOW_TO_READ_ID = "how-to-read"
-
-
-def _first_screen(
-    title: str,
-    lead: str,
-    heading: str,
-    lines: list[str],
-    folder: _Folder,
-    mapped: str,
-    loss: str,
-    note: str = "",
-) -> str:
-    """The first screen of a run's or the runs' page: the title, a `lead` line, the findings,
-    and beside them the map figure `mapped` with the `loss` figure under it (the loss alone
-    where there is no map: one head, or no figure to map); "How to read it" in a finding
-    links to that section."""
-    maps, curve = folder.figures.pop(mapped, ""), folder.figures.pop(loss, "")
-    link = f"<a href='#{HOW_TO_READ_ID}'>How to read it</a>"
-    items = "".join(
-        f"<li>{html.escape(line).replace('How to read it', link)}</li>" for line in lines
-    )
-    return (
-        f"<h1>{html.escape(title)}</h1>{lead}<div class='findings'><div>"
-        f"<h2>{html.escape(heading)}</h2><ul>{items}</ul>{note}</div>"
-        f"<div class='aside'>{maps}{curve}</div></div>"
-    )
 
 
 THEORY_COLUMNS = [
@@ -655,12 +653,8 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
             " near chance says the heads do nothing this prompt tells apart.</p>"
             + table_html(comparison.matching[comparison.matching["run"] != comparison.runs[0]])
         )
-    found = runs_findings_of(comparison)
-    mapped = next((k for k in folder.figures if k.startswith("runs_map")), "")
     runs = "<p>Runs: " + ", ".join(html.escape(r) for r in comparison.runs) + "</p>"
-    heading = "What holds across the runs"
-    body = [
-        _first_screen(title, runs, heading, found, folder, mapped, "runs_loss"),
+    sections = [
         *layer_html,
         *shared_html,
         "<h2>Across runs (one row per matched head)</h2>",
@@ -669,10 +663,10 @@ def _write_runs_report(comparison, out: Path, title: str | None) -> Report:
         matched,
         "<h2>Each run's verdict</h2>",
         table_html(verdicts),
-        "<h2>Figures</h2>",
-        *folder.figures.values(),
     ]
-    body.append(folder.missing("Not drawn"))
+    findings = (runs, "What holds across the runs", runs_findings_of(comparison), "")
+    aside = (next((k for k in folder.figures if k.startswith("runs_map")), ""), "runs_loss")
+    body = folder.page(title, findings, aside, sections, [], "Not drawn", script=False)
     folder.files["report"] = out / "runs.html"
-    write_text(folder.files["report"], page(title, "\n".join(body), _STYLE, script=False))
+    write_text(folder.files["report"], body)
     return Report(folder.files["report"], table, folder.files, folder.not_measured)

@@ -56,12 +56,12 @@ from scansnap_lens.measures.frequency import ClassTokens
 from scansnap_lens.measures.head_types import MIN_RISE, formation_step
 from scansnap_lens.measures.resampling import ALPHA, adjust, mean_over_units
 from scansnap_lens.measures.snap import head_movement, snap_step, snapping
-from scansnap_lens.recording.aggregates import CheckpointRecord
+from scansnap_lens.recording.aggregates import DEFAULT, CheckpointRecord
 from scansnap_lens.statistics.groups import Classification, TokenGroups
 
 __all__ = ["EVENT_KINDS", "Event", "Live", "LiveSettings"]
 
-HEAD_TYPES = ("previous_token", "first_token", "induction")
+HEAD_TYPES = tuple(a.name for a in DEFAULT if a.axis == "rows")  # the built-in head types
 EVENT_KINDS = ("snap", "formation", *HEAD_TYPES)  # what stop_when names
 PREFIX = "scansnap"
 # the report's snap reads every checkpoint so far: the looks read at most this many
