@@ -313,6 +313,27 @@ def test_an_interrupted_report_leaves_the_folder_as_it_was(demo_out, tmp_path, m
 
 
 @pytest.mark.tl
+def test_the_report_draws_the_figures_viz_lists_and_a_plot_names_a_painter(demo_out, tmp_path):
+    """`viz.figures.run_figures` is the one list of a run's figures: the report draws each of
+    them, in its order, and no other; a catalog plot naming no painter is refused by name."""
+    from scansnap_lens.measures.catalog import Plot
+    from scansnap_lens.viz.figures import paint, run_figures
+
+    out, _ = demo_out
+    groups = TokenGroups.from_synthetic(syn_medium(1))
+    analysis = Analysis.of(Trajectory.load(out / "trajectory"), groups)
+    listed = [name for name, _, _ in run_figures(analysis, 0, 0)]
+    assert {"loss", "class_attention", "attention_maps", "logit_change"} <= set(listed)
+    report = write_report(analysis, tmp_path / "r", views=False)
+    drawn = [k.removeprefix("figure_") for k in report.files if k.startswith("figure_")]
+    failed = [k.removeprefix("figure ") for k in report.not_measured if k.startswith("figure ")]
+    assert drawn == [n for n in listed if n not in failed] and set(failed) <= set(listed)
+    for name in ("paint_nothing", "plot_loss"):  # no function, and a function no painter
+        with pytest.raises(ValueError, match=f"no painter '{name}' in viz.figures"):
+            paint(None, Plot("x", "a caption", name), None, tmp_path / "x.png")
+
+
+@pytest.mark.tl
 def test_the_report_measures_each_quantity_once(demo_out, tmp_path, monkeypatch):
     """`write_report` and its summary share one `measures.measure_all`: every measurement of
     the table runs once (without `source`, `theory_fit` is left out with the reason)."""
