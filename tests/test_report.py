@@ -334,6 +334,37 @@ def test_the_report_draws_the_figures_viz_lists_and_a_plot_names_a_painter(demo_
 
 
 @pytest.mark.tl
+def test_following_an_analysis_into_the_report_takes_at_most_30_stops(demo_out, tmp_path):
+    """The report lays out a page and viz draws: the distinct package functions that code in
+    report.py enters while it writes the demo's report (a function, a method or a property
+    read, each once) stay at most 30, at most 10 of them report.py's own."""
+    import sys
+
+    import scansnap_lens
+
+    package = str(Path(scansnap_lens.__file__).parent)
+    here = str(Path(package) / "report.py")
+    out, _ = demo_out
+    groups = TokenGroups.from_synthetic(syn_medium(1))
+    analysis = Analysis.of(Trajectory.load(out / "trajectory"), groups)
+    stops = set()
+
+    def entered(frame, event, arg):
+        code, caller = frame.f_code, frame.f_back
+        if event == "call" and caller is not None and caller.f_code.co_filename == here:
+            if code.co_filename.startswith(package) and not code.co_name.startswith("<"):
+                stops.add((Path(code.co_filename).name, code.co_qualname))
+
+    sys.setprofile(entered)
+    try:
+        write_report(analysis, tmp_path / "r")
+    finally:
+        sys.setprofile(None)
+    own = {s for s in stops if s[0] == "report.py"}
+    assert len(stops) <= 30 and len(own) <= 10, sorted(stops)
+
+
+@pytest.mark.tl
 def test_the_report_measures_each_quantity_once(demo_out, tmp_path, monkeypatch):
     """`write_report` and its summary share one `measures.measure_all`: every measurement of
     the table runs once (without `source`, `theory_fit` is left out with the reason)."""
