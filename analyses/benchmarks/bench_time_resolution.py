@@ -42,6 +42,13 @@ a step its initial weights set (4 inits: 124-163) and its batches move a little,
 come twice: against the recipe's mean over seeds, and with the truth given the initial weights
 (4 inits x 25 runs, each against the mean over 48 other batch orders from the same weights).
 
+**A family of noisy recipes** (``--family N``, issue 74): N recipes drawn at random
+(`family_config`: SGD or Adam, rates over two decades, their ratio 5-50, batches 4-64, 2-6
+queries, skewed distinct weights), 8 runs each against the snap of the mean over
+``--truth-runs`` other runs from the same start (default 128, trained 32 at a time), kept
+only where that mean's snap is the same read every 5, 10, 25 and 50 steps; each recipe's line
+says how the truth moves as runs are added (``truth_by_runs``).
+
 **Placed recordings** (`planning.placement`), each run alone, at a budget of 40 recordings
 against the log grid of 40 (``log40``): ``placed`` (checkpoints at every step exist, as hub
 revisions or a folder would hold them: a coarse pass, then the checkpoints that split each
@@ -327,21 +334,41 @@ def family_c_hat(config: dict, seeds: list[int], last: int):
     return traj.c_hat[:].clone(), traj.plan
 
 
+TRUTH_CHUNK = 32  # runs a call: every step of 2,000 for 264 runs at once passed 24 GB
+
+
+def family_mean_c_hat(config: dict, seeds: list[int], last: int) -> dict[int, torch.Tensor]:
+    """{n: the mean c_hat [S, 1, 1, Pc] of the first n runs} for n = 32, 64, ... up to
+    len(seeds) (the runs trained `TRUTH_CHUNK` at a time, their c_hat summed): how the
+    expected trajectory's estimate moves as runs are added."""
+    total, means = None, {}
+    for k in range(0, len(seeds), TRUTH_CHUNK):
+        part, _ = family_c_hat(config, seeds[k : k + TRUTH_CHUNK], last)
+        summed = part.double().sum(2, keepdim=True)
+        total = summed if total is None else total + summed
+        n = min(k + TRUTH_CHUNK, len(seeds))
+        if n & (n - 1) == 0 or n == len(seeds):  # 32, 64, 128, ... and all
+            means[n] = (total / n).float()
+    return means
+
+
 FAMILY_SPACINGS = (5, 10, 25, 50)  # the truth read at each spacing under a quarter of it
 SETTLED = 1.2  # and the same at all of them within this factor
 
 
-def _settled_snap(c, plan, last: int) -> np.ndarray | None:
-    """The snap of the mean of c_hat [S, 1, R, Pc] over its runs read every 5, 10, 25 and 50
-    steps (`FAMILY_SPACINGS`, those under a quarter of the step read), or None where it is not
+def _snap_every(mean, plan, last: int, spacing: int) -> float:
+    """The snap of a mean c_hat [S, 1, 1, Pc] read every `spacing` steps."""
+    steps = list(range(0, last + 1, spacing))
+    expected = Trajectory(plan, torch.tensor(steps), [0], [0], c_hat=mean[steps])
+    return float(snapping(expected).table["snap_step"][0])
+
+
+def _settled_snap(mean, plan, last: int) -> np.ndarray | None:
+    """The snap of a mean c_hat [S, 1, 1, Pc] read every 5, 10, 25 and 50 steps
+    (`FAMILY_SPACINGS`, those under a quarter of the step read), or None where it is not
     settled: not snapped, before step 20, fewer than two spacings, or they disagree by more
     than `SETTLED` (a mean over finitely many runs still moves by noise)."""
-    mean = c.double().mean(2, keepdim=True).float()
-    found = []
-    for k in FAMILY_SPACINGS:
-        steps = list(range(0, last + 1, k))
-        expected = Trajectory(plan, torch.tensor(steps), [0], [0], c_hat=mean[steps])
-        found.append((k, float(snapping(expected).table["snap_step"][0])))
+    found = [(k, _snap_every(mean, plan, last, k)) for k in FAMILY_SPACINGS]
     fine = [v for k, v in found if np.isfinite(v) and 4 * k <= v]
     if len(fine) < 2 or min(fine) < 20 or max(fine) > SETTLED * min(fine):
         return None
@@ -353,10 +380,11 @@ def family_lines(configs: int, runs: int, truth_runs: int, last: int = FAMILY_LA
     """Issue 74's check: `configs` recipes drawn at random (`family_config`; a draw whose
     expected trajectory's snap is not settled, `_settled_snap`, is drawn again and counted),
     `runs` runs each against the snap of the mean over `truth_runs` other runs from the same
-    start (the median of its settled reads).  One line per recipe (per grid: the median
-    estimate over the truth, the share of intervals holding it), then one per grid over the
-    family: the median and worst of the recipes' medians, the share of all runs' intervals
-    holding their truth, and the worst recipe named."""
+    start (the median of its settled reads; ``truth_by_runs``: the same mean's snap every 5
+    steps over the first 32, 64, ... of them, how far the truth still moves).  One line per
+    recipe (per grid: the median estimate over the truth, the share of intervals holding it),
+    then one per grid over the family: the median and worst of the recipes' medians, the
+    share of all runs' intervals holding their truth, and the worst recipe named."""
     rng = np.random.default_rng(seed)
     found: dict[str, list] = {g: [] for g in noisy_grids(last)}
     drawn = 0
@@ -364,17 +392,20 @@ def family_lines(configs: int, runs: int, truth_runs: int, last: int = FAMILY_LA
         while True:
             drawn += 1
             config = family_config(rng)
-            c, plan = family_c_hat(config, list(range(runs + truth_runs)), last)
-            truths = _settled_snap(c[:, :, runs:], plan, last)
+            c, plan = family_c_hat(config, list(range(runs)), last)
+            means = family_mean_c_hat(config, list(range(runs, runs + truth_runs)), last)
+            truths = _settled_snap(means[truth_runs], plan, last)
             if truths is not None:
                 break
         truth = float(np.median(truths))
         line = {"bench": "time_resolution", "quantity": "snap_step_family", "recipe": k,
                 **config, "truth": round(truth, 1),
-                "truth_by_spacing": [round(float(t), 1) for t in truths]}  # fmt: skip
+                "truth_by_spacing": [round(float(t), 1) for t in truths],
+                "truth_by_runs": {n: round(_snap_every(m, plan, last, 5), 1)
+                                  for n, m in means.items()}}  # fmt: skip
         for grid, steps in noisy_grids(last).items():
             seen = Trajectory(plan, torch.tensor(steps), [0], list(range(runs)),
-                              c_hat=c[steps, :, :runs])  # fmt: skip
+                              c_hat=c[steps])  # fmt: skip
             table = snapping(seen).table
             iv = snap_step_interval(seen, generator=torch.Generator().manual_seed(k))
             value = table["snap_step"].to_numpy() / truth
@@ -626,11 +657,19 @@ def main() -> None:
         default=0,
         metavar="RECIPES",
         help="only issue 74's family: RECIPES noisy recipes drawn at random, 8 runs each"
-        " against the mean of 32 others",
+        " against the mean of --truth-runs others",
+    )
+    parser.add_argument(
+        "--truth-runs",
+        type=int,
+        default=128,
+        metavar="N",
+        help="with --family: runs behind each recipe's truth (trained 32 at a time; about"
+        " 2 minutes a recipe at 128 on 2 cores)",
     )
     args = parser.parse_args()
     if args.family:
-        family_lines(args.family, 8, 32)
+        family_lines(args.family, 8, args.truth_runs)
         return
     if args.noisy or args.transformer:
         if args.noisy:
