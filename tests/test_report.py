@@ -328,6 +328,7 @@ def test_the_report_draws_the_figures_viz_lists_and_a_plot_names_a_painter(demo_
     drawn = [k.removeprefix("figure_") for k in report.files if k.startswith("figure_")]
     failed = [k.removeprefix("figure ") for k in report.not_measured if k.startswith("figure ")]
     assert drawn == [n for n in listed if n not in failed] and set(failed) <= set(listed)
+    assert not failed and len(drawn) >= 8  # the demo draws every figure it lists
     for name in ("paint_nothing", "plot_loss"):  # no function, and a function no painter
         with pytest.raises(ValueError, match=f"no painter '{name}' in viz.figures"):
             paint(None, Plot("x", "a caption", name), None, tmp_path / "x.png")
