@@ -103,3 +103,29 @@ def test_the_batched_transformer_is_the_recorders(tmp_path):
     assert torch.equal(again[0, :, 0], batched[0, :, 0])
     assert bool((again[-1, :, 0] != batched[-1, :, 0]).any())
     assert torch.equal(again[:, :, 1], batched[:, :, 1])
+
+
+def test_a_family_draw_is_read_back_from_its_cache_as_trained(tmp_path):
+    """bench_time_resolution --family --cache: a draw's runs and its truth's means are written
+    once and read back equal (a new reading is checked on the same family without training
+    it again); a file of another recipe is refused, not read as this one."""
+    import torch
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import bench_time_resolution as bench
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    import numpy as np
+
+    config = bench.family_config(np.random.default_rng(0))
+    where = tmp_path / "draw.safetensors"
+    c, plan, means = bench.family_draw(config, 2, 16, 40, where)
+    assert c.shape == (41, 1, 2, plan.num_triples) and sorted(means) == [16]
+    assert means[16].shape == (41 // bench.TRUTH_EVERY + 1, 1, 1, plan.num_triples)
+    again, plan_again, means_again = bench.family_draw(config, 2, 16, 40, where)
+    assert plan_again.same_as(plan)
+    assert torch.equal(again, c) and torch.equal(means_again[16], means[16])
+    other = {**config, "lr_z": config["lr_z"] * 2}
+    with pytest.raises(ValueError, match="another recipe"):
+        bench.family_draw(other, 2, 16, 40, where)

@@ -64,10 +64,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from scansnap_lens._io import make_folder, read_tensors, write_tensors
 from scansnap_lens.lab.synthetic import sequence_classes, sequence_sampler, syn_medium
 from scansnap_lens.lab.yz import train_yz
 from scansnap_lens.measures.head_types import formation_step, head_type
@@ -80,6 +82,7 @@ from scansnap_lens.planning.placement import (
     next_steps,
     step_brackets,
 )
+from scansnap_lens.reading.findings import cannot_place
 from scansnap_lens.recording.plan import RecordPlan, plan_recording
 from scansnap_lens.recording.trajectory import Trajectory
 
@@ -316,10 +319,10 @@ def family_config(rng: np.random.Generator) -> dict:
     }
 
 
-def family_c_hat(config: dict, seeds: list[int], last: int):
-    """c_hat [S, 1, R, Pc] at every step of sampled Y/Z runs of one `family_config` recipe
-    (one per seed, all from the zero start: a run differs from another by its batches only),
-    and their plan."""
+def family_c_hat(config: dict, seeds: list[int], last: int, every: int = 1):
+    """c_hat [S, 1, R, Pc] every `every` steps of sampled Y/Z runs of one `family_config`
+    recipe (one per seed, all from the zero start: a run differs from another by its batches
+    only), and their plan."""
     g = torch.Generator().manual_seed(config["weights_seed"])
     weights = torch.sort(torch.rand(10, generator=g, dtype=torch.float64) ** config["skew"]
                          + 0.02).values  # fmt: skip
@@ -328,7 +331,7 @@ def family_c_hat(config: dict, seeds: list[int], last: int):
                                common_weight=config["common_weight"])  # fmt: skip
     run = train_yz(classes, lr_z=config["lr_z"], lr_y=config["lr_z"] / config["ratio"],
                    seeds=seeds, optimizer=config["optimizer"], momentum=0.0,
-                   num_steps=last, snapshot_every=1, batch_size=config["batch"],
+                   num_steps=last, snapshot_every=every, batch_size=config["batch"],
                    seq_len=16)  # fmt: skip
     traj = run.to_trajectory()
     return traj.c_hat[:].clone(), traj.plan
@@ -336,15 +339,16 @@ def family_c_hat(config: dict, seeds: list[int], last: int):
 
 # runs a call: 264 runs at every step of 2,000 at once passed 24 GB, and 32 a call once
 TRUTH_CHUNK = 16
+TRUTH_EVERY = 5  # the truth is read every 5 steps at the finest: kept no finer (half the time)
 
 
 def family_mean_c_hat(config: dict, seeds: list[int], last: int) -> dict[int, torch.Tensor]:
-    """{n: the mean c_hat [S, 1, 1, Pc] of the first n runs} for n = 16, 32, 64, ... up to
-    len(seeds) (the runs trained `TRUTH_CHUNK` at a time, their c_hat summed): how the
-    expected trajectory's estimate moves as runs are added."""
+    """{n: the mean c_hat [S', 1, 1, Pc] of the first n runs, every `TRUTH_EVERY` steps} for
+    n = 16, 32, 64, ... up to len(seeds) (the runs trained `TRUTH_CHUNK` at a time, their c_hat
+    summed): how the expected trajectory's estimate moves as runs are added."""
     total, means = None, {}
     for k in range(0, len(seeds), TRUTH_CHUNK):
-        part, _ = family_c_hat(config, seeds[k : k + TRUTH_CHUNK], last)
+        part, _ = family_c_hat(config, seeds[k : k + TRUTH_CHUNK], last, TRUTH_EVERY)
         summed = part.double().sum(2, keepdim=True)
         total = summed if total is None else total + summed
         n = min(k + TRUTH_CHUNK, len(seeds))
@@ -358,14 +362,16 @@ SETTLED = 1.2  # and the same at all of them within this factor
 
 
 def _snap_every(mean, plan, last: int, spacing: int) -> float:
-    """The snap of a mean c_hat [S, 1, 1, Pc] read every `spacing` steps."""
+    """The snap of a mean c_hat [S', 1, 1, Pc] (every `TRUTH_EVERY` steps) read every
+    `spacing` steps (a multiple of it)."""
     steps = list(range(0, last + 1, spacing))
-    expected = Trajectory(plan, torch.tensor(steps), [0], [0], c_hat=mean[steps])
+    rows = [s // TRUTH_EVERY for s in steps]
+    expected = Trajectory(plan, torch.tensor(steps), [0], [0], c_hat=mean[rows])
     return float(snapping(expected).table["snap_step"][0])
 
 
 def _settled_snap(mean, plan, last: int) -> np.ndarray | None:
-    """The snap of a mean c_hat [S, 1, 1, Pc] read every 5, 10, 25 and 50 steps
+    """The snap of a mean c_hat [S', 1, 1, Pc] read every 5, 10, 25 and 50 steps
     (`FAMILY_SPACINGS`, those under a quarter of the step read), or None where it is not
     settled: not snapped, before step 20, fewer than two spacings, or they disagree by more
     than `SETTLED` (a mean over finitely many runs still moves by noise)."""
@@ -376,30 +382,66 @@ def _settled_snap(mean, plan, last: int) -> np.ndarray | None:
     return np.array(fine)
 
 
+def family_draw(config: dict, runs: int, truth_runs: int, last: int, cache: Path | None):
+    """(c_hat [S, 1, runs, Pc] every step, plan, `family_mean_c_hat` over `truth_runs` others)
+    of one recipe; with `cache`, read from that file when it holds this recipe, else written
+    there (a safetensors file through the package's one writer): a new reading is then
+    checked on the same family in minutes, not hours."""
+    plan = family_c_hat(config, [0], 1)[1]  # the plan is the recipe's classes'
+    tag = json.dumps(config, sort_keys=True)
+    if cache is not None and cache.is_file():
+        meta, tensors = read_tensors(cache, FAMILY_FORMAT, "family draw")
+        if meta.get("config") != tag or tensors["runs"].shape[:3] != (last + 1, 1, runs):
+            raise ValueError(f"{cache} holds another recipe or run length: remove it")
+        means = {int(k[5:]): v for k, v in tensors.items() if k.startswith("mean_")}
+        return tensors["runs"], plan, means
+    c, _ = family_c_hat(config, list(range(runs)), last)
+    means = family_mean_c_hat(config, list(range(runs, runs + truth_runs)), last)
+    if cache is not None:
+        tensors = {"runs": c, **{f"mean_{n}": m for n, m in means.items()}}
+        write_tensors(cache, tensors, {"format": FAMILY_FORMAT, "config": tag})
+    return c, plan, means
+
+
+FAMILY_FORMAT = "scansnap_lens.bench.family_draw"
+
+
 def family_lines(configs: int, runs: int, truth_runs: int, last: int = FAMILY_LAST,
-                 seed: int = 74) -> None:  # fmt: skip
+                 seed: int = 74, cache: str | None = None) -> None:  # fmt: skip
     """Issue 74's check: `configs` recipes drawn at random (`family_config`; a draw whose
     expected trajectory's snap is not settled, `_settled_snap`, is drawn again and counted),
     `runs` runs each against the snap of the mean over `truth_runs` other runs from the same
     start (the median of its settled reads; ``truth_by_runs``: the same mean's snap every 5
     steps over the first 16, 32, 64, ... of them, how far the truth still moves).  One line per
-    recipe (per grid: the median estimate over the truth, the share of intervals holding it),
+    recipe (per grid: the median estimate over the truth, the share of intervals holding it,
+    `run_interval`, and the share of runs that placed a snap, with why the others did not:
+    no snap, or an interval over half the run's log-steps, which the findings read as "cannot
+    be placed from this run", `findings.cannot_place`),
     then one per grid over the family: the median and worst of the recipes' medians, the
-    share of all runs' intervals holding their truth, and the worst recipe named."""
+    share of all runs' intervals holding their truth (and of the placed runs'), and the worst
+    recipe named.  The state companions (``half_distance_step``, ``half_displacement_step``)
+    likewise, each against the mean's read every `TRUTH_EVERY` steps (they are
+    grid-invariant).  `cache`: a folder keeping each draw (`family_draw`)."""
+    if cache:
+        make_folder(cache)
     rng = np.random.default_rng(seed)
     found: dict[str, list] = {g: [] for g in noisy_grids(last)}
+    found_states: dict[tuple, list] = {(n, g): [] for n in STEPS_READ[1:] for g in found}
     drawn = 0
     for k in range(configs):
         while True:
             drawn += 1
             c = means = None  # a redrawn recipe's runs go before the next are trained
             config = family_config(rng)
-            c, plan = family_c_hat(config, list(range(runs)), last)
-            means = family_mean_c_hat(config, list(range(runs, runs + truth_runs)), last)
+            where = cache and Path(cache) / f"family_{seed}_{drawn}_{runs}_{truth_runs}.safetensors"
+            c, plan, means = family_draw(config, runs, truth_runs, last, where)
             truths = _settled_snap(means[truth_runs], plan, last)
             if truths is not None:
                 break
         truth = float(np.median(truths))
+        expected = snapping(Trajectory(plan, torch.arange(0, last + 1, TRUTH_EVERY), [0], [0],
+                                       c_hat=means[truth_runs])).table  # fmt: skip
+        states = {n: float(expected[n][0]) for n in STEPS_READ[1:]}  # grid-invariant: every 5
         line = {"bench": "time_resolution", "quantity": "snap_step_family", "recipe": k,
                 **config, "truth": round(truth, 1),
                 "truth_by_spacing": [round(float(t), 1) for t in truths],
@@ -409,17 +451,33 @@ def family_lines(configs: int, runs: int, truth_runs: int, last: int = FAMILY_LA
             seen = Trajectory(plan, torch.tensor(steps), [0], list(range(runs)),
                               c_hat=c[steps])  # fmt: skip
             table = snapping(seen).table
-            iv = snap_step_interval(seen, generator=torch.Generator().manual_seed(k))
-            value = table["snap_step"].to_numpy() / truth
-            lo = iv["snap_step_lo"].reshape(-1).numpy() / truth
-            hi = iv["snap_step_hi"].reshape(-1).numpy() / truth
+            read = run_intervals(seen, table, k)
+            value, lo, hi, _ = read["snap_step"]
+            span = (float(steps[0]), float(steps[-1]))
+            wide = np.array([cannot_place(a, z, span) for a, z in zip(lo, hi)], dtype=bool)
+            why = sorted(set(table["snap_reason"]) - {""}) + ["interval over half the run"] * any(
+                wide & np.isfinite(value)
+            )
+            value = np.where(wide, np.nan, value)
+            value, lo, hi = value / truth, lo / truth, hi / truth
             covered = (lo <= 1) & (1 <= hi)
             found[grid].append((k, value, covered))
             median = float(np.nanmedian(value)) if np.isfinite(value).any() else None
             knots = float(np.median(table["drift_checkpoints"]))
             line[grid] = {"median_over_truth": median and round(median, 3),
                           "coverage": round(float(covered.mean()), 3),
-                          "drift_checkpoints": knots}  # fmt: skip
+                          "placed": round(float(np.isfinite(value).mean()), 3),
+                          "coverage_of_placed": round(float(covered[np.isfinite(value)].mean()), 3)
+                          if np.isfinite(value).any() else None,
+                          "not_placed_because": why,
+                          "drift_checkpoints": knots,
+                          **{f"{n}_median_over_truth": _ratio(np.nanmedian(read[n][0]) / t)
+                             for n, t in states.items()},
+                          **{f"{n}_coverage": round(float(((read[n][1] <= t)
+                                                           & (t <= read[n][2])).mean()), 3)
+                             for n, t in states.items()}}  # fmt: skip
+            for n, t in states.items():
+                found_states[(n, grid)].append((read[n][1] <= t) & (t <= read[n][2]))
         print(json.dumps(line), flush=True)
     for grid, rows in found.items():
         medians = np.array([np.nanmedian(v) if np.isfinite(v).any() else np.nan
@@ -427,18 +485,32 @@ def family_lines(configs: int, runs: int, truth_runs: int, last: int = FAMILY_LA
         off = np.abs(np.log(np.where(np.isfinite(medians), medians, 1e-3)))
         worst = int(np.argmax(off))
         coverage = np.concatenate([c for _, _, c in rows])
+        placed = np.isfinite(np.concatenate([v for _, v, _ in rows]))
+        some = np.isfinite(medians)
         print(json.dumps({
             "bench": "time_resolution", "quantity": "snap_step_family", "grid": grid,
             "recipes": len(rows), "drawn": drawn, "runs_each": runs, "truth_runs": truth_runs,
-            "median_of_medians_over_truth": round(float(np.nanmedian(medians)), 3),
+            "median_of_medians_over_truth": _ratio(np.nanmedian(medians)),
             "recipes_within_0.8_1.25": round(float(((medians >= 0.8) & (medians <= 1.25))
                                                    .mean()), 3),
             "worst_recipe": rows[worst][0], "worst_median_over_truth":
                 round(float(medians[worst]), 3) if np.isfinite(medians[worst]) else None,
             "coverage": round(float(coverage.mean()), 3),
             "worst_recipe_coverage": round(float(min(c.mean() for _, _, c in rows)), 3),
+            "placed": round(float(placed.mean()), 3),
+            "coverage_of_placed": round(float(coverage[placed].mean()), 3) if placed.any()
+            else None,
+            "recipes_none_placed": int((~some).sum()),
+            "placing_recipes_within_0.8_1.25": round(float(((medians[some] >= 0.8)
+                & (medians[some] <= 1.25)).mean()), 3) if some.any() else None,
             "goal": {"median_over_truth": [0.8, 1.25], "coverage": 0.9},
+            **{f"{n}_coverage": round(float(np.concatenate(found_states[(n, grid)]).mean()), 3)
+               for n in STEPS_READ[1:]},
         }), flush=True)  # fmt: skip
+
+
+def _ratio(x: float) -> float | None:
+    return round(float(x), 3) if np.isfinite(x) else None
 
 
 SPACINGS = (1, 2, 5, 10)  # the truth read at each: a mean over seeds still carries noise
@@ -463,6 +535,25 @@ def _noisy_grid_lines(c, plan, runs: int, what: dict, last: int) -> None:
     _grid_lines(c[:, :, :runs], plan, truth, what, last, c.shape[2] - runs)
 
 
+STEPS_READ = ("snap_step", "half_distance_step", "half_displacement_step")
+
+
+def run_intervals(seen: Trajectory, table, seed: int) -> dict[str, tuple]:
+    """{name: (value, lo, hi, few) [R]} for `STEPS_READ`, each run as the findings read it: the
+    interval of `snap_step_interval`, or where the run has too few classes to resample
+    (``few``: the demo's 4) the knots' bracket alone, as a run's own bounds are over runs."""
+    iv = snap_step_interval(seen, generator=torch.Generator().manual_seed(seed))
+    out = {}
+    for name in STEPS_READ:
+        value = table[name].to_numpy()
+        lo, hi = (iv[f"{name}_{e}"].reshape(-1).numpy() for e in ("lo", "hi"))
+        few = np.isnan(lo) & np.isfinite(value)
+        lo = np.where(few, table[f"{name}_grid_lo"].to_numpy(), lo)
+        hi = np.where(few, table[f"{name}_grid_hi"].to_numpy(), hi)
+        out[name] = value, lo, hi, few
+    return out
+
+
 def _grid_lines(c, plan, truths: np.ndarray, what: dict, last: int, truth_runs: int) -> None:
     """One line per grid: each run of c_hat [S, 1, R, Pc] against its truth, the last of its
     row of `truths` [R, 4] (`_expected_snap`); ``coverage_of_range``: the share of intervals
@@ -474,12 +565,7 @@ def _grid_lines(c, plan, truths: np.ndarray, what: dict, last: int, truth_runs: 
     for grid, steps in noisy_grids(last).items():
         seen = Trajectory(plan, torch.tensor(steps), [0], list(range(runs)), c_hat=c[steps])
         table = snapping(seen).table
-        iv = snap_step_interval(seen, generator=torch.Generator().manual_seed(0))
-        value = table["snap_step"].to_numpy()
-        lo, hi = (iv[f"snap_step_{e}"].reshape(-1).numpy() for e in ("lo", "hi"))
-        few = np.isnan(lo) & np.isfinite(value)  # too few classes to resample: the bracket
-        lo = np.where(few, table["snap_step_grid_lo"].to_numpy(), lo)
-        hi = np.where(few, table["snap_step_grid_hi"].to_numpy(), hi)
+        value, lo, hi, few = run_intervals(seen, table, 0)["snap_step"]
         ratio = value / truth
         q = {x: round(float(np.nanquantile(ratio, x)), 3) if np.isfinite(ratio).any() else None
              for x in (0.1, 0.5, 0.9)}  # fmt: skip
@@ -672,9 +758,15 @@ def main() -> None:
     parser.add_argument(
         "--seed", type=int, default=74, help="with --family: the seed the recipes are drawn with"
     )
+    parser.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="with --family: keep each draw's runs and truth in DIR and read them from there"
+        " when present (about 2 MB a draw; the family's readings then take minutes)",
+    )
     args = parser.parse_args()
     if args.family:
-        family_lines(args.family, 8, args.truth_runs, seed=args.seed)
+        family_lines(args.family, 8, args.truth_runs, seed=args.seed, cache=args.cache)
         return
     if args.noisy or args.transformer:
         if args.noisy:
