@@ -382,6 +382,17 @@ def _settled_snap(mean, plan, last: int) -> np.ndarray | None:
     return np.array(fine)
 
 
+def _stays_snapped(mean, plan, last: int, truth: float, spacing: int = 50) -> bool:
+    """Whether the mean's rate of movement, read every `spacing` steps, stays under half its
+    peak from a spacing past its snap `truth` to the end; where it rises back, the truth is a
+    dip between two phases of movement, not attention that froze."""
+    rows = torch.arange(0, last + 1, spacing) // TRUTH_EVERY
+    m = mean[rows, 0, 0]
+    rate = head_movement(plan, m[:-1], m[1:]).numpy()
+    after = np.arange(spacing, last + 1, spacing) > truth + spacing
+    return not bool((rate[after] > 0.5 * rate.max()).any())
+
+
 def family_draw(config: dict, runs: int, truth_runs: int, last: int, cache: Path | None):
     """(c_hat [S, 1, runs, Pc] every step, plan, `family_mean_c_hat` over `truth_runs` others)
     of one recipe; with `cache`, read from that file when it holds this recipe, else written
@@ -421,12 +432,15 @@ def family_lines(configs: int, runs: int, truth_runs: int, last: int = FAMILY_LA
     share of all runs' intervals holding their truth (and of the placed runs'), and the worst
     recipe named.  The state companions (``half_distance_step``, ``half_displacement_step``)
     likewise, each against the mean's read every `TRUTH_EVERY` steps (they are
-    grid-invariant).  `cache`: a folder keeping each draw (`family_draw`)."""
+    grid-invariant).  The family's lines come twice: over every recipe, and over those whose
+    truth stays snapped (`_stays_snapped`: no second phase of movement after it).  `cache`: a
+    folder keeping each draw (`family_draw`)."""
     if cache:
         make_folder(cache)
     rng = np.random.default_rng(seed)
     found: dict[str, list] = {g: [] for g in noisy_grids(last)}
     found_states: dict[tuple, list] = {(n, g): [] for n in STEPS_READ[1:] for g in found}
+    stays: list[bool] = []
     drawn = 0
     for k in range(configs):
         while True:
@@ -442,8 +456,9 @@ def family_lines(configs: int, runs: int, truth_runs: int, last: int = FAMILY_LA
         expected = snapping(Trajectory(plan, torch.arange(0, last + 1, TRUTH_EVERY), [0], [0],
                                        c_hat=means[truth_runs])).table  # fmt: skip
         states = {n: float(expected[n][0]) for n in STEPS_READ[1:]}  # grid-invariant: every 5
+        stays.append(_stays_snapped(means[truth_runs], plan, last, truth))
         line = {"bench": "time_resolution", "quantity": "snap_step_family", "recipe": k,
-                **config, "truth": round(truth, 1),
+                **config, "truth": round(truth, 1), "truth_stays_snapped": stays[-1],
                 "truth_by_spacing": [round(float(t), 1) for t in truths],
                 "truth_by_runs": {n: round(_snap_every(m, plan, last, 5), 1)
                                   for n, m in means.items()}}  # fmt: skip
@@ -479,34 +494,45 @@ def family_lines(configs: int, runs: int, truth_runs: int, last: int = FAMILY_LA
             for n, t in states.items():
                 found_states[(n, grid)].append((read[n][1] <= t) & (t <= read[n][2]))
         print(json.dumps(line), flush=True)
-    for grid, rows in found.items():
-        medians = np.array([np.nanmedian(v) if np.isfinite(v).any() else np.nan
-                            for _, v, _ in rows])  # fmt: skip
-        off = np.abs(np.log(np.where(np.isfinite(medians), medians, 1e-3)))
-        worst = int(np.argmax(off))
-        coverage = np.concatenate([c for _, _, c in rows])
-        placed = np.isfinite(np.concatenate([v for _, v, _ in rows]))
-        some = np.isfinite(medians)
-        print(json.dumps({
-            "bench": "time_resolution", "quantity": "snap_step_family", "grid": grid,
-            "recipes": len(rows), "drawn": drawn, "runs_each": runs, "truth_runs": truth_runs,
-            "median_of_medians_over_truth": _ratio(np.nanmedian(medians)),
-            "recipes_within_0.8_1.25": round(float(((medians >= 0.8) & (medians <= 1.25))
-                                                   .mean()), 3),
-            "worst_recipe": rows[worst][0], "worst_median_over_truth":
-                round(float(medians[worst]), 3) if np.isfinite(medians[worst]) else None,
-            "coverage": round(float(coverage.mean()), 3),
-            "worst_recipe_coverage": round(float(min(c.mean() for _, _, c in rows)), 3),
-            "placed": round(float(placed.mean()), 3),
-            "coverage_of_placed": round(float(coverage[placed].mean()), 3) if placed.any()
-            else None,
-            "recipes_none_placed": int((~some).sum()),
-            "placing_recipes_within_0.8_1.25": round(float(((medians[some] >= 0.8)
-                & (medians[some] <= 1.25)).mean()), 3) if some.any() else None,
-            "goal": {"median_over_truth": [0.8, 1.25], "coverage": 0.9},
-            **{f"{n}_coverage": round(float(np.concatenate(found_states[(n, grid)]).mean()), 3)
-               for n in STEPS_READ[1:]},
-        }), flush=True)  # fmt: skip
+    kept = [k for k, stayed in enumerate(stays) if stayed]
+    for which, recipes in (("all", range(len(stays))), ("truth_stays_snapped", kept)):
+        for grid, rows in found.items():
+            if recipes:
+                states = {n: [found_states[(n, grid)][k] for k in recipes] for n in STEPS_READ[1:]}
+                head = {"grid": grid, "recipes_read": which, "drawn": drawn, "runs_each": runs,
+                        "truth_runs": truth_runs}  # fmt: skip
+                _family_line(head, [rows[k] for k in recipes], states)
+
+
+def _family_line(head: dict, rows: list, states: dict) -> None:
+    """One line over recipes: `rows` (recipe, estimate / truth [R], covered [R]) of one grid,
+    `states` {name: [covered [R]]} of the state companions."""
+    medians = np.array([np.nanmedian(v) if np.isfinite(v).any() else np.nan
+                        for _, v, _ in rows])  # fmt: skip
+    off = np.abs(np.log(np.where(np.isfinite(medians), medians, 1e-3)))
+    worst = int(np.argmax(off))
+    coverage = np.concatenate([c for _, _, c in rows])
+    placed = np.isfinite(np.concatenate([v for _, v, _ in rows]))
+    some = np.isfinite(medians)
+    print(json.dumps({
+        "bench": "time_resolution", "quantity": "snap_step_family", **head,
+        "recipes": len(rows),
+        "median_of_medians_over_truth": _ratio(np.nanmedian(medians)),
+        "recipes_within_0.8_1.25": round(float(((medians >= 0.8) & (medians <= 1.25))
+                                               .mean()), 3),
+        "worst_recipe": rows[worst][0], "worst_median_over_truth": _ratio(medians[worst]),
+        "coverage": round(float(coverage.mean()), 3),
+        "worst_recipe_coverage": round(float(min(c.mean() for _, _, c in rows)), 3),
+        "placed": round(float(placed.mean()), 3),
+        "coverage_of_placed": round(float(coverage[placed].mean()), 3) if placed.any()
+        else None,
+        "recipes_none_placed": int((~some).sum()),
+        "placing_recipes_within_0.8_1.25": round(float(((medians[some] >= 0.8)
+            & (medians[some] <= 1.25)).mean()), 3) if some.any() else None,
+        "goal": {"median_over_truth": [0.8, 1.25], "coverage": 0.9},
+        **{f"{n}_coverage": round(float(np.concatenate(c).mean()), 3)
+           for n, c in states.items()},
+    }), flush=True)  # fmt: skip
 
 
 def _ratio(x: float) -> float | None:
