@@ -425,7 +425,7 @@ def family_lines(configs: int, runs: int, truth_runs: int, last: int = FAMILY_LA
     start (the median of its settled reads; ``truth_by_runs``: the same mean's snap every 5
     steps over the first 16, 32, 64, ... of them, how far the truth still moves).  One line per
     recipe (per grid: the median estimate over the truth, the share of intervals holding it,
-    `run_interval`, and the share of runs that placed a snap, with why the others did not:
+    `run_intervals`, and the share of runs that placed a snap, with why the others did not:
     no snap, or an interval over half the run's log-steps, which the findings read as "cannot
     be placed from this run", `findings.cannot_place`),
     then one per grid over the family: the median and worst of the recipes' medians, the
@@ -447,8 +447,9 @@ def family_lines(configs: int, runs: int, truth_runs: int, last: int = FAMILY_LA
             drawn += 1
             c = means = None  # a redrawn recipe's runs go before the next are trained
             config = family_config(rng)
-            where = cache and Path(cache) / f"family_{seed}_{drawn}_{runs}_{truth_runs}.safetensors"
-            c, plan, means = family_draw(config, runs, truth_runs, last, where)
+            name = f"family_{seed}_{drawn}_{runs}_{truth_runs}.safetensors"
+            c, plan, means = family_draw(config, runs, truth_runs, last,
+                                         Path(cache) / name if cache else None)  # fmt: skip
             truths = _settled_snap(means[truth_runs], plan, last)
             if truths is not None:
                 break
