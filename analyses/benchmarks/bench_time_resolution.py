@@ -339,7 +339,7 @@ def family_c_hat(config: dict, seeds: list[int], last: int, every: int = 1):
 
 # runs a call: 264 runs at every step of 2,000 at once passed 24 GB, and 32 a call once
 TRUTH_CHUNK = 16
-TRUTH_EVERY = 5  # the truth is read every 5 steps at the finest: kept no finer (half the time)
+TRUTH_EVERY = 5  # the truth is read every 5 steps at the finest: kept no finer (a third less time)
 
 
 def family_mean_c_hat(config: dict, seeds: list[int], last: int) -> dict[int, torch.Tensor]:
