@@ -129,3 +129,5 @@ def test_a_family_draw_is_read_back_from_its_cache_as_trained(tmp_path):
     other = {**config, "lr_z": config["lr_z"] * 2}
     with pytest.raises(ValueError, match="another recipe"):
         bench.family_draw(other, 2, 16, 40, where)
+    with pytest.raises(ValueError, match="truth"):  # the truth over other runs
+        bench.family_draw(config, 2, 32, 40, where)

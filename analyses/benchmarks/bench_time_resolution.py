@@ -47,7 +47,8 @@ come twice: against the recipe's mean over seeds, and with the truth given the i
 queries, skewed distinct weights), 8 runs each against the snap of the mean over
 ``--truth-runs`` other runs from the same start (default 128, trained 16 at a time), kept
 only where that mean's snap is the same read every 5, 10, 25 and 50 steps; each recipe's line
-says how the truth moves as runs are added (``truth_by_runs``).
+says how the truth moves as runs are added (``truth_by_runs``).  ``--cache DIR`` keeps each
+draw there, so another reading is checked on the same family in minutes.
 
 **Placed recordings** (`planning.placement`), each run alone, at a budget of 40 recordings
 against the log grid of 40 (``log40``): ``placed`` (checkpoints at every step exist, as hub
@@ -402,10 +403,14 @@ def family_draw(config: dict, runs: int, truth_runs: int, last: int, cache: Path
     tag = json.dumps(config, sort_keys=True)
     if cache is not None and cache.is_file():
         meta, tensors = read_tensors(cache, FAMILY_FORMAT, "family draw")
-        if meta.get("config") != tag or tensors["runs"].shape[:3] != (last + 1, 1, runs):
-            raise ValueError(f"{cache} holds another recipe or run length: remove it")
-        means = {int(k[5:]): v for k, v in tensors.items() if k.startswith("mean_")}
-        return tensors["runs"], plan, means
+        means = {k[5:]: v for k, v in tensors.items() if k.startswith("mean_")}
+        shape = (last // TRUTH_EVERY + 1, 1, 1, plan.num_triples)
+        if (meta.get("config") != tag or "runs" not in tensors
+                or tensors["runs"].shape != (last + 1, 1, runs, plan.num_triples)
+                or str(truth_runs) not in means or not all(k.isdigit() for k in means)
+                or any(v.shape != shape for v in means.values())):  # fmt: skip
+            raise ValueError(f"{cache} holds another recipe, run length or truth: remove it")
+        return tensors["runs"], plan, {int(k): v for k, v in means.items()}
     c, _ = family_c_hat(config, list(range(runs)), last)
     means = family_mean_c_hat(config, list(range(runs, runs + truth_runs)), last)
     if cache is not None:
